@@ -1,0 +1,124 @@
+"""The functional API, shaped like `torch.nn.functional.conv2d` and `torch.nn.grad`.
+
+Each call infers the `ConvProblem` from the array shapes in the layout named, checks the
+implementation supports it, and runs it into a fresh output. For repeated calls on one shape the
+prepared callable is memoized, so plans and compiled kernels are reused.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from . import registry
+from .problem import LAYOUTS, ConvProblem, check_choice
+
+_PRECISION_OF_DTYPE = {"float64": "fp64", "float32": "fp32", "float16": "fp16",
+                       "bfloat16": "bf16"}
+
+
+class UnsupportedError(ValueError):
+    """The implementation cannot run this problem; the message is its one-line reason."""
+
+
+def _as_int(name: str, v) -> int:
+    if isinstance(v, (tuple, list)):
+        if len(v) != 2 or v[0] != v[1]:
+            raise ValueError(f"{name} must be an int or an equal pair, got {v!r}")
+        v = v[0]
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise ValueError(f"{name} must be an int, got {v!r}")
+    return int(v)
+
+
+def _nchw(shape, layout: str, what: str) -> tuple[int, int, int, int]:
+    if len(shape) != 4:
+        raise ValueError(f"{what} must be 4-D ({layout}), got shape {tuple(shape)}")
+    return tuple(shape) if layout == "nchw" else (shape[0], shape[3], shape[1], shape[2])
+
+
+def _precision(*arrays) -> str:
+    dtypes = {str(a.dtype) for a in arrays}
+    if len(dtypes) != 1:
+        raise ValueError(f"operands must share one dtype, got {', '.join(sorted(dtypes))}")
+    dtype = dtypes.pop()
+    if dtype not in _PRECISION_OF_DTYPE:
+        raise ValueError(f"dtype {dtype} is not supported; use float32 or float64")
+    return _PRECISION_OF_DTYPE[dtype]
+
+
+def _problem(x_nchw, w_kcrs, stride, padding, dilation, groups) -> ConvProblem:
+    n, c, h, w = x_nchw
+    k, cg, r, s = w_kcrs
+    groups = _as_int("groups", groups)
+    if groups <= 0 or c % groups or cg * groups != c:
+        raise ValueError(f"weight has {cg} input channels per group, input has {c} channels "
+                         f"in {groups} group(s)")
+    return ConvProblem(n=n, c=c, h=h, w=w, k=k, r=r, s=s, stride=_as_int("stride", stride),
+                       pad=_as_int("padding", padding), dilation=_as_int("dilation", dilation),
+                       groups=groups)
+
+
+@functools.lru_cache(maxsize=256)
+def _prepared(algo, backend, problem, pass_, layout, precision):
+    impl = registry.get(algo, backend)
+    reason = registry.impl_available(impl) or registry.supports(impl, problem, pass_, layout,
+                                                                precision)
+    if reason:
+        raise UnsupportedError(f"{algo} on {backend}: {reason}")
+    return impl.prepare(problem, pass_, layout, precision)
+
+
+def run(problem: ConvProblem, pass_: str, a, b, *, algo: str, backend: str = "numpy",
+        layout: str = "nchw", out=None):
+    """Run one pass of `problem` on operands already in `layout`; returns the output."""
+    check_choice("layout", layout, LAYOUTS)
+    precision = _precision(a, b)
+    a_shape, b_shape, out_shape = problem.operand_shapes(pass_, layout)
+    for name, arr, shape in (("first operand", a, a_shape), ("second operand", b, b_shape)):
+        if tuple(arr.shape) != shape:
+            raise ValueError(f"{pass_}: {name} has shape {tuple(arr.shape)}, expected {shape}")
+    fn = _prepared(algo, backend, problem, pass_, layout, precision)
+    if out is None:
+        xp = np if isinstance(a, np.ndarray) else _cupy()
+        out = xp.full(out_shape, xp.nan, dtype=a.dtype)
+    elif tuple(out.shape) != out_shape:
+        raise ValueError(f"{pass_}: out has shape {tuple(out.shape)}, expected {out_shape}")
+    fn(a, b, out)
+    return out
+
+
+def _cupy():
+    import cupy
+
+    return cupy
+
+
+def conv2d(x, w, stride=1, padding=0, dilation=1, groups=1, *, algo: str = "direct",
+           backend: str = "numpy", layout: str = "nchw", out=None):
+    """y = conv(x, w), like `torch.nn.functional.conv2d` (cross-correlation), in `layout`."""
+    check_choice("layout", layout, LAYOUTS)
+    p = _problem(_nchw(x.shape, layout, "x"), _nchw(w.shape, layout, "w"), stride, padding,
+                 dilation, groups)
+    return run(p, "fwd", x, w, algo=algo, backend=backend, layout=layout, out=out)
+
+
+def conv2d_backward_data(dy, w, input_shape, stride=1, padding=0, dilation=1, groups=1, *,
+                         algo: str = "direct", backend: str = "numpy", layout: str = "nchw",
+                         out=None):
+    """dx from dy and w, like `torch.nn.grad.conv2d_input`; `input_shape` is x's, in `layout`."""
+    check_choice("layout", layout, LAYOUTS)
+    p = _problem(_nchw(input_shape, layout, "input_shape"), _nchw(w.shape, layout, "w"), stride,
+                 padding, dilation, groups)
+    return run(p, "bwd_data", dy, w, algo=algo, backend=backend, layout=layout, out=out)
+
+
+def conv2d_backward_filter(x, dy, weight_shape, stride=1, padding=0, dilation=1, groups=1, *,
+                           algo: str = "direct", backend: str = "numpy", layout: str = "nchw",
+                           out=None):
+    """dw from x and dy, like `torch.nn.grad.conv2d_weight`; `weight_shape` in `layout`."""
+    check_choice("layout", layout, LAYOUTS)
+    p = _problem(_nchw(x.shape, layout, "x"), _nchw(weight_shape, layout, "weight_shape"),
+                 stride, padding, dilation, groups)
+    return run(p, "bwd_filter", x, dy, algo=algo, backend=backend, layout=layout, out=out)

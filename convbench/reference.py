@@ -1,0 +1,86 @@
+"""Operands and the float64 reference every implementation is checked against.
+
+Operands are seeded standard-normal data, never zeros (zeros hide unwritten outputs and wrong
+indexing). They are drawn in NCHW and transposed to the layout asked for, so both layouts of one
+seed hold the same numbers and share one reference. The reference is PyTorch's convolution in
+float64 — an implementation independent of all of ours.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .problem import ConvProblem, check_choice, LAYOUTS, PASSES
+
+#: NCHW -> layout axis order, for activations and filters alike (KCRS -> KRSC).
+_TO_LAYOUT = {"nchw": (0, 1, 2, 3), "nhwc": (0, 2, 3, 1)}
+_FROM_LAYOUT = {"nchw": (0, 1, 2, 3), "nhwc": (0, 3, 1, 2)}
+
+
+def to_layout(a, layout: str):
+    """An NCHW (or KCRS) array as a contiguous array in `layout` (works for NumPy and CuPy)."""
+    check_choice("layout", layout, LAYOUTS)
+    if layout == "nchw":
+        return a
+    xp = _array_module(a)
+    return xp.ascontiguousarray(a.transpose(_TO_LAYOUT[layout]))
+
+
+def from_layout(a, layout: str):
+    """An array in `layout` as a contiguous NCHW (or KCRS) array."""
+    check_choice("layout", layout, LAYOUTS)
+    if layout == "nchw":
+        return a
+    xp = _array_module(a)
+    return xp.ascontiguousarray(a.transpose(_FROM_LAYOUT[layout]))
+
+
+def _array_module(a):
+    mod = type(a).__module__.split(".")[0]
+    if mod == "cupy":
+        import cupy
+
+        return cupy
+    return np
+
+
+def random_operands(problem: ConvProblem, pass_: str, layout: str = "nchw",
+                    dtype=np.float32, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The two inputs of `pass_`, standard normal, in `layout` and `dtype`, on the host."""
+    a_shape, b_shape, _ = problem.operand_shapes(pass_, "nchw")
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(a_shape).astype(dtype)
+    b = rng.standard_normal(b_shape).astype(dtype)
+    return to_layout(a, layout), to_layout(b, layout)
+
+
+def nan_output(problem: ConvProblem, pass_: str, layout: str, dtype=np.float32, xp=np):
+    """The output buffer of a pass filled with NaN, so an unwritten element fails the check."""
+    shape = problem.operand_shapes(pass_, layout)[2]
+    return xp.full(shape, xp.nan, dtype=dtype)
+
+
+def reference(problem: ConvProblem, pass_: str, layout: str, a, b) -> np.ndarray:
+    """The pass computed in float64 by PyTorch on the CPU, returned in `layout`.
+
+    `a` and `b` may be NumPy or CuPy arrays of any float dtype, in `layout`.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    check_choice("pass", pass_, PASSES)
+    ta, tb = (torch.from_numpy(np.asarray(_to_host(from_layout(v, layout)), dtype=np.float64))
+              for v in (a, b))
+    kw = dict(stride=problem.stride, padding=problem.pad, dilation=problem.dilation,
+              groups=problem.groups)
+    if pass_ == "fwd":
+        out = F.conv2d(ta, tb, **kw)
+    elif pass_ == "bwd_data":
+        out = torch.nn.grad.conv2d_input(problem.x_shape("nchw"), tb, ta, **kw)
+    else:
+        out = torch.nn.grad.conv2d_weight(ta, problem.w_shape("nchw"), tb, **kw)
+    return to_layout(out.numpy(), layout)
+
+
+def _to_host(a):
+    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else a

@@ -1,0 +1,78 @@
+"""Shared checks for implementations: used by the test suite, usable for a new algorithm.
+
+`assert_matches_reference` is the one checker every algorithm's tests go through (and the one a
+deliberately wrong implementation is shown to fail).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import registry, reference, verify
+from .layers import net_layers
+from .problem import ConvProblem
+
+_DTYPE = {"fp64": np.float64, "fp32": np.float32}
+
+
+def small_catalog_problems(max_channels: int = 8, batch: int = 2,
+                           max_hw: int = 20) -> list[tuple[str, ConvProblem]]:
+    """Every catalog layer, cut down to run in milliseconds: batch 1-2, few channels, the
+    layer's filter, stride and padding kept, the input shrunk (but never below the filter)."""
+    out = []
+    for net in ("alexnet", "alexnet-owt", "vgg16", "resnet50"):
+        for layer in net_layers(net):
+            p = layer.problem
+            hw = max(min(p.h, max_hw), p.eff_r - 2 * p.pad, p.stride + p.eff_r - 2 * p.pad)
+            small = ConvProblem(n=min(p.n, batch), c=min(p.c, max_channels), h=hw, w=hw,
+                                k=min(p.k, max_channels + 1), r=p.r, s=p.s, stride=p.stride,
+                                pad=p.pad)
+            out.append((f"{net}:{layer.name}", small))
+    return out
+
+
+def run_and_check(impl, problem: ConvProblem, pass_: str, layout: str, precision: str = "fp64",
+                  seed: int = 0) -> verify.Check:
+    """Run `impl` on seeded random operands into a NaN-filled output and check it against the
+    float64 reference."""
+    a, b = reference.random_operands(problem, pass_, layout, _DTYPE[precision], seed)
+    ref = reference.reference(problem, pass_, layout, a, b)
+    out = reference.nan_output(problem, pass_, layout, _DTYPE[precision])
+    impl.prepare(problem, pass_, layout, precision)(a, b, out)
+    return verify.check(out, ref, impl.algo, precision, problem, pass_)
+
+
+def assert_matches_reference(algo: str, backend: str, problem: ConvProblem, pass_: str,
+                             layout: str, precision: str = "fp64", seed: int = 0) -> None:
+    """Fail with the error and tolerance unless the implementation matches the reference; skip
+    (return) if it declares the combination unsupported."""
+    impl = registry.get(algo, backend)
+    if registry.supports(impl, problem, pass_, layout, precision):
+        return
+    chk = run_and_check(impl, problem, pass_, layout, precision, seed)
+    assert chk.ok, f"{algo}/{backend} {pass_} {layout} {precision} {problem}: {chk.reason}"
+
+
+def problem_strategy(max_stride: int = 4, max_pad: int = 3, max_dilation: int = 1,
+                     max_groups: int = 1, square_filter: bool = False):
+    """Hypothesis strategy for small valid problems: odd sizes, rectangular inputs and filters."""
+    from hypothesis import assume, strategies as st
+
+    @st.composite
+    def problems(draw):
+        groups = draw(st.integers(1, max_groups))
+        r = draw(st.integers(1, 5))
+        s = r if square_filter else draw(st.integers(1, 5))
+        d = draw(st.integers(1, max_dilation))
+        pad = draw(st.integers(0, max_pad))
+        h = draw(st.integers(max(1, (r - 1) * d + 1 - 2 * pad), 12))
+        w = draw(st.integers(max(1, (s - 1) * d + 1 - 2 * pad), 12))
+        p = dict(n=draw(st.integers(1, 2)), c=groups * draw(st.integers(1, 4)), h=h, w=w,
+                 k=groups * draw(st.integers(1, 4)), r=r, s=s,
+                 stride=draw(st.integers(1, max_stride)), pad=pad, dilation=d, groups=groups)
+        try:
+            return ConvProblem(**p)
+        except ValueError:
+            assume(False)
+
+    return problems()

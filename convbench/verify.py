@@ -1,0 +1,84 @@
+"""Error metrics and tolerances: when is an implementation's output right?
+
+The metric is ‖out − ref‖ / ‖ref‖ (relative Frobenius error) with the max abs error beside it,
+against the float64 reference. NaN or inf anywhere makes the error inf: an unwritten element of a
+NaN-filled output can never pass.
+
+Tolerances are per algorithm and precision. Rounding error of a sum of L random-sign terms grows
+like sqrt(L), so the base tolerance holds for reductions up to 4096 terms and grows as
+sqrt(L / 4096) beyond (a batch-256 weight gradient sums N·P·Q ≈ 43k terms). The bases:
+
+- exact algorithms (direct, GEMM, cuDNN, torch-cpu): a few float32 ulps per term, 1e-5;
+- FFT: transforms add O(log size) rounding steps, 1e-4;
+- Winograd: the transforms' large coefficients amplify rounding, F(4x4,3x3) more than F(2x2,3x3).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .problem import ConvProblem
+
+_BASE = {  # precision -> (exact algorithms, fft, winograd-2x2, winograd-4x4)
+    "fp64": (1e-12, 1e-11, 1e-11, 1e-10),
+    "fp32": (1e-5, 1e-4, 1e-4, 1e-3),
+    "tf32": (5e-3, 5e-3, 5e-3, 1e-2),
+    "fp16": (1e-2, 2e-2, 2e-2, 5e-2),
+    "bf16": (5e-2, 5e-2, 5e-2, 1e-1),
+}
+_COLUMN = {"fft": 1, "fft-tiled": 1, "winograd-2x2": 2, "winograd-4x4": 3}
+
+
+def reduction_length(problem: ConvProblem, pass_: str) -> int:
+    """How many products are summed into one output element of the pass."""
+    if pass_ == "fwd":
+        return problem.cg * problem.r * problem.s
+    if pass_ == "bwd_data":
+        return (problem.k // problem.groups) * problem.r * problem.s
+    return problem.n * problem.p * problem.q
+
+
+def tolerance(algo: str, precision: str, problem: ConvProblem | None = None,
+              pass_: str = "fwd") -> float:
+    base = _BASE[precision][_COLUMN.get(algo, 0)]
+    if problem is None:
+        return base
+    return base * max(1.0, math.sqrt(reduction_length(problem, pass_) / 4096))
+
+
+def errors(out, ref) -> tuple[float, float]:
+    """(relative Frobenius error, max abs error) of `out` against `ref`; inf if out is not finite
+    or has the wrong shape."""
+    out = np.asarray(out.get() if hasattr(out, "get") and not isinstance(out, np.ndarray)
+                     else out, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    if out.shape != ref.shape or not np.all(np.isfinite(out)):
+        return math.inf, math.inf
+    diff = out - ref
+    denom = float(np.linalg.norm(ref))
+    rel = float(np.linalg.norm(diff)) / denom if denom > 0 else float(np.linalg.norm(diff))
+    return rel, float(np.max(np.abs(diff))) if diff.size else 0.0
+
+
+@dataclass(frozen=True)
+class Check:
+    ok: bool
+    rel_error: float
+    max_abs_error: float
+    tolerance: float
+
+    @property
+    def reason(self) -> str:
+        """One line for a `failed` row."""
+        return (f"rel_error {self.rel_error:.3g} > tolerance {self.tolerance:.3g} "
+                f"(max abs error {self.max_abs_error:.3g})")
+
+
+def check(out, ref, algo: str, precision: str, problem: ConvProblem | None = None,
+          pass_: str = "fwd") -> Check:
+    rel, mx = errors(out, ref)
+    tol = tolerance(algo, precision, problem, pass_)
+    return Check(rel <= tol, rel, mx, tol)
