@@ -159,10 +159,10 @@ def parse_spec(text: str) -> ConvProblem:
     """
     fields = {f.name for f in dataclasses.fields(ConvProblem)}
     values: dict[str, int] = {}
-    for item in text.replace(" ", "").split(","):
+    for item in (i.strip() for i in text.split(",")):
         if not item:
             continue
-        key, sep, val = item.partition("=")
+        key, sep, val = (t.strip() for t in item.partition("="))
         key = _SPEC_ALIASES.get(key, key)
         if not sep or key not in fields:
             raise ValueError(

@@ -1,0 +1,76 @@
+import pytest
+
+from convbench.problem import ConvProblem, parse_spec
+
+CONV2 = dict(n=256, c=96, h=27, w=27, k=256, r=5, s=5, stride=1, pad=2)
+
+
+def test_output_shape_and_flops_match_the_study():
+    p = ConvProblem(**CONV2)
+    assert (p.p, p.q) == (27, 27)
+    # Kim et al.: 96*27*27*5*5*256*256*2 ~= 229 GFLOP for AlexNet conv2.
+    assert p.flops == 96 * 27 * 27 * 5 * 5 * 256 * 256 * 2 == 229_323_571_200
+
+
+def test_shapes_per_layout_and_pass():
+    p = ConvProblem(n=2, c=6, h=9, w=7, k=4, r=3, s=2, stride=2, pad=1, groups=2)
+    assert p.x_shape("nchw") == (2, 6, 9, 7) and p.x_shape("nhwc") == (2, 9, 7, 6)
+    assert p.w_shape("nchw") == (4, 3, 3, 2) and p.w_shape("nhwc") == (4, 3, 2, 3)
+    assert p.y_shape("nchw") == (2, 4, 5, 4) and p.y_shape("nhwc") == (2, 5, 4, 4)
+    assert p.operand_shapes("bwd_data", "nhwc") == (p.y_shape("nhwc"), p.w_shape("nhwc"),
+                                                     p.x_shape("nhwc"))
+    assert p.operand_shapes("bwd_filter") == (p.x_shape(), p.y_shape(), p.w_shape())
+
+
+def test_dilation_changes_the_output_size():
+    p = ConvProblem(n=1, c=1, h=10, w=10, k=1, r=3, s=3, dilation=2)
+    assert (p.eff_r, p.p, p.q) == (5, 6, 6)
+
+
+def test_min_bytes_counts_each_tensor_once():
+    p = ConvProblem(n=1, c=2, h=4, w=4, k=3, r=3, s=3, pad=1)
+    assert p.min_bytes("fp32") == 4 * (2 * 16 + 3 * 2 * 9 + 3 * 16)
+    assert p.min_bytes("fp16") == p.min_bytes("fp32") // 2
+
+
+def test_hashable_and_frozen():
+    a, b = ConvProblem(**CONV2), ConvProblem(**CONV2)
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    with pytest.raises(AttributeError):
+        a.n = 3
+    assert a.with_batch(8).n == 8 and a.n == 256
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(n=0), "n"), (dict(c=-1), "c"), (dict(k=0), "k"), (dict(stride=0), "stride"),
+    (dict(pad=-1), "pad"), (dict(dilation=0), "dilation"), (dict(h=2.5), "h"),
+    (dict(r="5"), "r"), (dict(w=True), "w"), (dict(groups=5), "groups"),
+    (dict(r=40), "r"), (dict(s=32, pad=0), "s"),
+])
+def test_invalid_problems_name_the_field(change, field):
+    with pytest.raises(ValueError, match=rf"\b{field}\b"):
+        ConvProblem(**{**CONV2, **change})
+
+
+def test_groups_must_divide_k():
+    with pytest.raises(ValueError, match="groups.*k=5"):
+        ConvProblem(n=1, c=4, h=5, w=5, k=5, r=3, s=3, groups=2)
+
+
+def test_spec_round_trip():
+    p = ConvProblem(n=8, c=96, h=27, w=27, k=256, r=5, s=5, pad=2)
+    assert p.spec() == "n=8,c=96,h=27,w=27,k=256,r=5,s=5,pad=2"
+    assert parse_spec(p.spec()) == p
+    assert parse_spec(" n=1, c=2,h=5,w=5,k=3,r=3,s=3,padding=1 ").pad == 1
+
+
+@pytest.mark.parametrize("text, msg", [
+    ("n=8,c=96,h=27", "missing w, k, r, s"),
+    ("n=8,c=96,h=27,w=27,k=256,r=5,s=5,pad=x", "pad='x' is not an integer"),
+    ("n=8,c=96,h=27,w=27,k=256,r=5,s=5,foo=2", "'foo=2' is not FIELD=INT"),
+    ("n=8,n=9,c=96,h=27,w=27,k=256,r=5,s=5", "n given twice"),
+    ("n=8 c=96", "n='8 c=96' is not an integer"),
+])
+def test_malformed_specs(text, msg):
+    with pytest.raises(ValueError, match=msg):
+        parse_spec(text)
