@@ -1,0 +1,167 @@
+"""Theoretical arithmetic and workspace of each algorithm: what a pass *must* cost.
+
+The study's "kernel operation counts for each conv layer" figure put direct, GEMM, FFT and
+Winograd side by side on paper; this module is that figure's table. Counts are floating-point
+operations (a multiply-add is 2, a complex multiply-add 8), split into
+
+- `products`: the core reduction — the direct loop, the GEMM, FFT's pointwise complex products
+  summed over channels, Winograd's element-wise products summed over channels;
+- `transforms`: FFT's forward and inverse 2-D transforms, Winograd's input, filter and output
+  transforms (dense matrix products, as generated matrices are applied), GEMM's col2im adds;
+- `multiplications`: the scalar multiplications inside `products`, the number Winograd and FFT
+  set out to reduce;
+- `lowering_bytes`: the memory traffic of im2col/col2im (the column buffer written and read once),
+  which costs GEMM time without being arithmetic.
+
+Algorithms whose kernel a library chooses (cuDNN, torch-cpu) have no count; Winograd counts exist
+for the 3×3 stride-1 filters its name promises. All three passes are two inputs transformed and
+one output produced, so the formulas share their parts across passes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .problem import ELEMENT_BYTES, ConvProblem
+
+#: Tile edge of `fft-tiled` (overlap-save), as cuDNN's FFT_TILING uses.
+FFT_TILE = 32
+#: Flops of a real-to-complex (or complex-to-real) 2-D FFT of n points: half the 5·n·log2(n) of
+#: the classic complex radix-2 count.
+_RFFT_FLOPS_PER_POINT_LOG = 2.5
+
+
+@dataclass(frozen=True)
+class OpCount:
+    products: int
+    multiplications: int
+    transforms: int = 0
+    lowering_bytes: int = 0
+
+    @property
+    def total(self) -> int:
+        """Arithmetic operations, products and transforms together."""
+        return self.products + self.transforms
+
+
+def _direct(p: ConvProblem) -> OpCount:
+    return OpCount(products=p.flops, multiplications=p.flops // 2)
+
+
+def _column_elements(p: ConvProblem) -> int:
+    """Elements of the im2col matrix: one row of C·R·S per output pixel."""
+    return p.n * p.p * p.q * p.c * p.r * p.s
+
+
+def _gemm(p: ConvProblem, pass_: str, precision: str) -> OpCount:
+    cols = _column_elements(p)
+    return OpCount(products=p.flops, multiplications=p.flops // 2,
+                   transforms=cols if pass_ == "bwd_data" else 0,  # col2im's scatter-adds
+                   lowering_bytes=2 * cols * ELEMENT_BYTES[precision])
+
+
+def _fft_grid(p: ConvProblem, tile: int | None) -> tuple[int, int, int]:
+    """(transform height, width, tiles per plane): the whole padded plane, or overlap-save
+    tiles of `tile`² that each yield `tile - filter + 1` stride-1 outputs along an axis."""
+    hp, wp = p.h + 2 * p.pad, p.w + 2 * p.pad
+    if tile is None:
+        return hp, wp, 1
+    th, tw = max(tile, p.eff_r), max(tile, p.eff_s)
+    per_h, per_w = th - p.eff_r + 1, tw - p.eff_s + 1
+    tiles = math.ceil((hp - p.eff_r + 1) / per_h) * math.ceil((wp - p.eff_s + 1) / per_w)
+    return th, tw, tiles
+
+
+def _fft_planes(p: ConvProblem, tile: int | None) -> tuple[int, int, int]:
+    """(transformed planes, spectrum bins per plane, tiles): activations per tile, filters
+    once. Each pass transforms two of x, w, y and inverts the third: the same total."""
+    th, tw, tiles = _fft_grid(p, tile)
+    planes = (p.n * p.c + p.n * p.k) * tiles + p.k * p.cg
+    return planes, th * (tw // 2 + 1), tiles
+
+
+def _fft(p: ConvProblem, tile: int | None) -> OpCount:
+    th, tw, _ = _fft_grid(p, tile)
+    planes, bins, tiles = _fft_planes(p, tile)
+    points = th * tw
+    transforms = round(planes * _RFFT_FLOPS_PER_POINT_LOG * points * math.log2(points))
+    macs = p.n * p.k * p.cg * tiles * bins  # complex multiply-adds, summed over channels
+    return OpCount(products=8 * macs, multiplications=4 * macs, transforms=transforms)
+
+
+def _winograd_tile(algo: str) -> int:
+    return int(algo.split("-")[1].split("x")[0])
+
+
+def _winograd_applies(p: ConvProblem) -> bool:
+    return p.r == p.s == 3 and p.stride == 1 and p.dilation == 1
+
+
+def _sandwich(out: int, inner: int) -> int:
+    """Flops of L·X·R taking an inner×inner tile to out×out with dense L (out×inner), R."""
+    return 2 * out * inner * inner + 2 * out * out * inner
+
+
+def _winograd_tiles(p: ConvProblem, pass_: str, m: int) -> int:
+    """Output tiles of m×m per plane: over dx for bwd_data, over y for fwd and bwd_filter."""
+    h, w = (p.h, p.w) if pass_ == "bwd_data" else (p.p, p.q)
+    return math.ceil(h / m) * math.ceil(w / m)
+
+
+def _winograd(p: ConvProblem, pass_: str, m: int) -> OpCount:
+    r, a = p.r, m + p.r - 1
+    tiles = _winograd_tiles(p, pass_, m)
+    if pass_ == "bwd_filter":
+        # F(3×3, m×m): x tiles a×a and dy tiles m×m in, one a×a -> 3×3 output per filter.
+        transforms = (p.n * p.c * tiles * _sandwich(a, a) + p.n * p.k * tiles * _sandwich(a, m)
+                      + p.k * p.cg * _sandwich(r, a))
+    else:
+        src, dst = (p.c, p.k) if pass_ == "fwd" else (p.k, p.c)
+        transforms = (p.n * src * tiles * _sandwich(a, a) + p.k * p.cg * _sandwich(a, r)
+                      + p.n * dst * tiles * _sandwich(m, a))
+    mults = a * a * p.n * p.k * p.cg * tiles
+    return OpCount(products=2 * mults, multiplications=mults, transforms=transforms)
+
+
+def op_count(algo: str, problem: ConvProblem, pass_: str,
+             precision: str = "fp32") -> OpCount | None:
+    """The theoretical operations of `algo` for one pass, or None where it has no count
+    (a library-chosen kernel, or Winograd on a filter that is not 3×3 stride 1)."""
+    if algo == "direct":
+        return _direct(problem)
+    if algo in ("gemm", "gemm-cublas"):
+        return _gemm(problem, pass_, precision)
+    if algo in ("fft", "fft-tiled"):
+        return _fft(problem, FFT_TILE if algo == "fft-tiled" else None)
+    if algo.startswith("winograd-") and _winograd_applies(problem):
+        return _winograd(problem, pass_, _winograd_tile(algo))
+    return None
+
+
+def theoretical_workspace(algo: str, problem: ConvProblem, pass_: str,
+                          precision: str = "fp32") -> int | None:
+    """Bytes an algorithm needs beyond its inputs and output, on paper: GEMM's column matrix,
+    FFT's spectra (complex), Winograd's transformed tiles and filters; None when unknown."""
+    p, elem = problem, ELEMENT_BYTES[precision]
+    if algo == "direct":
+        return 0
+    if algo in ("gemm", "gemm-cublas"):
+        return _column_elements(p) * elem
+    if algo in ("fft", "fft-tiled"):
+        planes, bins, _ = _fft_planes(p, FFT_TILE if algo == "fft-tiled" else None)
+        return planes * bins * 2 * elem
+    if algo.startswith("winograd-") and _winograd_applies(p):
+        m = _winograd_tile(algo)
+        a, tiles = m + p.r - 1, _winograd_tiles(p, pass_, m)
+        return (p.n * (p.c + p.k) * tiles + p.k * p.cg) * a * a * elem
+    return None
+
+
+def workspace_bytes(impl, problem: ConvProblem, pass_: str, layout: str,
+                    precision: str) -> int | None:
+    """What the implementation says it allocates (its `workspace_bytes` method, when it has
+    one), else the theoretical figure for its algorithm."""
+    if hasattr(impl, "workspace_bytes"):
+        return impl.workspace_bytes(problem, pass_, layout, precision)
+    return theoretical_workspace(impl.algo, problem, pass_, precision)

@@ -1,0 +1,191 @@
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+from convbench import cli, registry, report, runner
+from convbench.problem import PASSES
+
+TINY = "n=1,c=2,h=6,w=6,k=3,r=3,s=3,pad=1"
+FAST = ["--budget", "0.002"]
+
+
+def run_cli(capsys, *argv):
+    """(exit code, stdout, stderr) of `convbench ARGV`, argparse's exits included."""
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["layer", "conv9"], "unknown layer 'conv9' in alexnet; valid: conv1"),
+    (["layer", "nosuch:conv1"], "unknown net 'nosuch'"),
+    (["layer", "conv2", "--net", "nosuch"], "invalid choice: 'nosuch'"),
+    (["layer", "conv2", "--algos", "bogus"], "unknown algo 'bogus'"),
+    (["layer", "conv2", "--passes", "fwd,sideways"], "unknown pass 'sideways'; valid: fwd"),
+    (["layer", "conv2", "--layouts", "chwn"], "unknown layout 'chwn'; valid: nchw, nhwc"),
+    (["layer", "conv2", "--precision", "fp8"], "unknown precision 'fp8'"),
+    (["layer", "n=1,c=2,h=6"], "malformed layer spec"),
+    (["layer", "n=1,c=2,h=6,w=6,k=3,r=9,s=3"], "larger than the padded input"),
+    (["layer", "conv2", "--batch", "0"], "'0' is not positive"),
+    (["layer", "conv2", "--resume"], "--resume needs the run folder"),
+    (["report", "/nonexistent/run"], "is not a run folder"),
+    (["bench", "--device", "tpu"], "invalid choice: 'tpu'"),
+    ([], "the following arguments are required: command"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, names):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert err.count("\n") == 1 and names in err and "Traceback" not in err
+    assert out == ""
+
+
+@pytest.mark.skipif(registry.available("cuda") is None, reason="this machine has a GPU")
+def test_cuda_without_gpu_names_what_is_valid(capsys):
+    code, _, err = run_cli(capsys, "layer", "conv2", "--device", "cuda")
+    assert code == 2 and err.count("\n") == 1
+    assert "--device cuda:" in err and "valid here: cpu" in err
+
+
+def test_python_dash_m_reports_errors_without_traceback():
+    proc = subprocess.run([sys.executable, "-m", "convbench", "layer", "conv9"],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("convbench: error: unknown layer 'conv9'")
+    assert proc.stderr.count("\n") == 1
+
+
+def test_layer_json_lists_every_algo_pass_and_layout(capsys):
+    code, out, _ = run_cli(capsys, "layer", TINY, "--algos", "all", "--format", "json", *FAST)
+    assert code == 0
+    rows = json.loads(out)
+    algos = registry.algos_for("numpy")
+    assert {(r["algo"], r["pass"], r["layout"]) for r in rows} == {
+        (a, p, layout) for a in algos for p in PASSES for layout in ("nchw", "nhwc")}
+    for r in rows:
+        assert r["status"] in runner.STATUSES
+        if r["status"] == "ok":
+            assert r["median_ms"] > 0 and r["gflops"] > 0 and r["rel_error"] < r["tolerance"]
+            assert r["reps"] >= 3 and len(r["times_ms"]) == r["reps"]
+        else:
+            assert r["reason"]
+    assert any(r["algo"] == "torch-cpu" and r["status"] == "ok" for r in rows)
+
+
+def test_layer_table_and_csv(capsys):
+    code, out, _ = run_cli(capsys, "layer", TINY, "--algos", "torch-cpu", "--passes", "fwd",
+                           *FAST)
+    assert code == 0 and "torch-cpu" in out and "| ok " in out
+    code, out, _ = run_cli(capsys, "layer", TINY, "--algos", "torch-cpu", "--passes", "fwd",
+                           "--layouts", "nhwc", "--format", "csv", *FAST)
+    lines = out.splitlines()
+    assert lines[0] == ",".join(runner.COLUMNS) and len(lines) == 2
+
+
+BENCH = ["bench", "--algos", "torch-cpu", "--batch", "1", "--passes", "fwd,bwd_data",
+         "--layouts", "nhwc", *FAST]
+
+
+def test_bench_writes_a_run_folder_and_report_compare_work(tmp_path, capsys):
+    folder = tmp_path / "run"
+    code, out, err = run_cli(capsys, *BENCH, "--out", str(folder))
+    assert code == 0
+    names = {p.name for p in folder.iterdir()}
+    assert {"measurements.csv", "env.json", "report.md"} <= names
+    df, env = report.load_run(folder)
+    assert len(df) == 5 * 2 and set(df["status"]) == {"ok"}
+    assert env["run"]["batch"] == 1 and env["run"]["command"].startswith("convbench bench")
+    assert env["numpy"]["version"] and env["torch"]["threads"] >= 1
+    assert env["device_slug"] == f"cpu-{os.cpu_count()}core" and env["cpu"]["cores"] >= 1
+    assert "## Time per layer" in out and "conv5" in out
+
+    (folder / "report.md").unlink()
+    code, out, _ = run_cli(capsys, "report", str(folder))
+    assert code == 0 and (folder / "report.md").exists() and "## Operation counts" in out
+
+    code, out, _ = run_cli(capsys, "compare", str(folder), str(folder), "--format", "json")
+    cmp = json.loads(out)
+    assert len(cmp) == 10 and all(r["ratio"] == 1 and r["change"] == "" for r in cmp)
+
+    code, _, err = run_cli(capsys, *BENCH, "--out", str(folder))
+    assert code == 2 and "already holds results; pass --resume" in err
+
+
+def test_interrupted_bench_keeps_rows_and_resume_finishes(tmp_path, capsys, monkeypatch):
+    folder = tmp_path / "run"
+    real, seen = runner.measure, []
+
+    def interrupt_at_4(case, *args, **kw):
+        if len(seen) == 3:
+            raise KeyboardInterrupt
+        seen.append(case)
+        return real(case, *args, **kw)
+
+    monkeypatch.setattr(runner, "measure", interrupt_at_4)
+    code, _, err = run_cli(capsys, *BENCH, "--out", str(folder))
+    assert code == 130 and "--resume" in err
+    assert len(runner.read_rows(folder / "measurements.csv")) == 3
+    assert (folder / "report.md").exists()  # the report of what exists
+
+    measured = []
+    monkeypatch.setattr(runner, "measure", lambda case, *a, **k: measured.append(case) or
+                        real(case, *a, **k))
+    code, _, _ = run_cli(capsys, *BENCH, "--out", str(folder), "--resume")
+    assert code == 0 and len(measured) == 7
+    assert not {c.key() for c in measured} & {c.key() for c in seen}
+    assert len(runner.read_rows(folder / "measurements.csv")) == 10
+
+
+def test_list_shows_nets_layers_and_support(capsys):
+    code, out, _ = run_cli(capsys, "list")
+    assert code == 0
+    for text in ("## alexnet", "## resnet50", "res5_3x3", "## backend numpy: available",
+                 "torch-cpu", "## backend cuda"):
+        assert text in out
+
+
+def test_kernels_dispatches_or_says_it_is_missing(capsys, monkeypatch):
+    fake = types.ModuleType("convbench.kernels")
+    fake.main = lambda argv: 40 + len(argv)
+    monkeypatch.setitem(sys.modules, "convbench.kernels", fake)
+    assert cli.main(["kernels", "a", "--b"]) == 42
+    monkeypatch.setitem(sys.modules, "convbench.kernels", types.ModuleType("convbench.kernels"))
+    code, _, err = run_cli(capsys, "kernels")
+    assert code == 2 and "no main(argv)" in err
+
+
+class Tty:
+    """A stream that says it is a terminal."""
+
+    def __init__(self, tty: bool):
+        self.tty, self.text = tty, ""
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def write(self, s: str) -> None:
+        self.text += s
+
+    def flush(self) -> None:
+        pass
+
+
+def test_progress_bar_on_a_terminal_only():
+    row = {"layer": "conv2", "pass": "fwd", "layout": "nchw", "algo": "gemm", "status": "ok"}
+    for tty in (True, False):
+        stream = Tty(tty)
+        progress = cli.Progress(2, stream)
+        progress(row)
+        progress(row)
+        progress.close()
+        if tty:
+            assert stream.text.startswith("\r[1/2] conv2 fwd nchw gemm: ok")
+            assert "\r[2/2]" in stream.text and stream.text.endswith("\n")
+        else:
+            assert stream.text == ""

@@ -1,0 +1,211 @@
+import numpy as np
+import pytest
+
+from convbench import reference, registry, runner, timing
+from convbench.layers import Layer
+from convbench.problem import ConvProblem
+
+TINY = ConvProblem(n=1, c=2, h=6, w=6, k=3, r=3, s=3, pad=1)
+LAYER = Layer("custom", "tiny", TINY)
+BUDGET = 0.002
+
+
+class Fake:
+    """Wraps torch-cpu, counting calls of the prepared pass; `mistake` spoils its output,
+    `error` is raised by the pass instead of computing it."""
+
+    backend = "numpy"
+    precisions = ("fp32", "fp64")
+
+    def __init__(self, algo, mistake=None, error=None, reason=None):
+        self.algo, self.mistake, self.error, self.reason = algo, mistake, error, reason
+        self.calls = 0
+        self.inner = registry.get("torch-cpu", "numpy")
+
+    def supports(self, problem, pass_, layout, precision):
+        return self.reason
+
+    def describe(self, problem, pass_, layout, precision):
+        return f"fake {self.algo}"
+
+    def prepare(self, problem, pass_, layout, precision):
+        fn = self.inner.prepare(problem, pass_, layout, precision)
+
+        def run(a, b, out):
+            self.calls += 1
+            if self.error is not None:
+                raise self.error
+            fn(a, b, out)
+            if self.mistake is not None:
+                self.mistake(out)
+
+        return run
+
+
+def fakes():
+    return {
+        "good": Fake("good"),
+        "wrong": Fake("wrong", mistake=lambda out: out.__imul__(1.01)),  # 1% off: fails
+        "unwritten": Fake("unwritten", mistake=lambda out: out.__setitem__((0, 0, 0, 0), np.nan)),
+        "unsup": Fake("unsup", reason="no tiny layers"),
+        "oom": Fake("oom", error=MemoryError("out of memory allocating 1 TiB")),
+        "boom": Fake("boom", error=RuntimeError("boom\nsecond line of a long message")),
+    }
+
+
+def cases(algos, passes=("fwd",), layouts=("nchw",)):
+    return runner.sweep([LAYER], algos, "numpy", passes, layouts, ["fp32"])
+
+
+def test_statuses_and_reasons():
+    impls = fakes()
+    rows = {r["algo"]: r for r in runner.run(cases(impls), BUDGET, impls)}
+    assert {a: r["status"] for a, r in rows.items()} == {
+        "good": "ok", "wrong": "failed", "unwritten": "failed", "unsup": "unsupported",
+        "oom": "oom", "boom": "failed"}
+    good = rows["good"]
+    assert good["reps"] >= timing.MIN_REPS and len(good["times_ms"].split()) == good["reps"]
+    assert good["gflops"] == pytest.approx(TINY.flops / (good["median_ms"] * 1e6))
+    assert good["rel_error"] < good["tolerance"] and good["note"] == "fake good"
+    assert "rel_error" in rows["wrong"]["reason"] and rows["wrong"]["rel_error"] > 1e-3
+    assert rows["unwritten"]["rel_error"] == float("inf")
+    assert rows["unsup"]["reason"] == "no tiny layers"
+    assert rows["oom"]["reason"] == "MemoryError: out of memory allocating 1 TiB"
+    assert rows["boom"]["reason"] == "RuntimeError: boom"  # one line, no traceback
+    for r in rows.values():
+        assert set(r) == set(runner.COLUMNS)
+        if r["status"] != "ok":
+            assert r["median_ms"] is None and r["times_ms"] is None
+
+
+def test_a_failed_check_is_never_timed():
+    impls = fakes()
+    runner.run(cases(impls), BUDGET, impls)
+    assert impls["wrong"].calls == 1 and impls["unwritten"].calls == 1  # the check only
+    assert impls["unsup"].calls == 0
+    assert impls["good"].calls > 1 + timing.MIN_REPS - 1
+
+
+def test_oom_during_timing_is_recorded_and_the_run_goes_on():
+    class OomLater(Fake):
+        def prepare(self, *args):
+            fn = super().prepare(*args)
+
+            def run(a, b, out):
+                if self.calls >= 1:
+                    self.calls += 1
+                    raise MemoryError("no room")
+                fn(a, b, out)
+
+            return run
+
+    impls = {"later": OomLater("later"), "good": Fake("good")}
+    rows = runner.run(cases(["later", "good"]), BUDGET, impls)
+    assert [r["status"] for r in rows] == ["oom", "ok"]
+
+
+def test_torch_oom_is_recognised_by_name():
+    OutOfMemoryError = type("OutOfMemoryError", (RuntimeError,), {})
+    assert runner._is_oom(OutOfMemoryError("CUDA out of memory"))
+    assert not runner._is_oom(RuntimeError("x"))
+
+
+def test_reference_is_computed_once_per_problem_and_pass(monkeypatch):
+    calls = []
+    real = reference.reference
+
+    def counting(problem, pass_, layout, a, b):
+        calls.append((pass_, layout))
+        return real(problem, pass_, layout, a, b)
+
+    monkeypatch.setattr(reference, "reference", counting)
+    impls = {"good": Fake("good"), "also": Fake("also")}
+    passes = ("fwd", "bwd_data", "bwd_filter")
+    rows = runner.run(cases(["good", "also"], passes, ("nchw", "nhwc")), BUDGET, impls)
+    assert len(rows) == 12 and all(r["status"] == "ok" for r in rows)
+    assert calls == [(p, "nchw") for p in passes]
+
+
+def test_registry_implementation_both_layouts():
+    rows = runner.run(cases(["torch-cpu"], ("fwd", "bwd_filter"), ("nchw", "nhwc")), BUDGET)
+    assert [(r["pass"], r["layout"], r["status"]) for r in rows] == [
+        ("fwd", "nchw", "ok"), ("fwd", "nhwc", "ok"),
+        ("bwd_filter", "nchw", "ok"), ("bwd_filter", "nhwc", "ok")]
+
+
+def test_operands_are_fresh_copies():
+    class Scribbler(Fake):
+        def prepare(self, *args):
+            fn = super().prepare(*args)
+
+            def run(a, b, out):
+                fn(a, b, out)
+                a[...] = 0  # ruins its own input after computing
+
+            return run
+
+    impls = {"scribble": Scribbler("scribble"), "good": Fake("good")}
+    rows = runner.run(cases(["scribble", "good"]), BUDGET, impls)
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+
+
+def test_prepare_returns_a_verified_callable():
+    ready = runner.prepare(cases(["torch-cpu"])[0], runner.Operands())
+    assert ready.check.ok
+    ready.call()
+    with pytest.raises(runner.NotMeasured) as info:
+        runner.prepare(cases(["unsup"])[0], runner.Operands(), fakes()["unsup"])
+    assert info.value.status == "unsupported"
+
+
+def test_sweep_groups_cases_by_problem_and_pass():
+    got = runner.sweep([LAYER], ["a", "b"], "numpy", ["fwd", "bwd_data"], ["nchw", "nhwc"],
+                       ["fp32"])
+    assert len(got) == 8
+    assert [c.pass_ for c in got] == ["fwd"] * 4 + ["bwd_data"] * 4
+    assert got[0].key() == ("tiny", "1", "2", "6", "6", "3", "3", "3", "1", "1", "1", "1", "a",
+                            "numpy", "fwd", "nchw", "fp32")
+
+
+class Crash(Fake):
+    """Interrupts the run (as Ctrl-C would) when its `at`-th case starts."""
+
+    def __init__(self, algo, at):
+        super().__init__(algo)
+        self.at, self.started = at, 0
+
+    def prepare(self, *args):
+        self.started += 1
+        if self.started == self.at:
+            raise KeyboardInterrupt
+        return super().prepare(*args)
+
+
+def test_rows_are_streamed_and_survive_a_crash_and_resume_finishes(tmp_path):
+    path = tmp_path / runner.RESULTS_CSV
+    todo = cases(["good"], ("fwd", "bwd_data", "bwd_filter"), ("nchw", "nhwc"))
+    sink = runner.CsvSink(path)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(todo, BUDGET, {"good": Crash("good", at=4)}, on_row=sink.append)
+    kept = runner.read_rows(path)
+    assert [r["status"] for r in kept] == ["ok"] * 3
+
+    done = runner.done_keys(path)
+    rest = [c for c in todo if c.key() not in done]
+    assert rest == todo[3:]
+    fresh = Fake("good")
+    runner.run(rest, BUDGET, {"good": fresh}, on_row=runner.CsvSink(path).append)
+    assert fresh.calls >= 3 * timing.MIN_REPS  # only the three missing cases were measured
+    rows = runner.read_rows(path)
+    assert sorted(tuple(r[c] for c in runner.KEY) for r in rows) == sorted(c.key() for c in todo)
+
+
+def test_a_half_written_last_line_is_dropped(tmp_path):
+    path = tmp_path / runner.RESULTS_CSV
+    sink = runner.CsvSink(path)
+    sink.append(runner.row(cases(["x"])[0], "unsupported", "why"))
+    with open(path, "a") as f:
+        f.write("tiny,1,2,6")  # killed mid-write
+    assert len(runner.read_rows(path)) == 1
+    runner.CsvSink(path).append(runner.row(cases(["y"])[0], "unsupported", "why"))
+    assert [r["algo"] for r in runner.read_rows(path)] == ["x", "y"]

@@ -1,0 +1,93 @@
+import gc
+
+import pytest
+
+from convbench import timing
+from convbench.measurement import Measurement
+
+
+def test_statistics_from_raw_times():
+    m = Measurement((5.0, 1.0, 3.0, 2.0, 4.0))
+    assert (m.reps, m.median, m.q1, m.q3, m.iqr, m.min, m.mean) == (5, 3.0, 2.0, 4.0, 2.0, 1.0, 3.0)
+    assert m.noisy  # IQR/median = 2/3
+    assert not Measurement((10.0, 10.1, 10.2, 10.3)).noisy
+    assert m.times_ms == (5.0, 1.0, 3.0, 2.0, 4.0)  # raw order kept
+
+
+def test_times_text_round_trip():
+    m = Measurement((1.5, 0.000123456789, 2000.25))
+    back = Measurement.from_text(m.times_text())
+    assert back.times_ms == pytest.approx(m.times_ms, rel=1e-5)
+
+
+def test_empty_measurement_is_refused():
+    with pytest.raises(ValueError):
+        Measurement(())
+
+
+class FakeClock:
+    """A clock that only moves when the timed function runs: each call takes `dt` seconds."""
+
+    def __init__(self, dt: float):
+        self.t, self.dt, self.calls = 0.0, dt, 0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def fn(self) -> None:
+        self.calls += 1
+        self.t += self.dt
+
+
+def test_slow_call_gets_the_minimum_reps_and_no_extra_warmup():
+    clock = FakeClock(0.5)
+    m = timing.time_cpu(clock.fn, budget_s=1.0, clock=clock)
+    assert m.reps == timing.MIN_REPS
+    assert clock.calls == 1 + timing.MIN_REPS  # the estimate doubles as the warm-up
+    assert m.times_ms == pytest.approx((500.0,) * timing.MIN_REPS)
+
+
+def test_fast_call_is_capped_and_warmed_up():
+    clock = FakeClock(0.001)
+    m = timing.time_cpu(clock.fn, budget_s=1.0, max_reps=20, clock=clock)
+    assert m.reps == 20
+    assert clock.calls == 1 + 19 + 20  # estimate, warm-up up to max_reps calls, reps
+
+
+def test_reps_follow_the_budget():
+    clock = FakeClock(0.01)
+    assert timing.time_cpu(clock.fn, budget_s=0.1, clock=clock).reps == 10
+
+
+def test_gc_is_restored_after_timing():
+    assert gc.isenabled()
+    timing.time_cpu(lambda: None, budget_s=0.001)
+    assert gc.isenabled()
+    with pytest.raises(ZeroDivisionError):
+        timing.time_cpu(lambda: 1 / 0, budget_s=0.001)
+    assert gc.isenabled()
+
+
+def test_real_clock_times_something():
+    m = timing.time_cpu(lambda: sum(range(1000)), budget_s=0.01)
+    assert m.reps >= timing.MIN_REPS and m.min > 0
+
+
+def test_timer_for_backend():
+    assert timing.timer_for("cuda") is timing.time_cuda
+    assert timing.timer_for("numpy") is timing.time_cpu
+    assert timing.timer_for("emu") is timing.time_cpu
+
+
+@pytest.mark.gpu
+def test_cuda_timer_flushes_and_times():
+    import cupy
+
+    l2 = cupy.cuda.Device().attributes["L2CacheSize"]
+    assert timing.l2_flush_buffer().nbytes >= 2 * l2
+    a = cupy.ones((2048, 2048), dtype=cupy.float32)
+    m = timing.time_cuda(lambda: a @ a, budget_s=0.05)
+    assert timing.MIN_REPS <= m.reps <= timing.MAX_REPS_GPU
+    assert m.min > 0
+    # A 2048³ matmul is 17 GFLOP: well over a microsecond, well under a second on any GPU.
+    assert 1e-3 < m.median < 1e3
