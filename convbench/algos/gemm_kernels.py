@@ -1,0 +1,404 @@
+"""`gemm` on the GPU (`cuda`) and in the emulator (`emu`): explicit im2col/col2im
+(kernels/im2col.cu) and our own tiled SGEMM (kernels/gemm.cu); `gemm-cublas` on `cuda`: the same
+lowering with cuBLAS for the product, so that results separate the quality of our GEMM kernel
+from the cost of the lowering.
+
+Each pass is one lowering kernel and one product, in the layout's own arrangement (the column
+matrix `col` is described in kernels/im2col.cu), with no transpose anywhere:
+
+=========== =========================================== =====================================
+pass        nchw: per image n and group g               nhwc: per group g
+=========== =========================================== =====================================
+fwd         im2col; y[n] = W · col[n]        (sgemm_nn) im2col; y = col · Wᵀ      (sgemm_nt)
+bwd_data    col[n] = Wᵀ · dy[n] (sgemm_tn); col2im      col = dy · W (sgemm_nn); col2im
+bwd_filter  im2col; dw = Σ_n dy[n] · col[n]ᵀ (sgemm_nt) im2col; dw = dyᵀ · col (sgemm_tn)
+=========== =========================================== =====================================
+
+The products are row-major with leading dimensions, so each lands directly in NKPQ / NPQK / KCRS
+/ KRSC and reads its operands as stored: nchw's images are the batch index of one launch
+(blockIdx.z), and bwd_filter's sums over images and output pixels run inside the kernel, split
+across blocks into partial results when dw alone has too few tiles to fill the GPU (`Product`
+is that description, `plan_sgemm` sizes it, `sgemm_runner` launches it, `cublas_runner` hands
+the same description to cuBLAS).
+
+Tile sizes are chosen here, once: they are the -D defines of gemm.cu (declared to the compile
+gate below); launch grids, shared memory and splits are derived from them here, from the problem
+alone, so the emulator runs the configuration the GPU runs. The column matrix (and the partial
+results of a split reduction) are allocated in `prepare`, outside the timed call;
+`workspace_bytes` reports them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import emu, kernels
+from ..problem import LAYOUTS, ConvProblem
+from ..registry import register
+
+#: The SGEMM tile configurations (-D defines of gemm.cu). `large`: a 128×128 tile of C per block
+#: of 256 threads, 8×8 per thread; `small`, for products too small to fill the GPU with large
+#: tiles: 64×64 per block of 128 threads, 8×4 per thread. Both step K by BK = 8.
+TILES = {"large": {"BM": 128, "BN": 128, "BK": 8, "TM": 8, "TN": 8},
+         "small": {"BM": 64, "BN": 64, "BK": 8, "TM": 8, "TN": 4}}
+kernels.declare("gemm", TILES.values())
+
+LOWERING_THREADS = 256
+#: The defines im2col.cu is compiled with, per layout.
+LOWERING = {layout: {"NHWC": int(layout == "nhwc"), "THREADS": LOWERING_THREADS}
+            for layout in LAYOUTS}
+kernels.declare("im2col", LOWERING.values())
+
+#: Large tiles are used when they still give this many blocks (two per SM of a 132-SM H100/H200,
+#: splits of a reduction included); below that, small tiles give more parallelism.
+LARGE_TILE_MIN_BLOCKS = 264
+#: A split reduction aims at about this many blocks (a few waves on a large GPU), but never at
+#: slices of fewer than MIN_SPLIT_TILES K-tiles (256 products per output element).
+SPLIT_TARGET_BLOCKS = 1024
+MIN_SPLIT_TILES = 32
+#: Shared-memory row padding of the staged tiles, floats (kPad in gemm.cu).
+SMEM_PAD = 4
+_GRID_YZ_MAX = 65535
+_INDEX_LIMIT = 2**31  # the kernels index with 32-bit ints
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def threads(tiles: str) -> int:
+    """Threads per block of an SGEMM tile configuration."""
+    t = TILES[tiles]
+    return (t["BM"] // t["TM"]) * (t["BN"] // t["TN"])
+
+
+def smem_bytes(tiles: str) -> int:
+    """Dynamic shared memory of one SGEMM block: two copies of both staged tiles, as gemm.cu
+    lays them out ([2][BK][BM + pad] then [2][BK][BN + pad] floats)."""
+    t = TILES[tiles]
+    return 4 * 2 * t["BK"] * (t["BM"] + SMEM_PAD + t["BN"] + SMEM_PAD)
+
+
+# --- the product --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Product:
+    """C = op(A) · op(B) as gemm.cu computes it: row-major operands with leading dimensions;
+    op(A) is m×k, stored k×m when `trans_a`; op(B) is k×n, stored n×k when `trans_b`.
+
+    Batched over `groups` (offsets *_group apart) and over `images` (offsets *_image apart):
+    separate products per image, or, when `reduce`, one product per group summed over images.
+    """
+
+    trans_a: bool
+    trans_b: bool
+    m: int
+    n: int
+    k: int
+    lda: int
+    ldb: int
+    ldc: int
+    groups: int = 1
+    images: int = 1
+    reduce: bool = False
+    a_group: int = 0
+    a_image: int = 0
+    b_group: int = 0
+    b_image: int = 0
+    c_group: int = 0
+    c_image: int = 0  #: unused when `reduce`
+
+    @property
+    def entry(self) -> str:
+        """The gemm.cu entry point: sgemm_<a><b>, n = as is, t = transposed."""
+        return f"sgemm_{'nt'[self.trans_a]}{'nt'[self.trans_b]}"
+
+    @property
+    def c_extent(self) -> int:
+        """Elements from C's start to one past the last a reduction writes (its partial-result
+        size when split)."""
+        return (self.groups - 1) * self.c_group + (self.m - 1) * self.ldc + self.n
+
+
+@dataclass(frozen=True)
+class SgemmPlan:
+    """How gemm.cu runs a `Product`: tile configuration, grid, and the split of a reduction."""
+
+    product: Product
+    tiles: str
+    grid: tuple[int, int, int]
+    tiles_per_split: int  #: K-tiles (over images × K) a block reduces
+    splits: int  #: partial results a reduction is split into (1: none)
+
+    @property
+    def smem(self) -> int:
+        return smem_bytes(self.tiles)
+
+    @property
+    def partial_elements(self) -> int:
+        """Size of the partial-result buffer (0 unless the reduction is split)."""
+        return self.splits * self.product.c_extent if self.splits > 1 else 0
+
+
+def plan_sgemm(product: Product, tiles: str | None = None) -> SgemmPlan:
+    """Tile configuration (by `LARGE_TILE_MIN_BLOCKS` unless given), grid and splits of a
+    product. Raises ValueError(reason) past CUDA's grid limits or 32-bit indexing."""
+    p = product
+
+    def plan(name: str) -> SgemmPlan:
+        t = TILES[name]
+        xy = (_ceil(p.m, t["BM"]), _ceil(p.n, t["BN"]))
+        k_tiles = _ceil(p.k, t["BK"])
+        if not p.reduce:
+            return SgemmPlan(p, name, (*xy, p.groups * p.images), k_tiles, 1)
+        total = p.images * k_tiles
+        splits = max(1, min(_ceil(SPLIT_TARGET_BLOCKS, xy[0] * xy[1] * p.groups),
+                            total // MIN_SPLIT_TILES, _GRID_YZ_MAX // p.groups))
+        per_split = _ceil(total, splits)
+        splits = _ceil(total, per_split)  # no empty slice
+        return SgemmPlan(p, name, (*xy, p.groups * splits), per_split, splits)
+
+    if tiles is None:
+        large = plan("large")
+        tiles = "large" if math.prod(large.grid) >= LARGE_TILE_MIN_BLOCKS else "small"
+    chosen = plan(tiles)
+    if max(chosen.grid[1:]) > _GRID_YZ_MAX:
+        raise ValueError(f"SGEMM grid {chosen.grid} exceeds the CUDA limit of {_GRID_YZ_MAX} "
+                         f"in y or z")
+    if chosen.partial_elements >= _INDEX_LIMIT:
+        raise ValueError(f"the split reduction's partial results have {chosen.partial_elements:,}"
+                         f" elements, 2^31 or more; the kernels index with 32-bit ints")
+    if chosen.splits > 1 and (p.ldc != p.n or (p.groups > 1 and p.c_group != p.m * p.ldc)):
+        raise ValueError("a split reduction sums whole partial results: C must be contiguous")
+    return chosen
+
+
+def sgemm_runner(backend: str, plan: SgemmPlan) -> Callable:
+    """``run(a, b, c)``: the planned product through gemm.cu on `backend` (arrays: C-contiguous,
+    float32, holding the operands at the product's offsets). A split reduction's partial results
+    are allocated here, once."""
+    launch = kernels.launcher(backend, "gemm", TILES[plan.tiles])
+    p, block = plan.product, threads(plan.tiles)
+    multiply = launch.kernel(p.entry)
+
+    def args(a, b, c, c_split: int) -> tuple:
+        return (a, b, c, p.m, p.n, p.k, p.lda, p.ldb, p.ldc, p.groups, p.images,
+                plan.tiles_per_split, p.a_group, p.a_image, p.b_group, p.b_image, p.c_group,
+                c_split)
+
+    if plan.splits == 1:
+        c_split = 0 if p.reduce else p.c_image
+        return lambda a, b, c: multiply(plan.grid, block, args(a, b, c, c_split),
+                                        shared_mem=plan.smem)
+    add = launch.kernel("gemm_sum_splits")
+    part = launch.xp.empty(plan.partial_elements, dtype=launch.xp.float32)
+
+    def run(a, b, c):
+        multiply(plan.grid, block, args(a, b, part, p.c_extent), shared_mem=plan.smem)
+        add(_ceil(p.c_extent, block), block, (part, c, p.c_extent, plan.splits))
+
+    return run
+
+
+def cublas_available() -> str | None:
+    """None if CuPy can load cuBLAS here, else why not."""
+    try:
+        from cupy_backends.cuda.libs import cublas  # noqa: F401  (loads libcublas)
+    except ImportError as exc:
+        return f"CuPy cannot load cuBLAS: {str(exc).splitlines()[0]}"
+    return None
+
+
+@contextlib.contextmanager
+def _fp32_cublas(handle: int):
+    """cuBLAS in FP32: CUBLAS_DEFAULT_MATH never computes an sgemm with fewer mantissa bits than
+    FP32 (no TF32, whatever CuPy's CUPY_TF32 says: that only selects compute types in CuPy's own
+    matmul); host pointer mode for alpha and beta; the current CuPy stream. Mode restored after."""
+    import cupy
+    from cupy_backends.cuda.libs import cublas
+
+    math_mode, pointer_mode = cublas.getMathMode(handle), cublas.getPointerMode(handle)
+    cublas.setMathMode(handle, cublas.CUBLAS_DEFAULT_MATH)
+    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+    cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
+    try:
+        yield
+    finally:
+        cublas.setMathMode(handle, math_mode)
+        cublas.setPointerMode(handle, pointer_mode)
+
+
+def cublas_runner(product: Product) -> Callable:
+    """``run(a, b, c)``: the product by cuBLAS (CuPy arrays). cuBLAS is column-major, so the
+    row-major C = op(A)·op(B) is computed as Cᵀ = op(B)ᵀ·op(A)ᵀ: B goes first, and an operand
+    stored as is (row-major) is exactly the transpose cuBLAS reads. Separate products per image
+    are one strided-batched call per group; a sum over images is one call per image, each
+    accumulating into C (beta = 1), in image order."""
+    import cupy
+    from cupy_backends.cuda.libs import cublas
+
+    p = product
+    handle = cupy.cuda.device.get_cublas_handle()
+    one, zero = np.ones(1, np.float32), np.zeros(1, np.float32)
+    op = {False: cublas.CUBLAS_OP_N, True: cublas.CUBLAS_OP_T}
+
+    def call(a: int, b: int, c: int, beta: np.ndarray, batch: int, strides: tuple[int, ...]):
+        cublas.sgemmStridedBatched(handle, op[p.trans_b], op[p.trans_a], p.n, p.m, p.k,
+                                   one.ctypes.data, b, p.ldb, strides[1], a, p.lda, strides[0],
+                                   beta.ctypes.data, c, p.ldc, strides[2], batch)
+
+    def run(a, b, c):
+        with _fp32_cublas(handle):
+            for g in range(p.groups):
+                pa = a.data.ptr + 4 * g * p.a_group
+                pb = b.data.ptr + 4 * g * p.b_group
+                pc = c.data.ptr + 4 * g * p.c_group
+                if not p.reduce:
+                    call(pa, pb, pc, zero, p.images, (p.a_image, p.b_image, p.c_image))
+                    continue
+                for n in range(p.images):
+                    call(pa + 4 * n * p.a_image, pb + 4 * n * p.b_image, pc,
+                         one if n else zero, 1, (0, 0, 0))
+
+    return run
+
+
+# --- the convolution ----------------------------------------------------------------------------
+def conv_product(problem: ConvProblem, pass_: str, layout: str) -> tuple[Product, str, str]:
+    """The product of a pass and which operands it multiplies: (product, A, B), with A and B
+    among "w", "dy", "col"; C is the pass's output, or col in bwd_data (see the module's table).
+    """
+    p = problem
+    kg, crs, pq = p.k // p.groups, p.cg * p.r * p.s, p.p * p.q
+    w_group = kg * crs
+    if layout == "nhwc":  # col: [G][N·P·Q][R·S·C/g]
+        npq = p.n * pq
+        col_group = npq * crs
+        return {
+            "fwd": (Product(False, True, npq, kg, crs, crs, crs, p.k, p.groups,
+                            a_group=col_group, b_group=w_group, c_group=kg), "col", "w"),
+            "bwd_data": (Product(False, False, npq, crs, kg, p.k, crs, crs, p.groups,
+                                 a_group=kg, b_group=w_group, c_group=col_group), "dy", "w"),
+            "bwd_filter": (Product(True, False, kg, crs, npq, p.k, crs, crs, p.groups,
+                                   reduce=True, a_group=kg, b_group=col_group, c_group=w_group),
+                           "dy", "col"),
+        }[pass_]
+    # nchw, col: [N][G][C/g·R·S][P·Q]; y and dy: [N][G][K/g][P·Q]
+    col_image, col_group = p.c * p.r * p.s * pq, crs * pq
+    y_image, y_group = p.k * pq, kg * pq
+    return {
+        "fwd": (Product(False, False, kg, pq, crs, crs, pq, pq, p.groups, p.n,
+                        a_group=w_group, b_group=col_group, b_image=col_image,
+                        c_group=y_group, c_image=y_image), "w", "col"),
+        "bwd_data": (Product(True, False, crs, pq, kg, crs, pq, pq, p.groups, p.n,
+                             a_group=w_group, b_group=y_group, b_image=y_image,
+                             c_group=col_group, c_image=col_image), "w", "dy"),
+        "bwd_filter": (Product(False, True, kg, crs, pq, pq, pq, crs, p.groups, p.n,
+                               reduce=True, a_group=y_group, a_image=y_image,
+                               b_group=col_group, b_image=col_image, c_group=w_group),
+                       "dy", "col"),
+    }[pass_]
+
+
+def col_elements(problem: ConvProblem) -> int:
+    """Elements of the column matrix: every output pixel × every filter tap × every channel."""
+    p = problem
+    return p.n * p.c * p.r * p.s * p.p * p.q
+
+
+class GemmKernels:
+    """`gemm` through kernels/im2col.cu and kernels/gemm.cu; `backend` is set by `register`."""
+
+    precisions = ("fp32",)
+
+    def available(self) -> str | None:
+        return kernels.available(self.backend)
+
+    def supports(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
+        largest = max(math.prod(s) for s in problem.operand_shapes(pass_, layout))
+        if largest >= _INDEX_LIMIT:
+            return "a tensor has 2^31 or more elements; the kernels index with 32-bit ints"
+        if col_elements(problem) >= _INDEX_LIMIT:
+            return (f"the im2col workspace ({4 * col_elements(problem) / 2**30:.1f} GiB) has 2^31"
+                    f" or more elements; the kernels index with 32-bit ints")
+        try:
+            self._check_product(conv_product(problem, pass_, layout)[0])
+        except ValueError as exc:
+            return str(exc)
+        return emu.too_big(problem.flops // 2) if self.backend == "emu" else None
+
+    def _check_product(self, product: Product) -> None:
+        plan_sgemm(product)
+
+    def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
+                        precision: str) -> int:
+        """The column matrix, plus the partial results of a split bwd_filter reduction."""
+        plan = plan_sgemm(conv_product(problem, pass_, layout)[0])
+        return 4 * (col_elements(problem) + plan.partial_elements)
+
+    def describe(self, problem: ConvProblem, pass_: str, layout: str, precision: str) -> str:
+        plan = plan_sgemm(conv_product(problem, pass_, layout)[0])
+        t = TILES[plan.tiles]
+        note = f"our SGEMM, {t['BM']}×{t['BN']} tiles"
+        return note + (f", reduction in {plan.splits} slices" if plan.splits > 1 else "")
+
+    def _multiplier(self, product: Product) -> Callable:
+        return sgemm_runner(self.backend, plan_sgemm(product))
+
+    def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
+        product, a_name, b_name = conv_product(problem, pass_, layout)
+        multiply = self._multiplier(product)
+        lowering = kernels.launcher(self.backend, "im2col", LOWERING[layout])
+        col = lowering.xp.empty(col_elements(problem), dtype=lowering.xp.float32)
+        p = problem
+        dims = (p.n, p.c, p.h, p.w, p.r, p.s, p.p, p.q, p.stride, p.pad, p.dilation, p.groups)
+        if pass_ == "bwd_data":
+            col2im = lowering.kernel("col2im")
+            grid = _ceil(p.n * p.c * p.h * p.w, LOWERING_THREADS)
+
+            def run(dy, w, dx):
+                operands = {"dy": dy, "w": w}
+                multiply(operands[a_name], operands[b_name], col)
+                col2im(grid, LOWERING_THREADS, (col, dx, *dims))
+
+            return run
+        im2col = lowering.kernel("im2col")
+        grid = _ceil(col.size, LOWERING_THREADS)
+        second = "w" if pass_ == "fwd" else "dy"
+
+        def run(x, b, out):
+            im2col(grid, LOWERING_THREADS, (x, col, *dims))
+            operands = {"col": col, second: b}
+            multiply(operands[a_name], operands[b_name], out)
+
+        return run
+
+
+for _backend in ("cuda", "emu"):
+    register("gemm", _backend)(GemmKernels)
+
+
+@register("gemm-cublas", "cuda")
+class GemmCublas(GemmKernels):
+    """`gemm-cublas`: the lowering kernels of `gemm`, the product by cuBLAS in FP32."""
+
+    def available(self) -> str | None:
+        return kernels.available(self.backend) or cublas_available()
+
+    def _check_product(self, product: Product) -> None:
+        """cuBLAS takes any grid and splits its own reductions: nothing to check."""
+
+    def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
+                        precision: str) -> int:
+        """The column matrix (cuBLAS's own workspace is not counted)."""
+        return 4 * col_elements(problem)
+
+    def describe(self, problem: ConvProblem, pass_: str, layout: str, precision: str) -> str:
+        return "cuBLAS sgemm (CUBLAS_DEFAULT_MATH: FP32, no TF32)"
+
+    def _multiplier(self, product: Product) -> Callable:
+        return cublas_runner(product)

@@ -1,0 +1,113 @@
+// im2col and col2im: the lowering of the GEMM convolution (convbench/algos/gemm_kernels.py).
+//
+// Compiled once per layout, -DNHWC=0 or -DNHWC=1, so that the column matrix has the layout the
+// products of that layout need with no transpose anywhere:
+//   NCHW: col is [N][G][C/g·R·S][P·Q]: per image and group, rows (c, r, s) with s fastest -- the
+//         order of a KCRS filter row -- and columns (p, q): y[n] = W · col[n] lands in NKPQ.
+//   NHWC: col is [G][N·P·Q][R·S·C/g]: per group, rows (n, p, q) and columns (r, s, c) with c
+//         fastest -- the order of a KRSC filter row, as in implicit-GEMM NHWC kernels: y = col·Wᵀ
+//         lands in NPQK, and the copies move contiguous channel vectors.
+// Any stride, padding, dilation and group count.
+//
+// im2col: one thread per column-matrix element, in the order col is stored (coalesced writes),
+//   reading the input pixel its tap sees, or writing 0 in the padding: every element is written,
+//   so the workspace needs no clearing.
+// col2im: one thread per dx element, in the order dx is stored. It gathers: it sums the column
+//   entries of the taps (r, s) whose window covers it, output position p = (y + pad - r·dil) /
+//   stride wherever that divides exactly and lies in [0, P) (and q likewise), in a fixed order.
+//   No atomics: the result is deterministic, run to run.
+//
+// Offsets are 32-bit: the wrapper refuses tensors and workspaces of 2^31 elements or more.
+#include "common.cuh"
+
+#if !defined(NHWC) || !defined(THREADS)
+#error "im2col.cu needs -D NHWC and THREADS"
+#endif
+
+// The convolution's geometry, as the kernels receive it.
+struct Conv {
+  int N, C, H, W, R, S, P, Q, stride, pad, dil, groups;
+};
+
+// A column-matrix element: image n, group g, channel c within the group, tap (r, s), output
+// position (p, q).
+struct ColIndex {
+  int n, g, c, r, s, p, q;
+};
+
+// Offset of a column-matrix element in the layout's col.
+__device__ __forceinline__ int col_offset(const ColIndex& i, const Conv& v) {
+  const int cg = v.C / v.groups;
+#if NHWC
+  return ((((((i.g * v.N + i.n) * v.P + i.p) * v.Q + i.q) * v.R + i.r) * v.S + i.s) * cg + i.c);
+#else
+  return ((((((i.n * v.groups + i.g) * cg + i.c) * v.R + i.r) * v.S + i.s) * v.P + i.p) * v.Q +
+          i.q);
+#endif
+}
+
+// The element at offset e of the layout's col (the inverse of col_offset).
+__device__ __forceinline__ ColIndex col_index(int e, const Conv& v) {
+  const int cg = v.C / v.groups;
+  ColIndex i;
+#if NHWC
+  i.c = e % cg; e /= cg;
+  i.s = e % v.S; e /= v.S;
+  i.r = e % v.R; e /= v.R;
+  i.q = e % v.Q; e /= v.Q;
+  i.p = e % v.P; e /= v.P;
+  i.n = e % v.N; i.g = e / v.N;
+#else
+  i.q = e % v.Q; e /= v.Q;
+  i.p = e % v.P; e /= v.P;
+  i.s = e % v.S; e /= v.S;
+  i.r = e % v.R; e /= v.R;
+  i.c = e % cg; e /= cg;
+  i.g = e % v.groups; i.n = e / v.groups;
+#endif
+  return i;
+}
+
+// Output position along one axis whose tap t reads input coordinate i, or -1 when none does.
+__device__ __forceinline__ int reading_output(int i, int t, int out_size, const Conv& v) {
+  const int num = i + v.pad - t * v.dil;
+  if (num < 0 || num % v.stride) return -1;
+  const int o = num / v.stride;
+  return o < out_size ? o : -1;
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+    im2col(const float* __restrict__ x, float* __restrict__ col, int N, int C, int H, int W,
+           int R, int S, int P, int Q, int stride, int pad, int dil, int groups) {
+  const Conv v{N, C, H, W, R, S, P, Q, stride, pad, dil, groups};
+  const int total = N * C * R * S * P * Q;
+  const int e = blockIdx.x * THREADS + threadIdx.x;
+  if (e >= total) return;
+  const ColIndex i = col_index(e, v);
+  const int iy = i.p * stride - pad + i.r * dil, ix = i.q * stride - pad + i.s * dil;
+  const bool inside = iy >= 0 && iy < H && ix >= 0 && ix < W;
+  col[e] = inside ? x[act_offset(i.n, i.g * (C / groups) + i.c, iy, ix, C, H, W)] : 0.f;
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+    col2im(const float* __restrict__ col, float* __restrict__ dx, int N, int C, int H, int W,
+           int R, int S, int P, int Q, int stride, int pad, int dil, int groups) {
+  const Conv v{N, C, H, W, R, S, P, Q, stride, pad, dil, groups};
+  const int per_image = C * H * W;
+  const int e = blockIdx.x * THREADS + threadIdx.x;
+  if (e >= N * per_image) return;
+  int ch, iy, ix;
+  act_box(e % per_image, C, H, W, ch, iy, ix);
+  const int cg = C / groups;
+  ColIndex i{e / per_image, ch / cg, ch % cg, 0, 0, 0, 0};
+  float sum = 0.f;
+  for (i.r = 0; i.r < R; ++i.r) {
+    i.p = reading_output(iy, i.r, P, v);
+    if (i.p < 0) continue;
+    for (i.s = 0; i.s < S; ++i.s) {
+      i.q = reading_output(ix, i.s, Q, v);
+      if (i.q >= 0) sum += col[col_offset(i, v)];
+    }
+  }
+  dx[e] = sum;
+}

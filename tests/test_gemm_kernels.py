@@ -1,0 +1,247 @@
+"""`gemm` through kernels/im2col.cu and kernels/gemm.cu: every pass and layout under the emulator
+in CI against the float64 reference, and the SGEMM kernel itself against NumPy (every transpose
+variant, both tile configurations, odd shapes, unaligned operands, several K-tiles, batches and
+split reductions); the same on a GPU (`gpu` marker), there with `gemm-cublas`, AlexNet's layers
+and cuDNN too."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+from convbench import reference, registry, testing, verify
+from convbench.algos import gemm_kernels
+from convbench.algos.gemm_kernels import Product, plan_sgemm, sgemm_runner
+from convbench.layers import net_layers
+from convbench.problem import LAYOUTS, PASSES, ConvProblem
+
+#: Small problems that cross tile edges: GEMM sizes that are neither multiples of the 64- or
+#: 128-wide tiles nor of 4 (7×13 and 9×11 pixels, 5, 7, 9 channels), strides 1 to 3, padding,
+#: dilation 2, groups, reductions of many K-tiles (C·R·S = 360), and a bwd_filter reduction
+#: split in two (N·P·Q = 512).
+PROBLEMS = [
+    ConvProblem(n=2, c=5, h=7, w=13, k=7, r=3, s=3, pad=1),
+    ConvProblem(n=1, c=3, h=13, w=13, k=9, r=3, s=5, stride=2, pad=2, dilation=2),
+    ConvProblem(n=2, c=3, h=13, w=7, k=5, r=3, s=2, stride=3, pad=1),
+    ConvProblem(n=2, c=4, h=16, w=16, k=6, r=1, s=1),
+    ConvProblem(n=2, c=6, h=9, w=11, k=4, r=3, s=3, pad=1, groups=2),
+    ConvProblem(n=1, c=40, h=9, w=9, k=40, r=3, s=3, pad=1),
+    ConvProblem(n=1, c=3, h=23, w=23, k=5, r=11, s=11, stride=4),
+]
+TRANSPOSES = [(False, False), (False, True), (True, False), (True, True)]
+
+
+def _impl(algo: str, backend: str):
+    impl = registry.get(algo, backend)
+    reason = registry.impl_available(impl)
+    if reason:
+        pytest.skip(reason)
+    return impl
+
+
+def _check(algo: str, backend: str, problem: ConvProblem, pass_: str, layout: str) -> None:
+    impl = _impl(algo, backend)
+    assert registry.supports(impl, problem, pass_, layout, "fp32") is None
+    check = testing.run_and_check(impl, problem, pass_, layout, "fp32")
+    assert check.ok, f"{algo}/{backend} {pass_} {layout} {problem}: {check.reason}"
+
+
+# --- the convolution under the emulator ----------------------------------------------------------
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+@pytest.mark.parametrize("problem", PROBLEMS, ids=str)
+def test_emu_matches_reference(problem, pass_, layout):
+    _check("gemm", "emu", problem, pass_, layout)
+
+
+@settings(max_examples=10, deadline=None)
+@given(testing.problem_strategy(max_stride=3, max_dilation=2, max_groups=2))
+def test_emu_matches_reference_on_random_problems(problem):
+    for pass_ in PASSES:
+        for layout in LAYOUTS:
+            _check("gemm", "emu", problem, pass_, layout)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+def test_emu_large_tiles(monkeypatch, pass_, layout):
+    """Small problems get small tiles; forced large tiles must be right too."""
+    monkeypatch.setattr(gemm_kernels, "LARGE_TILE_MIN_BLOCKS", 0)
+    problem = PROBLEMS[0]
+    assert "128×128 tiles" in registry.get("gemm", "emu").describe(problem, pass_, layout, "fp32")
+    _check("gemm", "emu", problem, pass_, layout)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_emu_split_reduction_is_right_and_deterministic(monkeypatch, layout):
+    """bwd_filter in 5 slices: N·P·Q = 3 × 91 is 3 images × 12 K-tiles in nchw (images summed in
+    the kernel, slices of 8 K-tiles straddling image boundaries) and 35 K-tiles in nhwc."""
+    monkeypatch.setattr(gemm_kernels, "MIN_SPLIT_TILES", 7)
+    impl = _impl("gemm", "emu")
+    problem = ConvProblem(n=3, c=3, h=7, w=13, k=5, r=3, s=3, pad=1)
+    assert impl.describe(problem, "bwd_filter", layout, "fp32").endswith("in 5 slices")
+    product = gemm_kernels.conv_product(problem, "bwd_filter", layout)[0]
+    assert impl.workspace_bytes(problem, "bwd_filter", layout, "fp32") == 4 * (
+        gemm_kernels.col_elements(problem) + 5 * problem.k * problem.c * 9) > 0
+    assert plan_sgemm(product).partial_elements == 5 * product.c_extent
+    _check("gemm", "emu", problem, "bwd_filter", layout)
+    x, dy = reference.random_operands(problem, "bwd_filter", layout)
+    run = impl.prepare(problem, "bwd_filter", layout, "fp32")
+    first, second = (reference.nan_output(problem, "bwd_filter", layout) for _ in range(2))
+    run(x, dy, first)
+    run(x, dy, second)
+    np.testing.assert_array_equal(first, second)
+
+
+def test_workspace_is_the_column_matrix():
+    problem = net_layers("alexnet")[1].problem  # conv2, batch 256: 96·5·5 × 256·27·27 floats
+    for algo, backend in (("gemm", "emu"), ("gemm", "cuda"), ("gemm-cublas", "cuda")):
+        impl = registry.get(algo, backend)
+        assert impl.workspace_bytes(problem, "fwd", "nchw", "fp32") == 4 * 96 * 25 * 256 * 729
+
+
+@pytest.mark.parametrize("backend, problem, pass_, precision, reason", [
+    ("emu", net_layers("alexnet")[1].problem.with_batch(2), "fwd", "fp32", "emulator"),
+    ("emu", PROBLEMS[0], "fwd", "fp64", "runs fp32"),
+    ("cuda", net_layers("alexnet")[1].problem.with_batch(2048), "fwd", "fp32",
+     "im2col workspace"),
+    ("cuda", ConvProblem(n=70000, c=1, h=4, w=4, k=1, r=1, s=1), "fwd", "fp32", "grid"),
+])
+def test_unsupported_problems_say_why(backend, problem, pass_, precision, reason):
+    impl = registry.get("gemm", backend)
+    assert reason in registry.supports(impl, problem, pass_, "nchw", precision)
+
+
+# --- the SGEMM kernel against NumPy --------------------------------------------------------------
+def _operands(rng, ta: bool, tb: bool, m: int, n: int, k: int, pad: int = 0, offset: int = 0):
+    """A (m×k, stored k×m when ta) and B (k×n, stored n×k when tb) with `pad` extra columns
+    (leading dimension = row length + pad), each starting `offset` floats into its buffer."""
+    def stored(rows, cols):
+        buf = rng.standard_normal(offset + rows * (cols + pad)).astype(np.float32)
+        return buf[offset:], buf[offset:].reshape(rows, cols + pad)[:, :cols], cols + pad
+
+    a, a_view, lda = stored(*((k, m) if ta else (m, k)))
+    b, b_view, ldb = stored(*((n, k) if tb else (k, n)))
+    ref = (a_view.T if ta else a_view).astype(np.float64) @ (b_view.T if tb else b_view)
+    return a, b, lda, ldb, ref
+
+
+def _sgemm(backend, tiles, ta, tb, m, n, k, pad=0, offset=0, seed=0):
+    """(C from gemm.cu, float64 reference) for one product; C is NaN where unwritten."""
+    a, b, lda, ldb, ref = _operands(np.random.default_rng(seed), ta, tb, m, n, k, pad, offset)
+    product = Product(ta, tb, m, n, k, lda, ldb, n)
+    launch = sgemm_runner(backend, plan_sgemm(product, tiles))
+    if backend == "cuda":
+        import cupy
+
+        a, b, c = cupy.asarray(a), cupy.asarray(b), cupy.full((m, n), np.nan, np.float32)
+        launch(a, b, c)
+        return c.get(), ref
+    c = np.full((m, n), np.nan, np.float32)
+    launch(a, b, c)
+    return c, ref
+
+
+def _assert_close(c, ref, k):
+    assert verify.errors(c, ref)[0] <= 1e-5 * max(1.0, np.sqrt(k / 4096)), verify.errors(c, ref)
+
+
+#: (m, n, k, leading-dimension pad, base offset): odd sizes (no float4 anywhere); multiples of 4
+#: (float4 loads and stores inside, edges where the tile overhangs); one element; padded leading
+#: dimensions; operands 1 float past a 16-byte boundary (the scalar path at every tile).
+SHAPES = [(70, 131, 43, 0, 0), (132, 68, 72, 0, 0), (1, 1, 1, 0, 0), (36, 40, 20, 4, 0),
+          (36, 40, 20, 0, 1)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("ta, tb", TRANSPOSES, ids=lambda t: "nt"[t])
+@pytest.mark.parametrize("tiles", gemm_kernels.TILES)
+def test_emu_sgemm_matches_numpy(tiles, ta, tb, shape):
+    _impl("gemm", "emu")
+    m, n, k, pad, offset = shape
+    c, ref = _sgemm("emu", tiles, ta, tb, m, n, k, pad, offset)
+    _assert_close(c, ref, k)
+
+
+@pytest.mark.parametrize("k", [8, 9, 77, 259])
+@pytest.mark.parametrize("tiles", gemm_kernels.TILES)
+def test_emu_sgemm_double_buffering_over_many_k_tiles(tiles, k):
+    """One K-tile, one and a bit, and many (10 and 33 of 8): every tile is staged into the
+    buffer the previous one was not read from, behind one barrier per tile."""
+    _impl("gemm", "emu")
+    c, ref = _sgemm("emu", tiles, False, True, 67, 72, k)
+    _assert_close(c, ref, k)
+
+
+@pytest.mark.parametrize("reduce", [False, True])
+def test_emu_sgemm_batches_groups_and_images(monkeypatch, reduce):
+    """Two groups × three images with odd strides: separate products per (group, image), or per
+    group summed over the images (3 × 3 K-tiles) in 2 slices that straddle an image boundary."""
+    monkeypatch.setattr(gemm_kernels, "MIN_SPLIT_TILES", 4)
+    _impl("gemm", "emu")
+    rng = np.random.default_rng(1)
+    groups, images, m, n, k = 2, 3, 9, 13, 21
+    a = rng.standard_normal((groups, images, m, k)).astype(np.float32)
+    b = rng.standard_normal((images, groups, n, k)).astype(np.float32)  # stored transposed
+    c_shape = (groups, m, n) if reduce else (groups, images, m, n)
+    c = np.full(c_shape, np.nan, np.float32)
+    product = Product(False, True, m, n, k, k, k, n, groups, images, reduce,
+                      a_group=images * m * k, a_image=m * k, b_group=n * k,
+                      b_image=groups * n * k, c_group=c[0].size, c_image=0 if reduce else m * n)
+    plan = plan_sgemm(product, "small")
+    assert plan.grid[2] == groups * (2 if reduce else images)
+    sgemm_runner("emu", plan)(a, b, c)
+    ref = np.einsum("gimk,ignk->gimn", a.astype(np.float64), b)
+    _assert_close(c, ref.sum(axis=1) if reduce else ref, images * k)
+
+
+# --- on a GPU ------------------------------------------------------------------------------------
+CUDA_ALGOS = ["gemm", "gemm-cublas"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algo", CUDA_ALGOS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+@pytest.mark.parametrize("problem", PROBLEMS, ids=str)
+def test_cuda_matches_reference(problem, pass_, layout, algo):
+    _check(algo, "cuda", problem, pass_, layout)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algo", CUDA_ALGOS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+@pytest.mark.parametrize("layer", net_layers("alexnet"), ids=lambda layer: layer.name)
+def test_cuda_alexnet_batch2(layer, pass_, layout, algo):
+    _check(algo, "cuda", layer.problem.with_batch(2), pass_, layout)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+@pytest.mark.parametrize("layer", net_layers("alexnet"), ids=lambda layer: layer.name)
+def test_cuda_agrees_with_cudnn(layer, pass_, layout):
+    """Our GEMM and cuDNN (FP32, TF32 off) on the same operands agree to FP32 tolerance."""
+    import cupy
+
+    cudnn, ours = _impl("cudnn", "cuda"), _impl("gemm", "cuda")
+    problem = layer.problem.with_batch(2)
+    a, b = (cupy.asarray(v) for v in reference.random_operands(problem, pass_, layout))
+    outs = []
+    for impl in (cudnn, ours):
+        out = reference.nan_output(problem, pass_, layout, xp=cupy)
+        impl.prepare(problem, pass_, layout, "fp32")(a, b, out)
+        outs.append(out.get())
+    check = verify.check(outs[1], outs[0], "gemm", "fp32", problem, pass_)
+    assert check.ok, check.reason
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", SHAPES + [(1000, 777, 1029, 0, 0)], ids=str)
+@pytest.mark.parametrize("ta, tb", TRANSPOSES, ids=lambda t: "nt"[t])
+@pytest.mark.parametrize("tiles", gemm_kernels.TILES)
+def test_cuda_sgemm_matches_numpy(tiles, ta, tb, shape):
+    _impl("gemm", "cuda")
+    m, n, k, pad, offset = shape
+    c, ref = _sgemm("cuda", tiles, ta, tb, m, n, k, pad, offset)
+    _assert_close(c, ref, k)
