@@ -1,0 +1,455 @@
+"""`fft` and `fft-tiled` on the GPU (`cuda`) and in the emulator (`emu`): cuFFT around the
+kernels of kernels/fft.cu.
+
+The math is that of `convbench.algos.fft` (the CPU version): each tensor goes onto a periodic
+grid of the transform size, is transformed, the spectra are multiplied per frequency with a
+complex matrix product over channels, and the output is cut from the inverse transform. The grid
+is the same, ``Th × Tw`` with ``T = fast(max(H + pad, P, R))`` per axis: a product wrapped around
+the grid's edge lands in the pad-wide zero gap beside the input, never on a kept output.
+
+What differs is that no operand is stored reversed: every tensor has one place on the grid, and
+the passes differ only in which factor of the product is conjugated (a conjugated spectrum is
+the spectrum of the reversed tensor, so correlation needs no flipped copy):
+
+- x at (pad, pad): its zero padding is the grid's zero border; w and y (or dy) at the origin;
+- fwd         Ŷ[f][n][k]  = Σ_c X̂[f][n][c] · conj(Ŵ[f][k][c])    y = x ⋆ w, a correlation
+- bwd_data    dX̂[f][n][c] = Σ_k dŶ[f][n][k] · Ŵ[f][k][c]         dx = dy * w, a convolution
+- bwd_filter  dŴ[f][k][c] = Σ_n conj(dŶ[f][n][k]) · X̂[f][n][c]   dw = x ⋆ dy, a correlation
+
+So one spectrum of w (or x, or dy) serves every pass that reads it, which a training step that
+kept spectra could exploit; here each call transforms its inputs afresh, as cuDNN's FFT does.
+
+`fft-tiled` is cuDNN's FFT_TILING: the images are cut into overlapping tiles, each transformed on
+a TILE × TILE grid, so the filter's spectra (K·C of them) are TILE² rather than image-sized and
+the grid wastes at most a tile's rows on padding (overlap-save: a tile computes TILE − R + 1 rows
+of the output, or of dy for bwd_filter, and reads the R − 1 rows beside them too). The tiles are
+more images to the product: an image tensor's items become (n, tile, channel), and bwd_filter's
+sum over n runs over the tiles too. Nothing may wrap around a tile, which moves bwd_data's
+placements (`_bwd_data_starts`). The same kernels run both algorithms: `fft` is the one-tile case.
+
+Who does what: our kernels pack a tensor (NCHW or NHWC, read natively) onto the real grids
+(`fft_pack`), multiply the spectra (`fft_product`, a batched complex GEMM over the frequencies,
+both factors read in the item-major order cuFFT writes, so nothing is transposed), and crop and
+scale the inverse transform into the output (`fft_crop`). The transforms between them are
+cuFFT's batched 2-D R2C and C2R on `cuda`, planned in `prepare` and cached per shape; the
+emulator has no cuFFT, so on `emu` they are numpy.fft's (float32 in, complex64 out, unnormalized
+like cuFFT) and only our kernels run emulated. Tile sizes are chosen here and compiled in as
+``-D`` defines; the kernels' tiling is described in kernels/fft.cu.
+
+Phases (the breakdown the harness times)
+----------------------------------------
+``phases(problem, pass_, layout, precision)`` names the phases of a pass in execution order:
+``transform <a>``, ``transform <b>``, ``product``, ``inverse <out>``, with the pass's tensor
+names (``x``, ``w``, ``dy``, ``dx``, ``dw``); a transform includes packing onto the grid, the
+inverse includes cropping into the output. The callable `prepare` returns runs the whole pass and
+carries ``phase_fns``: a dict, in that order, of phase name -> zero-argument callable. After one
+full call ``run(a, b, out)``, calling every phase function once, in order, recomputes that call
+phase by phase on the same arrays (the last ones `run` was given) and leaves `out` as the full
+call does. Call them all, in order, for each repetition: a phase reads what the previous ones
+wrote, and may consume it (cuFFT's C2R overwrites its input spectrum), so one phase repeated
+alone is not the pass's phase. The harness records an event (on the CPU, a ``perf_counter``
+reading) between phases. Calling a phase before any full call raises RuntimeError.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import emu, kernels
+from ..problem import LAYOUTS, ConvProblem
+from ..registry import register
+
+TILES = {"COPY_TILE": 32, "COPY_THREADS": 256,
+         "PROD_TF": 8, "PROD_TM": 32, "PROD_TN": 32, "PROD_TL": 8, "PROD_MM": 4, "PROD_MN": 8}
+#: The defines fft.cu is compiled with, per layout: the compile gate covers exactly these.
+CONFIGURATIONS = {layout: {"NHWC": int(layout == "nhwc"), **TILES} for layout in LAYOUTS}
+kernels.declare("fft", CONFIGURATIONS.values())
+
+COPY_TILE, COPY_THREADS = TILES["COPY_TILE"], TILES["COPY_THREADS"]
+PROD_THREADS = (TILES["PROD_TF"] * (TILES["PROD_TM"] // TILES["PROD_MM"])
+                * (TILES["PROD_TN"] // TILES["PROD_MN"]))
+#: `fft-tiled`'s transform size per axis, as cuDNN's FFT_TILING (32×32 tiles).
+TILE = 32
+_GRID_YZ_MAX = 65535
+_INT32_MAX = 2**31 - 1
+
+#: Each tensor as A×B×H×W on the grid: its (outer, inner) channel-like dimensions and its
+#: spatial extents, as names of `ConvProblem` fields.
+_TENSORS = {"x": ("n", "c", ("h", "w")), "w": ("k", "c", ("r", "s")), "y": ("n", "k", ("p", "q"))}
+
+
+def _x_at_pad(pad: int, r: int, tiled: bool) -> tuple[int, int, int]:
+    """fwd's and bwd_filter's starts, tiled or not: x at pad, the rest at the origin."""
+    return (pad, 0, 0)
+
+
+def _bwd_data_starts(pad: int, r: int, tiled: bool) -> tuple[int, int, int]:
+    """bwd_data's starts. Untiled, dx sits at pad and the taps reaching before dy's first row
+    wrap around the grid's edge into the zero gap beyond dy. A tile has no such gap (its window
+    of dy is full of the neighbours' rows), so nothing may wrap: dy's window starts r − 1 − pad
+    rows before the tile's first dx row, and that row is read r − 1 cells in."""
+    return (r - 1 - pad, 0, r - 1) if tiled else (0, 0, pad)
+
+
+@dataclass(frozen=True)
+class _Recipe:
+    """One pass: its tensors (first input, second input, output) as x/w/y, their names in the
+    pass, where they start on an axis, and the product out[m][n] = Σ_l lhs[m][l] · rhs[l][n]
+    per frequency."""
+
+    tensors: tuple[str, str, str]
+    names: tuple[str, str, str]
+    #: (pad, filter extent, tiled) -> the grid cell where each tensor's first row (of a tile)
+    #: sits; x at pad makes its zero padding the grid's zero border
+    starts: Callable[[int, int, bool], tuple[int, int, int]]
+    #: the image tensor the tiles partition (each of its rows in exactly one tile)
+    partitioned: str
+    mnl: tuple[str, str, str]  #: the problem dimensions that m, n and l run over
+    lhs_is_first: bool  #: the first input is the left factor (else the second is)
+    conj: tuple[bool, bool]  #: conjugate (lhs, rhs)
+
+
+_RECIPES = {
+    "fwd": _Recipe(("x", "w", "y"), ("x", "w", "y"), _x_at_pad, "y", ("n", "k", "c"), True,
+                   (False, True)),
+    "bwd_data": _Recipe(("y", "w", "x"), ("dy", "w", "dx"), _bwd_data_starts, "x",
+                        ("n", "c", "k"), True, (False, False)),
+    "bwd_filter": _Recipe(("x", "y", "w"), ("x", "dy", "dw"), _x_at_pad, "y", ("k", "c", "n"),
+                          False, (True, False)),
+}
+
+
+def _fast_len(n: int) -> int:
+    """Smallest 2^a·3^b·5^c·7^d >= n: the sizes cuFFT transforms with its fastest radices."""
+    def smooth(m: int) -> bool:
+        for p in (2, 3, 5, 7):
+            while m % p == 0:
+                m //= p
+        return m == 1
+
+    return next(m for m in itertools.count(n) if smooth(m))
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class _Axis:
+    """One spatial axis: the grid size, and the image tensors' tiles, `step` rows apart."""
+
+    size: int
+    step: int
+    tiles: int
+    starts: tuple[int, int, int]
+
+
+def _axis(recipe: _Recipe, n: int, r: int, pad: int, tile: int | None) -> _Axis:
+    """Untiled, the grid holds the whole padded image: ``fast(max(n + pad, m, r))`` cells (see
+    the module docstring). Tiled, a grid of `tile` cells computes ``tile − r + 1`` rows of the
+    partitioned tensor; an axis whose untiled grid fits in a tile, or whose filter is over half
+    a tile (the tiles would mostly overlap), stays untiled."""
+    m = n + 2 * pad - r + 1
+    size = _fast_len(max(n + pad, m, r))
+    if tile is None or size <= tile or 2 * r > tile:
+        return _Axis(size, size, 1, recipe.starts(pad, r, False))
+    step = tile - r + 1
+    partitioned = n if recipe.partitioned == "x" else m
+    return _Axis(tile, step, _ceil(partitioned, step), recipe.starts(pad, r, True))
+
+
+@dataclass(frozen=True)
+class _Place:
+    """One tensor on the grids, per axis (y, x): tile t's grid cell g holds tensor index
+    t·step + g − start, for g < extent (`Placement` in kernels/fft.cu). A×B×H×W as in the kernels;
+    the filter is never tiled."""
+
+    a: int
+    b: int
+    h: int
+    w: int
+    start: tuple[int, int]
+    step: tuple[int, int]
+    tiles: tuple[int, int]
+    extent: tuple[int, int]
+
+    @property
+    def items(self) -> int:
+        return self.a * self.tiles[0] * self.tiles[1] * self.b
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Grid, placements and launch geometry of one (problem, pass, tiling); the layout only
+    changes which compiled kernels run."""
+
+    th: int
+    tw: int
+    tiles: tuple[int, int]
+    places: tuple[_Place, _Place, _Place]  #: first input, second input, output
+    product: tuple[int, ...]  #: fft_product's arguments after the three buffers
+    lhs_is_first: bool
+
+    @property
+    def tf(self) -> int:
+        return self.tw // 2 + 1
+
+    @property
+    def freqs(self) -> int:
+        return self.th * self.tf
+
+    @property
+    def grid_elements(self) -> int:
+        """The one real grid buffer, shared by the phases: the largest tensor's grids."""
+        return max(p.items for p in self.places) * self.th * self.tw
+
+    def copy_launch(self, place: _Place, to_grid: bool) -> tuple[tuple[int, int, int], tuple]:
+        """(grid, scalar arguments) of fft_pack (to_grid) or fft_crop (less its scale)."""
+        rows, cols, z = ((self.th, self.tw, place.items // place.b) if to_grid
+                         else (place.h, place.w, place.a))
+        grid = (rows * _ceil(cols, COPY_TILE), _ceil(place.b, COPY_TILE), z)
+        args = (place.b, place.h, place.w, self.th, self.tw, *place.start, *place.step,
+                *place.tiles)
+        return grid, args + place.extent if to_grid else args
+
+    @property
+    def product_grid(self) -> tuple[int, int, int]:
+        m, n = self.product[1], self.product[2]
+        return (_ceil(self.freqs, TILES["PROD_TF"]), _ceil(n, TILES["PROD_TN"]),
+                _ceil(m, TILES["PROD_TM"]))
+
+    def launch_grids(self) -> list[tuple[int, int, int]]:
+        return [self.product_grid, *(self.copy_launch(p, i < 2)[0]
+                                     for i, p in enumerate(self.places))]
+
+    def spectrum_elements(self) -> list[int]:
+        return [p.items * self.freqs for p in self.places]
+
+    def workspace_bytes(self) -> int:
+        return 4 * self.grid_elements + 8 * sum(self.spectrum_elements())
+
+    def emulated_work(self) -> int:
+        """Multiply-adds (and element moves) the emulator runs: 4 real per complex MAC of the
+        product, one per grid element packed or cropped."""
+        f, m, n, l = self.product[:4]
+        return 4 * f * m * n * l + sum(p.items for p in self.places) * self.th * self.tw
+
+
+def _plan(problem: ConvProblem, pass_: str, tile: int | None) -> _Plan:
+    p, recipe = problem, _RECIPES[pass_]
+    axes = (_axis(recipe, p.h, p.r, p.pad, tile), _axis(recipe, p.w, p.s, p.pad, tile))
+    tiles = (axes[0].tiles, axes[1].tiles)
+    # An image tensor's tiles are more images to the product: its items are (n, tile, channel).
+    sizes = {"n": p.n * tiles[0] * tiles[1], "c": p.c, "k": p.k}
+
+    def place(i: int, tensor: str) -> _Place:
+        outer, inner, spatial = _TENSORS[tensor]
+        image = tensor != "w"
+        step = tuple(ax.step if image else ax.size for ax in axes)
+        return _Place(getattr(p, outer), getattr(p, inner), *(getattr(p, d) for d in spatial),
+                      start=tuple(ax.starts[i] for ax in axes), step=step,
+                      tiles=tiles if image else (1, 1),
+                      extent=step if tensor == recipe.partitioned else (axes[0].size,
+                                                                         axes[1].size))
+
+    places = tuple(place(i, t) for i, t in enumerate(recipe.tensors))
+    first, second, out = recipe.tensors
+    lhs, rhs = (first, second) if recipe.lhs_is_first else (second, first)
+    m, n, l = recipe.mnl
+
+    def stride(tensor: str, dim: str) -> int:
+        outer, inner = _TENSORS[tensor][:2]
+        return sizes[inner] if dim == outer else 1
+
+    th, tw = axes[0].size, axes[1].size
+    product = (th * (tw // 2 + 1), sizes[m], sizes[n], sizes[l], stride(lhs, m), stride(lhs, l),
+               stride(rhs, l), stride(rhs, n), stride(out, m), stride(out, n),
+               *map(int, recipe.conj))
+    return _Plan(th, tw, tiles, places, product, recipe.lhs_is_first)
+
+
+def phase_names(pass_: str) -> list[str]:
+    a, b, out = _RECIPES[pass_].names
+    return [f"transform {a}", f"transform {b}", "product", f"inverse {out}"]
+
+
+class _Phased:
+    """A pass as named steps ``step(a, b, out)``: calling it runs them all and remembers the
+    arrays, so that `phase_fns` can rerun the steps one by one (the contract is in the module
+    docstring)."""
+
+    def __init__(self, steps: dict[str, Callable]):
+        self._steps = steps
+        self._args: tuple | None = None
+        self.phase_fns = {name: functools.partial(self._replay, step)
+                          for name, step in steps.items()}
+
+    def __call__(self, a, b, out) -> None:
+        self._args = (a, b, out)
+        for step in self._steps.values():
+            step(a, b, out)
+
+    def _replay(self, step: Callable) -> None:
+        if self._args is None:
+            raise RuntimeError("phase functions replay the last full call: call the pass first")
+        step(*self._args)
+
+
+# --- the transforms -------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=32)
+def _cufft_plan(device: int, fft_type: str, items: int, th: int, tw: int):
+    """A cuFFT plan for `items` contiguous 2-D transforms of th×tw, R2C or C2R, cached per shape
+    (plans hold their work area on the GPU, so only the recent ones are kept). Made directly
+    rather than by `get_fft_plan`, which refuses arrays that are also F-contiguous (1×1×n)."""
+    from cupy.cuda import cufft
+
+    real, cplx = (th, tw), (th, tw // 2 + 1)
+    inner, outer = (real, cplx) if fft_type == "R2C" else (cplx, real)
+    return cufft.PlanNd(real, inner, 1, math.prod(inner), outer, 1, math.prod(outer),
+                        getattr(cufft, f"CUFFT_{fft_type}"), items, "C", 2, outer[1])
+
+
+class _CuFFT:
+    """Batched 2-D R2C and C2R through cuFFT: unnormalized both ways."""
+
+    name = "cuFFT"
+
+    @staticmethod
+    def forward(grid, spectrum) -> Callable[[], None]:
+        import cupy
+        from cupy.cuda import cufft
+
+        plan = _cufft_plan(cupy.cuda.Device().id, "R2C", *grid.shape)
+        return lambda: plan.fft(grid, spectrum, cufft.CUFFT_FORWARD)
+
+    @staticmethod
+    def inverse(spectrum, grid) -> Callable[[], None]:
+        import cupy
+        from cupy.cuda import cufft
+
+        plan = _cufft_plan(cupy.cuda.Device().id, "C2R", *grid.shape)
+        return lambda: plan.fft(spectrum, grid, cufft.CUFFT_INVERSE)
+
+
+class _NumpyFFT:
+    """The same transforms from numpy.fft, for the emulator (which has no cuFFT)."""
+
+    name = "numpy.fft (the emulator has no cuFFT)"
+
+    @staticmethod
+    def forward(grid, spectrum) -> Callable[[], None]:
+        return lambda: np.fft.rfft2(grid, out=spectrum)
+
+    @staticmethod
+    def inverse(spectrum, grid) -> Callable[[], None]:
+        # irfft2 ignores `out` (NumPy 2.4), hence the copy; norm="forward": unscaled inverse.
+        return lambda: np.copyto(grid, np.fft.irfft2(spectrum, s=grid.shape[1:], norm="forward"))
+
+
+_TRANSFORMS = {"cuda": _CuFFT, "emu": _NumpyFFT}
+
+
+# --- the implementation ---------------------------------------------------------------------------
+class FFTKernels:
+    """`fft` through cuFFT and kernels/fft.cu; `backend` is set by `register` (cuda or emu)."""
+
+    precisions = ("fp32",)
+    tile: int | None = None  #: transform size per axis of `fft-tiled`; None: one whole grid
+
+    def available(self) -> str | None:
+        reason = kernels.available(self.backend)
+        if reason is None and self.backend == "cuda":
+            try:
+                from cupy.cuda import cufft  # noqa: F401  (CuPy loads libcufft on first use)
+            except ImportError as exc:
+                return f"CuPy cannot load cuFFT: {str(exc).splitlines()[0]}"
+        return reason
+
+    def supports(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
+        for field in ("stride", "dilation", "groups"):
+            if getattr(problem, field) > 1:
+                return f"{self.algo} supports {field} 1 only, like cuDNN's FFT"
+        plan = _plan(problem, pass_, self.tile)
+        largest = max(plan.grid_elements, *plan.spectrum_elements(),
+                      *(math.prod(s) for s in problem.operand_shapes(pass_, layout)))
+        if largest > _INT32_MAX:
+            return (f"a buffer of {largest:,} elements is over 2^31: the kernels index with "
+                    f"32-bit ints")
+        grids = plan.launch_grids()
+        if max(max(g[1:]) for g in grids) > _GRID_YZ_MAX:
+            return f"a launch grid exceeds the CUDA limit of {_GRID_YZ_MAX} in y or z"
+        return emu.too_big(plan.emulated_work()) if self.backend == "emu" else None
+
+    def describe(self, problem, pass_, layout, precision) -> str:
+        plan = _plan(problem, pass_, self.tile)
+        tiles = f", {plan.tiles[0]}x{plan.tiles[1]} tiles" if self.tile else ""
+        return f"{_TRANSFORMS[self.backend].name}, transform {plan.th}x{plan.tw}{tiles}"
+
+    def workspace_bytes(self, problem, pass_, layout, precision) -> int:
+        """Bytes allocated beyond inputs and output: the three spectra and the one real grid the
+        phases share; cuFFT's own plan work areas are not counted."""
+        return _plan(problem, pass_, self.tile).workspace_bytes()
+
+    def phases(self, problem, pass_, layout, precision) -> list[str]:
+        return phase_names(pass_)
+
+    def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
+        plan = _plan(problem, pass_, self.tile)
+        launch = kernels.launcher(self.backend, "fft", CONFIGURATIONS[layout])
+        xp, fft = launch.xp, _TRANSFORMS[self.backend]
+        pack, crop = launch.kernel("fft_pack"), launch.kernel("fft_crop")
+        product = launch.kernel("fft_product")
+        flat_grid = xp.empty(plan.grid_elements, dtype=xp.float32)
+        grids = [flat_grid[:p.items * plan.th * plan.tw].reshape(p.items, plan.th, plan.tw)
+                 for p in plan.places]
+        spectra = [xp.empty((p.items, plan.th, plan.tf), dtype=xp.complex64)
+                   for p in plan.places]
+        scale = 1.0 / (plan.th * plan.tw)
+
+        def transform(i: int) -> Callable:
+            blocks, args = plan.copy_launch(plan.places[i], to_grid=True)
+            execute = fft.forward(grids[i], spectra[i])
+
+            def run(tensor) -> None:
+                pack(blocks, COPY_THREADS, (tensor, grids[i], *args))
+                execute()
+
+            return run
+
+        def inverse() -> Callable:
+            blocks, args = plan.copy_launch(plan.places[2], to_grid=False)
+            execute = fft.inverse(spectra[2], grids[2])
+
+            def run(tensor) -> None:
+                execute()
+                crop(blocks, COPY_THREADS, (grids[2], tensor, *args, scale))
+
+            return run
+
+        lhs, rhs = spectra[:2] if plan.lhs_is_first else spectra[1::-1]
+        product_args = (lhs, rhs, spectra[2], *plan.product)
+        first, second, out = transform(0), transform(1), inverse()
+        names = phase_names(pass_)
+        return _Phased({
+            names[0]: lambda a, b, y: first(a),
+            names[1]: lambda a, b, y: second(b),
+            names[2]: lambda a, b, y: product(plan.product_grid, PROD_THREADS, product_args),
+            names[3]: lambda a, b, y: out(y),
+        })
+
+
+class FFTTiledKernels(FFTKernels):
+    """`fft-tiled`: the same kernels over TILE × TILE transforms of overlapping tiles."""
+
+    tile = TILE
+
+
+for _backend in ("cuda", "emu"):
+    register("fft", _backend)(FFTKernels)
+    register("fft-tiled", _backend)(FFTTiledKernels)
