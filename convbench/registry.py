@@ -13,7 +13,11 @@ An implementation is a class with
 - optionally ``available() -> str | None``: None when its own needs (beyond the backend) are met
   here, else why not (`impl_available` checks the backend first);
 - optionally ``describe(problem, pass_, layout, precision) -> str``: a note for the results row
-  (e.g. which FFT library or which cuDNN kernel ran).
+  (e.g. which FFT library or which cuDNN kernel ran);
+- optionally ``workspace_bytes(problem, pass_, layout, precision) -> int``: the bytes it
+  allocates beyond inputs and outputs (`opcount.workspace_bytes` falls back to theory without it);
+- optionally ``phases(...) -> list[str]`` and a ``phase_fns`` attribute on the prepared callable:
+  the per-phase breakdown, whose contract is in `convbench.phases`.
 
 Modules under `convbench.algos` register themselves on import; `load()` imports them all, so a
 new algorithm is one new file, with no list to edit.

@@ -36,19 +36,8 @@ emulator has no cuFFT, so on `emu` they are numpy.fft's (float32 in, complex64 o
 like cuFFT) and only our kernels run emulated. Tile sizes are chosen here and compiled in as
 ``-D`` defines; the kernels' tiling is described in kernels/fft.cu.
 
-Phases (the breakdown the harness times)
-----------------------------------------
-``phases(problem, pass_, layout, precision)`` names the phases of a pass in execution order:
-``transform <a>``, ``transform <b>``, ``product``, ``inverse <out>``, with the pass's tensor
-names (``x``, ``w``, ``dy``, ``dx``, ``dw``); a transform includes packing onto the grid, the
-inverse includes cropping into the output. The callable `prepare` returns runs the whole pass and
-carries ``phase_fns``: a dict, in that order, of phase name -> zero-argument callable. After one
-full call ``run(a, b, out)``, calling every phase function once, in order, recomputes that call
-phase by phase on the same arrays (the last ones `run` was given) and leaves `out` as the full
-call does. Call them all, in order, for each repetition: a phase reads what the previous ones
-wrote, and may consume it (cuFFT's C2R overwrites its input spectrum), so one phase repeated
-alone is not the pass's phase. The harness records an event (on the CPU, a ``perf_counter``
-reading) between phases. Calling a phase before any full call raises RuntimeError.
+Phases (the breakdown the harness times) follow `convbench.phases`: ``transform <a>``,
+``transform <b>``, ``product``, ``inverse <out>``.
 """
 
 from __future__ import annotations
@@ -62,6 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import emu, kernels
+from ..phases import Phased, phase_names
 from ..problem import LAYOUTS, ConvProblem
 from ..registry import register
 
@@ -99,12 +89,11 @@ def _bwd_data_starts(pad: int, r: int, tiled: bool) -> tuple[int, int, int]:
 
 @dataclass(frozen=True)
 class _Recipe:
-    """One pass: its tensors (first input, second input, output) as x/w/y, their names in the
-    pass, where they start on an axis, and the product out[m][n] = Σ_l lhs[m][l] · rhs[l][n]
+    """One pass: its tensors (first input, second input, output) as x/w/y, where they start on an
+    axis, and the product out[m][n] = Σ_l lhs[m][l] · rhs[l][n]
     per frequency."""
 
     tensors: tuple[str, str, str]
-    names: tuple[str, str, str]
     #: (pad, filter extent, tiled) -> the grid cell where each tensor's first row (of a tile)
     #: sits; x at pad makes its zero padding the grid's zero border
     starts: Callable[[int, int, bool], tuple[int, int, int]]
@@ -116,11 +105,11 @@ class _Recipe:
 
 
 _RECIPES = {
-    "fwd": _Recipe(("x", "w", "y"), ("x", "w", "y"), _x_at_pad, "y", ("n", "k", "c"), True,
+    "fwd": _Recipe(("x", "w", "y"), _x_at_pad, "y", ("n", "k", "c"), True,
                    (False, True)),
-    "bwd_data": _Recipe(("y", "w", "x"), ("dy", "w", "dx"), _bwd_data_starts, "x",
+    "bwd_data": _Recipe(("y", "w", "x"), _bwd_data_starts, "x",
                         ("n", "c", "k"), True, (False, False)),
-    "bwd_filter": _Recipe(("x", "y", "w"), ("x", "dy", "dw"), _x_at_pad, "y", ("k", "c", "n"),
+    "bwd_filter": _Recipe(("x", "y", "w"), _x_at_pad, "y", ("k", "c", "n"),
                           False, (True, False)),
 }
 
@@ -274,33 +263,6 @@ def _plan(problem: ConvProblem, pass_: str, tile: int | None) -> _Plan:
     return _Plan(th, tw, tiles, places, product, recipe.lhs_is_first)
 
 
-def phase_names(pass_: str) -> list[str]:
-    a, b, out = _RECIPES[pass_].names
-    return [f"transform {a}", f"transform {b}", "product", f"inverse {out}"]
-
-
-class _Phased:
-    """A pass as named steps ``step(a, b, out)``: calling it runs them all and remembers the
-    arrays, so that `phase_fns` can rerun the steps one by one (the contract is in the module
-    docstring)."""
-
-    def __init__(self, steps: dict[str, Callable]):
-        self._steps = steps
-        self._args: tuple | None = None
-        self.phase_fns = {name: functools.partial(self._replay, step)
-                          for name, step in steps.items()}
-
-    def __call__(self, a, b, out) -> None:
-        self._args = (a, b, out)
-        for step in self._steps.values():
-            step(a, b, out)
-
-    def _replay(self, step: Callable) -> None:
-        if self._args is None:
-            raise RuntimeError("phase functions replay the last full call: call the pass first")
-        step(*self._args)
-
-
 # --- the transforms -------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=32)
 def _cufft_plan(device: int, fft_type: str, items: int, th: int, tw: int):
@@ -436,7 +398,7 @@ class FFTKernels:
         product_args = (lhs, rhs, spectra[2], *plan.product)
         first, second, out = transform(0), transform(1), inverse()
         names = phase_names(pass_)
-        return _Phased({
+        return Phased({
             names[0]: lambda a, b, y: first(a),
             names[1]: lambda a, b, y: second(b),
             names[2]: lambda a, b, y: product(plan.product_grid, PROD_THREADS, product_args),

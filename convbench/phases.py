@@ -1,0 +1,53 @@
+"""The phase contract: how an implementation exposes where its time goes.
+
+An implementation whose pass has distinct phases (FFT and Winograd: transforms, the batched
+product, the inverse or output transform) offers ``phases(problem, pass_, layout, precision)``,
+the phase names in execution order, and `prepare` returns a callable that carries
+``phase_fns``: a dict, in that order, of phase name -> zero-argument callable. After one full call
+``run(a, b, out)``, calling every phase function once, in order, recomputes that call phase by
+phase on the same arrays (the last ones `run` was given) and leaves `out` as the full call does.
+Call them all, in order, for each repetition: a phase reads what the previous ones wrote, and may
+consume it (cuFFT's C2R overwrites its input spectrum), so one phase repeated alone is not the
+pass's phase. The harness records an event (on the CPU, a ``perf_counter`` reading) between
+phases. Calling a phase before any full call raises RuntimeError.
+
+Phase names use the pass's tensor names: ``transform <a>``, ``transform <b>``, ``product``,
+``inverse <out>``, with ``x``, ``w``, ``y`` for fwd, ``dy``, ``w``, ``dx`` for bwd_data and
+``x``, ``dy``, ``dw`` for bwd_filter; a transform includes packing or tiling, the inverse
+includes cropping into the output.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+#: The (first input, second input, output) of each pass, by name.
+OPERAND_NAMES = {"fwd": ("x", "w", "y"), "bwd_data": ("dy", "w", "dx"),
+                 "bwd_filter": ("x", "dy", "dw")}
+
+
+def phase_names(pass_: str) -> list[str]:
+    a, b, out = OPERAND_NAMES[pass_]
+    return [f"transform {a}", f"transform {b}", "product", f"inverse {out}"]
+
+
+class Phased:
+    """A pass as named steps ``step(a, b, out)``: calling it runs them all and remembers the
+    arrays, so that `phase_fns` can rerun the steps one by one."""
+
+    def __init__(self, steps: dict[str, Callable]):
+        self._steps = steps
+        self._args: tuple | None = None
+        self.phase_fns = {name: functools.partial(self._replay, step)
+                          for name, step in steps.items()}
+
+    def __call__(self, a, b, out) -> None:
+        self._args = (a, b, out)
+        for step in self._steps.values():
+            step(a, b, out)
+
+    def _replay(self, step: Callable) -> None:
+        if self._args is None:
+            raise RuntimeError("phase functions replay the last full call: call the pass first")
+        step(*self._args)

@@ -1,0 +1,162 @@
+"""`winograd-2x2` and `winograd-4x4` on the CPU: every pass and layout against the float64
+reference, what they refuse, their fp32 error on AlexNet, and proof the checker bites."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+import convbench.algos.winograd as winograd_module
+from convbench import reference, registry, verify
+from convbench.layers import net_layers
+from convbench.problem import LAYOUTS, PASSES, ConvProblem
+from convbench.testing import assert_matches_reference, run_and_check, small_catalog_problems
+from convbench.transforms import WinogradTransform, winograd_matrices
+
+ALGOS = ("winograd-2x2", "winograd-4x4")
+PRECISIONS = ("fp64", "fp32")
+
+
+@st.composite
+def problems_3x3(draw):
+    """Small stride-1 3x3 problems: odd and even, rectangular inputs, padding 0-3 (pad 3 makes
+    bwd_data crop dy rather than pad it), sizes that leave partial edge tiles."""
+    pad = draw(st.integers(0, 3))
+    low = max(1, 3 - 2 * pad)
+    try:
+        return ConvProblem(n=draw(st.integers(1, 2)), c=draw(st.integers(1, 4)),
+                           h=draw(st.integers(low, 13)), w=draw(st.integers(low, 13)),
+                           k=draw(st.integers(1, 4)), r=3, s=3, pad=pad)
+    except ValueError:
+        assume(False)
+
+
+def _impl(algo):
+    return registry.get(algo, "numpy")
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+@pytest.mark.parametrize("algo", ALGOS)
+def test_catalog_layers_match_reference(algo, pass_, layout, precision):
+    runs = 0
+    for _, problem in small_catalog_problems():
+        assert_matches_reference(algo, "numpy", problem, pass_, layout, precision)
+        runs += registry.supports(_impl(algo), problem, pass_, layout, precision) is None
+    assert runs >= 10  # the catalogs' 3x3 stride-1 layers, not all skipped
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+@pytest.mark.parametrize("algo", ALGOS)
+@settings(max_examples=25, deadline=None)
+@given(problem=problems_3x3(), precision=st.sampled_from(PRECISIONS), seed=st.integers(0, 99))
+def test_random_3x3_problems_match_reference(algo, pass_, layout, problem, precision, seed):
+    chk = run_and_check(_impl(algo), problem, pass_, layout, precision, seed)
+    assert chk.ok, f"{algo} {pass_} {layout} {precision} {problem}: {chk.reason}"
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"r": 5, "s": 5, "pad": 2}, "needs 3x3 filters (got 5x5)"),
+    ({"s": 1, "pad": 1}, "needs 3x3 filters (got 3x1)"),
+    ({"stride": 2}, "needs stride 1 (got 2)"),
+    ({"dilation": 2, "pad": 2}, "needs dilation 1 (got 2)"),
+    ({"groups": 2}, "needs groups 1 (got 2)"),
+])
+@pytest.mark.parametrize("algo", ALGOS)
+def test_unsupported_combinations_give_one_line_reasons(algo, change, reason):
+    problem = dataclasses.replace(ConvProblem(n=1, c=4, h=9, w=9, k=4, r=3, s=3, pad=1),
+                                  **change)
+    for pass_ in PASSES:
+        assert registry.supports(_impl(algo), problem, pass_, "nchw", "fp32") == \
+            f"{algo} {reason}"
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_precisions_it_does_not_run(algo):
+    problem = ConvProblem(n=1, c=4, h=9, w=9, k=4, r=3, s=3, pad=1)
+    reason = registry.supports(_impl(algo), problem, "fwd", "nhwc", "fp16")
+    assert reason == f"{algo} on numpy runs fp64/fp32, not fp16"
+
+
+def _alexnet(layer: str) -> ConvProblem:
+    return next(x.problem for x in net_layers("alexnet") if x.name == layer).with_batch(1)
+
+
+@pytest.mark.parametrize("pass_", PASSES)
+@pytest.mark.parametrize("layer", ["conv3", "conv4"])
+def test_fp32_error_on_alexnet_4x4_worse_than_2x2(layer, pass_):
+    """The bigger tile's larger transform coefficients (up to 8 in Aᵀ, 5 in Bᵀ, vs 1) amplify
+    rounding: measured ~6x (fwd, bwd_data) and ~5x (bwd_filter) on the same data. Both stay far
+    inside their tolerances, and far above float64 rounding, so fp32 really is fp32."""
+    problem = _alexnet(layer)
+    two, four = (run_and_check(_impl(a), problem, pass_, "nchw", "fp32", seed=1) for a in ALGOS)
+    assert two.ok and four.ok, (two.reason, four.reason)
+    assert four.rel_error > 3 * two.rel_error, (four.rel_error, two.rel_error)
+    assert two.rel_error > 1e-8
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+@pytest.mark.parametrize("algo", ALGOS)
+def test_fp32_is_computed_in_fp32(algo, pass_, layout, monkeypatch):
+    """Every GEMM — transforms and per-frequency products — gets float32 operands and output."""
+    seen = []
+    matmul = np.matmul
+
+    def spy(a, b, **kw):
+        seen.append((a.dtype, b.dtype, kw["out"].dtype))
+        return matmul(a, b, **kw)
+
+    monkeypatch.setattr(np, "matmul", spy)
+    problem = ConvProblem(n=2, c=3, h=7, w=10, k=5, r=3, s=3, pad=1)
+    assert run_and_check(_impl(algo), problem, pass_, layout, "fp32").ok
+    assert len(seen) == 7  # 2 per transform (2 in, 1 out), the batched per-frequency GEMM
+    assert {d for ds in seen for d in ds} == {np.dtype(np.float32)}
+
+
+@pytest.mark.parametrize("pass_", PASSES)
+def test_workspace_holds_the_transformed_operands(pass_):
+    """At least the transformed tiles of both tiled operands (or tiles and product) and the
+    alpha²·K·C transformed filter (or product), at most a few times that (gathers, padding)."""
+    conv3 = _alexnet("conv3").with_batch(8)
+    for algo, m in zip(ALGOS, (2, 4)):
+        tiles = 8 * (-(-13 // m)) ** 2
+        alpha2 = (m + 2) ** 2
+        transformed = alpha2 * (256 * 384 + (256 + 384) * tiles) * 4
+        got = _impl(algo).workspace_bytes(conv3, pass_, "nhwc", "fp32")
+        assert transformed <= got <= 3 * transformed
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_prepared_pass_is_reusable(algo):
+    """Buffers are made once in prepare: a second call on other data is still right."""
+    problem = ConvProblem(n=2, c=3, h=9, w=6, k=4, r=3, s=3, pad=2)
+    for pass_ in PASSES:
+        assert run_and_check(_impl(algo), problem, pass_, "nhwc", "fp64", seed=1).ok
+        run = _impl(algo).prepare(problem, pass_, "nhwc", "fp64")
+        for seed in (2, 3):
+            a, b = reference.random_operands(problem, pass_, "nhwc", np.float64, seed)
+            out = reference.nan_output(problem, pass_, "nhwc", np.float64)
+            run(a, b, out)
+            ref = reference.reference(problem, pass_, "nhwc", a, b)
+            assert verify.check(out, ref, algo, "fp64", problem, pass_).ok
+
+
+@pytest.mark.parametrize("pass_", PASSES)
+def test_checker_bites_on_a_sign_error_in_bt(pass_, monkeypatch):
+    """Negating Bᵀ's row at infinity without compensating in Aᵀ or G — the kind of slip typing
+    matrices in invites — is caught in every pass."""
+    def wrong(m, r, points=None):
+        t = winograd_matrices(m, r, points)
+        bt = t.BT.copy()
+        bt[-1] = -bt[-1]
+        return WinogradTransform(t.AT, t.G, bt)
+
+    monkeypatch.setattr(winograd_module, "winograd_matrices", wrong)
+    problem = ConvProblem(n=1, c=3, h=8, w=7, k=2, r=3, s=3, pad=1)
+    for algo in ALGOS:
+        assert not run_and_check(_impl(algo), problem, pass_, "nchw", "fp64").ok
