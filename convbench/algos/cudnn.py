@@ -1,0 +1,250 @@
+"""`cudnn` and `cudnn-autotune`: cuDNN through PyTorch on CuPy arrays, the GPU baseline.
+
+The CuPy operands are shared with torch through DLPack, without a copy; nhwc arrays are viewed
+with NCHW indexing, which torch reads as channels_last tensors, so cuDNN gets the layout as
+stored (the pattern of `torch_cpu`). torch allocates its result, which is copied into the
+caller's output: one pass over the output inside the timed call.
+
+`cudnn` lets cuDNN's heuristics pick the algorithm (``torch.backends.cudnn.benchmark=False``);
+`cudnn-autotune` (``benchmark=True``) times the candidates on the first call of a shape — made in
+`prepare` — and keeps the fastest. torch caches the chosen plan per thread, keyed without the
+benchmark flag, so on one thread whichever mode ran a shape first would silently decide the
+plan of the other. Each mode therefore runs on its own worker thread: a hand-off of some tens
+of microseconds per call, paid by both modes alike.
+
+Precisions: fp32 runs with TF32 off for cuDNN and cuBLAS, tf32 with it allowed (both set around
+each call and restored, so nothing leaks); fp16 and bf16 run in their storage type.
+`describe` profiles one call and names the kernel family that ran (`classify_kernels`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+from ..problem import ConvProblem
+from ..registry import register
+
+_TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+# --- which kernel ran ------------------------------------------------------------------------
+
+#: (family, pattern), most telling first: a Winograd or FFT pass also launches GEMMs, an explicit
+#: GEMM launches im2col then a GEMM, so the first family with a matching kernel names the pass.
+#: Patterns follow cuDNN's kernel names: legacy `cudnn::detail::*_convolve_sgemm`, the SASS
+#: kernels `<arch>_scudnn_*` (implicit precomputed GEMM), `winograd_nonfused::winograd*4x4`,
+#: `fft2d_r2c_*`, xmma `sm80_xmma_fprop_implicit_gemm_*` and CUTLASS `*_s1688fprop_*`.
+_FAMILIES = (
+    ("Winograd nonfused", r"winograd_nonfused|winograd(Forward|Backward|Wgrad)(Data|Filter|Output)"),
+    ("Winograd", r"winograd"),
+    ("FFT", r"fft|flip_filter"),
+    ("GEMM (explicit)", r"\bim2col\dd|explicit_convolve"),
+    ("direct", r"grouped_direct|depthwise"),
+    ("implicit precomputed GEMM", (r"precomputed_convolve|computeOffsets|implicit_gemm_indexed"
+                                   r"|\b(maxwell|pascal|volta|turing|ampere)_[a-z0-9]*cudnn")),
+    ("implicit GEMM", r"implicit_convolve|implicit_gem|fprop|dgrad|wgrad"),
+    ("GEMM", r"gemm|gemv"),
+)
+#: Kernels that prepare or finish another's work (and torch's own fills and copies): never the
+#: one a result row names.
+_HELPERS = (r"computeOffsets|flip_filter|generateWinogradTiles|im2col|nchwToNhwc|nhwcToNchw"
+            r"|transpose|scalePackedTensor|splitKreduce|elementwise|fill|copy")
+_TRANSPOSES = r"nchwToNhwc|nhwcToNchw"
+
+
+def _matches(pattern: str, name: str) -> bool:
+    return re.search(pattern, name, re.IGNORECASE) is not None
+
+
+def _outline(name: str) -> tuple[str, str]:
+    """(the name outside template arguments and parameters, its first template argument with
+    that argument's own template arguments dropped)."""
+    base, first, depth, in_first = [], [], 0, True
+    for ch in name:
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth = max(0, depth - 1)
+            in_first = in_first and depth > 0
+        elif depth == 0:
+            if ch == "(":
+                break
+            base.append(ch)
+        elif depth == 1 and in_first:
+            if ch == ",":
+                in_first = False
+            else:
+                first.append(ch)
+    return "".join(base).strip(), "".join(first).strip()
+
+
+def short_name(name: str) -> str:
+    """A demangled kernel name without `void`, namespaces, template arguments and parameters;
+    for a generic wrapper (CUTLASS's `Kernel<cutlass_tensorop_...>`) its first template
+    argument, where the telling name is."""
+    clean = re.sub(r"^void\s+", "", name.strip()).replace("(anonymous namespace)::", "")
+    base, first = _outline(clean)
+    short = base.rsplit("::", 1)[-1]
+    if re.fullmatch(r"(device_)?kernel\d*", short, re.IGNORECASE) and first:
+        return first
+    return short
+
+
+def classify_kernels(names: list[str]) -> str:
+    """The algorithm family of a pass from the CUDA kernels it launched, with the kernel that
+    shows it: e.g. "Winograd (kernel: maxwell_scudnn_winograd_128x128_...)"."""
+    if not names:
+        return "unknown (no CUDA kernel ran)"
+    workers = [n for n in names if not _matches(_HELPERS, n)]
+    in_any = [n for n in workers if any(_matches(p, n) for _, p in _FAMILIES)]
+    family, main = "unknown", (workers or names)[0]
+    for fam, pattern in _FAMILIES:
+        hits = [n for n in names if _matches(pattern, n)]
+        if hits:
+            family = fam
+            main = next((n for n in hits if n in workers), (in_any or hits)[0])
+            break
+    extra = "; with NCHW<->NHWC transposes" if any(_matches(_TRANSPOSES, n) for n in names) else ""
+    return f"{family} (kernel: {short_name(main)}{extra})"
+
+
+# --- running a pass --------------------------------------------------------------------------
+
+def _view(a, layout: str):
+    """A torch NCHW-indexed view of a CUDA array (CuPy or torch) stored in `layout`."""
+    import torch
+
+    t = torch.from_dlpack(a)
+    return t if layout == "nchw" else t.permute(0, 3, 1, 2)
+
+
+def aten_pass(problem: ConvProblem, pass_: str):
+    """The pass as one aten call on NCHW-indexed tensors: f(a, b, out) -> result.
+
+    `convolution_backward` computes only the gradient its mask asks for; of the tensor it is
+    not asked about (x for dx, w for dw) it uses only shape and memory format, which `out`
+    has, so no placeholder is allocated per call.
+    """
+    import torch
+
+    kw = {"stride": [problem.stride] * 2, "padding": [problem.pad] * 2,
+          "dilation": [problem.dilation] * 2, "transposed": False, "output_padding": [0, 0],
+          "groups": problem.groups}
+    conv, backward = torch.ops.aten.convolution, torch.ops.aten.convolution_backward
+    if pass_ == "fwd":
+        return lambda x, w, y: conv(x, w, None, **kw)
+    if pass_ == "bwd_data":
+        return lambda dy, w, dx: backward(dy, dx, w, None, output_mask=[True, False, False],
+                                          **kw)[0]
+    return lambda x, dy, dw: backward(dy, x, dw, None, output_mask=[False, True, False], **kw)[1]
+
+
+@contextlib.contextmanager
+def _math(precision: str, autotune: bool):
+    """cuDNN on, the algorithm choice of the mode, TF32 only for tf32; all restored after."""
+    import torch
+
+    matmul = torch.backends.cuda.matmul
+    saved, tf32 = matmul.allow_tf32, precision == "tf32"
+    matmul.allow_tf32 = tf32
+    try:
+        with torch.backends.cudnn.flags(enabled=True, benchmark=autotune, deterministic=False,
+                                        allow_tf32=tf32):
+            yield
+    finally:
+        matmul.allow_tf32 = saved
+
+
+def _stream(ptr: int, device):
+    """torch on the caller's CuPy stream, so the pass is ordered with, and timed by events on,
+    the stream the caller uses."""
+    import torch
+
+    if ptr == 0:  # CuPy's null stream is the legacy default stream, torch's default
+        return torch.cuda.stream(torch.cuda.default_stream(device))
+    return torch.cuda.stream(torch.cuda.ExternalStream(ptr, device=device))
+
+
+def _capability():
+    import torch
+
+    return torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+
+
+@register("cudnn", "cuda")
+class CuDNN:
+    precisions = ("fp32", "tf32", "fp16", "bf16")
+    autotune = False
+
+    def __init__(self):
+        self._worker = None
+
+    def available(self) -> str | None:
+        import torch
+
+        if not torch.cuda.is_available():
+            build = "a CPU-only build" if torch.version.cuda is None else "no usable CUDA GPU"
+            return f"torch {torch.__version__} cannot run cuDNN here: {build}"
+        if not torch.backends.cudnn.is_available():
+            return f"torch {torch.__version__} was built without cuDNN"
+        return None
+
+    def supports(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
+        if precision == "bf16":
+            try:
+                import ml_dtypes  # noqa: F401  (CuPy holds bfloat16 through it)
+            except ImportError:
+                return "bf16 needs CuPy's bfloat16, which needs ml_dtypes: pip install ml-dtypes"
+        cc = _capability()
+        if precision in ("tf32", "bf16") and cc is not None and cc < (8, 0):
+            return f"{precision} needs compute capability 8.0 or newer, this GPU is sm_{cc[0]}{cc[1]}"
+        return None
+
+    def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
+        import cupy
+        import torch
+
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix=self.algo)
+        op, autotune = aten_pass(problem, pass_), self.autotune
+
+        def work(ta, tb, tout, ptr):
+            with _math(precision, autotune), torch.no_grad(), _stream(ptr, tout.device):
+                tout.copy_(op(ta, tb, tout))
+
+        def run(a, b, out):
+            views = [_view(v, layout) for v in (a, b, out)]
+            self._worker.submit(work, *views, cupy.cuda.get_current_stream().ptr).result()
+
+        # One call on scratch operands: cuDNN's plan (and for autotune, its search) is made
+        # here, not in the first timed call.
+        dtype = getattr(torch, _TORCH_DTYPES[precision])
+        scratch = [torch.randn(s, dtype=dtype, device="cuda")
+                   for s in problem.operand_shapes(pass_, layout)]
+        run(*scratch)
+        torch.cuda.synchronize()
+        return run
+
+    def describe(self, problem: ConvProblem, pass_: str, layout: str, precision: str) -> str:
+        """The kernel family that ran, from one profiled call after the plan is made."""
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        run = self.prepare(problem, pass_, layout, precision)
+        dtype = getattr(torch, _TORCH_DTYPES[precision])
+        operands = [torch.randn(s, dtype=dtype, device="cuda")
+                    for s in problem.operand_shapes(pass_, layout)]
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            run(*operands)
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events()
+                 if e.device_type == torch.autograd.DeviceType.CUDA]
+        return classify_kernels(names)
+
+
+@register("cudnn-autotune", "cuda")
+class CuDNNAutotune(CuDNN):
+    """cuDNN with ``benchmark=True``: the fastest algorithm of a timed search per shape."""
+
+    autotune = True

@@ -1,0 +1,237 @@
+"""`direct` on the CPU: the convolution as a sum over filter taps, without a lowering buffer.
+
+For each filter tap (r, s) the output gains the product of the tap's (K/g) × (C/g) filter slice
+with the input window that tap sees: R·S accumulated matrix products over the input read in
+place — the tap loop of a direct convolution, with the channel and pixel loops handed to BLAS.
+
+A window of a padded, strided input is not a matrix BLAS can read (its pixels are not evenly
+spaced in memory). Two rearrangements make it one, each costing one copy of an activation per
+call:
+
+- phase planes: the padded input is split into stride × stride planes, plane (a, b) holding the
+  padded rows a, a+st, ... and columns b, b+st, ..., so a tap of stride st becomes a tap of
+  stride 1 at offset (r·d // st, s·d // st) of plane (r·d % st, s·d % st). For stride 1 this is
+  just the padded copy of x.
+- wide rows: the output is computed `ws` (the plane width) columns wide instead of Q, so each
+  tap's window in a flattened plane is one contiguous range, a (C/g) × (P·ws) matrix with unit
+  stride. The ws − Q extra columns are discarded (fwd) or zero (bwd: dy is widened with zeros);
+  about 15 % extra work on AlexNet's 3×3 and 5×5 layers.
+
+bwd_data runs the taps in reverse: each tap's Wᵀ·dy is added into its window of dx's phase
+planes, which are then un-split. bwd_filter sums dy · windowᵀ over the images, per tap.
+Both layouts run natively: nhwc windows are (rows) × (C/g) matrices that BLAS reads transposed;
+only views are transposed, never data.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ..problem import ConvProblem
+from ..registry import register
+from ._lowering import (
+    DTYPES,
+    axis_pairs,
+    channel_major,
+    gather,
+    nbytes,
+    scatter,
+    span,
+    spatial,
+    windows,
+)
+
+#: Accumulator bytes per block: small enough to stay in cache while every tap adds into it, big
+#: enough that a block is one product of thousands of rows (few BLAS calls, each worth its
+#: threads' start-up). 1-4 MiB measured alike on AlexNet; fewer calls suffer less on shared cores.
+_CHUNK_BYTES = 4 << 20
+
+
+class _Tap(NamedTuple):
+    r: int
+    s: int
+    a: int  # phase plane row
+    b: int  # phase plane column
+    offset: int  # start of the window in the flattened plane
+
+
+class _Geometry:
+    """Phase planes and wide rows of one problem in one layout.
+
+    nhwc folds the images into the wide rows too: its planes are stored image after image
+    within each phase, (st, st, N, hs, ws, C), so one window of N·hs·ws rows (less the tail no
+    output needs) spans the batch and a tap is one matrix product with M = N·hs·ws rows, as in
+    an implicit-GEMM kernel (cut into cache-sized blocks of rows). In nchw the channels separate
+    the images, so a tap is one product per image, as in Caffe: many more, smaller BLAS calls
+    (which suffer most when the cores are shared) — the layout's cost, measured rather than
+    converted away.
+    """
+
+    def __init__(self, problem: ConvProblem, layout: str):
+        p, st = problem, problem.stride
+        self.problem, self.layout = p, layout
+        # One spare row: the wide window of the bottom tap runs up to ws - 1 elements past the
+        # last row it needs (only into columns that are discarded).
+        self.hs = -(-(p.h + 2 * p.pad) // st) + 1
+        self.ws = -(-(p.w + 2 * p.pad) // st)
+        folded = layout == "nhwc"
+        self.batch = 1 if folded else p.n
+        self.length = (p.n - 1) * self.hs * self.ws * folded + p.p * self.ws
+        self.windows = windows(axis_pairs(st, 1, self.hs, p.h, st, p.pad),
+                               axis_pairs(st, 1, self.ws, p.w, st, p.pad), layout,
+                               taps_first=True)
+        self.taps = []
+        for r in range(p.r):
+            i0, a = divmod(r * p.dilation, st)
+            for s in range(p.s):
+                j0, b = divmod(s * p.dilation, st)
+                self.taps.append(_Tap(r, s, a, b, i0 * self.ws + j0))
+        self.crop = spatial(layout, slice(0, p.p), slice(0, p.q))
+
+    def plane_shape(self, channels: int) -> tuple[int, ...]:
+        p, st = self.problem, self.problem.stride
+        if self.layout == "nchw":
+            return (p.n, channels, st, st, self.hs, self.ws)
+        return (st, st, p.n, self.hs, self.ws, channels)
+
+    def wide_shape(self, channels: int) -> tuple[int, ...]:
+        """Output-shaped, with rows ws wide (and, nhwc, hs rows per image)."""
+        p = self.problem
+        if self.layout == "nchw":
+            return (p.n, channels, p.p, self.ws)
+        return (p.n, self.hs, self.ws, channels)
+
+    def planes(self, channels: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+        """A zeroed phase-plane buffer (the zeros are the padding; copies never touch them) and
+        its view with the image axis first, as the windows index it."""
+        buf = np.zeros(self.plane_shape(channels), dtype)
+        return buf, buf if self.layout == "nchw" else buf.transpose(2, 0, 1, 3, 4, 5)
+
+    def plane_matrices(self, buf: np.ndarray) -> np.ndarray:
+        """(batch, st, st, channels, flat plane) view of a phase-plane buffer: the window of a
+        tap is [:, a, b, channels, offset:offset + length]."""
+        st = self.problem.stride
+        if self.layout == "nchw":
+            return buf.reshape(self.batch, buf.shape[1], st, st, -1).transpose(0, 2, 3, 1, 4)
+        return channel_major(buf.reshape(1, st, st, -1, buf.shape[-1]), self.layout)
+
+    def wide_matrices(self, buf: np.ndarray) -> np.ndarray:
+        """(batch, channels, length) view of a wide buffer."""
+        if self.layout == "nchw":
+            return buf.reshape(self.batch, buf.shape[1], -1)
+        flat = channel_major(buf.reshape(1, -1, buf.shape[-1]), self.layout)
+        return flat[..., :self.length]
+
+    def scratch(self, blocks: list[tuple[slice, slice]], channels: int, dtype) -> np.ndarray:
+        """A product buffer as big as the largest block, stored in the layout's order so adding
+        it to a window or a block of a wide buffer walks both in the same order."""
+        batch = max(n.stop - n.start for n, _ in blocks)
+        length = max(m.stop - m.start for _, m in blocks)
+        if self.layout == "nchw":
+            return np.empty((batch, channels, length), dtype)
+        return channel_major(np.empty((batch, length, channels), dtype), self.layout)
+
+    def blocks(self, channels: int, dtype) -> list[tuple[slice, slice]]:
+        """(batch slice, length slice) blocks of an accumulator of `channels` rows, each of about
+        _CHUNK_BYTES: whole images in nchw, runs of rows in nhwc."""
+        row = channels * np.dtype(dtype).itemsize
+        if self.batch > 1:
+            n = max(1, min(self.batch, _CHUNK_BYTES // (row * self.length)))
+            return [(slice(n0, n0 + n), slice(0, self.length)) for n0 in range(0, self.batch, n)]
+        m = max(1, _CHUNK_BYTES // row)
+        return [(slice(0, 1), slice(m0, min(m0 + m, self.length)))
+                for m0 in range(0, self.length, m)]
+
+    def steps(self, blocks: list[tuple[slice, slice]]):
+        """(batch slice, length slice, K slice, C slice, tap): every block runs every tap of a
+        group before the next, so its accumulator stays in cache."""
+        p = self.problem
+        kg, cg = p.k // p.groups, p.cg
+        for n, m in blocks:
+            for g in range(p.groups):
+                for tap in self.taps:
+                    yield n, m, span(g, kg), span(g, cg), tap
+
+
+def _filter_matrices(w: np.ndarray, layout: str) -> np.ndarray:
+    """(K, C/g, R, S) view of a filter in either layout."""
+    return w if layout == "nchw" else w.transpose(0, 3, 1, 2)
+
+
+def _mac(a: np.ndarray, b: np.ndarray, acc: np.ndarray, tmp: np.ndarray, first: bool) -> None:
+    """acc += a @ b, or acc = a @ b if `first`: NumPy's matmul cannot accumulate in place."""
+    if first:
+        np.matmul(a, b, out=acc)
+    else:
+        part = tmp[:acc.shape[0], :, :acc.shape[-1]]
+        np.matmul(a, b, out=part)
+        acc += part
+
+
+@register("direct", "numpy")
+class DirectCPU:
+    precisions = ("fp64", "fp32")
+
+    def supports(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
+        return None
+
+    def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
+                        precision: str) -> int:
+        """Bytes of the phase planes (about the padded input) and the wide output (about y)."""
+        geo = _Geometry(problem, layout)
+        sizes = (np.prod(geo.plane_shape(problem.c)), np.prod(geo.wide_shape(problem.k)))
+        return nbytes(int(sum(sizes)), precision)
+
+    def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
+        p, dtype = problem, DTYPES[precision]
+        geo = _Geometry(p, layout)
+        (planes, indexed), wide = geo.planes(p.c, dtype), np.zeros(geo.wide_shape(p.k), dtype)
+        xm, ym = geo.plane_matrices(planes), geo.wide_matrices(wide)
+        # Filter taps as contiguous (K/g) × (C/g) matrices: a few KiB copied per call, so BLAS
+        # reads unit-stride operands whatever the filter layout.
+        taps = np.empty((p.r, p.s, p.k, p.cg), dtype)
+
+        def pack(w):
+            taps[...] = _filter_matrices(w, layout).transpose(2, 3, 0, 1)
+
+        def window(t: _Tap, batch: slice, rows: slice, channels: slice) -> np.ndarray:
+            return xm[batch, t.a, t.b, channels, t.offset + rows.start:t.offset + rows.stop]
+
+        if pass_ == "fwd":
+            blocks = geo.blocks(p.k, dtype)
+            tmp = geo.scratch(blocks, p.k // p.groups, dtype)
+
+            def run(x, w, out):
+                gather(x, indexed, geo.windows)
+                pack(w)
+                for n, m, k, c, t in geo.steps(blocks):
+                    _mac(taps[t.r, t.s, k], window(t, n, m, c), ym[n, k, m], tmp,
+                         t is geo.taps[0])
+                out[...] = wide[geo.crop]
+        elif pass_ == "bwd_data":
+            # Each tap adds into its own window of the planes: a block's accumulator is about
+            # its rows of all st² planes.
+            blocks = geo.blocks(p.c * p.stride ** 2, dtype)
+            tmp = geo.scratch(blocks, p.cg, dtype)
+
+            def run(dy, w, out):
+                wide[geo.crop] = dy
+                pack(w)
+                planes.fill(0)
+                for n, m, k, c, t in geo.steps(blocks):
+                    _mac(taps[t.r, t.s, k].T, ym[n, k, m], window(t, n, m, c), tmp, False)
+                scatter(indexed, out, geo.windows)
+        else:
+            whole = [(slice(0, geo.batch), slice(0, geo.length))]
+            tmp = np.empty((geo.batch, p.k // p.groups, p.cg), dtype)
+
+            def run(x, dy, out):
+                gather(x, indexed, geo.windows)
+                wide[geo.crop] = dy
+                for n, m, k, c, t in geo.steps(whole):
+                    np.matmul(ym[n, k, m], window(t, n, m, c).swapaxes(-1, -2), out=tmp)
+                    tmp.sum(axis=0, out=taps[t.r, t.s, k])
+                _filter_matrices(out, layout)[...] = taps.transpose(2, 3, 0, 1)
+        return run

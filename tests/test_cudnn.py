@@ -1,0 +1,191 @@
+"""cuDNN through torch: the kernel-name classifier everywhere, the passes where a GPU is."""
+
+import sys
+
+import numpy as np
+import pytest
+
+from convbench import reference, registry, verify
+from convbench.algos.cudnn import classify_kernels
+from convbench.problem import LAYOUTS, PASSES, ConvProblem
+
+CUDNN = ("cudnn", "cudnn-autotune")
+
+# Kernel names as profilers print them (nvprof, Kineto), from public traces of cuDNN 7-9.
+IMPLICIT = ("void cudnn::detail::implicit_convolve_sgemm<float, float, 128, 5, 5, 3, 3, 3, 1, "
+            "true, false, true>(int, int, int, float const*, int, float*, float const*, "
+            "kernel_conv_params, unsigned long long, int, float, float, int, float const*, "
+            "float const*, bool, int, int)")
+IM2COL = ("void cudnn::cnn::im2col4d_kernel<float, long>(cudnn::cnn::im2col4d_params, "
+          "cudnnConvolutionStruct, cudnnTensorStruct, float const*, float*)")
+EXPLICIT = ("void explicit_convolve_sgemm<float, int, 1024, 5, 5, 3, 3, 3, 0, false>(int, int, "
+            "int, float const*, int, float const*, int, float*, kernel_conv_params, unsigned "
+            "long long, int, unsigned long long, int, float, float, int, float const*, "
+            "float const*)")
+FLIP = "void flip_filter<float, float>(float*, float const*, int, int, int, int)"
+FFT_R2C = ("void fft2d_r2c_32x32<float, false, 1u, false>(float2*, float const*, int, int, int, "
+           "int, int, int, int, int, int, cudnn::reduced_divisor, bool, int2, int, int)")
+FFT_C2R = ("void fft2d_c2r_32x32<float, false, false, 1u, false, false>(float*, float2 const*, "
+           "int, int, int, int, int, int, int, int, int, float, float, cudnn::reduced_divisor, "
+           "bool, float*, float*, int2, int, int)")
+GEMV = ("void gemv2N_kernel<int, int, float2, float2, float2, float2, 128, 8, 4, 4, 1, false, "
+        "cublasGemvParams<cublasGemvTensorStridedBatched<float2 const>, "
+        "cublasGemvTensorStridedBatched<float2 const>, cublasGemvTensorStridedBatched<float2>, "
+        "float2> >(cublasGemvParams<cublasGemvTensorStridedBatched<float2 const>, "
+        "cublasGemvTensorStridedBatched<float2 const>, cublasGemvTensorStridedBatched<float2>, "
+        "float2>)")
+WINO_TILES = ("void cudnn::winograd::generateWinogradTilesKernel<1, float, float>"
+              "(cudnn::winograd::GenerateWinogradTilesParams<float, float>)")
+WINO_FUSED = "maxwell_scudnn_winograd_128x128_ldg1_ldg4_mobile_relu_tile148t_nt_v0"
+WINO_DATA = ("void cudnn::winograd_nonfused::winogradForwardData4x4<float, float>"
+             "(cudnn::winograd_nonfused::WinogradDataParams<float, float>)")
+WINO_OUT = ("void cudnn::winograd_nonfused::winogradForwardOutput4x4<float, __half>"
+            "(cudnn::winograd_nonfused::WinogradOutputParams<float, __half>)")
+SCUDNN = "volta_scudnn_128x64_relu_interior_nn_v1"
+OFFSETS = "void cask_cudnn::computeOffsetsKernel<false, false>(cask_cudnn::ComputeOffsetsParams)"
+XMMA_INDEXED = ("sm80_xmma_fprop_implicit_gemm_indexed_f32f32_f32f32_f32_nchwkcrs_nchw_"
+                "tilesize64x64x8_stage3_warpsize1x2x1_g1_ffma_aligna4_alignc4_execute_kernel_"
+                "_5x_cudnn")
+XMMA_TF32 = ("sm80_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x128x16_"
+             "stage4_warpsize2x2x1_g1_tensor16x8x8_execute_kernel__5x_cudnn")
+TO_NHWC = ("void nchwToNhwcKernel<float, float, float, true, false>(int, int, int, int, "
+           "float const*, float*, float, float)")
+TO_NCHW = ("void nhwcToNchwKernel<float, float, float, true, false>(int, int, int, int, "
+           "float const*, float*, float, float)")
+CUTLASS = ("void cutlass__5x_cudnn::Kernel<cutlass_tensorop_s1688fprop_optimized_tf32_64x64_"
+           "16x10_nhwc_align4>(cutlass_tensorop_s1688fprop_optimized_tf32_64x64_16x10_nhwc_"
+           "align4::Params)")
+DGRAD = ("void cudnn::detail::dgrad_engine<float, 128, 6, 7, 3, 3, 5, true>(int, int, int, "
+         "float const*, int, float const*, int, float*, kernel_grad_params, int, int, float, "
+         "int, int, int)")
+WGRAD = ("void cudnn::detail::wgrad_alg0_engine<float, 512, 6, 5, 3, 3, 3, true, 512>(int, int, "
+         "int, float const*, int, float*, float const*, kernel_grad_params, int, float, int, "
+         "int, int, int)")
+GROUPED = ("void conv2d_grouped_direct_kernel<__half, __half, __half, float, float, true, false, "
+           "1, 0, 0>(cudnnTensorStruct, __half const*, cudnnFilterStruct, __half const*, "
+           "cudnnConvolutionStruct, cudnnTensorStruct, __half*, float, float, "
+           "cudnn::reduced_divisor, int, __half const*, float const*, cudnnActivationStruct)")
+FILL = ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
+        "std::array<char*, 1ul> >(int, at::native::FillFunctor<float>, std::array<char*, 1ul>)")
+COPY = ("void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::"
+        "native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() "
+        "const::{lambda(float)#1}> >(int, at::native::gpu_kernel_impl_nocast<...>)")
+SGEMM = "ampere_sgemm_128x128_nn"
+
+
+@pytest.mark.parametrize(("names", "expected"), [
+    ([IMPLICIT], "implicit GEMM (kernel: implicit_convolve_sgemm)"),
+    ([IM2COL, EXPLICIT], "GEMM (explicit) (kernel: explicit_convolve_sgemm)"),
+    ([IM2COL, SGEMM], "GEMM (explicit) (kernel: ampere_sgemm_128x128_nn)"),
+    ([FLIP, FFT_R2C, FFT_R2C, GEMV, FFT_C2R], "FFT (kernel: fft2d_r2c_32x32)"),
+    ([WINO_TILES, WINO_FUSED], f"Winograd (kernel: {WINO_FUSED})"),
+    ([WINO_DATA, GEMV, WINO_OUT], "Winograd nonfused (kernel: winogradForwardData4x4)"),
+    ([SCUDNN], f"implicit precomputed GEMM (kernel: {SCUDNN})"),
+    ([OFFSETS, XMMA_INDEXED], f"implicit precomputed GEMM (kernel: {XMMA_INDEXED})"),
+    ([TO_NHWC, XMMA_TF32, TO_NCHW],
+     f"implicit GEMM (kernel: {XMMA_TF32}; with NCHW<->NHWC transposes)"),
+    ([CUTLASS, COPY], ("implicit GEMM (kernel: "
+                       "cutlass_tensorop_s1688fprop_optimized_tf32_64x64_16x10_nhwc_align4)")),
+    ([FILL, DGRAD, COPY], "implicit GEMM (kernel: dgrad_engine)"),
+    ([FILL, WGRAD], "implicit GEMM (kernel: wgrad_alg0_engine)"),
+    ([GROUPED, COPY], "direct (kernel: conv2d_grouped_direct_kernel)"),
+    ([FILL, SGEMM, COPY], f"GEMM (kernel: {SGEMM})"),
+    ([FILL, "void mystery<float>(float*)"], "unknown (kernel: mystery)"),
+    ([], "unknown (no CUDA kernel ran)"),
+])
+def test_classify_kernels(names, expected):
+    assert classify_kernels(names) == expected
+
+
+@pytest.mark.parametrize("algo", CUDNN)
+def test_registered_on_cuda_with_gpu_precisions(algo):
+    impl = registry.get(algo, "cuda")
+    assert {"fp32", "tf32", "fp16"} <= set(impl.precisions)
+    reason = registry.impl_available(impl)
+    assert reason is None or (reason and "\n" not in reason)
+
+
+def test_bf16_names_what_it_needs(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # import fails as if not installed
+    problem = ConvProblem(n=1, c=4, h=8, w=8, k=4, r=3, s=3, pad=1)
+    reason = registry.supports(registry.get("cudnn", "cuda"), problem, "fwd", "nhwc", "bf16")
+    assert "ml-dtypes" in reason
+
+
+# --- on a GPU --------------------------------------------------------------------------------
+
+_GPU_PROBLEMS = [
+    ConvProblem(n=2, c=8, h=13, w=11, k=16, r=3, s=3, pad=1),
+    ConvProblem(n=1, c=3, h=23, w=19, k=8, r=5, s=3, stride=2, pad=2),
+    ConvProblem(n=2, c=8, h=9, w=9, k=8, r=3, s=3, pad=1, groups=2),
+    ConvProblem(n=2, c=4, h=12, w=12, k=6, r=3, s=3, pad=2, dilation=2),
+]
+_HOST_DTYPES = {"fp32": np.float32, "tf32": np.float32, "fp16": np.float16}
+
+
+def _impl_or_skip(algo):
+    impl = registry.get(algo, "cuda")
+    reason = registry.impl_available(impl)
+    if reason:
+        pytest.skip(reason)
+    return impl
+
+
+def _check_on_gpu(impl, problem, pass_, layout, precision):
+    """run_and_check on CuPy operands: the reference is taken from the operands as stored."""
+    import cupy
+
+    dtype = _HOST_DTYPES[precision]
+    a, b = reference.random_operands(problem, pass_, layout, dtype)
+    ref = reference.reference(problem, pass_, layout, a, b)
+    out = reference.nan_output(problem, pass_, layout, dtype, xp=cupy)
+    impl.prepare(problem, pass_, layout, precision)(cupy.asarray(a), cupy.asarray(b), out)
+    cupy.cuda.get_current_stream().synchronize()
+    return verify.check(out, ref, impl.algo, precision, problem, pass_)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("problem", _GPU_PROBLEMS, ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+@pytest.mark.parametrize("algo", CUDNN)
+def test_fp32_matches_reference(algo, pass_, layout, problem):
+    chk = _check_on_gpu(_impl_or_skip(algo), problem, pass_, layout, "fp32")
+    assert chk.ok, chk.reason
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["tf32", "fp16"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+def test_reduced_precisions_match_reference(pass_, layout, precision):
+    impl = _impl_or_skip("cudnn")
+    if registry.supports(impl, _GPU_PROBLEMS[0], pass_, layout, precision):
+        pytest.skip(registry.supports(impl, _GPU_PROBLEMS[0], pass_, layout, precision))
+    chk = _check_on_gpu(impl, _GPU_PROBLEMS[0], pass_, layout, precision)
+    assert chk.ok, chk.reason
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_tf32_setting_does_not_leak(precision):
+    import torch
+
+    impl = _impl_or_skip("cudnn")
+    before = precision == "fp32"  # the opposite of what the call sets
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = before
+    try:
+        assert _check_on_gpu(impl, _GPU_PROBLEMS[0], "fwd", "nhwc", precision).ok
+        assert torch.backends.cudnn.allow_tf32 is before
+        assert torch.backends.cuda.matmul.allow_tf32 is before
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = True, False
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pass_", PASSES)
+@pytest.mark.parametrize("algo", CUDNN)
+def test_describe_names_the_fp32_kernel(algo, pass_):
+    note = _impl_or_skip(algo).describe(_GPU_PROBLEMS[0], pass_, "nhwc", "fp32")
+    assert "(kernel: " in note and not note.startswith("unknown")
+    assert "tf32" not in note.lower(), f"fp32 ran a TF32 kernel: {note}"

@@ -1,0 +1,125 @@
+"""`direct` and `gemm` on the CPU against the float64 reference, and proof the checker bites."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from convbench import registry
+from convbench.algos import direct
+from convbench.problem import LAYOUTS, PASSES, ConvProblem
+from convbench.testing import (
+    assert_matches_reference,
+    problem_strategy,
+    run_and_check,
+    small_catalog_problems,
+)
+
+ALGOS = ("direct", "gemm")
+PRECISIONS = ("fp64", "fp32")
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+@pytest.mark.parametrize("algo", ALGOS)
+def test_catalog_layers_match_reference(algo, pass_, layout, precision):
+    for _, problem in small_catalog_problems():
+        assert_matches_reference(algo, "numpy", problem, pass_, layout, precision)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@settings(max_examples=50, deadline=None)
+@given(problem=problem_strategy(max_stride=4, max_pad=3, max_dilation=2, max_groups=2),
+       pass_=st.sampled_from(PASSES), layout=st.sampled_from(LAYOUTS),
+       precision=st.sampled_from(PRECISIONS))
+def test_random_problems_match_reference(algo, problem, pass_, layout, precision):
+    assert_matches_reference(algo, "numpy", problem, pass_, layout, precision)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+@pytest.mark.parametrize("algo", ALGOS)
+def test_fp32_is_computed_in_fp32(algo, pass_, layout, monkeypatch):
+    """Benchmarking fp32 means multiplying in fp32: every product gets float32 operands."""
+    seen = []
+    matmul = np.matmul
+
+    def spy(a, b, **kw):
+        seen.append((a.dtype, b.dtype, kw["out"].dtype))
+        return matmul(a, b, **kw)
+
+    monkeypatch.setattr(np, "matmul", spy)
+    problem = ConvProblem(n=2, c=4, h=9, w=8, k=6, r=3, s=2, stride=2, pad=1, groups=2)
+    assert run_and_check(registry.get(algo, "numpy"), problem, pass_, layout, "fp32").ok
+    assert seen and {d for ds in seen for d in ds} == {np.dtype(np.float32)}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+def test_direct_blocks_cover_the_output(pass_, layout, monkeypatch):
+    """Tiny accumulator blocks (one image in nchw, a few rows in nhwc, partial last blocks)
+    give the reference result: the blocking of real layers is checked on small ones."""
+    monkeypatch.setattr(direct, "_CHUNK_BYTES", 200)
+    problem = ConvProblem(n=3, c=4, h=9, w=8, k=6, r=3, s=2, stride=2, pad=1, groups=2)
+    assert run_and_check(registry.get("direct", "numpy"), problem, pass_, layout, "fp64").ok
+
+
+def test_workspaces():
+    """gemm's is the im2col matrix; direct's (input planes, wide output) is activation-sized."""
+    conv2 = ConvProblem(n=8, c=96, h=27, w=27, k=256, r=5, s=5, pad=2)
+    gemm = registry.get("gemm", "numpy").workspace_bytes(conv2, "fwd", "nhwc", "fp32")
+    direct = registry.get("direct", "numpy").workspace_bytes(conv2, "fwd", "nhwc", "fp32")
+    assert gemm == 8 * 27 * 27 * 5 * 5 * 96 * 4
+    assert direct < 2 * conv2.min_bytes("fp32") < gemm / 2
+
+
+class _TapLoop:
+    """A plain nchw forward tap loop, with an optional bug. Without the bug it passes (checked
+    below), so each failure comes from the bug alone."""
+
+    algo, backend, precisions = "direct", "numpy", PRECISIONS
+
+    def __init__(self, bug: str | None = None):
+        self.bug = bug
+
+    def supports(self, problem, pass_, layout, precision):
+        return None
+
+    def prepare(self, problem, pass_, layout, precision):
+        p = problem
+        # "padding": all padding on the top/left side; the output shape stays right.
+        before, after = (2 * p.pad, 0) if self.bug == "padding" else (p.pad, p.pad)
+        # "last-column": the loop bound misses the filter's last column.
+        columns = p.s - 1 if self.bug == "last-column" else p.s
+
+        def run(x, w, out):
+            xp = np.pad(x, ((0, 0), (0, 0), (before, after), (before, after)))
+            out[...] = 0
+            for r in range(p.r):
+                for s in range(columns):
+                    h0, w0 = r * p.dilation, s * p.dilation
+                    win = xp[:, :, h0:h0 + (p.p - 1) * p.stride + 1:p.stride,
+                             w0:w0 + (p.q - 1) * p.stride + 1:p.stride]
+                    out += np.einsum("kc,ncpq->nkpq", w[:, :, r, s], win)
+
+        return run
+
+
+_BUG_PROBLEMS = [ConvProblem(n=2, c=3, h=9, w=11, k=4, r=3, s=3, pad=1),
+                 ConvProblem(n=1, c=5, h=13, w=13, k=6, r=5, s=5, stride=2, pad=2)]
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("problem", _BUG_PROBLEMS, ids=str)
+def test_checker_passes_the_tap_loop(problem, precision):
+    assert run_and_check(_TapLoop(), problem, "fwd", "nchw", precision).ok
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("problem", _BUG_PROBLEMS, ids=str)
+@pytest.mark.parametrize("bug", ["padding", "last-column"])
+def test_checker_catches_a_wrong_implementation(bug, problem, precision):
+    chk = run_and_check(_TapLoop(bug), problem, "fwd", "nchw", precision)
+    assert not chk.ok
+    assert chk.rel_error > 100 * chk.tolerance, chk.reason
