@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..problem import ConvProblem
 from ..registry import register
+from ._aten import aten_pass, torch_view
 
 _TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
@@ -111,35 +112,6 @@ def classify_kernels(names: list[str]) -> str:
 
 # --- running a pass --------------------------------------------------------------------------
 
-def _view(a, layout: str):
-    """A torch NCHW-indexed view of a CUDA array (CuPy or torch) stored in `layout`."""
-    import torch
-
-    t = torch.from_dlpack(a)
-    return t if layout == "nchw" else t.permute(0, 3, 1, 2)
-
-
-def aten_pass(problem: ConvProblem, pass_: str):
-    """The pass as one aten call on NCHW-indexed tensors: f(a, b, out) -> result.
-
-    `convolution_backward` computes only the gradient its mask asks for; of the tensor it is
-    not asked about (x for dx, w for dw) it uses only shape and memory format, which `out`
-    has, so no placeholder is allocated per call.
-    """
-    import torch
-
-    kw = {"stride": [problem.stride] * 2, "padding": [problem.pad] * 2,
-          "dilation": [problem.dilation] * 2, "transposed": False, "output_padding": [0, 0],
-          "groups": problem.groups}
-    conv, backward = torch.ops.aten.convolution, torch.ops.aten.convolution_backward
-    if pass_ == "fwd":
-        return lambda x, w, y: conv(x, w, None, **kw)
-    if pass_ == "bwd_data":
-        return lambda dy, w, dx: backward(dy, dx, w, None, output_mask=[True, False, False],
-                                          **kw)[0]
-    return lambda x, dy, dw: backward(dy, x, dw, None, output_mask=[False, True, False], **kw)[1]
-
-
 @contextlib.contextmanager
 def _math(precision: str, autotune: bool):
     """cuDNN on, the algorithm choice of the mode, TF32 only for tf32; all restored after."""
@@ -214,7 +186,7 @@ class CuDNN:
                 tout.copy_(op(ta, tb, tout))
 
         def run(a, b, out):
-            views = [_view(v, layout) for v in (a, b, out)]
+            views = [torch_view(v, layout) for v in (a, b, out)]
             self._worker.submit(work, *views, cupy.cuda.get_current_stream().ptr).result()
 
         # One call on scratch operands: cuDNN's plan (and for autotune, its search) is made
