@@ -14,8 +14,13 @@ operations (a multiply-add is 2, a complex multiply-add 8), split into
   which costs GEMM time without being arithmetic.
 
 Algorithms whose kernel a library chooses (cuDNN, torch-cpu) have no count; Winograd counts exist
-for the 3×3 stride-1 filters its name promises. All three passes are two inputs transformed and
-one output produced, so the formulas share their parts across passes.
+where Winograd runs: 3×3 filters, stride 1, dilation 1, groups 1. All three passes are two
+inputs transformed and one output produced, so the formulas share their parts across passes.
+
+FFT's count depends on its transform grid, which is the implementation's choice and differs by
+backend (FFTW's fast sizes on the CPU, cuFFT's on the GPU; fft-tiled's tiles), so the grid is
+taken from the implementation's own planning code rather than restated here: the count follows
+whatever grid actually runs.
 """
 
 from __future__ import annotations
@@ -23,10 +28,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from . import registry
+from .algos import fft as fft_cpu
+from .algos import fft_kernels
 from .problem import ELEMENT_BYTES, ConvProblem
 
-#: Tile edge of `fft-tiled` (overlap-save), as cuDNN's FFT_TILING uses.
-FFT_TILE = 32
 #: Flops of a real-to-complex (or complex-to-real) 2-D FFT of n points: half the 5·n·log2(n) of
 #: the classic complex radix-2 count.
 _RFFT_FLOPS_PER_POINT_LOG = 2.5
@@ -61,29 +67,29 @@ def _gemm(p: ConvProblem, pass_: str, precision: str) -> OpCount:
                    lowering_bytes=2 * cols * ELEMENT_BYTES[precision])
 
 
-def _fft_grid(p: ConvProblem, tile: int | None) -> tuple[int, int, int]:
-    """(transform height, width, tiles per plane): the whole padded plane, or overlap-save
-    tiles of `tile`² that each yield `tile - filter + 1` stride-1 outputs along an axis."""
-    hp, wp = p.h + 2 * p.pad, p.w + 2 * p.pad
-    if tile is None:
-        return hp, wp, 1
-    th, tw = max(tile, p.eff_r), max(tile, p.eff_s)
-    per_h, per_w = th - p.eff_r + 1, tw - p.eff_s + 1
-    tiles = math.ceil((hp - p.eff_r + 1) / per_h) * math.ceil((wp - p.eff_s + 1) / per_w)
-    return th, tw, tiles
+def _fft_grid(p: ConvProblem, pass_: str, algo: str, backend: str) -> tuple[int, int, int]:
+    """(transform height, width, tiles per image) of the implementation of `algo` on `backend`
+    (ValueError if there is none), from its planning code: on `numpy` the whole padded image on
+    FFTW's fast sizes; on `cuda` and `emu` the kernels' grid on cuFFT's fast sizes, cut into
+    overlap-save tiles where `fft-tiled` tiles an axis."""
+    impl = registry.get(algo, backend)
+    if isinstance(impl, fft_kernels.FFTKernels):
+        plan = fft_kernels._plan(p, pass_, impl.tile)
+        return plan.th, plan.tw, plan.tiles[0] * plan.tiles[1]
+    (th, _), (tw, _) = (fft_cpu._axis(pass_, n, r, p.pad) for n, r in ((p.h, p.r), (p.w, p.s)))
+    return th, tw, 1
 
 
-def _fft_planes(p: ConvProblem, tile: int | None) -> tuple[int, int, int]:
-    """(transformed planes, spectrum bins per plane, tiles): activations per tile, filters
-    once. Each pass transforms two of x, w, y and inverts the third: the same total."""
-    th, tw, tiles = _fft_grid(p, tile)
-    planes = (p.n * p.c + p.n * p.k) * tiles + p.k * p.cg
-    return planes, th * (tw // 2 + 1), tiles
+def _fft_planes(p: ConvProblem, grid: tuple[int, int, int]) -> tuple[int, int]:
+    """(transformed planes, spectrum bins per plane) on `grid`: the image tensors per tile,
+    filters once. Each pass transforms two of x, w, y and inverts the third: the same total."""
+    th, tw, tiles = grid
+    return (p.n * p.c + p.n * p.k) * tiles + p.k * p.cg, th * (tw // 2 + 1)
 
 
-def _fft(p: ConvProblem, tile: int | None) -> OpCount:
-    th, tw, _ = _fft_grid(p, tile)
-    planes, bins, tiles = _fft_planes(p, tile)
+def _fft(p: ConvProblem, grid: tuple[int, int, int]) -> OpCount:
+    th, tw, tiles = grid
+    planes, bins = _fft_planes(p, grid)
     points = th * tw
     transforms = round(planes * _RFFT_FLOPS_PER_POINT_LOG * points * math.log2(points))
     macs = p.n * p.k * p.cg * tiles * bins  # complex multiply-adds, summed over channels
@@ -95,7 +101,8 @@ def _winograd_tile(algo: str) -> int:
 
 
 def _winograd_applies(p: ConvProblem) -> bool:
-    return p.r == p.s == 3 and p.stride == 1 and p.dilation == 1
+    """Where the Winograd implementations run (they refuse everything else)."""
+    return p.r == p.s == 3 and p.stride == 1 and p.dilation == 1 and p.groups == 1
 
 
 def _sandwich(out: int, inner: int) -> int:
@@ -124,32 +131,34 @@ def _winograd(p: ConvProblem, pass_: str, m: int) -> OpCount:
     return OpCount(products=2 * mults, multiplications=mults, transforms=transforms)
 
 
-def op_count(algo: str, problem: ConvProblem, pass_: str,
-             precision: str = "fp32") -> OpCount | None:
+def op_count(algo: str, problem: ConvProblem, pass_: str, precision: str = "fp32",
+             backend: str = "numpy") -> OpCount | None:
     """The theoretical operations of `algo` for one pass, or None where it has no count
-    (a library-chosen kernel, or Winograd on a filter that is not 3×3 stride 1)."""
+    (a library-chosen kernel, or Winograd where it does not run). `backend` matters to FFT
+    only: its implementation there chooses the grid."""
     if algo == "direct":
         return _direct(problem)
     if algo in ("gemm", "gemm-cublas"):
         return _gemm(problem, pass_, precision)
     if algo in ("fft", "fft-tiled"):
-        return _fft(problem, FFT_TILE if algo == "fft-tiled" else None)
+        return _fft(problem, _fft_grid(problem, pass_, algo, backend))
     if algo.startswith("winograd-") and _winograd_applies(problem):
         return _winograd(problem, pass_, _winograd_tile(algo))
     return None
 
 
-def theoretical_workspace(algo: str, problem: ConvProblem, pass_: str,
-                          precision: str = "fp32") -> int | None:
+def theoretical_workspace(algo: str, problem: ConvProblem, pass_: str, precision: str = "fp32",
+                          backend: str = "numpy") -> int | None:
     """Bytes an algorithm needs beyond its inputs and output, on paper: GEMM's column matrix,
-    FFT's spectra (complex), Winograd's transformed tiles and filters; None when unknown."""
+    FFT's spectra (complex, on the grid of its implementation on `backend`), Winograd's
+    transformed tiles and filters; None when unknown."""
     p, elem = problem, ELEMENT_BYTES[precision]
     if algo == "direct":
         return 0
     if algo in ("gemm", "gemm-cublas"):
         return _column_elements(p) * elem
     if algo in ("fft", "fft-tiled"):
-        planes, bins, _ = _fft_planes(p, FFT_TILE if algo == "fft-tiled" else None)
+        planes, bins = _fft_planes(p, _fft_grid(p, pass_, algo, backend))
         return planes * bins * 2 * elem
     if algo.startswith("winograd-") and _winograd_applies(p):
         m = _winograd_tile(algo)
@@ -164,4 +173,4 @@ def workspace_bytes(impl, problem: ConvProblem, pass_: str, layout: str,
     one), else the theoretical figure for its algorithm."""
     if hasattr(impl, "workspace_bytes"):
         return impl.workspace_bytes(problem, pass_, layout, precision)
-    return theoretical_workspace(impl.algo, problem, pass_, precision)
+    return theoretical_workspace(impl.algo, problem, pass_, precision, impl.backend)

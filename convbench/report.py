@@ -4,7 +4,16 @@ The tables are the study's view of the data: for each pass and layout, rows are 
 columns are layers, the fastest in each column marked with `*` (as PyTorch's `Compare` marks
 the best); cases that did not run say why in one word (`unsupported`, `failed`, `oom`), with the
 reasons listed once below. Beside the times: the theoretical operation counts (the study's
-"kernel operation counts" figure), the workspace, and the error against the float64 reference.
+"kernel operation counts" figure), the workspace declared and the peak memory measured, the
+accuracy against the float64 reference (with the error ratios the algorithms' math predicts,
+such as Winograd F(4x4) against F(2x2), computed from the data), and, for the algorithms with
+phases (FFT, Winograd), where each pass's time goes — each phase's share, as NNPACK's benchmark
+prints it, so a reader sees per layer whether the transforms or the product are the bottleneck.
+
+A batch sweep (several batch sizes of a layer) reads differently — the studies' batch-size
+figures: per pass and layout, rows are (layer, algo) and columns batch sizes, with the time per
+image, the peak memory, and where each series ran out of memory; plotted per layer against the
+batch size.
 
 Everything here reads the results table only (a DataFrame of `runner.COLUMNS`), so a run folder
 can be re-rendered any time (`convbench report RUN`). Plots need matplotlib (the `plot` extra);
@@ -20,15 +29,15 @@ from pathlib import Path
 import pandas as pd
 from tabulate import tabulate
 
-from . import registry
+from . import memory, registry
 from .measurement import NOISE_THRESHOLD, Measurement
-from .runner import COLUMNS, CPU_BATCH, KEY, PROBLEM_FIELDS, RESULTS_CSV, read_rows
+from .runner import COLUMNS, CPU_BATCH, KEY, PROBLEM_FIELDS, RESULTS_CSV, parse_phases, read_rows
 
 ENV_JSON = "env.json"
 REPORT_MD = "report.md"
 _NUMERIC = (*PROBLEM_FIELDS, "median_ms", "iqr_ms", "reps", "gflops", "rel_error",
-            "workspace_bytes", "min_ms", "algo_ops", "max_abs_error", "tolerance")
-_INTEGER = (*PROBLEM_FIELDS, "reps", "workspace_bytes", "algo_ops")
+            "workspace_bytes", "peak_bytes", "min_ms", "algo_ops", "max_abs_error", "tolerance")
+_INTEGER = (*PROBLEM_FIELDS, "reps", "workspace_bytes", "peak_bytes", "algo_ops")
 BEST = " *"
 #: Prefix of a noisy measurement's time (IQR/median above the threshold).
 NOISY = "~"
@@ -36,13 +45,14 @@ NOISY = "~"
 
 # --- loading --------------------------------------------------------------------------------
 def frame(rows: list[dict]) -> pd.DataFrame:
-    """Rows (from the runner, or strings from the CSV) as a typed results DataFrame."""
+    """Rows (from the runner, or strings from the CSV) as a typed results DataFrame. A column
+    the rows lack (a file from before it existed) is empty, as in a row it does not apply to."""
     df = pd.DataFrame(rows, columns=list(COLUMNS))
     for col in _NUMERIC:
         df[col] = pd.to_numeric(df[col], errors="coerce")
     df["noisy"] = df["noisy"].map({True: True, False: False, "True": True, "False": False})
-    for col in ("reason", "note", "times_ms"):
-        df[col] = df[col].fillna("")
+    for col in ("reason", "note", "times_ms", "phases_ms", "memory_method"):
+        df[col] = df[col].astype(object).fillna("")
     return df
 
 
@@ -72,6 +82,10 @@ def fmt_gflop(x: float) -> str:
 
 def fmt_error(x: float) -> str:
     return "" if pd.isna(x) else "inf" if math.isinf(x) else f"{x:.2g}"
+
+
+def fmt_ratio(x: float) -> str:
+    return f"{x:.2g}×"
 
 
 def _order(values, reference: tuple[str, ...] = ()) -> list[str]:
@@ -138,9 +152,68 @@ def workspace_table(df: pd.DataFrame) -> pd.DataFrame:
     return _per_algo_pass(df[df["status"] == "ok"], "workspace_bytes", fmt_mib)
 
 
+def peak_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Measured peak MiB beyond the operands of the measured cases (the larger over layouts)."""
+    return _per_algo_pass(df[df["status"] == "ok"], "peak_bytes", fmt_mib)
+
+
+def _methods(df: pd.DataFrame) -> list[str]:
+    """One line per memory method the rows used, saying what it reads."""
+    return [f"- `{m}`: {memory.METHODS.get(m, '')}" for m in _order(df["memory_method"]) if m]
+
+
 def error_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Relative error against the float64 reference (the larger over layouts)."""
+    """Relative error against the float64 reference (the larger over layouts), for the rows of
+    one precision: errors at different precisions are not comparable."""
     return _per_algo_pass(df[df["rel_error"].notna()], "rel_error", fmt_error)
+
+
+#: (algo, baseline) pairs whose error ratio the accuracy section states, each expected above 1:
+#: F(4x4, 3x3)'s transform matrices have larger coefficients than F(2x2, 3x3)'s, and amplify
+#: rounding more.
+ERROR_RATIOS = (("winograd-4x4", "winograd-2x2"),)
+
+
+def error_ratios(df: pd.DataFrame, algo: str, baseline: str) -> pd.Series:
+    """`algo`'s relative error over `baseline`'s on every row key (less the algo) where both
+    have a finite error and the baseline's is not zero."""
+    key = [c for c in KEY if c != "algo"]
+    errors = df[df["rel_error"].abs() < math.inf]  # neither NaN nor inf
+    a, b = (errors[errors["algo"] == name].set_index(key)["rel_error"]
+            for name in (algo, baseline))
+    b = b[b > 0]
+    return (a / b).dropna()
+
+
+def error_ratio_line(df: pd.DataFrame, algo: str, baseline: str) -> str | None:
+    """One sentence on how much larger `algo`'s error is than `baseline`'s, from the data, or
+    None when no row has both."""
+    ratios = error_ratios(df, algo, baseline)
+    if ratios.empty:
+        return None
+    larger = int((ratios > 1).sum())
+    return (f"{algo} / {baseline} error ratio: median {fmt_ratio(ratios.median())} "
+            f"(min {fmt_ratio(ratios.min())}, max {fmt_ratio(ratios.max())}) over "
+            f"{len(ratios)} (layer, pass, layout) cases; {algo}'s error is the larger in "
+            f"{larger} of {len(ratios)}.")
+
+
+def accuracy_section(df: pd.DataFrame) -> list[str]:
+    """The accuracy tables, one per precision (rows algo and pass, columns layers), and the
+    error ratios of `ERROR_RATIOS` where both algorithms were checked; [] when no row has an
+    error."""
+    checked = df[df["rel_error"].notna()]
+    if checked.empty:
+        return []
+    out = ["## Accuracy", "",
+           ("Relative error ‖out − ref‖/‖ref‖ against the float64 reference, per layer and pass "
+            "(the larger of the two layouts), at the precision each table names; a case above "
+            "its tolerance is `failed` (see Not measured)."), ""]
+    for precision, rows in checked.groupby("precision", sort=False):
+        out += [f"### {precision}", "", _table(error_table(rows)), ""]
+    lines = [error_ratio_line(df, algo, baseline) for algo, baseline in ERROR_RATIOS]
+    out += [f"- {line}" for line in lines if line]
+    return out + ([""] if any(lines) else [])
 
 
 def where(cases: list[tuple[str, str, str]], per_layer: int) -> str:
@@ -174,13 +247,83 @@ def layer_table(df: pd.DataFrame) -> str:
                     disable_numparse=True)
 
 
+# --- phase breakdown ------------------------------------------------------------------------
+#: The phase that is the product; every other phase is a transform (inputs or output).
+PRODUCT = "product"
+
+
+def phase_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """The measured rows that carry phases, with `phases` (the parsed {phase: ms}) added."""
+    rows = df[(df["status"] == "ok") & (df["phases_ms"] != "")]
+    return rows.assign(phases=rows["phases_ms"].map(parse_phases))
+
+
+def _product_share(phases: dict[str, float]) -> float:
+    total = sum(phases.values())
+    return phases.get(PRODUCT, 0.0) / total if total > 0 else 0.0
+
+
+def _dominant(phases: dict[str, float]) -> str:
+    """Which takes more of the phases' time, the transforms together or the product, and its
+    share."""
+    share = _product_share(phases)
+    return f"{PRODUCT} {share:.0%}" if share > 0.5 else f"transforms {1 - share:.0%}"
+
+
+def phase_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """For the rows of one algo, pass and precision from `phase_frame`: rows (layer, layout),
+    each phase's median ms and share of the phases' sum, the sum, the whole pass's median, and
+    whether the transforms or the product dominate."""
+    names = _order(name for phases in rows["phases"] for name in phases)
+    index = pd.MultiIndex.from_tuples(list(zip(rows["layer"], rows["layout"])),
+                                      names=["layer", "layout"])
+    cells = []
+    for _, r in rows.iterrows():
+        phases, total = r["phases"], sum(r["phases"].values())
+        cells.append([f"{fmt_ms(phases[n])} ({phases[n] / total:.0%})" if n in phases and total
+                      else "" for n in names]
+                     + [fmt_ms(total), fmt_ms(r["median_ms"]), _dominant(phases)])
+    return pd.DataFrame(cells, index=index,
+                        columns=[*names, "phases ms", "pass ms", "dominant"])
+
+
+def _algo_major(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows sorted by algorithm (in `registry.ALGOS` order), otherwise as they were."""
+    rank = {a: i for i, a in enumerate(_algos(df))}
+    return df.sort_values("algo", key=lambda col: col.map(rank), kind="stable")
+
+
+def phase_section(df: pd.DataFrame) -> list[str]:
+    """The phase breakdown: a table per algorithm, pass and precision, and per algorithm how
+    often the transforms or the product dominate."""
+    phased = phase_frame(df)
+    if phased.empty:
+        return []
+    out = ["## Phase breakdown", "",
+           ("Median ms of each phase and its share of their sum, for the algorithms whose passes "
+            "have phases. The phases are timed apart from the whole pass, each repetition "
+            "running all of them in order with a timestamp between them (CUDA events on the "
+            "GPU, the host clock elsewhere); `pass ms` is the whole pass's median (the time "
+            "tables'), which the phases' sum approximates. `dominant`: the transforms (inputs' "
+            "and output's together) or the product, whichever takes more."), ""]
+    groups = _algo_major(phased).groupby(["algo", "pass", "precision"], sort=False)
+    for (algo, pass_, precision), rows in groups:
+        out += [f"### {algo}, {pass_}, {precision}", "", _table(phase_table(rows)), ""]
+    for algo, rows in phased.groupby("algo", sort=False):
+        product = sum(_product_share(p) > 0.5 for p in rows["phases"])
+        out.append(f"- {algo}: the transforms dominate in {len(rows) - product} of {len(rows)} "
+                   f"(layer, pass, layout) cases, the product in {product}.")
+    return out + [""]
+
+
 # --- machine-readable output ----------------------------------------------------------------
 def to_csv(df: pd.DataFrame) -> str:
     return df.to_csv(index=False)
 
 
 def to_records(df: pd.DataFrame) -> list[dict]:
-    """Rows as JSON-ready dicts: NaN and inf as None, the raw times as a list of floats."""
+    """Rows as JSON-ready dicts: NaN and inf as None, the raw times as a list of floats, the
+    phases as {phase: median ms} (in order)."""
     def clean(k, v):
         if isinstance(v, float) and not math.isfinite(v):
             return None
@@ -191,6 +334,8 @@ def to_records(df: pd.DataFrame) -> list[dict]:
         r = {k: clean(k, v) for k, v in r.items()}
         if "times_ms" in r:
             r["times_ms"] = [float(t) for t in (r["times_ms"] or "").split()]
+        if "phases_ms" in r:
+            r["phases_ms"] = parse_phases(r["phases_ms"]) or None
         records.append(r)
     return records
 
@@ -232,9 +377,9 @@ def _header(df: pd.DataFrame, env: dict) -> list[str]:
 
 
 def markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = ()) -> str:
-    """report.md: the header, time tables per pass and layout, op counts, workspace, errors,
-    what was not measured and why, noisy measurements, and the plots (`plots`: file names, or
-    the note saying why there are none)."""
+    """report.md: the header, time tables per pass and layout, op counts, workspace, accuracy,
+    the phase breakdown, what was not measured and why, noisy measurements, and the plots
+    (`plots`: file names, or the note saying why there are none)."""
     out = _header(df, env)
     out += ["## Time per layer", "",
             (f"Median ms per pass; `{BEST.strip()}` marks the fastest algorithm of each layer, "
@@ -248,10 +393,13 @@ def markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = ()) -> str:
     if df["workspace_bytes"].notna().any():
         out += ["## Workspace", "", "MiB beyond inputs and output, as measured cases declared.",
                 "", _table(workspace_table(df)), ""]
-    if df["rel_error"].notna().any():
-        out += ["## Error", "",
-                ("Relative error ‖out − ref‖/‖ref‖ against the float64 reference (the larger "
-                 "of the two layouts)."), "", _table(error_table(df)), ""]
+    if df["peak_bytes"].notna().any():
+        out += ["## Peak memory", "",
+                ("MiB allocated beyond inputs and output while the prepared pass ran (its held "
+                 "buffers and every temporary), measured on the untimed verifying call:"),
+                *_methods(df), "", _table(peak_table(df)), ""]
+    out += accuracy_section(df)
+    out += phase_section(df)
     if (df["status"] != "ok").any():
         out += ["## Not measured", "", _table(not_measured(df)), ""]
     noisy = df["noisy"].map(_flag).sum()
@@ -265,17 +413,28 @@ def markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = ()) -> str:
     return "\n".join(out) + "\n"
 
 
-def plot(df: pd.DataFrame, folder: str | Path) -> list[str] | str:
-    """PNG plots in `folder`: per pass, grouped bars of time per layer per algorithm (a panel
-    per layout), and the op counts per layer per algorithm. Returns the file names, or a note
-    when matplotlib is missing."""
+NO_MATPLOTLIB = "Plots skipped: matplotlib is not installed (pip install 'convbench[plot]')."
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files only, no display), or None if missing."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "Plots skipped: matplotlib is not installed (pip install 'convbench[plot]')."
+        return None
+    return plt
+
+
+def plot(df: pd.DataFrame, folder: str | Path) -> list[str] | str:
+    """PNG plots in `folder`: per pass, grouped bars of time per layer per algorithm (a panel
+    per layout), the op counts per layer per algorithm, and the phase breakdown where rows have
+    phases. Returns the file names, or a note when matplotlib is missing."""
+    plt = pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
     folder, names = Path(folder), []
     single = df["precision"].nunique() == 1
     for (precision, pass_), rows in df.groupby(["precision", "pass"], sort=False):
@@ -288,7 +447,7 @@ def plot(df: pd.DataFrame, folder: str | Path) -> list[str] | str:
             _bars(ax, sub, "median_ms", _algos(rows), _layers(df))
             ax.set_title(f"{pass_}, {layout}, {precision}")
             ax.set_ylabel("median time (ms, log)")
-        _save(fig, folder / name)
+        save_figure(fig, folder / name)
         names.append(name)
     passes = _order(df["pass"])
     counted = _algos(df[df["algo_ops"].notna()])
@@ -300,16 +459,54 @@ def plot(df: pd.DataFrame, folder: str | Path) -> list[str] | str:
               log=False)
         ax.set_title(f"theoretical operations, {pass_}")
         ax.set_ylabel("GFLOP")
-    _save(fig, folder / "opcount.png")
-    return names + ["opcount.png"]
+    save_figure(fig, folder / "opcount.png")
+    return names + ["opcount.png", *_phase_plot(plt, df, folder)]
 
 
-def _save(fig, path: Path) -> None:
-    """One legend for all panels, outside them; write the PNG and free the figure."""
+def _phase_plot(plt, df: pd.DataFrame, folder: Path) -> list[str]:
+    """phases.png: a panel per algorithm (rows) and pass (columns), one bar per layer (and
+    layout) stacked by phase as shares of the phases' sum, the sum in ms above it, so the
+    bottleneck of each layer shows at a glance whatever its size. [] when no row has phases."""
+    phased = phase_frame(df)
+    if phased.empty:
+        return []
+    algos, passes = _algos(phased), _order(phased["pass"])
+    several = {c: phased[c].nunique() > 1 for c in ("layout", "precision")}
+    fig, axes = plt.subplots(len(algos), len(passes), squeeze=False, layout="constrained",
+                             figsize=(5.5 * len(passes), 3.2 * len(algos) + 0.5))
+    for ax_row, algo in zip(axes, algos):
+        for ax, pass_ in zip(ax_row, passes):
+            rows = phased[(phased["algo"] == algo) & (phased["pass"] == pass_)]
+            ax.set_title(f"{algo}, {pass_}")
+            ax.set_ylim(0, 115)
+            ax.set_ylabel("share of phases (%)")
+            labels = [r["layer"] + "".join(f"\n{r[c]}" for c in several if several[c])
+                      for _, r in rows.iterrows()]
+            totals = [sum(p.values()) for p in rows["phases"]]
+            bottom = [0.0] * len(rows)
+            for i, name in enumerate(_order(n for p in rows["phases"] for n in p)):
+                shares = [100 * p.get(name, 0.0) / t if t else 0.0
+                          for p, t in zip(rows["phases"], totals)]
+                ax.bar(range(len(rows)), shares, 0.6, bottom=bottom, label=name, color=f"C{i}")
+                bottom = [b + v for b, v in zip(bottom, shares)]
+            for x, total in enumerate(totals):
+                ax.annotate(f"{fmt_ms(total)} ms", (x, 101), ha="center", va="bottom",
+                            fontsize="x-small")
+            ax.set_xticks(range(len(rows)), labels)
+            if len(rows):
+                ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="x-small")
+    save_figure(fig, folder / "phases.png", legend=False)
+    return ["phases.png"]
+
+
+def save_figure(fig, path: Path, legend: bool = True) -> None:
+    """One legend for all panels, outside them (unless the panels carry their own); write the
+    PNG and free the figure."""
     import matplotlib.pyplot as plt
 
-    fig.legend(*fig.axes[0].get_legend_handles_labels(), loc="outside right upper",
-               fontsize="small")
+    if legend:
+        fig.legend(*fig.axes[0].get_legend_handles_labels(), loc="outside right upper",
+                   fontsize="small")
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
@@ -328,10 +525,136 @@ def _bars(ax, rows: pd.DataFrame, value: str, algos: list[str], layers: list[str
         ax.set_yscale("log")
 
 
+# --- batch sweeps --------------------------------------------------------------------------
+def is_batch_sweep(df: pd.DataFrame) -> bool:
+    """Whether the results hold some layer at several batch sizes."""
+    return bool(len(df)) and int(df.groupby("layer")["n"].nunique().max()) > 1
+
+
+def _per_batch(df: pd.DataFrame, cell) -> pd.DataFrame:
+    """Rows (layer, algo), columns batch size: `cell(row)` for each results row of one pass,
+    layout and precision; blank where a batch was not tried."""
+    batches = sorted(int(n) for n in df["n"].unique())
+    index = pd.MultiIndex.from_tuples(
+        [(layer, a) for layer in _layers(df) for a in _algos(df[df["layer"] == layer])],
+        names=["layer", "algo"])
+    out = pd.DataFrame("", index=index, columns=batches)
+    for _, r in df.iterrows():
+        out.loc[(r["layer"], r["algo"]), int(r["n"])] = cell(r)
+    return out
+
+
+def per_image_table(df: pd.DataFrame) -> pd.DataFrame:
+    """ms per image (median / batch) for one pass, layout and precision, the fastest algorithm
+    of each layer and batch marked."""
+    ok = df[df["status"] == "ok"]
+    per_image = ok["median_ms"] / ok["n"]
+    best = set(per_image.groupby([ok["layer"], ok["n"]]).idxmin())
+    return _per_batch(df, lambda r: r["status"] if r["status"] != "ok" else
+                      fmt_ms(r["median_ms"] / r["n"]) + (BEST if r.name in best else ""))
+
+
+def peak_batch_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Measured peak MiB for one pass, layout and precision, or the status."""
+    return _per_batch(df, lambda r: fmt_mib(r["peak_bytes"]) if r["status"] == "ok"
+                      else r["status"])
+
+
+def oom_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Each series' first batch out of memory, the largest that fitted, and why."""
+    keys = ["layer", "algo", "pass", "layout", "precision"]
+    oom = df[df["status"] == "oom"].sort_values("n", kind="stable").drop_duplicates(keys)
+    fitted = df[df["status"] == "ok"].groupby(keys)["n"].max()
+    order = {k: {v: i for i, v in enumerate(vs)} for k, vs in
+             (("layer", _layers(df)), ("algo", _algos(df)), ("pass", _order(df["pass"])))}
+    oom = oom.sort_values(["layer", "algo", "pass"], kind="stable",
+                          key=lambda col: col.map(order[col.name]))
+    rows = [{**{k: r[k] for k in keys}, "oom at batch": int(r["n"]),
+             "largest that ran": fitted.get(tuple(r[k] for k in keys), ""),
+             "reason": r["reason"]} for _, r in oom.iterrows()]
+    return pd.DataFrame(rows, columns=[*keys, "oom at batch", "largest that ran",
+                                       "reason"]).set_index(keys[:2])
+
+
+def sweep_markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = ()) -> str:
+    """report.md of a batch sweep: time per image and peak memory against batch size per pass
+    and layout, where each series ran out of memory, what else was not measured, plots."""
+    out = _header(df, env)
+    groups = list(df.groupby(["precision", "pass", "layout"], sort=False))
+    out += ["## Time per image", "",
+            (f"Median ms per image (time of the batch / batch size); `{BEST.strip()}` marks the "
+             "fastest algorithm of each layer at each batch. A series that ran out of memory "
+             "is not tried at larger batches (blank)."), ""]
+    for (precision, pass_, layout), rows in groups:
+        out += [f"### {pass_}, {layout}, {precision}", "", _table(per_image_table(rows)), ""]
+    out += ["## Peak memory", "",
+            "MiB allocated beyond inputs and output while the pass ran (measured):",
+            *_methods(df), ""]
+    limit = env.get("run", {}).get("memory_limit_bytes")
+    if limit:
+        out += [f"Memory limit: {memory.format_size(limit)} per case, operands included.", ""]
+    for (precision, pass_, layout), rows in groups:
+        out += [f"### {pass_}, {layout}, {precision}", "", _table(peak_batch_table(rows)), ""]
+    if (df["status"] == "oom").any():
+        out += ["## Out of memory", "", _table(oom_table(df)), ""]
+    other = df[~df["status"].isin(["ok", "oom"])]
+    if len(other):  # once per layer, pass and layout, whatever the batch
+        other = other.drop_duplicates(["layer", "algo", "pass", "layout", "precision", "reason"])
+        out += ["## Not measured", "", _table(not_measured(other)), ""]
+    out += ["## Plots", ""]
+    out += [plots] if isinstance(plots, str) else [f"![{Path(p).stem}]({p})" for p in plots]
+    return "\n".join(out) + "\n"
+
+
+def sweep_plot(df: pd.DataFrame, folder: str | Path) -> list[str] | str:
+    """Per layer, one PNG: a row of panels per pass, time per image and peak memory against
+    batch size (log-log), a line per algorithm and layout, and a dotted vertical line in the
+    algorithm's colour on the memory panel at the batch where a series ran out of memory."""
+    plt = pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
+    folder, names = Path(folder), []
+    styles = dict(zip(_order(df["layout"], ("nchw", "nhwc")), ("-", "--")))
+    for layer, rows in df.groupby("layer", sort=False):
+        passes = _order(rows["pass"])
+        fig, axes = plt.subplots(len(passes), 2, figsize=(11, 3.2 * len(passes) + 0.5),
+                                 squeeze=False, layout="constrained")
+        for (time_ax, mem_ax), pass_ in zip(axes, passes):
+            sub = rows[rows["pass"] == pass_]
+            for i, algo in enumerate(_algos(sub)):
+                color = f"C{i}"
+                for layout, style in styles.items():
+                    series = sub[(sub["algo"] == algo) & (sub["layout"] == layout)]
+                    ok = series[series["status"] == "ok"].sort_values("n")
+                    label = algo if len(styles) == 1 else f"{algo} {layout}"
+                    time_ax.plot(ok["n"], ok["median_ms"] / ok["n"], style, marker="o",
+                                 color=color, label=label)
+                    mem_ax.plot(ok["n"], ok["peak_bytes"] / 2**20, style, marker="o",
+                                color=color)
+                    for n in series.loc[series["status"] == "oom", "n"]:
+                        mem_ax.axvline(n, color=color, linestyle=":")
+            batches = sorted(int(n) for n in sub["n"].unique())
+            for ax, what in ((time_ax, "ms per image"), (mem_ax, "peak MiB (dotted: oom)")):
+                ax.set_xscale("log", base=2)
+                ax.set_xticks(batches, [str(n) for n in batches])
+                ax.set_yscale("log")
+                ax.set_xlabel("batch size")
+                ax.set_ylabel(what)
+                ax.set_title(f"{layer} {pass_}: {what}")
+        name = f"sweep_{layer}.png"
+        save_figure(fig, folder / name)
+        names.append(name)
+    return names
+
+
 def write(folder: str | Path, df: pd.DataFrame, env: dict) -> str:
-    """Render report.md and the plots into a run folder; returns the markdown."""
+    """Render report.md and the plots into a run folder (a batch sweep's own report when the
+    results are one); returns the markdown."""
     folder = Path(folder)
-    text = markdown(df, env, plot(df, folder))
+    if is_batch_sweep(df):
+        text = sweep_markdown(df, env, sweep_plot(df, folder))
+    else:
+        text = markdown(df, env, plot(df, folder))
     (folder / REPORT_MD).write_text(text)
     return text
 

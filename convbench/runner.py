@@ -9,12 +9,24 @@ wrong answer, an exception, out of memory — becomes that case's row and the sw
 The reference is computed once per (problem, pass, precision): operands are drawn in NCHW and
 transposed, so both layouts and every algorithm share the same numbers and the same reference.
 
+The verifying run is also the memory run: a `memory.trace` reads the allocators around
+`prepare` and that one call, and is over before timing starts, so a row's `peak_bytes` never
+costs its time anything. A `MemoryLimit` turns a footprint beyond it into `oom`: on the host
+the predicted footprint is checked before anything is allocated, the measured one before timing.
+
+A pass with phases (`convbench.phases`: FFT's and Winograd's transforms, product and inverse) is
+timed twice: whole, for the row's time, then as its sequence of phases, for `phases_ms`, the
+median of each phase (`phases_text`), sized by the same budget. The whole pass stays the row's
+time: the phases' medians need not add up to it exactly (each is a median of its own, and the
+stamps between phases, and the replaying of each phase, cost a little).
+
 Rows are appended to `measurements.csv` and flushed one at a time (`CsvSink`), so an interrupted
 run keeps everything it measured and a resumed one skips the keys the file already holds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import os
@@ -25,24 +37,44 @@ from pathlib import Path
 
 import numpy as np
 
-from . import opcount, reference, registry, verify
+from . import memory, opcount, reference, registry, verify
 from .layers import Layer
 from .measurement import Measurement
+from .memory import MemoryLimit
 from .problem import ConvProblem
-from .timing import timer_for
+from .timing import phase_timer_for, timer_for
 
 PROBLEM_FIELDS = tuple(f.name for f in dataclasses.fields(ConvProblem))
 #: What identifies a row: a second row with the same key is the same measurement.
 KEY = ("layer", *PROBLEM_FIELDS, "algo", "backend", "pass", "layout", "precision")
-#: The results table: DESIGN.md §5's columns first, then what the reports and compare use.
+#: The results table: DESIGN.md §5's columns first (the measured peak memory and how it was
+#: read beside the predicted workspace), then what the reports and compare use.
 COLUMNS = (*KEY, "status", "reason", "median_ms", "iqr_ms", "reps", "gflops", "rel_error",
-           "workspace_bytes", "net", "min_ms", "noisy", "times_ms", "algo_ops", "max_abs_error",
-           "tolerance", "note")
+           "workspace_bytes", "peak_bytes", "memory_method", "net", "min_ms", "noisy",
+           "times_ms", "phases_ms", "algo_ops", "max_abs_error", "tolerance", "note")
 STATUSES = ("ok", "unsupported", "failed", "oom")
 RESULTS_CSV = "measurements.csv"
 
 #: Array types the harness can make for each precision (tf32 computes on fp32 storage).
 DTYPES = {"fp64": np.float64, "fp32": np.float32, "tf32": np.float32, "fp16": np.float16}
+
+#: Separators of the `phases_ms` cell: phase names hold spaces but neither of these.
+_PHASE_SEP, _PHASE_VALUE = ";", "="
+
+
+def phases_text(phases: dict[str, Measurement]) -> str:
+    """Per-phase median ms as one CSV cell, in execution order:
+    ``transform x=0.12;transform w=0.05;product=0.4;inverse y=0.1``."""
+    return _PHASE_SEP.join(f"{name}{_PHASE_VALUE}{m.median:.6g}" for name, m in phases.items())
+
+
+def parse_phases(text: str | None) -> dict[str, float]:
+    """A `phases_ms` cell back as {phase: median ms}, in order; {} for an empty or missing cell
+    (a pass without phases, or not measured)."""
+    if not isinstance(text, str) or not text:
+        return {}
+    pairs = (item.rpartition(_PHASE_VALUE) for item in text.split(_PHASE_SEP))
+    return {name: float(ms) for name, _, ms in pairs}
 
 
 @dataclass(frozen=True)
@@ -137,11 +169,18 @@ class NotMeasured(Exception):
 
 @dataclass
 class Ready:
-    """A prepared pass that has just produced a correct output: `call()` runs it again."""
+    """A prepared pass that has just produced a correct output: `call()` runs it again.
+    `workspace` is what it declares (None: unknown), `peak_bytes` what it was seen to allocate
+    beyond its operands, read by `memory_method`."""
 
     impl: object
     call: Callable[[], None]
     check: verify.Check
+    workspace: int | None
+    peak_bytes: int
+    memory_method: str
+    #: the pass's phases in execution order (`convbench.phases`), or None when it has none
+    phase_fns: dict[str, Callable[[], None]] | None
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -171,10 +210,24 @@ def _not_measured(exc: Exception, backend: str) -> NotMeasured:
     return NotMeasured("failed", reason)
 
 
-def prepare(case: Case, operands: Operands, impl=None) -> Ready:
-    """Prepare `case`, run it once into a NaN-filled output and check it against the reference;
-    raise NotMeasured unless it is supported and correct. `impl` replaces the registry's
-    implementation (tests inject fakes this way)."""
+def _phase_fns(impl, fn, args: tuple) -> dict[str, Callable[[], None]] | None:
+    """The prepared callable's phase functions in the order `impl.phases` names them, when the
+    implementation has phases and the callable carries them; ValueError if the two disagree
+    (a breach of the phase contract, which would mislabel the breakdown)."""
+    if not hasattr(impl, "phases") or not hasattr(fn, "phase_fns"):
+        return None
+    names = list(impl.phases(*args))
+    if sorted(names) != sorted(fn.phase_fns):
+        raise ValueError(f"phases() names {names} but the prepared pass has "
+                         f"{list(fn.phase_fns)}")
+    return {name: fn.phase_fns[name] for name in names}
+
+
+def prepare(case: Case, operands: Operands, impl=None,
+            limit: MemoryLimit | None = None) -> Ready:
+    """Prepare `case`, run it once into a NaN-filled output, reading its memory, and check it
+    against the reference; raise NotMeasured unless it is supported, within `limit` and
+    correct. `impl` replaces the registry's implementation (tests inject fakes this way)."""
     impl = impl if impl is not None else registry.get(case.algo, case.backend)
     p, args = case.problem, (case.problem, case.pass_, case.layout, case.precision)
     reason = registry.impl_available(impl) or registry.supports(impl, *args)
@@ -183,44 +236,66 @@ def prepare(case: Case, operands: Operands, impl=None) -> Ready:
     if case.precision not in DTYPES:
         raise NotMeasured("unsupported", f"no {case.precision} array type in NumPy or CuPy")
     xp = array_module(case.backend)
+    footprint = memory.operand_bytes(p, case.pass_, DTYPES[case.precision])
     try:
+        workspace = opcount.workspace_bytes(impl, *args)
+        if limit is not None:
+            limit.check(case.backend, footprint + (workspace or 0),
+                        "predicted footprint (operands and workspace)")
         a, b, ref = operands.get(case, xp)
         out = reference.nan_output(p, case.pass_, case.layout, DTYPES[case.precision], xp)
-        fn = impl.prepare(*args)
-        fn(a, b, out)
+        with memory.trace(case.backend) as trace:
+            fn = impl.prepare(*args)
+            trace.mark()
+            fn(a, b, out)
+        peak = memory.pass_peak(trace.points)
+        if limit is not None:
+            limit.check(case.backend, footprint + peak, "measured footprint (operands and peak)")
+        phase_fns = _phase_fns(impl, fn, args)
     except Exception as exc:
         raise _not_measured(exc, case.backend) from exc
     chk = verify.check(out, ref, case.algo, case.precision, p, case.pass_)
     if not chk.ok:
         raise NotMeasured("failed", chk.reason, chk)
-    return Ready(impl, lambda: fn(a, b, out), chk)
+    return Ready(impl, lambda: fn(a, b, out), chk, workspace, peak, trace.method, phase_fns)
 
 
-def measure(case: Case, operands: Operands, budget_s: float, impl=None) -> dict:
-    """One results row for `case`: verified and timed, or the reason it is not."""
+def measure(case: Case, operands: Operands, budget_s: float, impl=None,
+            limit: MemoryLimit | None = None) -> dict:
+    """One results row for `case`: verified, its memory read and timed (and its phases, when it
+    has them), or the reason it is not. Under `limit`, the GPU's allocators are held to it
+    while the pass is prepared and verified: timing repeats that call, adding only the timer's
+    L2-flush buffer, which is the harness's, not the pass's."""
     try:
-        ready = prepare(case, operands, impl)
+        with limit.enforce(case.backend) if limit else contextlib.nullcontext():
+            ready = prepare(case, operands, impl, limit)
         args = (case.problem, case.pass_, case.layout, case.precision)
         try:
             m = timer_for(case.backend)(ready.call, budget_s)
+            phases = (phase_timer_for(case.backend)(ready.phase_fns, budget_s)
+                      if ready.phase_fns else None)
             note = ready.impl.describe(*args) if hasattr(ready.impl, "describe") else ""
-            workspace = opcount.workspace_bytes(ready.impl, *args)
         except Exception as exc:
             raise _not_measured(exc, case.backend) from exc
     except NotMeasured as nm:
         return row(case, nm.status, nm.reason, nm.check)
-    return row(case, "ok", "", ready.check, m, note, workspace)
+    return row(case, "ok", "", ready.check, m, note, ready.workspace, ready.peak_bytes,
+               ready.memory_method, phases)
 
 
 def row(case: Case, status: str, reason: str = "", check: verify.Check | None = None,
-        m: Measurement | None = None, note: str = "", workspace: int | None = None) -> dict:
-    """A results row; columns that do not apply (a time for a failed case) are None."""
-    ops = opcount.op_count(case.algo, case.problem, case.pass_, case.precision)
+        m: Measurement | None = None, note: str = "", workspace: int | None = None,
+        peak_bytes: int | None = None, memory_method: str | None = None,
+        phases: dict[str, Measurement] | None = None) -> dict:
+    """A results row; columns that do not apply (a time for a failed case, phases for a pass
+    without them) are None."""
+    ops = opcount.op_count(case.algo, case.problem, case.pass_, case.precision, case.backend)
     out = dict.fromkeys(COLUMNS)
     out.update(dataclasses.asdict(case.problem))
     out.update(layer=case.layer, net=case.net, algo=case.algo, backend=case.backend,
                precision=case.precision, layout=case.layout, status=status, reason=reason,
-               note=note, workspace_bytes=workspace, algo_ops=ops.total if ops else None)
+               note=note, workspace_bytes=workspace, peak_bytes=peak_bytes,
+               memory_method=memory_method, algo_ops=ops.total if ops else None)
     out["pass"] = case.pass_
     if check is not None:
         out.update(rel_error=check.rel_error, max_abs_error=check.max_abs_error,
@@ -228,16 +303,21 @@ def row(case: Case, status: str, reason: str = "", check: verify.Check | None = 
     if m is not None:
         out.update(median_ms=m.median, iqr_ms=m.iqr, min_ms=m.min, reps=m.reps, noisy=m.noisy,
                    times_ms=m.times_text(), gflops=case.problem.flops / (m.median * 1e6))
+    if phases:
+        out["phases_ms"] = phases_text(phases)
     return out
 
 
 def run(cases: Iterable[Case], budget_s: float, impls: dict | None = None,
-        on_row: Callable[[dict], None] | None = None) -> list[dict]:
+        on_row: Callable[[dict], None] | None = None,
+        limit: MemoryLimit | None = None) -> list[dict]:
     """Measure each case in order; `on_row` sees each row as soon as it exists (to stream it).
-    `impls` maps algo names to implementation objects that replace the registry's."""
+    `impls` maps algo names to implementation objects that replace the registry's. `cases` may
+    be a generator that decides what comes next from the rows `on_row` has seen (as the batch
+    sweep does)."""
     operands, rows = Operands(), []
     for case in cases:
-        r = measure(case, operands, budget_s, (impls or {}).get(case.algo))
+        r = measure(case, operands, budget_s, (impls or {}).get(case.algo), limit)
         rows.append(r)
         if on_row is not None:
             on_row(r)
@@ -265,14 +345,22 @@ def read_rows(path: str | os.PathLike) -> list[dict]:
     return list(csv.DictReader(text.splitlines()))
 
 
+def row_key(r: dict) -> tuple[str, ...]:
+    """A row's key as the CSV spells it (strings), whether the row came from the runner or was
+    read back from a file: comparable with `Case.key()`."""
+    return tuple(str(r[c]) for c in KEY)
+
+
 def done_keys(path: str | os.PathLike) -> set[tuple[str, ...]]:
     """Keys of the rows a results CSV already holds."""
-    return {tuple(r[c] for c in KEY) for r in read_rows(path)}
+    return {row_key(r) for r in read_rows(path)}
 
 
 class CsvSink:
     """measurements.csv, appended to one row at a time. The file is opened and closed for each
-    row, so a row is on disk the moment it is appended, whatever happens next."""
+    row, so a row is on disk the moment it is appended, whatever happens next. A file whose
+    header is not `COLUMNS` (written by another convbench version) is refused, not appended
+    to under the wrong header."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -281,6 +369,12 @@ class CsvSink:
             _drop_partial_line(self.path)
         if not self.path.exists() or self.path.stat().st_size == 0:
             self._write(None)
+            return
+        with open(self.path, newline="") as f:
+            header = next(csv.reader(f), [])
+        if header != list(COLUMNS):
+            raise ValueError(f"{self.path} has other columns than this convbench writes "
+                             "(another version wrote it); start a new run folder")
 
     def _write(self, r: dict | None) -> None:
         with open(self.path, "a", newline="") as f:

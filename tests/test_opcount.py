@@ -1,6 +1,10 @@
+import math
+import re
+
 import pytest
 
-from convbench import opcount
+from convbench import opcount, registry
+from convbench.algos import fft_kernels
 from convbench.layers import resolve
 from convbench.problem import ConvProblem
 
@@ -46,15 +50,65 @@ def test_winograd_has_no_count_where_it_does_not_apply():
     strided = ConvProblem(n=1, c=1, h=8, w=8, k=1, r=3, s=3, stride=2)
     assert opcount.op_count("winograd-4x4", strided, "fwd") is None
     assert opcount.theoretical_workspace("winograd-4x4", strided, "fwd") is None
+    grouped = ConvProblem(n=1, c=4, h=8, w=8, k=4, r=3, s=3, pad=1, groups=2)
+    dilated = ConvProblem(n=1, c=1, h=8, w=8, k=1, r=3, s=3, pad=2, dilation=2)
+    for p in (grouped, dilated):
+        for algo in ("winograd-2x2", "winograd-4x4"):
+            # the implementations refuse these, so there is nothing to count
+            assert registry.supports(registry.get(algo, "numpy"), p, "fwd", "nchw", "fp32")
+            assert opcount.op_count(algo, p, "fwd") is None
+            assert opcount.theoretical_workspace(algo, p, "fwd") is None
 
 
 def test_fft_small_case_exactly():
     p = ConvProblem(n=1, c=1, h=4, w=4, k=1, r=1, s=1)
-    ops = opcount.op_count("fft", p, "fwd")
-    # three 4x4 planes (x, w, y), 2.5·16·log2(16) each; 4·3 spectrum bins, one complex MAC each
-    assert ops.transforms == 3 * 2.5 * 16 * 4
-    assert (ops.products, ops.multiplications) == (8 * 12, 4 * 12)
-    assert opcount.theoretical_workspace("fft", p, "fwd", "fp32") == 3 * 12 * 2 * 4
+    for backend in ("numpy", "emu", "cuda"):  # 4 is a fast size for FFTW and cuFFT alike
+        ops = opcount.op_count("fft", p, "fwd", backend=backend)
+        # three 4x4 planes (x, w, y), 2.5·16·log2(16) each; 4·3 spectrum bins, one complex MAC
+        assert ops.transforms == 3 * 2.5 * 16 * 4
+        assert (ops.products, ops.multiplications) == (8 * 12, 4 * 12)
+        assert opcount.theoretical_workspace("fft", p, "fwd", "fp32", backend) == 3 * 12 * 2 * 4
+
+
+def test_fft_grid_is_the_implementations_per_backend():
+    p = ConvProblem(n=1, c=1, h=22, w=22, k=1, r=1, s=1)
+    # FFTW transforms 22 = 2·11 directly; cuFFT's radices are 2, 3, 5, 7, so the kernels use 24.
+    cpu = opcount.op_count("fft", p, "fwd", backend="numpy")
+    assert cpu.transforms == round(3 * 2.5 * 22 * 22 * math.log2(22 * 22)) == 32375
+    assert cpu.products == 8 * 22 * 12
+    gpu = opcount.op_count("fft", p, "fwd", backend="emu")
+    assert gpu.transforms == round(3 * 2.5 * 24 * 24 * math.log2(24 * 24)) == 39614
+    assert gpu.products == 8 * 24 * 13
+    assert opcount.op_count("fft", p, "fwd", backend="cuda") == gpu
+
+
+def test_alexnet_conv2_fft_grid_is_30_not_the_padded_31():
+    # 27 + pad 2 = 29 cells suffice (one zero gap serves both sides): fast(29) = 30 = 2·3·5.
+    planes = 256 * 96 + 256 * 96 + 256 * 256  # x, y per image; w per filter
+    bins = 30 * 16
+    for backend in ("numpy", "cuda"):
+        ops = opcount.op_count("fft", CONV2, "fwd", backend=backend)
+        assert ops.transforms == round(planes * 2.5 * 900 * math.log2(900)) == 2_532_426_609
+        assert ops.products == 8 * 256 * 256 * 96 * bins == 24_159_191_040
+        assert opcount.theoretical_workspace("fft", CONV2, "fwd", "fp32", backend) == \
+            planes * bins * 8
+
+
+@pytest.mark.parametrize("backend, algo", [("numpy", "fft"), ("emu", "fft"), ("emu", "fft-tiled")])
+@pytest.mark.parametrize("spec", ["n=1,c=1,h=22,w=22,k=1,r=1,s=1",
+                                  "n=1,c=1,h=27,w=27,k=1,r=5,s=5,pad=2",
+                                  "n=1,c=1,h=62,w=40,k=1,r=3,s=3,pad=1",
+                                  "n=1,c=1,h=64,w=64,k=1,r=17,s=17"])
+def test_fft_grid_is_the_one_the_implementation_says_it_runs(backend, algo, spec):
+    p = resolve(spec).problem
+    impl = registry.get(algo, backend)
+    for pass_ in ("fwd", "bwd_data", "bwd_filter"):
+        note = impl.describe(p, pass_, "nchw", "fp32")  # "..., transform 32x32, 3x2 tiles"
+        th, tw = map(int, re.search(r"transform (\d+)x(\d+)", note).groups())
+        tiles = math.prod(map(int, re.search(r"(\d+)x(\d+) tiles", note).groups())) \
+            if "tiles" in note else 1
+        ops = opcount.op_count(algo, p, pass_, backend=backend)
+        assert ops.multiplications == 4 * tiles * th * (tw // 2 + 1), note  # n = c = k = 1
 
 
 def test_fft_cost_does_not_depend_on_the_filter_size():
@@ -66,11 +120,29 @@ def test_fft_cost_does_not_depend_on_the_filter_size():
 
 
 def test_fft_tiled_tiles_the_plane():
-    p = ConvProblem(n=1, c=1, h=62, w=62, k=1, r=3, s=3)  # 60x60 out = 2x2 tiles of 30
-    ops = opcount.op_count("fft-tiled", p, "fwd")
-    points = opcount.FFT_TILE ** 2
-    planes = 2 * 4 + 1  # x and y per tile, the filter once
-    assert ops.transforms == round(planes * 2.5 * points * 10)
+    p = ConvProblem(n=1, c=1, h=62, w=62, k=1, r=3, s=3)  # whole grid fast(62) = 63 > 32
+    points = fft_kernels.TILE ** 2
+    bins = 32 * 17
+    # fwd and bwd_filter tile the 60x60 output, 30 rows a tile: 2x2 tiles; bwd_data tiles
+    # the 62x62 dx: 3x3 tiles. x and y per tile, the filter once.
+    for pass_, tiles in (("fwd", 4), ("bwd_data", 9), ("bwd_filter", 4)):
+        ops = opcount.op_count("fft-tiled", p, pass_, backend="emu")
+        assert ops.transforms == round((2 * tiles + 1) * 2.5 * points * 10)
+        assert ops.products == 8 * tiles * bins
+    assert opcount.op_count("fft-tiled", p, "fwd", backend="emu").transforms == 230_400
+
+
+def test_fft_tiled_keeps_the_whole_grid_where_tiles_do_not_pay():
+    fits = ConvProblem(n=1, c=2, h=13, w=13, k=2, r=3, s=3, pad=1)  # grid 14 <= 32
+    wide = ConvProblem(n=1, c=1, h=64, w=64, k=1, r=17, s=17)  # 2·17 > 32
+    for p in (fits, wide):
+        assert opcount.op_count("fft-tiled", p, "fwd", backend="cuda") == \
+            opcount.op_count("fft", p, "fwd", backend="cuda")
+
+
+def test_fft_tiled_has_no_cpu_implementation_to_count():
+    with pytest.raises(ValueError, match="no numpy implementation"):
+        opcount.op_count("fft-tiled", CONV2, "fwd", backend="numpy")
 
 
 def test_library_algorithms_have_no_count():
@@ -88,7 +160,7 @@ def test_workspace_prefers_what_the_implementation_declares():
             return 123
 
     class Silent:
-        algo = "gemm"
+        algo, backend = "gemm", "numpy"
 
     assert opcount.workspace_bytes(Declares(), CONV2, "fwd", "nchw", "fp32") == 123
     assert opcount.workspace_bytes(Silent(), CONV2, "fwd", "nchw", "fp32") == \

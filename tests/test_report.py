@@ -1,3 +1,4 @@
+import csv
 import json
 import sys
 
@@ -6,6 +7,7 @@ import pytest
 from convbench import report, runner, verify
 from convbench.layers import net_layers
 from convbench.measurement import Measurement
+from convbench.phases import phase_names
 
 LAYERS = net_layers("alexnet")[2:4]  # conv3, conv4
 
@@ -48,12 +50,13 @@ def test_markdown_has_every_section():
     text = report.markdown(df, {"run": {"backend": "numpy", "budget_s": 0.5}},
                            ["time_fwd.png"])
     for heading in ("## Time per layer", "### fwd, nchw, fp32", "### bwd_data, nchw, fp32",
-                    "## Operation counts", "## Workspace", "## Error", "## Not measured",
-                    "## Noisy measurements"):
+                    "## Operation counts", "## Workspace", "## Accuracy", "### fp32",
+                    "## Not measured", "## Noisy measurements"):
         assert heading in text
     assert "1.01 *" in text and "![time_fwd](time_fwd.png)" in text
     assert "oom because" in text and "- batch: 256" in text
     assert "2 of 8 measurements have IQR/median > 0.1" in text
+    assert "## Phase breakdown" not in text  # no row has phases
 
 
 def test_op_table_counts_gflop():
@@ -130,3 +133,150 @@ def test_where_names_whole_layers_alone():
     cases = [("conv1", p, layout) for p in ("fwd", "bwd_data") for layout in ("nchw", "nhwc")]
     assert report.where(cases + [("conv2", "fwd", "nhwc")], per_layer=4) == \
         "conv1; conv2 fwd nhwc"
+
+
+# --- accuracy -------------------------------------------------------------------------------
+def error_rows(errors: dict, precision="fp32") -> list[dict]:
+    """Measured rows whose rel_error is `errors[(algo, layer, pass, layout)]`."""
+    out = []
+    for case in runner.sweep(LAYERS, ("winograd-2x2", "winograd-4x4", "gemm"), "numpy",
+                             ["fwd", "bwd_filter"], ["nchw", "nhwc"], [precision]):
+        err = errors[(case.algo, case.layer, case.pass_, case.layout)]
+        out.append(runner.row(case, "ok", check=verify.Check(True, err, err, 1e-4), m=FAST))
+    return out
+
+
+def synthetic_errors(ratio_4x4) -> dict:
+    """2x2 at 1e-7 everywhere, gemm at 1e-8, 4x4 at `ratio_4x4(layer, pass, layout)` × 2x2."""
+    out = {}
+    for layer in ("conv3", "conv4"):
+        for pass_ in ("fwd", "bwd_filter"):
+            for layout in ("nchw", "nhwc"):
+                out[("winograd-2x2", layer, pass_, layout)] = 1e-7
+                out[("winograd-4x4", layer, pass_, layout)] = 1e-7 * ratio_4x4(layer, pass_,
+                                                                              layout)
+                out[("gemm", layer, pass_, layout)] = 1e-8
+    return out
+
+
+def test_accuracy_table_is_per_layer_pass_and_algo_worst_layout():
+    errors = synthetic_errors(lambda layer, pass_, layout: 4.0 if layout == "nhwc" else 6.0)
+    errors[("gemm", "conv4", "bwd_filter", "nhwc")] = 3e-8
+    table = report.error_table(report.frame(error_rows(errors)))
+    assert list(table.columns) == ["conv3", "conv4"]
+    assert list(table.index) == [(a, p) for a in ("gemm", "winograd-2x2", "winograd-4x4")
+                                 for p in ("fwd", "bwd_filter")]
+    assert table.loc[("winograd-4x4", "fwd"), "conv3"] == "6e-07"  # the worse layout
+    assert table.loc[("gemm", "bwd_filter"), "conv4"] == "3e-08"
+    assert table.loc[("gemm", "bwd_filter"), "conv3"] == "1e-08"
+
+
+def test_winograd_4x4_over_2x2_error_ratio_from_the_data():
+    ratios = {("conv3", "fwd"): 2.0, ("conv3", "bwd_filter"): 4.0, ("conv4", "fwd"): 8.0,
+              ("conv4", "bwd_filter"): 16.0}
+    df = report.frame(error_rows(synthetic_errors(lambda l, p, _: ratios[(l, p)])))
+    got = report.error_ratios(df, "winograd-4x4", "winograd-2x2")
+    assert len(got) == 8 and sorted(got) == pytest.approx(sorted(list(ratios.values()) * 2))
+    line = report.error_ratio_line(df, "winograd-4x4", "winograd-2x2")
+    assert line == ("winograd-4x4 / winograd-2x2 error ratio: median 6× (min 2×, max 16×) over "
+                    "8 (layer, pass, layout) cases; winograd-4x4's error is the larger in 8 of "
+                    "8.")
+    text = report.markdown(df, {})
+    assert f"- {line}" in text and "### fp32" in text
+
+
+def test_the_ratio_line_says_so_when_4x4_is_not_worse():
+    df = report.frame(error_rows(synthetic_errors(lambda layer, p, l: 0.5)))
+    assert report.error_ratio_line(df, "winograd-4x4", "winograd-2x2").endswith(
+        "median 0.5× (min 0.5×, max 0.5×) over 8 (layer, pass, layout) cases; winograd-4x4's "
+        "error is the larger in 0 of 8.")
+
+
+def test_no_ratio_line_without_both_algorithms():
+    df = report.frame(rows(TIMES))  # winograd-2x2 only
+    assert report.error_ratio_line(df, "winograd-4x4", "winograd-2x2") is None
+    assert "error ratio" not in report.markdown(df, {})
+
+
+def test_accuracy_has_a_table_per_precision():
+    errors = synthetic_errors(lambda *_: 5.0)
+    df = report.frame(error_rows(errors) + error_rows(errors, precision="fp64"))
+    text = report.markdown(df, {})
+    assert "### fp32" in text and "### fp64" in text
+
+
+# --- phase breakdown ------------------------------------------------------------------------
+def phase_rows(phases: dict) -> list[dict]:
+    """fft and winograd-2x2 rows, `phases[(algo, layer)]` the four phase medians in ms."""
+    out = []
+    for case in runner.sweep(LAYERS, ("fft", "winograd-2x2", "gemm"), "emu",
+                             ["fwd", "bwd_data"], ["nchw"], ["fp32"]):
+        ms = phases.get((case.algo, case.layer))
+        named = None if ms is None else dict(zip(phase_names(case.pass_),
+                                                 (Measurement((v,)) for v in ms)))
+        total = Measurement((sum(ms),)) if ms else FAST
+        out.append(runner.row(case, "ok", check=verify.Check(True, 1e-7, 1e-6, 1e-4), m=total,
+                              phases=named))
+    return out
+
+
+PHASES = {("fft", "conv3"): (3.0, 1.0, 2.0, 4.0), ("fft", "conv4"): (1.0, 1.0, 6.0, 2.0),
+          ("winograd-2x2", "conv3"): (0.5, 0.25, 4.0, 0.25),
+          ("winograd-2x2", "conv4"): (0.5, 0.5, 0.5, 0.5)}
+
+
+def test_phase_table_shares_and_dominant():
+    df = report.frame(phase_rows(PHASES))
+    phased = report.phase_frame(df)
+    assert set(phased["algo"]) == {"fft", "winograd-2x2"}  # gemm has no phases
+    fft_fwd = phased[(phased["algo"] == "fft") & (phased["pass"] == "fwd")]
+    table = report.phase_table(fft_fwd)
+    assert list(table.columns) == ["transform x", "transform w", "product", "inverse y",
+                                   "phases ms", "pass ms", "dominant"]
+    assert list(table.loc[("conv3", "nchw")]) == ["3 (30%)", "1 (10%)", "2 (20%)", "4 (40%)",
+                                                  "10", "10", "transforms 80%"]
+    assert table.loc[("conv4", "nchw"), "dominant"] == "product 60%"
+
+
+def test_phase_breakdown_section():
+    text = report.markdown(report.frame(phase_rows(PHASES)), {})
+    section = text[text.index("## Phase breakdown"):text.index("## Plots")]
+    for heading in ("### fft, fwd, fp32", "### fft, bwd_data, fp32",
+                    "### winograd-2x2, fwd, fp32", "### winograd-2x2, bwd_data, fp32"):
+        assert heading in section
+    assert section.index("### fft, bwd_data") < section.index("### winograd-2x2, fwd")
+    assert "transform dy" in section and "inverse dx" in section
+    assert "gemm" not in section
+    assert "- fft: the transforms dominate in 2 of 4 (layer, pass, layout) cases, the product " \
+           "in 2." in section
+    assert "- winograd-2x2: the transforms dominate in 2 of 4" in section  # conv4: 3 x 0.5 ms
+
+
+def test_phases_in_json_and_through_the_csv(tmp_path):
+    sink = runner.CsvSink(tmp_path / runner.RESULTS_CSV)
+    for r in phase_rows(PHASES):
+        sink.append(r)
+    df, _ = report.load_run(tmp_path)
+    records = {(r["algo"], r["layer"], r["pass"]): r for r in report.to_records(df)}
+    assert records[("fft", "conv3", "fwd")]["phases_ms"] == dict(
+        zip(phase_names("fwd"), PHASES[("fft", "conv3")]))
+    assert records[("gemm", "conv3", "fwd")]["phases_ms"] is None
+    assert "## Phase breakdown" in report.markdown(df, {})
+
+
+def test_phase_plot_is_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    names = report.plot(report.frame(phase_rows(PHASES)), tmp_path)
+    assert names[-1] == "phases.png"
+    assert (tmp_path / "phases.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_results_file_from_before_phases_still_renders(tmp_path):
+    older = [c for c in runner.COLUMNS if c != "phases_ms"]
+    with open(tmp_path / runner.RESULTS_CSV, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=older, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows(TIMES))
+    df, _ = report.load_run(tmp_path)
+    text = report.markdown(df, {})
+    assert "## Time per layer" in text and "## Phase breakdown" not in text

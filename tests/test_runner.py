@@ -1,8 +1,9 @@
 import numpy as np
 import pytest
 
-from convbench import reference, registry, runner, timing
+from convbench import reference, registry, report, runner, timing
 from convbench.layers import Layer
+from convbench.phases import phase_names
 from convbench.problem import ConvProblem
 
 TINY = ConvProblem(n=1, c=2, h=6, w=6, k=3, r=3, s=3, pad=1)
@@ -209,3 +210,90 @@ def test_a_half_written_last_line_is_dropped(tmp_path):
     assert len(runner.read_rows(path)) == 1
     runner.CsvSink(path).append(runner.row(cases(["y"])[0], "unsupported", "why"))
     assert [r["algo"] for r in runner.read_rows(path)] == ["x", "y"]
+
+
+# --- phase breakdown ------------------------------------------------------------------------
+class Phasing(Fake):
+    """torch-cpu with four named phases: `log` records every whole call ("run") and every
+    phase call (its name). `phase_fns` is built in reverse on purpose: `phases()` sets the
+    order; `names` (default: the pass's) is what `phases()` claims."""
+
+    def __init__(self, algo, names=None):
+        super().__init__(algo)
+        self.names, self.log = names, []
+
+    def phases(self, problem, pass_, layout, precision):
+        return self.names or phase_names(pass_)
+
+    def prepare(self, problem, pass_, layout, precision):
+        fn = super().prepare(problem, pass_, layout, precision)
+
+        def run(a, b, out):
+            self.log.append("run")
+            fn(a, b, out)
+
+        run.phase_fns = {name: (lambda name=name: self.log.append(name))
+                         for name in reversed(phase_names(pass_))}
+        return run
+
+
+def test_phases_are_timed_in_order_after_the_whole_pass():
+    spy = Phasing("phased")
+    (r,) = runner.run(cases(["phased"]), BUDGET, {"phased": spy})
+    names = phase_names("fwd")
+    assert r["status"] == "ok"
+    first = spy.log.index(names[0])
+    assert set(spy.log[:first]) == {"run"}  # verify and time the whole pass first
+    sequences = spy.log[first:]
+    assert len(sequences) % 4 == 0 and len(sequences) >= 4 * timing.MIN_REPS
+    assert sequences == names * (len(sequences) // 4)  # always whole sequences, in order
+    phases = runner.parse_phases(r["phases_ms"])
+    assert list(phases) == names and all(ms >= 0 for ms in phases.values())
+
+
+def test_a_pass_without_phases_has_no_phases_column():
+    (r,) = runner.run(cases(["good"]), BUDGET, {"good": Fake("good")})
+    assert r["status"] == "ok" and r["phases_ms"] is None
+
+
+def test_phases_that_contradict_the_prepared_pass_fail_the_case():
+    spy = Phasing("liar", names=["transform x", "product"])
+    (r,) = runner.run(cases(["liar"]), BUDGET, {"liar": spy})
+    assert r["status"] == "failed" and "phases() names" in r["reason"]
+
+
+def test_phases_text_round_trip():
+    from convbench.measurement import Measurement
+
+    text = runner.phases_text({"transform x": Measurement((0.5, 0.125, 0.25)),
+                               "product": Measurement((2.0,))})
+    assert text == "transform x=0.25;product=2"
+    assert runner.parse_phases(text) == {"transform x": 0.25, "product": 2.0}
+    assert runner.parse_phases("") == runner.parse_phases(None) == {}
+
+
+EMU_TINY = Layer("custom", "tiny", ConvProblem(n=1, c=4, h=7, w=7, k=4, r=3, s=3, pad=1))
+
+
+def test_emu_fft_and_winograd_carry_their_four_phases():
+    reason = registry.available("emu")
+    if reason:
+        pytest.skip(reason)
+    passes = ("fwd", "bwd_data", "bwd_filter")
+    todo = runner.sweep([EMU_TINY], ["fft", "winograd-2x2"], "emu", passes, ["nchw"], ["fp32"])
+    rows = runner.run(todo, BUDGET)
+    for r in rows:
+        assert r["status"] == "ok", r["reason"]
+        phases = runner.parse_phases(r["phases_ms"])
+        assert list(phases) == phase_names(r["pass"]) and all(v > 0 for v in phases.values())
+    text = report.markdown(report.frame(rows), {})
+    assert "## Phase breakdown" in text
+    assert "### fft, bwd_data, fp32" in text and "### winograd-2x2, bwd_filter, fp32" in text
+
+
+def test_a_results_file_without_the_phases_column_is_refused(tmp_path):
+    path = tmp_path / runner.RESULTS_CSV
+    older = [c for c in runner.COLUMNS if c != "phases_ms"]
+    path.write_text(",".join(older) + "\n")
+    with pytest.raises(ValueError, match="other columns"):
+        runner.CsvSink(path)

@@ -77,6 +77,52 @@ def test_timer_for_backend():
     assert timing.timer_for("cuda") is timing.time_cuda
     assert timing.timer_for("numpy") is timing.time_cpu
     assert timing.timer_for("emu") is timing.time_cpu
+    assert timing.phase_timer_for("cuda") is timing.time_cuda_phases
+    assert timing.phase_timer_for("numpy") is timing.time_cpu_phases
+    assert timing.phase_timer_for("emu") is timing.time_cpu_phases
+
+
+class FakePhases:
+    """Phases on a fake clock: phase i takes `dts[i]` seconds; every call is logged."""
+
+    def __init__(self, *dts: float):
+        self.t, self.log = 0.0, []
+        self.fns = {f"phase {i}": self._phase(i, dt) for i, dt in enumerate(dts)}
+
+    def __call__(self) -> float:
+        return self.t
+
+    def _phase(self, i: int, dt: float):
+        def run() -> None:
+            self.log.append(i)
+            self.t += dt
+
+        return run
+
+
+def test_phases_are_timed_one_by_one_in_order():
+    clock = FakePhases(0.01, 0.03, 0.06)  # a 0.1 s sequence
+    got = timing.time_cpu_phases(clock.fns, budget_s=1.0, clock=clock)
+    assert list(got) == ["phase 0", "phase 1", "phase 2"]
+    reps = 10  # sized by the whole sequence, as a plain call would be
+    for m, ms in zip(got.values(), (10.0, 30.0, 60.0)):
+        assert m.reps == reps and m.times_ms == pytest.approx((ms,) * reps)
+    # whole sequences only, always in order: the estimate, one more warm-up (0.25 s with the
+    # estimate), the repetitions
+    assert clock.log == [0, 1, 2] * (1 + 1 + reps)
+
+
+def test_phase_sequence_and_a_plain_call_get_the_same_repetitions():
+    phases = FakePhases(0.02, 0.03)
+    whole = FakeClock(0.05)
+    assert timing.time_cpu(whole.fn, budget_s=0.5, clock=whole).reps == \
+        next(iter(timing.time_cpu_phases(phases.fns, budget_s=0.5, clock=phases).values())).reps
+
+
+def test_real_clock_times_each_phase():
+    got = timing.time_cpu_phases({"a": lambda: sum(range(1000)), "b": lambda: sorted(range(500))},
+                                 budget_s=0.01)
+    assert all(m.reps >= timing.MIN_REPS and m.min > 0 for m in got.values())
 
 
 @pytest.mark.gpu
@@ -91,3 +137,17 @@ def test_cuda_timer_flushes_and_times():
     assert m.min > 0
     # A 2048³ matmul is 17 GFLOP: well over a microsecond, well under a second on any GPU.
     assert 1e-3 < m.median < 1e3
+
+
+@pytest.mark.gpu
+def test_cuda_phases_are_timed_with_events():
+    import cupy
+
+    small = cupy.ones((256, 256), dtype=cupy.float32)
+    large = cupy.ones((2048, 2048), dtype=cupy.float32)
+    got = timing.time_cuda_phases({"small": lambda: small @ small, "large": lambda: large @ large},
+                                  budget_s=0.05)
+    assert list(got) == ["small", "large"]
+    assert all(timing.MIN_REPS <= m.reps <= timing.MAX_REPS_GPU and m.min > 0
+               for m in got.values())
+    assert got["large"].median > got["small"].median  # 512x the flops
