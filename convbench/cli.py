@@ -2,8 +2,11 @@
 
     convbench layer conv2 --algos all --batch 2 --format json
     convbench bench [--net alexnet] [--device cpu|cuda|emu] [--out DIR] [--resume]
+    convbench sweep [--net alexnet] [--layers conv2,conv3] [--batch 1,2,4,8] [--memory-limit 2GiB]
+    convbench memprofile [--net alexnet] [--batch 2] [--budget 8GiB] [--run RUN] [--out DIR]
     convbench report RUN
     convbench compare RUN_A RUN_B
+    convbench advise RUN [--workspace-budget 256MiB];  convbench train-step   (convbench.advisor)
     convbench list
     convbench kernels ...           (the CUDA kernel tools, convbench.kernels)
 
@@ -14,6 +17,10 @@ writes its report), then exits 130; `--resume` finishes the folder.
 """
 
 from __future__ import annotations
+
+from .threads import sleep_idle_threads
+
+sleep_idle_threads()  # before NumPy or torch loads: see convbench.threads
 
 import argparse
 import datetime
@@ -26,7 +33,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from . import envinfo, layers, registry, report, runner
+from . import advisor, batchsweep, envinfo, layers, memory, registry, report, runner
 from .problem import LAYOUTS, PASSES, PRECISIONS, check_choice
 
 EXIT_USAGE = 2
@@ -56,6 +63,24 @@ def _positive(kind):
         return v
 
     return parse
+
+
+def _batches(text: str) -> list[int]:
+    """`1,2,4,8` -> the distinct positive batch sizes, smallest first."""
+    try:
+        batches = sorted({int(t) for t in text.split(",") if t.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of batch sizes") from None
+    if not batches or batches[0] <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of positive batch sizes")
+    return batches
+
+
+def _size(text: str) -> int:
+    try:
+        return memory.parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _choices(text: str, kind: str, valid: tuple[str, ...]) -> list[str]:
@@ -128,81 +153,103 @@ def _layers(specs: list[str], net: str, batch: int | None,
     return out
 
 
-def _run_folder(args, device: runner.Device) -> Path:
+def _run_folder(args, device: runner.Device, kind: str = "") -> Path:
     if args.out:
         return Path(args.out)
     date = datetime.date.today().isoformat()
-    return Path("results") / f"{date}-{envinfo.device_slug(device.backend)}-{args.net}"
+    return Path("results") / f"{date}-{envinfo.device_slug(device.backend)}-{args.net}{kind}"
+
+
+def _batch_list(args) -> list[int | None]:
+    """The batches asked for: `sweep` takes a list, the other commands one batch (or None)."""
+    return args.batch if isinstance(args.batch, list) else [args.batch]
 
 
 def _cases(args, specs: list[str], device: runner.Device) -> list[runner.Case]:
-    """The sweep the options ask for; UsageError naming the first bad value."""
+    """The sweep the options ask for, each layer at each batch, smallest first (the order
+    `SkipLarger` relies on); UsageError naming the first bad value."""
     try:
         algos = registry.expand_algos(args.algos, device.backend)
         passes = _choices(args.passes, "pass", PASSES)
         layouts = _choices(args.layouts, "layout", LAYOUTS)
         precisions = _choices(args.precision, "precision", PRECISIONS)
-        chosen = _layers(specs, args.net, args.batch, device)
+        chosen = [layer for spec in specs for n in _batch_list(args)
+                  for layer in _layers([spec], args.net, n, device)]
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return runner.sweep(chosen, algos, device.backend, passes, layouts, precisions)
 
 
-def _environment(args, device: runner.Device, cases: list[runner.Case], budget: float) -> dict:
+def _environment(args, device: runner.Device, cases: list[runner.Case], budget: float,
+                 limit: memory.MemoryLimit | None) -> dict:
     """env.json: the machine, and how this run was asked for."""
     env = envinfo.collect(device.backend)
     env["run"] = {"net": args.net, "device": device.name, "backend": device.backend,
                   "batch": args.batch or device.batch or "catalog", "budget_s": budget,
+                  "memory_limit_bytes": limit.nbytes if limit else None,
                   "algos": list(dict.fromkeys(c.algo for c in cases)),
                   "passes": list(dict.fromkeys(c.pass_ for c in cases)),
                   "layouts": list(dict.fromkeys(c.layout for c in cases)),
                   "precisions": list(dict.fromkeys(c.precision for c in cases)),
                   "command": " ".join(["convbench", *args.argv])}
+    env["memory_method"] = memory.trace(device.backend).method
     return env
 
 
 def _open_folder(folder: Path, resume: bool, env: dict):
-    """Prepare a run folder: refuse to mix into finished results unless resuming; keep the
-    first env.json of a resumed run. Returns (keys already measured, the env, the CSV sink)."""
+    """Prepare a run folder: refuse to mix into finished results unless resuming, or into a
+    file with other columns; keep the first env.json of a resumed run. Returns (the rows
+    already measured, the env, the CSV sink)."""
     csv_path, env_path = folder / runner.RESULTS_CSV, folder / report.ENV_JSON
-    if not resume and runner.read_rows(csv_path):
+    rows = runner.read_rows(csv_path)
+    if not resume and rows:
         raise UsageError(f"{folder} already holds results; pass --resume to finish it or "
                          "--out DIR to start another run folder")
+    try:
+        sink = runner.CsvSink(csv_path)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if resume and env_path.exists():
         env = json.loads(env_path.read_text())
-    folder.mkdir(parents=True, exist_ok=True)
     env_path.write_text(json.dumps(env, indent=1) + "\n")
-    return runner.done_keys(csv_path), env, runner.CsvSink(csv_path)
+    return rows, env, sink
 
 
-def _measure(args, specs: list[str], device: runner.Device, folder: Path | None):
+def _measure(args, specs: list[str], device: runner.Device, folder: Path | None,
+             limit: memory.MemoryLimit | None = None):
     """Sweep `specs` × the options, streaming the rows into `folder` when given, which also
-    gets env.json, report.md and plots. Returns (results, the report's markdown or None,
-    whether Ctrl-C cut the sweep short)."""
+    gets env.json, report.md and plots. A series that runs out of memory (or beyond `limit`)
+    is not tried at larger batches. Returns (results, the report's markdown or None, whether
+    Ctrl-C cut the sweep short)."""
     if args.resume and folder is None:
         raise UsageError("--resume needs the run folder to finish: --out DIR")
     cases = _cases(args, specs, device)
     budget = args.budget or device.budget_s
-    env = _environment(args, device, cases, budget)
-    done, sink = set(), None
+    env = _environment(args, device, cases, budget, limit)
+    measured, sink = [], None
     if folder is not None:
-        done, env, sink = _open_folder(folder, args.resume, env)
+        measured, env, sink = _open_folder(folder, args.resume, env)
+    done = {runner.row_key(r) for r in measured}
     todo = [c for c in cases if c.key() not in done]
-    rows, progress = [], Progress(len(todo))
+    rows, progress, skip = [], Progress(len(todo)), batchsweep.SkipLarger(measured)
 
     def on_row(r: dict) -> None:
         if sink is not None:
             sink.append(r)
+        skip.observe(r)
         rows.append(r)
         progress(r)
 
     interrupted = False
     try:
-        runner.run(todo, budget, on_row=on_row)
+        runner.run(skip.pending(todo), budget, on_row=on_row, limit=limit)
     except KeyboardInterrupt:
         interrupted = True
     finally:
         progress.close()
+    if skip.skipped:
+        print(f"convbench: {skip.skipped} cases not tried: their series ran out of memory at a "
+              "smaller batch", file=sys.stderr)
     if folder is None:
         return report.frame(rows), None, interrupted
     df, _ = report.load_run(folder)
@@ -224,9 +271,13 @@ def _exit_code(interrupted: bool, folder: Path | None) -> int:
     return EXIT_INTERRUPTED
 
 
+def _limit(args) -> memory.MemoryLimit | None:
+    return memory.MemoryLimit(args.memory_limit) if args.memory_limit else None
+
+
 def cmd_layer(args) -> int:
     folder = Path(args.out) if args.out else None
-    df, _, interrupted = _measure(args, args.layer, _device(args.device), folder)
+    df, _, interrupted = _measure(args, args.layer, _device(args.device), folder, _limit(args))
     _emit(df, args.format, report.layer_table(df))
     return _exit_code(interrupted, folder)
 
@@ -235,7 +286,25 @@ def cmd_bench(args) -> int:
     device = _device(args.device)
     folder = _run_folder(args, device)
     specs = [f"{args.net}:{layer.name}" for layer in layers.net_layers(args.net)]
-    df, text, interrupted = _measure(args, specs, device, folder)
+    df, text, interrupted = _measure(args, specs, device, folder, _limit(args))
+    _emit(df, args.format, text)
+    return _exit_code(interrupted, folder)
+
+
+def cmd_sweep(args) -> int:
+    """`bench` over a list of batches: time per image and peak memory as the batch grows. On
+    the host the memory limit defaults to a share of the memory available now."""
+    device = _device(args.device)
+    args.batch = args.batch or list(batchsweep.DEFAULT_BATCHES[device.name])
+    folder = _run_folder(args, device, "-sweep")
+    names = [layer.name for layer in layers.net_layers(args.net)]
+    try:
+        chosen = _choices(args.layers, "layer", tuple(names)) if args.layers else names
+    except ValueError as exc:
+        raise UsageError(f"{exc} (in {args.net})") from None
+    limit = _limit(args) or batchsweep.default_limit(device.backend)
+    specs = [f"{args.net}:{name}" for name in chosen]
+    df, text, interrupted = _measure(args, specs, device, folder, limit)
     _emit(df, args.format, text)
     return _exit_code(interrupted, folder)
 
@@ -307,6 +376,67 @@ def cmd_list(args) -> int:
     return 0
 
 
+def _advised(run: str, budget: int | None):
+    """The advisor's plan of a run folder, under a workspace budget if given."""
+    from . import advisor
+    from .plan import Constraints
+
+    try:
+        return advisor.advise_run(run, Constraints(workspace_budget=budget))[0]
+    except ValueError as exc:
+        raise UsageError(f"--run {run}: {str(exc).splitlines()[0]}") from None
+
+
+def cmd_memprofile(args) -> int:
+    """The memory timeline of one training step, and the largest batch that fits `--budget`
+    under torch's defaults and (with `--run`) the advisor's fastest and workspace-budgeted
+    plans."""
+    from . import memprofile, trainstep
+
+    device = _device(args.device)
+    batch = args.batch or (trainstep.CPU_BATCH if device.backend == "numpy" else
+                           layers.net_layers(args.net)[0].problem.n)
+    budget = args.budget or _device_memory(device.backend)
+    plans = {"defaults": None}
+    if args.run:
+        plans["fastest"] = _advised(args.run, None)
+        plans["budgeted"] = _advised(args.run, args.workspace_budget)
+    if args.config not in plans:
+        raise UsageError(f"--config {args.config} needs --run RUN, a bench run folder to "
+                         "advise from")
+    configs = memprofile.configurations(args.net, plans, args.workspace_budget)
+    try:
+        events = memprofile.profile_step(
+            args.net, batch, device.name,
+            memprofile.declared_workspace(args.net, configs[args.config][0]),
+            plan=plans[args.config], measure=True)
+    except ValueError as exc:  # a plan for another device
+        raise UsageError(f"--config {args.config}: {str(exc).splitlines()[0]}") from None
+    found = memprofile.fits(args.net, configs, budget)
+    text = memprofile.markdown(args.net, batch, device.name, args.config, events, found,
+                               budget)
+    if args.out:
+        written = memprofile.write(Path(args.out), text, events, found,
+                                   f"{args.net}, batch {batch}, {device.name}, {args.config}")
+        print(f"convbench: {', '.join(written)} in {args.out}", file=sys.stderr)
+    rows = memprofile.timeline_rows(events)
+    print({"table": lambda: text.rstrip("\n"),
+           "csv": lambda: report.to_csv(report.pd.DataFrame(rows)).rstrip("\n"),
+           "json": lambda: json.dumps({"timeline": rows,
+                                       "largest_batch": memprofile.fit_rows(found)}, indent=1)}
+          [args.format]())
+    return 0
+
+
+def _device_memory(backend: str) -> int:
+    """The memory a step may use by default: the GPU's, or what the host has available."""
+    if backend == "cuda":
+        import cupy
+
+        return cupy.cuda.Device().mem_info[1]
+    return memory.available_host_bytes()
+
+
 def cmd_kernels(argv: list[str]) -> int:
     """Hand over to `convbench.kernels.main(argv)`, which the CUDA-kernel tooling provides."""
     try:
@@ -321,7 +451,7 @@ def cmd_kernels(argv: list[str]) -> int:
 
 
 # --- the parser -----------------------------------------------------------------------------
-def _sweep_options(p: argparse.ArgumentParser, layer: bool) -> None:
+def _sweep_options(p: argparse.ArgumentParser, layer: bool, batches: bool = False) -> None:
     p.add_argument("--net", default="alexnet", choices=layers.NETS,
                    help="catalog the layers come from (default alexnet)")
     p.add_argument("--algos", default="all",
@@ -330,8 +460,18 @@ def _sweep_options(p: argparse.ArgumentParser, layer: bool) -> None:
     p.add_argument("--layouts", default="all", help=f"comma list of {', '.join(LAYOUTS)}; all")
     p.add_argument("--precision", default="fp32",
                    help=f"comma list of {', '.join(PRECISIONS)} (default fp32)")
-    p.add_argument("--batch", type=_positive(int),
-                   help=f"batch size (default: {runner.CPU_BATCH} on cpu, the catalog's on cuda)")
+    if batches:
+        p.add_argument("--batch", type=_batches, help="comma list of batch sizes (default: "
+                       + "; ".join(f"{d} {','.join(map(str, b))}"
+                                   for d, b in batchsweep.DEFAULT_BATCHES.items()) + ")")
+    else:
+        p.add_argument("--batch", type=_positive(int), help=f"batch size (default: "
+                       f"{runner.CPU_BATCH} on cpu, the catalog's on cuda)")
+    p.add_argument("--memory-limit", type=_size, metavar="SIZE",
+                   help="treat a case needing more than SIZE (e.g. 2GiB) as oom: on cuda the "
+                        "allocators refuse beyond it, on cpu the predicted and measured "
+                        "footprints are checked against it (sweep default on cpu: "
+                        f"{batchsweep.HOST_LIMIT_FRACTION:.0%}% of the memory available)")
     p.add_argument("--device", choices=list(runner.DEVICES),
                    help="cpu (numpy), cuda (GPU kernels) or emu (CUDA sources on the CPU); "
                         "default cuda where a GPU is, else cpu")
@@ -340,7 +480,8 @@ def _sweep_options(p: argparse.ArgumentParser, layer: bool) -> None:
                         f"{runner.CPU_BUDGET_S} on cpu, {runner.DEVICES['cuda'].budget_s} on cuda)")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
     p.add_argument("--out", help="run folder to write (measurements.csv, env.json, report.md, "
-                   "plots)" + ("" if layer else "; default results/<date>-<device>-<net>"))
+                   "plots)" + ("" if layer else "; default results/<date>-<device>-<net>"
+                                                   + ("-sweep" if batches else "")))
     p.add_argument("--resume", action="store_true",
                    help="skip the measurements the run folder already holds")
 
@@ -357,6 +498,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="sweep every layer of a net into a run folder")
     _sweep_options(p, layer=False)
     p.set_defaults(func=cmd_bench)
+    p = sub.add_parser("sweep", help="time per image and peak memory of every algo as the "
+                       "batch grows, until out of memory")
+    p.add_argument("--layers", help="comma list of layers of --net (default: all)")
+    _sweep_options(p, layer=False, batches=True)
+    p.set_defaults(func=cmd_sweep)
     for name, func, runs, text in (("report", cmd_report, ["run"], "re-render a run folder"),
                                    ("compare", cmd_compare, ["run_a", "run_b"],
                                     "ratio of medians per row between two run folders")):
@@ -365,6 +511,27 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument(r, metavar=r.upper())
         p.add_argument("--format", choices=("table", "csv", "json"), default="table")
         p.set_defaults(func=func)
+    p = sub.add_parser("memprofile", help="memory timeline of a training step by layer, and "
+                       "the largest batch that fits a budget")
+    p.add_argument("--net", default="alexnet", choices=("alexnet", "alexnet-owt"))
+    p.add_argument("--device", choices=("cpu", "cuda"),
+                   help="default cuda where a GPU is, else cpu")
+    p.add_argument("--batch", type=_positive(int),
+                   help="images in the profiled step (default 2 on cpu, the catalog's on cuda)")
+    p.add_argument("--budget", type=_size, metavar="SIZE",
+                   help="memory the step may use, e.g. 8GiB (default: the GPU's memory, or the "
+                        "host memory available)")
+    p.add_argument("--run", help="bench run folder the advisor plans from: adds its fastest "
+                   "plan and its plan under --workspace-budget")
+    p.add_argument("--workspace-budget", type=_size, default=256 << 20, metavar="SIZE",
+                   help="workspace budget of the advisor's budgeted plan (default 256MiB)")
+    p.add_argument("--config", choices=("defaults", "fastest", "budgeted"), default="defaults",
+                   help="configuration whose timeline is measured and shown (default "
+                        "defaults; the others need --run)")
+    p.add_argument("--out", help="folder for memprofile.md, timeline.csv, largest_batch.csv, "
+                   "timeline.png")
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.set_defaults(func=cmd_memprofile)
     p = sub.add_parser("list", help="nets, layers, and what each algo supports")
     p.add_argument("--net", choices=layers.NETS, help="only this net (support shown on it; "
                    "default: every net listed, support on alexnet)")
@@ -372,6 +539,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_list)
     sub.add_parser("kernels", help="CUDA kernel tools: compile check, resources "
                    "(convbench kernels --help)", add_help=False)
+    advisor.add_cli(sub)  # advise, train-step
     return parser
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .problem import ConvProblem, check_choice, LAYOUTS, PASSES
+from .problem import LAYOUTS, PASSES, ConvProblem, check_choice
 
 #: NCHW -> layout axis order, for activations and filters alike (KCRS -> KRSC).
 _TO_LAYOUT = {"nchw": (0, 1, 2, 3), "nhwc": (0, 2, 3, 1)}

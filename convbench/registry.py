@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Callable
+from collections.abc import Callable
 
 from .problem import LAYOUTS, PASSES, PRECISIONS, ConvProblem, check_choice
 
@@ -134,7 +134,7 @@ def _cuda_available() -> str | None:
         return "the cuda backend needs CuPy: pip install 'convbench[cuda]'"
     try:
         count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # no driver, no device: CuPy raises its own runtime errors
+    except Exception as exc:  # noqa: BLE001  (no driver, no device: CuPy's own runtime errors)
         return f"no CUDA GPU: {str(exc).splitlines()[0]}"
     return None if count > 0 else "no CUDA GPU found"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import registry, reference, verify
+from . import reference, registry, verify
 from .layers import net_layers
 from .problem import ConvProblem
 
@@ -61,7 +61,8 @@ def assert_matches_reference(algo: str, backend: str, problem: ConvProblem, pass
 def problem_strategy(max_stride: int = 4, max_pad: int = 3, max_dilation: int = 1,
                      max_groups: int = 1, square_filter: bool = False):
     """Hypothesis strategy for small valid problems: odd sizes, rectangular inputs and filters."""
-    from hypothesis import assume, strategies as st
+    from hypothesis import assume
+    from hypothesis import strategies as st
 
     @st.composite
     def problems(draw):

@@ -37,6 +37,15 @@ def run_cli(capsys, *argv):
     (["layer", "conv2", "--resume"], "--resume needs the run folder"),
     (["report", "/nonexistent/run"], "is not a run folder"),
     (["bench", "--device", "tpu"], "invalid choice: 'tpu'"),
+    (["bench", "--memory-limit", "lots"], "'lots' is not a positive size"),
+    (["sweep", "--batch", "1,x"], "'1,x' is not a comma list of batch sizes"),
+    (["sweep", "--batch", "0,2"], "'0,2' is not a comma list of positive batch sizes"),
+    (["sweep", "--layers", "conv9"], "unknown layer 'conv9'; valid: conv1"),
+    (["sweep", "--algos", "bogus"], "unknown algo 'bogus'"),
+    (["memprofile", "--config", "fastest"], "--config fastest needs --run RUN"),
+    (["memprofile", "--budget", "0GiB"], "'0GiB' is not a positive size"),
+    (["memprofile", "--run", "/nonexistent/run"], "--run /nonexistent/run: "),
+    (["memprofile", "--net", "vgg16"], "invalid choice: 'vgg16'"),
     ([], "the following arguments are required: command"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, names):
@@ -189,3 +198,24 @@ def test_progress_bar_on_a_terminal_only():
             assert "\r[2/2]" in stream.text and stream.text.endswith("\n")
         else:
             assert stream.text == ""
+
+
+def test_resume_refuses_a_results_file_with_other_columns(tmp_path, capsys):
+    folder = tmp_path / "old"
+    folder.mkdir()
+    old_header = [c for c in runner.COLUMNS if c not in ("peak_bytes", "memory_method")]
+    (folder / "measurements.csv").write_text(",".join(old_header) + "\n")
+    code, _, err = run_cli(capsys, *BENCH, "--out", str(folder), "--resume")
+    assert code == 2 and err.count("\n") == 1 and "has other columns" in err
+
+
+def test_every_subcommand_has_working_help(capsys):
+    commands = [a for a in cli.build_parser()._subparsers._group_actions[0].choices]
+    assert {"layer", "bench", "sweep", "report", "compare", "list", "advise"} <= set(commands)
+    for command in commands:
+        if command == "kernels":  # its own parser, in convbench.kernels
+            continue
+        with pytest.raises(SystemExit) as exc:
+            cli.main([command, "--help"])
+        assert exc.value.code == 0, command
+        assert "usage:" in capsys.readouterr().out

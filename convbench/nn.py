@@ -1,0 +1,240 @@
+"""`convbench.nn.Conv2d`: an `nn.Conv2d` whose three passes run the algorithms a plan chose.
+
+PyTorch picks one convolution implementation for all passes of a layer, and it computes the
+data gradient of a layer whose input needs none unless told otherwise (the study found Torch
+needed a user option for it). This module runs forward, bwd_data and bwd_filter each through the
+implementation chosen for it, in the layout chosen for the layer, inside one
+`torch.autograd.Function`, and skips a gradient autograd does not ask for
+(`ctx.needs_input_grad`), so the first layer's data gradient is never computed.
+
+A pass chosen as `torch-cpu`, `cudnn` or `cudnn-autotune` runs through torch's own convolution
+(cuDNN with `benchmark` off or on for that pass); any other algorithm runs through
+`convbench.functional.run` on arrays that share the tensors' memory: `.numpy()` on the CPU,
+CuPy through DLPack on a GPU, stored in the layer's layout (channels_last tensors seen as NHWC
+arrays). The bias is added in torch. The module keeps `nn.Conv2d`'s parameters and state_dict
+keys, so checkpoints and optimizers carry over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+from torch.autograd.function import once_differentiable
+
+from . import functional
+from .plan import TORCH_ALGOS
+from .problem import LAYOUTS, PASSES, ConvProblem, check_choice
+
+#: The memory format that stores a tensor in each layout.
+MEMORY_FORMAT = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
+
+
+def _same_pair(name: str, value) -> int:
+    if isinstance(value, tuple):
+        if len(set(value)) != 1:
+            raise ValueError(f"asymmetric {name} {value}: convbench problems have one {name} "
+                             "for both spatial axes")
+        value = value[0]
+    return int(value)
+
+
+def conv_geometry(conv: nn.Conv2d) -> dict[str, int]:
+    """stride, pad, dilation and groups of a conv module as a `ConvProblem` takes them;
+    ValueError with the reason for a module no `ConvProblem` describes."""
+    if conv.padding_mode != "zeros":
+        raise ValueError(f"padding_mode {conv.padding_mode!r}: convbench pads with zeros only")
+    dilation = _same_pair("dilation", conv.dilation)
+    padding = conv.padding
+    if padding == "valid":
+        padding = 0
+    elif padding == "same":
+        totals = {dilation * (k - 1) for k in conv.kernel_size}
+        if len(totals) != 1 or totals.pop() % 2:
+            raise ValueError(f"padding='same' with kernel {tuple(conv.kernel_size)} and "
+                             f"dilation {dilation} pads unequally: convbench pads all four "
+                             "sides alike")
+        padding = dilation * (conv.kernel_size[0] - 1) // 2
+    return {"stride": _same_pair("stride", conv.stride), "pad": _same_pair("padding", padding),
+            "dilation": dilation, "groups": conv.groups}
+
+
+def problem_of(conv: nn.Conv2d, x_shape) -> ConvProblem:
+    """The `ConvProblem` of `conv` applied to an NCHW-indexed input of `x_shape`."""
+    if len(x_shape) != 4:
+        raise ValueError(f"input of {len(x_shape)} dimensions: convbench runs batched (4-D) "
+                         "input only")
+    n, c, h, w = x_shape
+    r, s = conv.kernel_size
+    return ConvProblem(n=n, c=c, h=h, w=w, k=conv.out_channels, r=r, s=s, **conv_geometry(conv))
+
+
+@contextlib.contextmanager
+def _cudnn_benchmark(value: bool | None):
+    """`torch.backends.cudnn.benchmark = value` for the block (None: unchanged)."""
+    if value is None:
+        yield
+        return
+    saved = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = value
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = saved
+
+
+@contextlib.contextmanager
+def _on_torch_stream(t: torch.Tensor):
+    """CuPy work on the device and stream torch uses for `t`, so it is ordered with torch's."""
+    if not t.is_cuda:
+        yield
+        return
+    import cupy
+
+    ptr = torch.cuda.current_stream(t.device).cuda_stream
+    stream = cupy.cuda.ExternalStream(ptr, t.device.index) if ptr else cupy.cuda.Stream.null
+    with cupy.cuda.Device(t.device.index), stream:
+        yield
+
+
+def _array(t: torch.Tensor, layout: str):
+    """The array sharing `t`'s memory, indexed in `layout` (`t` is stored in it already)."""
+    t = t.detach()
+    if layout == "nhwc":
+        t = t.permute(0, 2, 3, 1)
+    if t.is_cuda:
+        import cupy
+
+        return cupy.from_dlpack(t)
+    return t.numpy()
+
+
+class Dispatch:
+    """How one layer runs its passes: the layout, and per pass `(algo, backend)` or None
+    (torch's default)."""
+
+    def __init__(self, geometry: dict[str, int], layout: str,
+                 algos: dict[str, tuple[str, str] | None]):
+        check_choice("layout", layout, LAYOUTS)
+        for pass_ in algos:
+            check_choice("pass", pass_, PASSES)
+        self.geometry, self.layout = geometry, layout
+        self.algos = {p: algos.get(p) for p in PASSES}
+
+    def describe(self, pass_: str) -> str:
+        choice = self.algos[pass_]
+        return "torch default" if choice is None else choice[0]
+
+    def _torch_mode(self, pass_: str) -> tuple[bool, bool | None]:
+        """(runs in torch, the cudnn.benchmark it runs with)."""
+        choice = self.algos[pass_]
+        if choice is None:
+            return True, None
+        return choice[0] in TORCH_ALGOS, TORCH_ALGOS.get(choice[0])
+
+    def to_layout(self, t: torch.Tensor) -> torch.Tensor:
+        return t.contiguous(memory_format=MEMORY_FORMAT[self.layout])
+
+    def _problem(self, x_shape, w_shape) -> ConvProblem:
+        n, c, h, w = x_shape
+        k, _, r, s = w_shape
+        return ConvProblem(n=n, c=c, h=h, w=w, k=k, r=r, s=s, **self.geometry)
+
+    def _ours(self, pass_: str, problem: ConvProblem, a: torch.Tensor, b: torch.Tensor,
+              out_shape) -> torch.Tensor:
+        algo, backend = self.algos[pass_]
+        out = torch.empty(out_shape, dtype=a.dtype, device=a.device,
+                          memory_format=MEMORY_FORMAT[self.layout])
+        with _on_torch_stream(out):
+            functional.run(problem, pass_, _array(a, self.layout), _array(b, self.layout),
+                           algo=algo, backend=backend, layout=self.layout,
+                           out=_array(out, self.layout))
+        return out
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """y from x and w, both already in the layer's layout."""
+        in_torch, benchmark = self._torch_mode("fwd")
+        if in_torch:
+            g = self.geometry
+            with _cudnn_benchmark(benchmark):
+                return torch.nn.functional.conv2d(x, w, None, g["stride"], g["pad"],
+                                                  g["dilation"], g["groups"])
+        problem = self._problem(x.shape, w.shape)
+        return self._ours("fwd", problem, x, w, problem.y_shape())
+
+    def backward(self, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, need_dx: bool,
+                 need_dw: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """dx and dw, each only if needed; the torch-run ones of one cuDNN mode in one call,
+        as torch's own backward does."""
+        dy = self.to_layout(dy)
+        problem = self._problem(x.shape, w.shape)
+        grads: dict[str, torch.Tensor | None] = {"bwd_data": None, "bwd_filter": None}
+        needed = [p for p, need in (("bwd_data", need_dx), ("bwd_filter", need_dw)) if need]
+        by_mode: dict[bool | None, list[str]] = {}
+        for pass_ in needed:
+            in_torch, benchmark = self._torch_mode(pass_)
+            if in_torch:
+                by_mode.setdefault(benchmark, []).append(pass_)
+            elif pass_ == "bwd_data":
+                grads[pass_] = self._ours(pass_, problem, dy, w, problem.x_shape())
+            else:
+                grads[pass_] = self._ours(pass_, problem, x, dy, problem.w_shape())
+        g = self.geometry
+        for benchmark, passes in by_mode.items():
+            with _cudnn_benchmark(benchmark):
+                dx, dw, _ = torch.ops.aten.convolution_backward(
+                    dy, x, w, None, [g["stride"]] * 2, [g["pad"]] * 2, [g["dilation"]] * 2,
+                    False, [0, 0], g["groups"],
+                    ["bwd_data" in passes, "bwd_filter" in passes, False])
+            grads.update({p: {"bwd_data": dx, "bwd_filter": dw}[p] for p in passes})
+        return grads["bwd_data"], grads["bwd_filter"]
+
+
+class _PlannedConv(torch.autograd.Function):
+    """y = conv(x, w) with each pass dispatched as the layer's `Dispatch` says."""
+
+    @staticmethod
+    def forward(ctx, x, weight, dispatch: Dispatch):
+        x, weight = dispatch.to_layout(x), dispatch.to_layout(weight)
+        ctx.dispatch = dispatch
+        ctx.save_for_backward(x, weight)
+        return dispatch.forward(x, weight)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        dx, dw = ctx.dispatch.backward(x, weight, dy, *ctx.needs_input_grad[:2])
+        return dx, dw, None
+
+
+class Conv2d(nn.Conv2d):
+    """`nn.Conv2d` with a layout and an algorithm per pass: `algos` maps `fwd`, `bwd_data` and
+    `bwd_filter` to `(algo, backend)`, or None (or leaves them out) for torch's default."""
+
+    def __init__(self, *args, layout: str = "nchw",
+                 algos: dict[str, tuple[str, str] | None] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.dispatch = Dispatch(conv_geometry(self), layout, algos or {})
+
+    @classmethod
+    def from_conv(cls, conv: nn.Conv2d, layout: str,
+                  algos: dict[str, tuple[str, str] | None]) -> Conv2d:
+        """A dispatching copy of `conv` holding the very same parameter objects, so an
+        optimizer built on the original keeps training it."""
+        new = cls(conv.in_channels, conv.out_channels, conv.kernel_size, stride=conv.stride,
+                  padding=conv.padding, dilation=conv.dilation, groups=conv.groups,
+                  bias=conv.bias is not None, padding_mode=conv.padding_mode, device="meta",
+                  layout=layout, algos=algos)
+        new.weight, new.bias = conv.weight, conv.bias
+        new.train(conv.training)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = _PlannedConv.apply(x, self.weight, self.dispatch)
+        return y if self.bias is None else y + self.bias.view(1, -1, 1, 1)
+
+    def extra_repr(self) -> str:
+        passes = ", ".join(f"{p}={self.dispatch.describe(p)}" for p in PASSES)
+        return f"{super().extra_repr()}, layout={self.dispatch.layout}, {passes}"

@@ -1,0 +1,189 @@
+import pytest
+import torch
+from torch import nn
+
+import convbench.functional
+from convbench import nn as cbnn
+
+OURS = ("direct", "gemm", "fft", "winograd-2x2", "winograd-4x4")
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Every pass `convbench.functional.run` ran: (pass, algo, layout)."""
+    seen = []
+    real = convbench.functional.run
+
+    def spy(problem, pass_, a, b, *, algo, backend, layout, out=None):
+        seen.append((pass_, algo, layout))
+        return real(problem, pass_, a, b, algo=algo, backend=backend, layout=layout, out=out)
+
+    monkeypatch.setattr(convbench.functional, "run", spy)
+    return seen
+
+
+def pair(conv_kw, layout, algos, dtype=torch.float64, device="cpu"):
+    """A torch conv and its dispatching twin sharing the same parameter objects."""
+    torch.manual_seed(0)
+    ref = nn.Conv2d(**conv_kw, dtype=dtype, device=device)
+    return ref, cbnn.Conv2d.from_conv(ref, layout, algos)
+
+
+def grads(module, x, dy):
+    x = x.clone().requires_grad_(True)
+    for p in module.parameters():
+        p.grad = None
+    y = module(x)
+    y.backward(dy)
+    return y, x.grad, [p.grad.clone() for p in module.parameters()]
+
+
+def check_same(ref, ours, x, tol):
+    dy = torch.randn_like(ref(x))
+    y0, dx0, g0 = grads(ref, x, dy)
+    y1, dx1, g1 = grads(ours, x, dy)
+    torch.testing.assert_close(y1, y0, rtol=tol, atol=tol)
+    torch.testing.assert_close(dx1, dx0, rtol=tol, atol=tol)
+    for a, b in zip(g1, g0):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+GEOMETRIES = [
+    {"in_channels": 3, "out_channels": 5, "kernel_size": 3, "padding": 1},
+    {"in_channels": 4, "out_channels": 6, "kernel_size": 3, "stride": 2, "padding": 1, "bias": False},
+    {"in_channels": 4, "out_channels": 6, "kernel_size": (3, 2), "dilation": 2, "groups": 2},
+    {"in_channels": 2, "out_channels": 3, "kernel_size": 5, "padding": "same"},
+]
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("kw", GEOMETRIES)
+def test_every_pass_runs_its_algorithm_and_matches_torch(calls, kw, layout):
+    algos = {"fwd": ("gemm", "numpy"), "bwd_data": ("direct", "numpy"),
+             "bwd_filter": ("gemm", "numpy")}
+    ref, ours = pair(kw, layout, algos)
+    x = torch.randn(2, kw["in_channels"], 9, 10, dtype=torch.float64)
+    check_same(ref, ours, x, 1e-10)
+    assert calls == [("fwd", "gemm", layout), ("bwd_data", "direct", layout),
+                     ("bwd_filter", "gemm", layout)]
+
+
+@pytest.mark.parametrize("algo", OURS)
+def test_each_cpu_algorithm_in_fp32(algo):
+    kw = {"in_channels": 3, "out_channels": 4, "kernel_size": 3, "padding": 1}
+    ref, ours = pair(kw, "nhwc", {p: (algo, "numpy") for p in ("fwd", "bwd_data", "bwd_filter")},
+                     dtype=torch.float32)
+    x = torch.randn(2, 3, 8, 8)
+    check_same(ref, ours, x, 1e-3 if algo.startswith("winograd") else 1e-4)
+
+
+def test_torch_passes_and_our_passes_mix(calls):
+    kw = {"in_channels": 3, "out_channels": 4, "kernel_size": 3, "padding": 1}
+    ref, ours = pair(kw, "nhwc", {"fwd": ("torch-cpu", "numpy"), "bwd_data": None,
+                                  "bwd_filter": ("winograd-2x2", "numpy")})
+    check_same(ref, ours, torch.randn(2, 3, 7, 7, dtype=torch.float64), 1e-10)
+    assert calls == [("bwd_filter", "winograd-2x2", "nhwc")]
+
+
+def test_outputs_are_in_the_layers_layout():
+    kw = {"in_channels": 3, "out_channels": 4, "kernel_size": 3}
+    for layout, fmt in cbnn.MEMORY_FORMAT.items():
+        _, ours = pair(kw, layout, {"fwd": ("gemm", "numpy")}, dtype=torch.float32)
+        assert ours(torch.randn(1, 3, 6, 6)).is_contiguous(memory_format=fmt)
+
+
+def test_unneeded_gradients_are_not_computed(calls):
+    """The study's first-layer lesson: an input that needs no gradient gets no bwd_data."""
+    kw = {"in_channels": 3, "out_channels": 4, "kernel_size": 3}
+    algos = {p: ("gemm", "numpy") for p in ("fwd", "bwd_data", "bwd_filter")}
+    _, ours = pair(kw, "nchw", algos, dtype=torch.float32)
+    ours(torch.randn(2, 3, 6, 6)).sum().backward()
+    assert [c[0] for c in calls] == ["fwd", "bwd_filter"]
+    calls.clear()
+    ours.weight.requires_grad_(False)
+    x = torch.randn(2, 3, 6, 6, requires_grad=True)
+    ours(x).sum().backward()
+    assert [c[0] for c in calls] == ["fwd", "bwd_data"] and x.grad is not None
+    assert ours.bias.grad is not None  # the bias gradient is torch's, from the sum
+
+
+def test_same_parameters_and_state_dict_keys():
+    ref = nn.Conv2d(3, 4, 3, bias=True)
+    ours = cbnn.Conv2d.from_conv(ref, "nhwc", {"fwd": ("gemm", "numpy")})
+    assert ours.weight is ref.weight and ours.bias is ref.bias
+    assert list(ours.state_dict()) == list(ref.state_dict()) == ["weight", "bias"]
+    fresh = cbnn.Conv2d(3, 4, 3, layout="nhwc", algos={"fwd": ("gemm", "numpy")})
+    fresh.load_state_dict(ref.state_dict())
+    assert torch.equal(fresh.weight, ref.weight)
+    assert "layout=nhwc, fwd=gemm, bwd_data=torch default" in repr(ours)
+
+
+def test_an_optimizer_built_before_the_swap_still_trains_the_layer():
+    ref = nn.Conv2d(2, 3, 3)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    ours = cbnn.Conv2d.from_conv(ref, "nchw", {p: ("gemm", "numpy")
+                                               for p in ("fwd", "bwd_data", "bwd_filter")})
+    before = ref.weight.detach().clone()
+    ours(torch.randn(1, 2, 5, 5)).sum().backward()
+    opt.step()
+    assert not torch.equal(ref.weight, before)
+
+
+@pytest.mark.parametrize("kw, reason", [
+    ({"padding": (0, 1)}, "asymmetric padding (0, 1)"),
+    ({"stride": (1, 2)}, "asymmetric stride"),
+    ({"padding": 1, "padding_mode": "reflect"}, "padding_mode 'reflect'"),
+    ({"kernel_size": 4, "padding": "same"}, "padding='same' with kernel (4, 4)"),
+])
+def test_geometry_no_problem_describes_is_refused(kw, reason):
+    conv = nn.Conv2d(2, 3, **{"kernel_size": 3, **kw})
+    with pytest.raises(ValueError, match=reason.replace("(", r"\(").replace(")", r"\)")):
+        cbnn.conv_geometry(conv)
+
+
+def test_problem_of():
+    conv = nn.Conv2d(4, 6, 3, stride=2, padding="valid", dilation=1, groups=2)
+    p = cbnn.problem_of(conv, (2, 4, 9, 9))
+    assert (p.n, p.c, p.h, p.k, p.r, p.stride, p.pad, p.groups) == (2, 4, 9, 6, 3, 2, 0, 2)
+    with pytest.raises(ValueError, match="4-D"):
+        cbnn.problem_of(conv, (4, 9, 9))
+
+
+def test_double_backward_is_refused():
+    _, ours = pair({"in_channels": 2, "out_channels": 2, "kernel_size": 3}, "nchw",
+                   {"fwd": ("gemm", "numpy"), "bwd_data": ("gemm", "numpy")})
+    x = torch.randn(1, 2, 5, 5, dtype=torch.float64, requires_grad=True)
+    (dx,) = torch.autograd.grad(ours(x).pow(2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|double backward"):
+        dx.sum().backward()
+
+
+# --- on a GPU -------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("algos", [
+    {"fwd": ("cudnn", "cuda"), "bwd_data": ("cudnn-autotune", "cuda"),
+     "bwd_filter": ("cudnn", "cuda")},
+    {"fwd": ("direct", "cuda"), "bwd_data": ("direct", "cuda"), "bwd_filter": ("direct", "cuda")},
+])
+def test_cuda_passes_match_torch(layout, algos):
+    torch.backends.cudnn.allow_tf32 = False
+    kw = {"in_channels": 8, "out_channels": 16, "kernel_size": 3, "padding": 1}
+    ref, ours = pair(kw, layout, algos, dtype=torch.float32, device="cuda")
+    x = torch.randn(4, 8, 14, 14, device="cuda")
+    check_same(ref, ours, x, 1e-4)
+    assert torch.backends.cudnn.benchmark is False  # per-pass modes are restored
+
+
+@pytest.mark.gpu
+def test_cuda_runs_on_torchs_current_stream():
+    kw = {"in_channels": 8, "out_channels": 8, "kernel_size": 3, "padding": 1}
+    ref, ours = pair(kw, "nhwc", {p: ("direct", "cuda") for p in ("fwd", "bwd_data",
+                                                                   "bwd_filter")},
+                     dtype=torch.float32, device="cuda")
+    stream = torch.cuda.Stream()
+    x = torch.randn(2, 8, 10, 10, device="cuda")
+    with torch.cuda.stream(stream):
+        y = ours(x)
+    stream.synchronize()
+    torch.testing.assert_close(y, ref(x), rtol=1e-4, atol=1e-4)

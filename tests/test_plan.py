@@ -1,0 +1,220 @@
+import copy
+import dataclasses
+import json
+import pickle
+
+import pytest
+
+from convbench import runner, verify
+from convbench.measurement import Measurement
+from convbench.plan import (
+    ENV_FIELDS,
+    PLAN_VERSION,
+    Choice,
+    Constraints,
+    LayerPlan,
+    NetworkTotals,
+    Plan,
+    PlanError,
+    PlanStore,
+    Unplanned,
+    default_dir,
+    entry_from_row,
+    env_key,
+    row_from_entry,
+    stale_fields,
+)
+from convbench.problem import ConvProblem
+
+P1 = ConvProblem(n=2, c=3, h=8, w=8, k=4, r=3, s=3, pad=1)
+P2 = ConvProblem(n=2, c=4, h=8, w=8, k=4, r=1, s=1)
+ENV = {"device": "Some CPU, 2 cores", "driver": None, "cuda": None, "cudnn": None,
+       "torch": "2.13.0+cpu", "cupy": "14.2.0", "convbench": "0.1.0"}
+
+
+def measured_row(problem=P1, pass_="fwd", algo="gemm", layout="nchw") -> dict:
+    case = runner.Case("net", "conv", problem, algo, "numpy", pass_, layout, "fp32")
+    return runner.row(case, "ok", check=verify.Check(True, 1e-7, 1e-6, 1e-5),
+                      m=Measurement((1.0, 1.1, 1.2)), workspace=4096)
+
+
+def make_plan(env=ENV, backend="numpy", layers=2) -> Plan:
+    choice = Choice("gemm", backend, 1.1, 0.1)
+    plan = Plan(
+        env=dict(env), backend=backend, precision="fp32", constraints=Constraints(1 << 20, True),
+        cudnn={"benchmark": False, "deterministic": True}, input_layout="nchw",
+        output_layout="nchw",
+        layers=[LayerPlan("a", P1, "nhwc", {"fwd": choice, "bwd_data": None,
+                                            "bwd_filter": choice}),
+                LayerPlan("b.0", P2, "nchw", {"fwd": choice, "bwd_data": choice,
+                                              "bwd_filter": choice})],
+        network=NetworkTotals(5.0, 0.5, ["nhwc", "nhwc"], 5.5),
+        unplanned=[Unplanned("c", "asymmetric padding (0, 1)")],
+        measurements=[entry_from_row(measured_row()),
+                      entry_from_row({**measured_row(P2, "bwd_data"), "status": "failed",
+                                      "median_ms": None, "rel_error": float("inf")})],
+        conversions=[{"shape": [2, 4, 8, 8], "from": "nchw", "to": "nhwc", "median_ms": 0.25,
+                      "iqr_ms": 0.01}])
+    plan.layers = plan.layers[:layers]
+    plan.network = dataclasses.replace(
+        plan.network, per_layer_best_layouts=plan.network.per_layer_best_layouts[:layers])
+    return plan
+
+
+def test_round_trip_through_a_file(tmp_path):
+    plan = make_plan()
+    path = plan.save(tmp_path / "sub" / "plan.json")
+    assert Plan.load(path) == plan
+    data = json.loads(path.read_text())
+    assert data["format"] == "convbench-plan" and data["version"] == PLAN_VERSION
+    assert list(data["env"]) == list(ENV_FIELDS)
+    assert data["measurements"][1]["rel_error"] is None  # inf is not JSON: the status says it
+    assert not list(tmp_path.glob("sub/.*tmp"))  # the atomic write left nothing behind
+
+
+def test_entries_round_trip_to_results_rows():
+    row = measured_row()
+    back = row_from_entry(entry_from_row(row), "conv", "net", "fp32")
+    for key in (*runner.KEY, "status", "median_ms", "iqr_ms", "rel_error", "workspace_bytes",
+                "times_ms"):
+        assert back[key] == row[key], key
+
+
+def mutate(path, value):
+    """A function that sets `path` (keys and indexes) of a plan dict to `value`."""
+    def fn(d):
+        for k in path[:-1]:
+            d = d[k]
+        if value is KeyError:
+            del d[path[-1]]
+        else:
+            d[path[-1]] = value
+    return fn
+
+
+@pytest.mark.parametrize("change, message", [
+    (mutate(["version"], PLAN_VERSION + 1), "version: plan format version 2; this convbench"),
+    (mutate(["version"], KeyError), "top level: missing key 'version'"),
+    (mutate(["format"], "something-else"), "format: expected 'convbench-plan'"),
+    (mutate(["layers", 0, "passes", "fwd", "algo"], "magic"),
+     "layers[0].passes.fwd.algo: unknown algo 'magic'; valid: direct"),
+    (mutate(["layers", 1, "layout"], "chwn"), "layers[1].layout: unknown layout 'chwn'"),
+    (mutate(["layers", 0, "passes", "fwd", "median_ms"], "1.1"),
+     "layers[0].passes.fwd.median_ms: expected a number, got a string"),
+    (mutate(["layers", 0, "passes", "fwd", "median_ms"], -1), "expected a number >= 0"),
+    (mutate(["layers", 0, "problem", "n"], 2.0), "layers[0].problem.n: expected an integer"),
+    (mutate(["layers", 0, "problem", "r"], 99), "layers[0].problem: ConvProblem.r: filter"),
+    (mutate(["layers", 0, "passes", "sideways"], None), "passes: unknown key 'sideways'"),
+    (mutate(["layers", 0, "passes", "bwd_data"], KeyError), "missing key 'bwd_data'"),
+    (mutate(["constraints", "deterministic"], "yes"), "deterministic: expected true or false"),
+    (mutate(["measurements", 0, "pass"], "fwd2"), "measurements[0].pass: unknown pass"),
+    (mutate(["measurements", 0, "status"], "great"), "measurements[0].status: unknown status"),
+    (mutate(["conversions", 0, "shape"], [2, 4, 8]), "conversions[0].shape: expected 4 items"),
+    (mutate(["precision"], "fp8"), "precision: unknown precision 'fp8'"),
+    (mutate(["layers"], {}), "layers: expected a list, got an object"),
+    (mutate(["layers", 1, "layer"], "a"), "layer 'a' is planned twice"),
+    (mutate(["layers", 0, "passes", "fwd", "backend"], "cuda"), "'cuda' in a plan for backend"),
+    (mutate(["network", "per_layer_best_layouts"], ["nchw"]), "1 layouts for 2 layers"),
+    (mutate(["env", "torch"], 2.13), "env.torch: expected a string"),
+])
+def test_a_hand_edited_plan_is_one_clear_error(change, message):
+    data = json.loads(make_plan().to_json())
+    change(data)
+    with pytest.raises(PlanError) as err:
+        Plan.from_json(json.dumps(data), "edited.json")
+    text = str(err.value)
+    assert text.startswith("invalid plan edited.json: ") and "\n" not in text
+    assert message in text
+
+
+@pytest.mark.parametrize("content, message", [
+    (lambda text: text[: len(text) // 2], "not valid JSON (Unterminated string"),
+    (lambda text: "", "not valid JSON (Expecting value at line 1 column 1)"),
+    (lambda text: text.replace('"median_ms": 0.25', '"median_ms": NaN'),
+     "NaN is not a number JSON allows"),
+    (lambda text: text.replace('"backend": "numpy",', '"backend": "numpy", "backend": "numpy",',
+                               1), "key 'backend' appears twice"),
+    (lambda text: "[1, 2]", "top level: expected an object, got a list"),
+])
+def test_a_corrupt_file_is_one_clear_error(tmp_path, content, message):
+    path = tmp_path / "plan.json"
+    path.write_text(content(make_plan().to_json()))
+    with pytest.raises(PlanError, match="^invalid plan .*plan.json: ") as err:
+        Plan.load(path)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_pickle_is_refused_not_run(tmp_path):
+    class Boom:
+        def __reduce__(self):
+            return (pytest.fail, ("a plan was unpickled",))
+
+    path = tmp_path / "plan.json"
+    path.write_bytes(pickle.dumps(Boom()))
+    with pytest.raises(PlanError, match="not UTF-8|not valid JSON"):
+        Plan.load(path)
+
+
+def test_plan_error_is_a_value_error():
+    assert issubclass(PlanError, ValueError)
+
+
+def test_env_key_reads_env_json_and_staleness_names_the_changes():
+    env = {"device": "NVIDIA H200", "gpu": {"driver": 13000, "cuda_runtime": 13000},
+           "torch": {"version": "2.13.0", "cudnn": 91000}, "cupy": "14.2.0",
+           "convbench": "0.1.0", "numpy": {"version": "2.4"}}
+    key = env_key(env)
+    assert key == {"device": "NVIDIA H200", "driver": "13000", "cuda": "13000",
+                   "cudnn": "91000", "torch": "2.13.0", "cupy": "14.2.0", "convbench": "0.1.0"}
+    assert stale_fields(key, key) == []
+    assert stale_fields(key, {**key, "torch": "2.14.0", "cudnn": "92000"}) == ["cudnn", "torch"]
+    assert env_key({})["device"] is None
+
+
+def test_default_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv("CONVBENCH_PLAN_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert default_dir() == tmp_path / "convbench" / "plans"
+    monkeypatch.setenv("CONVBENCH_PLAN_DIR", str(tmp_path / "mine"))
+    assert default_dir() == tmp_path / "mine"
+    assert PlanStore().folder == tmp_path / "mine"
+
+
+def test_store_lookup_finds_fresh_measurements_and_reports_stale_ones(tmp_path):
+    store = PlanStore(tmp_path)
+    fresh = make_plan()
+    path = store.save(fresh)
+    assert path.parent == tmp_path and store.save(fresh) == path  # same network: same file
+    old = make_plan({**ENV, "torch": "2.12.0"}, layers=1)  # another network, another torch
+    old_path = store.save(old)
+    assert old_path != path
+
+    got = store.lookup(ENV, "numpy", "fp32")
+    assert set(got.measurements) == {(P1, "fwd"), (P2, "bwd_data")}
+    assert got.measurements[P1, "fwd"][0]["algo"] == "gemm"
+    assert got.conversions[(2, 4, 8, 8), "nchw", "nhwc"]["median_ms"] == 0.25
+    assert got.stale == [(old_path, ["torch"])]
+
+    assert store.lookup(ENV, "numpy", "fp64").measurements == {}  # another precision
+    newer = {**ENV, "torch": "2.14.0"}
+    later = store.lookup(newer, "numpy", "fp32")
+    assert later.measurements == {} and len(later.stale) == 2
+
+
+def test_newest_plan_wins_a_lookup(tmp_path):
+    store = PlanStore(tmp_path)
+    old, new = make_plan(), make_plan(layers=1)  # another network: another file
+    old.created, new.created = "2020-01-01T00:00:00+00:00", "2030-01-01T00:00:00+00:00"
+    new.measurements = copy.deepcopy(new.measurements)
+    new.measurements[0]["algo"] = "direct"
+    store.save(old)
+    store.save(new)
+    assert store.lookup(ENV, "numpy", "fp32").measurements[P1, "fwd"][0]["algo"] == "direct"
+
+
+def test_a_corrupt_store_file_names_the_file(tmp_path):
+    store = PlanStore(tmp_path)
+    store.save(make_plan())
+    (tmp_path / "broken.json").write_text('{"format": "convbench-plan", "version": 1')
+    with pytest.raises(PlanError, match=r"broken\.json: not valid JSON"):
+        store.lookup(ENV, "numpy", "fp32")
