@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 
 import convbench
-from convbench import reference, registry, testing, verify
+from convbench import memory, reference, registry, testing, verify
 from convbench.layers import net_layers
 from convbench.problem import LAYOUTS, PASSES, ConvProblem
 
@@ -57,6 +57,35 @@ def test_emu_bwd_filter_split_is_deterministic():
     run(x, dy, first)
     run(x, dy, second)
     np.testing.assert_array_equal(first, second)
+
+
+#: bwd_filter splits this problem's N·P·Q = 2048 reduction in 8 slices: 8 partial dw of
+#: 64 × 144 floats, 288 KiB, far above the few KiB of Python objects a prepare() makes.
+SPLIT = ConvProblem(n=2, c=16, h=32, w=32, k=64, r=3, s=3, pad=1)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("problem, pass_, partial_sums", [
+    (SPLIT, "bwd_filter", 8 * 64 * 16 * 3 * 3),
+    (PROBLEMS[0], "bwd_filter", 0),  # N·P·Q = 182: one slice, written straight into dw
+    (SPLIT, "fwd", 0),
+    (SPLIT, "bwd_data", 0),
+], ids=str)
+def test_emu_workspace_is_what_the_pass_allocates(problem, pass_, partial_sums, layout):
+    """The declared workspace is the partial sums, and the emulated pass (whose buffers are
+    NumPy arrays, all seen by tracemalloc; shared memory is the emulator's) allocates it and
+    nothing more: within a few KiB of Python objects, read the way the runner reads it."""
+    impl = _impl("emu")
+    declared = impl.workspace_bytes(problem, pass_, layout, "fp32")
+    assert declared == 4 * partial_sums
+    a, b = reference.random_operands(problem, pass_, layout)
+    out = reference.nan_output(problem, pass_, layout)
+    impl.prepare(problem, pass_, layout, "fp32")  # builds and loads the kernels beforehand
+    with memory.Tracemalloc() as trace:
+        run = impl.prepare(problem, pass_, layout, "fp32")
+        trace.mark()
+        run(a, b, out)
+    assert memory.pass_peak(trace.points) == pytest.approx(declared, abs=16 << 10)
 
 
 def test_emu_through_the_functional_api():

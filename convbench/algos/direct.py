@@ -20,11 +20,15 @@ call:
 bwd_data runs the taps in reverse: each tap's Wᵀ·dy is added into its window of dx's phase
 planes, which are then un-split. bwd_filter sums dy · windowᵀ over the images, per tap.
 Both layouts run natively: nhwc windows are (rows) × (C/g) matrices that BLAS reads transposed;
-only views are transposed, never data.
+only views are transposed, never data. A filter's tap matrices are unit-stride in krsc, so BLAS
+reads w and writes dw in place; in kcrs they are strided, so nchw packs w into tap matrices (a
+filter-sized copy per call) and sums each tap of dw through a (K/g) × (C/g) buffer. Every buffer
+a pass holds is listed by `_buffers`, which `workspace_bytes` adds up.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -124,14 +128,12 @@ class _Geometry:
         flat = channel_major(buf.reshape(1, -1, buf.shape[-1]), self.layout)
         return flat[..., :self.length]
 
-    def scratch(self, blocks: list[tuple[slice, slice]], channels: int, dtype) -> np.ndarray:
+    def scratch_shape(self, blocks: list[tuple[slice, slice]], channels: int) -> tuple[int, ...]:
         """A product buffer as big as the largest block, stored in the layout's order so adding
         it to a window or a block of a wide buffer walks both in the same order."""
         batch = max(n.stop - n.start for n, _ in blocks)
         length = max(m.stop - m.start for _, m in blocks)
-        if self.layout == "nchw":
-            return np.empty((batch, channels, length), dtype)
-        return channel_major(np.empty((batch, length, channels), dtype), self.layout)
+        return (batch, channels, length) if self.layout == "nchw" else (batch, length, channels)
 
     def blocks(self, channels: int, dtype) -> list[tuple[slice, slice]]:
         """(batch slice, length slice) blocks of an accumulator of `channels` rows, each of about
@@ -155,9 +157,48 @@ class _Geometry:
                     yield n, m, span(g, kg), span(g, cg), tap
 
 
-def _filter_matrices(w: np.ndarray, layout: str) -> np.ndarray:
-    """(K, C/g, R, S) view of a filter in either layout."""
-    return w if layout == "nchw" else w.transpose(0, 3, 1, 2)
+def _tap_matrices(w: np.ndarray, layout: str) -> np.ndarray:
+    """(R, S, K, C/g) view of a filter (w or dw) in either layout: [r, s, k] is tap (r, s)'s
+    (K/g) × (C/g) matrix, unit-stride (a matrix BLAS reads or writes in place) in krsc only."""
+    return w.transpose(2, 3, 0, 1) if layout == "nchw" else w.transpose(1, 2, 0, 3)
+
+
+def _buffers(problem: ConvProblem, pass_: str, layout: str, dtype
+             ) -> tuple[_Geometry, list[tuple[slice, slice]], dict[str, tuple[int, ...]]]:
+    """The geometry, the accumulator blocks and the shape of every buffer a prepared pass holds
+    beyond its operands: `prepare` allocates exactly these and `workspace_bytes` adds them up,
+    so the declared workspace is the allocated one by construction.
+
+    - planes, wide: the phase planes (about the padded input) and the wide output (about y);
+    - taps (fwd, bwd_data in nchw): the filter packed into unit-stride tap matrices, since
+      kcrs's are strided (krsc's are read in place);
+    - scratch (fwd, bwd_data): one block's product, added into its accumulator (NumPy's matmul
+      cannot accumulate): about _CHUNK_BYTES, or one image's (nchw) where that is more;
+    - acc, product (bwd_filter in nchw): one tap's (K/g) × (C/g) sum over the images and one
+      image's product, since kcrs's tap matrices are strided (krsc's are written in place, and
+      nhwc folds the images into one product).
+    """
+    p, geo = problem, _Geometry(problem, layout)
+    kg = p.k // p.groups
+    shapes = {"planes": geo.plane_shape(p.c), "wide": geo.wide_shape(p.k)}
+    if pass_ == "bwd_filter":
+        blocks = [(slice(0, geo.batch), slice(0, geo.length))]
+        if layout == "nchw":
+            shapes["acc"] = (1, kg, p.cg)
+            if geo.batch > 1:
+                shapes["product"] = (1, kg, p.cg)
+        return geo, blocks, shapes
+    if layout == "nchw":
+        shapes["taps"] = (p.r, p.s, p.k, p.cg)
+    if pass_ == "fwd":
+        blocks = geo.blocks(p.k, dtype)
+        shapes["scratch"] = geo.scratch_shape(blocks, kg)
+    else:
+        # Each tap adds into its own window of the planes: a block's accumulator is about its
+        # rows of all st² planes.
+        blocks = geo.blocks(p.c * p.stride ** 2, dtype)
+        shapes["scratch"] = geo.scratch_shape(blocks, p.cg)
+    return geo, blocks, shapes
 
 
 def _mac(a: np.ndarray, b: np.ndarray, acc: np.ndarray, tmp: np.ndarray, first: bool) -> None:
@@ -179,59 +220,63 @@ class DirectCPU:
 
     def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
                         precision: str) -> int:
-        """Bytes of the phase planes (about the padded input) and the wide output (about y)."""
-        geo = _Geometry(problem, layout)
-        sizes = (np.prod(geo.plane_shape(problem.c)), np.prod(geo.wide_shape(problem.k)))
-        return nbytes(int(sum(sizes)), precision)
+        """Bytes of the buffers `_buffers` lists, computed without allocating them: about the
+        padded input and y, plus a filter-sized packed copy (fwd, bwd_data in nchw) and a block
+        of products."""
+        shapes = _buffers(problem, pass_, layout, DTYPES[precision])[2].values()
+        return nbytes(sum(math.prod(s) for s in shapes), precision)
 
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         p, dtype = problem, DTYPES[precision]
-        geo = _Geometry(p, layout)
-        (planes, indexed), wide = geo.planes(p.c, dtype), np.zeros(geo.wide_shape(p.k), dtype)
+        geo, blocks, shapes = _buffers(p, pass_, layout, dtype)
+        (planes, indexed), wide = geo.planes(p.c, dtype), np.zeros(shapes["wide"], dtype)
         xm, ym = geo.plane_matrices(planes), geo.wide_matrices(wide)
-        # Filter taps as contiguous (K/g) × (C/g) matrices: a few KiB copied per call, so BLAS
-        # reads unit-stride operands whatever the filter layout.
-        taps = np.empty((p.r, p.s, p.k, p.cg), dtype)
-
-        def pack(w):
-            taps[...] = _filter_matrices(w, layout).transpose(2, 3, 0, 1)
+        extra = {name: np.empty(shapes[name], dtype) for name in shapes
+                 if name not in ("planes", "wide")}
 
         def window(t: _Tap, batch: slice, rows: slice, channels: slice) -> np.ndarray:
             return xm[batch, t.a, t.b, channels, t.offset + rows.start:t.offset + rows.stop]
 
-        if pass_ == "fwd":
-            blocks = geo.blocks(p.k, dtype)
-            tmp = geo.scratch(blocks, p.k // p.groups, dtype)
-
-            def run(x, w, out):
-                gather(x, indexed, geo.windows)
-                pack(w)
-                for n, m, k, c, t in geo.steps(blocks):
-                    _mac(taps[t.r, t.s, k], window(t, n, m, c), ym[n, k, m], tmp,
-                         t is geo.taps[0])
-                out[...] = wide[geo.crop]
-        elif pass_ == "bwd_data":
-            # Each tap adds into its own window of the planes: a block's accumulator is about
-            # its rows of all st² planes.
-            blocks = geo.blocks(p.c * p.stride ** 2, dtype)
-            tmp = geo.scratch(blocks, p.cg, dtype)
-
-            def run(dy, w, out):
-                wide[geo.crop] = dy
-                pack(w)
-                planes.fill(0)
-                for n, m, k, c, t in geo.steps(blocks):
-                    _mac(taps[t.r, t.s, k].T, ym[n, k, m], window(t, n, m, c), tmp, False)
-                scatter(indexed, out, geo.windows)
-        else:
-            whole = [(slice(0, geo.batch), slice(0, geo.length))]
-            tmp = np.empty((geo.batch, p.k // p.groups, p.cg), dtype)
+        if pass_ == "bwd_filter":
+            acc, product = extra.get("acc"), extra.get("product")
 
             def run(x, dy, out):
                 gather(x, indexed, geo.windows)
                 wide[geo.crop] = dy
-                for n, m, k, c, t in geo.steps(whole):
-                    np.matmul(ym[n, k, m], window(t, n, m, c).swapaxes(-1, -2), out=tmp)
-                    tmp.sum(axis=0, out=taps[t.r, t.s, k])
-                _filter_matrices(out, layout)[...] = taps.transpose(2, 3, 0, 1)
+                dw = _tap_matrices(out, layout)
+                for _, m, k, c, t in geo.steps(blocks):
+                    target = dw[t.r, t.s, k][None] if acc is None else acc
+                    for i in range(geo.batch):  # nchw: one product per image, summed
+                        n = slice(i, i + 1)
+                        _mac(ym[n, k, m], window(t, n, m, c).swapaxes(-1, -2), target, product,
+                             i == 0)
+                    if acc is not None:
+                        dw[t.r, t.s, k] = acc[0]
+            return run
+
+        tmp = channel_major(extra["scratch"], layout)
+        packed = extra.get("taps")
+
+        def taps(w):
+            if packed is None:
+                return _tap_matrices(w, layout)
+            packed[...] = _tap_matrices(w, layout)  # kcrs: a filter-sized copy per call
+            return packed
+
+        if pass_ == "fwd":
+            def run(x, w, out):
+                gather(x, indexed, geo.windows)
+                tw = taps(w)
+                for n, m, k, c, t in geo.steps(blocks):
+                    _mac(tw[t.r, t.s, k], window(t, n, m, c), ym[n, k, m], tmp,
+                         t is geo.taps[0])
+                out[...] = wide[geo.crop]
+        else:
+            def run(dy, w, out):
+                wide[geo.crop] = dy
+                tw = taps(w)
+                planes.fill(0)
+                for n, m, k, c, t in geo.steps(blocks):
+                    _mac(tw[t.r, t.s, k].T, ym[n, k, m], window(t, n, m, c), tmp, False)
+                scatter(indexed, out, geo.windows)
         return run

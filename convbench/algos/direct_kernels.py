@@ -58,6 +58,12 @@ class _FilterPlan:
     splits: int
     dw_size: int
 
+    @property
+    def partial_elements(self) -> int:
+        """The split reduction's partial sums, one dw per slice, which direct_sum_splits adds
+        into dw; none unsplit (the kernel writes dw itself)."""
+        return self.splits * self.dw_size if self.splits > 1 else 0
+
 
 def _gather_plan(p: ConvProblem, pass_: str) -> _GatherPlan:
     """Raises ValueError(reason) when the problem does not fit the kernel."""
@@ -124,6 +130,13 @@ class DirectKernels:
             return str(exc)
         return emu.too_big(problem.flops // 2) if self.backend == "emu" else None
 
+    def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
+                        precision: str) -> int:
+        """The float32 partial sums of a split bwd_filter: fwd and bwd_data stage their tiles
+        in shared memory and allocate nothing."""
+        plan = _plan(problem, pass_)
+        return 4 * plan.partial_elements if isinstance(plan, _FilterPlan) else 0
+
     def describe(self, problem, pass_, layout, precision) -> str:
         plan = _plan(problem, pass_)
         if isinstance(plan, _FilterPlan):
@@ -144,7 +157,7 @@ class DirectKernels:
         if plan.splits == 1:
             return lambda a, b, out: reduce(plan.grid, THREADS, (a, b, out, *dims, 1))
         add = launch.kernel("direct_sum_splits")
-        part = launch.xp.empty(plan.splits * plan.dw_size, dtype=launch.xp.float32)
+        part = launch.xp.empty(plan.partial_elements, dtype=launch.xp.float32)
 
         def run(a, b, out):
             reduce(plan.grid, THREADS, (a, b, part, *dims, plan.splits))

@@ -11,12 +11,15 @@ The column matrix follows the layout, as implicit-GEMM kernels do: nchw lowers t
 (C/g·R·S) × (P·Q) per image (Caffe), nhwc to (N·P·Q) × (R·S·C/g) per group, the reduction
 running over (r, s, c) with c fastest, so nhwc's copies move contiguous channel vectors. In nchw
 the images are separate blocks of the product (a batched matmul, one call), except in bwd_filter,
-where the images are summed: one product per image, accumulated. The column buffer is allocated
-and its padding zeroed in `prepare`; the timed call copies only the windows inside the input.
-Its size is `workspace_bytes` — the memory cost that makes this algorithm notable.
+where the images are summed: one product per image, accumulated through a buffer of one filter
+group's size (NumPy's matmul cannot accumulate). The column buffer is allocated and its padding
+zeroed in `prepare`; the timed call copies only the windows inside the input. Its size (plus
+that sum buffer) is `workspace_bytes` — the memory cost that makes this algorithm notable.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -74,6 +77,15 @@ class _Lowered:
         return batched[:, span(g, p.k // p.groups)]
 
 
+def _sum_buffer_shape(p: ConvProblem, pass_: str, layout: str) -> tuple[int, int]:
+    """The buffer an nchw bwd_filter adds each later image's (K/g) × (C/g·R·S) product through
+    (NumPy's matmul cannot accumulate into dw); empty elsewhere: the first image's product is
+    written into dw, and nhwc's images are one product."""
+    if pass_ != "bwd_filter" or layout != "nchw" or p.n == 1:
+        return (0, 0)
+    return (p.k // p.groups, p.cg * p.r * p.s)
+
+
 @register("gemm", "numpy")
 class GemmCPU:
     precisions = ("fp64", "fp32")
@@ -83,9 +95,12 @@ class GemmCPU:
 
     def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
                         precision: str) -> int:
-        """Bytes of the im2col buffer (every pass lowers the input or dx once)."""
+        """Bytes of the im2col buffer (every pass lowers the input or dx once), plus, in an nchw
+        bwd_filter of several images, the product buffer the images' products are summed
+        through (a filter group's size)."""
         p = problem
-        return nbytes(p.n * p.c * p.r * p.s * p.p * p.q, precision)
+        col = p.n * p.c * p.r * p.s * p.p * p.q
+        return nbytes(col + math.prod(_sum_buffer_shape(p, pass_, layout)), precision)
 
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         low = _Lowered(problem, layout, DTYPES[precision])
@@ -110,7 +125,7 @@ class GemmCPU:
                     np.matmul(wg.T, low.output_side(dy, g), out=low.matrices[g])
                 scatter_add(low.indexed, low.activation(out), low.windows)
         else:
-            tmp = np.empty((kg, low.matrices[0].shape[1]), DTYPES[precision])
+            tmp = np.empty(_sum_buffer_shape(problem, pass_, layout), DTYPES[precision])
 
             @contiguous_inputs
             def run(x, dy, out):
