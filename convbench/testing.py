@@ -82,3 +82,32 @@ def problem_strategy(max_stride: int = 4, max_pad: int = 3, max_dilation: int = 
             assume(False)
 
     return problems()
+
+
+def runnable(algo: str, backend: str):
+    """The implementation, or skip the calling test with the reason it cannot run here (no GPU,
+    no compiler)."""
+    import pytest
+
+    impl = registry.get(algo, backend)
+    reason = registry.impl_available(impl)
+    if reason:
+        pytest.skip(reason)
+    return impl
+
+
+def assert_phases_replay(impl, problem: ConvProblem, pass_: str, layout: str, xp=np) -> None:
+    """The phase contract (`convbench.phases`): after a full call, the phase functions run in
+    order into a NaN-filled output give the full call's bits, twice over (a phase consumes what
+    the previous one left, so every round runs them all)."""
+    a, b = (xp.asarray(v) for v in reference.random_operands(problem, pass_, layout))
+    run = impl.prepare(problem, pass_, layout, "fp32")
+    assert list(run.phase_fns) == impl.phases(problem, pass_, layout, "fp32")
+    out = reference.nan_output(problem, pass_, layout, xp=xp)
+    run(a, b, out)
+    full = out.copy()
+    for _ in range(2):
+        out.fill(np.nan)
+        for phase in run.phase_fns.values():
+            phase()
+        assert bool((out == full).all())

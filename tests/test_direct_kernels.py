@@ -24,11 +24,7 @@ PROBLEMS = [
 
 
 def _impl(backend: str):
-    impl = registry.get("direct", backend)
-    reason = registry.impl_available(impl)
-    if reason:
-        pytest.skip(reason)
-    return impl
+    return testing.runnable("direct", backend)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

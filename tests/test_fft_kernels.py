@@ -7,7 +7,6 @@ import functools
 import itertools
 from unittest import mock
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 
@@ -45,11 +44,7 @@ CASES = [("fft", p) for p in PROBLEMS] + [("fft-tiled", p) for p in TILED_PROBLE
 
 
 def _impl(backend: str, algo: str = "fft"):
-    impl = registry.get(algo, backend)
-    reason = registry.impl_available(impl)
-    if reason:
-        pytest.skip(reason)
-    return impl
+    return testing.runnable(algo, backend)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -79,27 +74,14 @@ def test_emu_tiled_matches_reference_on_random_problems_with_8x8_tiles(problem):
             testing.assert_matches_reference("fft-tiled", "emu", problem, pass_, "nchw", "fp32")
 
 
-def _replays_the_pass(impl, problem: ConvProblem, pass_: str, layout: str, xp=np) -> None:
-    """A full call, then the phase functions in order into a NaN-filled output: the same bits,
-    twice over (a phase consumes what the previous one left, so every round runs them all)."""
-    a, b = (xp.asarray(v) for v in reference.random_operands(problem, pass_, layout))
-    run = impl.prepare(problem, pass_, layout, "fp32")
-    assert list(run.phase_fns) == impl.phases(problem, pass_, layout, "fp32")
-    out = reference.nan_output(problem, pass_, layout, xp=xp)
-    run(a, b, out)
-    full = out.copy()
-    for _ in range(2):
-        out.fill(np.nan)
-        for phase in run.phase_fns.values():
-            phase()
-        assert bool((out == full).all())
+
 
 
 @pytest.mark.parametrize("pass_", PASSES)
 @pytest.mark.parametrize("algo, problem", [("fft", PROBLEMS[0]), ("fft-tiled", TILED_PROBLEMS[0])],
                          ids=ALGOS)
 def test_emu_phases_reproduce_the_pass(algo, problem, pass_):
-    _replays_the_pass(_impl("emu", algo), problem, pass_, "nhwc")
+    testing.assert_phases_replay(_impl("emu", algo), problem, pass_, "nhwc")
 
 
 def test_phases_are_named_after_the_pass_tensors():
@@ -237,7 +219,7 @@ def test_cuda_net_layers_batch2(problem, pass_, layout, algo):
 def test_cuda_phases_reproduce_the_pass(algo, pass_):
     import cupy
 
-    _replays_the_pass(_impl("cuda", algo), NET_LAYERS["vgg16:conv3_1"], pass_, "nchw", xp=cupy)
+    testing.assert_phases_replay(_impl("cuda", algo), NET_LAYERS["vgg16:conv3_1"], pass_, "nchw", xp=cupy)
 
 
 @pytest.mark.gpu

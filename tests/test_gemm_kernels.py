@@ -31,11 +31,7 @@ TRANSPOSES = [(False, False), (False, True), (True, False), (True, True)]
 
 
 def _impl(algo: str, backend: str):
-    impl = registry.get(algo, backend)
-    reason = registry.impl_available(impl)
-    if reason:
-        pytest.skip(reason)
-    return impl
+    return testing.runnable(algo, backend)
 
 
 def _check(algo: str, backend: str, problem: ConvProblem, pass_: str, layout: str) -> None:

@@ -35,11 +35,7 @@ PROBLEMS = [
 
 
 def _impl(algo: str, backend: str):
-    impl = registry.get(algo, backend)
-    reason = registry.impl_available(impl)
-    if reason:
-        pytest.skip(reason)
-    return impl
+    return testing.runnable(algo, backend)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -103,27 +99,14 @@ def test_limits_say_why(algo, backend, problem, precision, reason):
                                        precision)
 
 
-def _replays_the_pass(impl, problem: ConvProblem, pass_: str, layout: str, xp=np) -> None:
-    """A full call, then the phase callables in order into a NaN-filled output, twice over: the
-    full call's bits each time."""
-    a, b = (xp.asarray(v) for v in reference.random_operands(problem, pass_, layout))
-    run = impl.prepare(problem, pass_, layout, "fp32")
-    assert list(run.phase_fns) == impl.phases(problem, pass_, layout, "fp32")
-    out = reference.nan_output(problem, pass_, layout, xp=xp)
-    run(a, b, out)
-    full = out.copy()
-    for _ in range(2):
-        out.fill(np.nan)
-        for phase in run.phase_fns.values():
-            phase()
-        assert bool((out == full).all())
+
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("pass_", PASSES)
 @pytest.mark.parametrize("algo", ALGOS)
 def test_emu_phases_repeat_the_pass(algo, pass_, layout):
-    _replays_the_pass(_impl(algo, "emu"), PROBLEMS[0], pass_, layout)
+    testing.assert_phases_replay(_impl(algo, "emu"), PROBLEMS[0], pass_, layout)
 
 
 @pytest.mark.parametrize("algo", ALGOS)
@@ -250,7 +233,7 @@ def test_cuda_phases_repeat_the_pass(algo, pass_, layout):
     import cupy
 
     problem = net_layers("alexnet")[3].problem.with_batch(2)
-    _replays_the_pass(_impl(algo, "cuda"), problem, pass_, layout, xp=cupy)
+    testing.assert_phases_replay(_impl(algo, "cuda"), problem, pass_, layout, xp=cupy)
 
 
 @pytest.mark.gpu
