@@ -9,7 +9,8 @@ like sqrt(L), so the base tolerance holds for reductions up to 4096 terms and gr
 sqrt(L / 4096) beyond (a batch-256 weight gradient sums N·P·Q ≈ 43k terms). The bases:
 
 - exact algorithms (direct, GEMM, cuDNN, torch-cpu): a few float32 ulps per term, 1e-5;
-- FFT: transforms add O(log size) rounding steps, 1e-4;
+- FFT: transforms add O(log size) rounding steps; measured at most 3e-7 in fp32 on AlexNet
+  conv2–conv5 (pyFFTW and the emulated GPU kernels alike), hence 2e-5;
 - Winograd: the transforms' coefficients amplify rounding, F(4x4,3x3) more than F(2x2,3x3):
   measured on AlexNet conv3–conv5 in fp32, about 6e-7 for 2x2 and 4e-6 for 4x4 (against 1e-6
   for torch-cpu), hence 2e-5 and 1e-4 — loose enough for other summation orders, tight enough
@@ -27,7 +28,7 @@ from .problem import ConvProblem
 
 _BASE = {  # precision -> (exact algorithms, fft, winograd-2x2, winograd-4x4)
     "fp64": (1e-12, 1e-11, 1e-11, 1e-10),
-    "fp32": (1e-5, 1e-4, 2e-5, 1e-4),
+    "fp32": (1e-5, 2e-5, 2e-5, 1e-4),
     "tf32": (5e-3, 5e-3, 5e-3, 1e-2),
     "fp16": (1e-2, 2e-2, 2e-2, 5e-2),
     "bf16": (5e-2, 5e-2, 5e-2, 1e-1),

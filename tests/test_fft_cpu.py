@@ -9,6 +9,7 @@ problems cover the shapes the benchmark runs.
 from __future__ import annotations
 
 import sys
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -44,7 +45,7 @@ def test_catalog_problems_match_reference(problem, layout):
             testing.assert_matches_reference("fft", "numpy", problem, pass_, layout, precision)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(problem=testing.problem_strategy(max_stride=1))
 def test_drawn_problems_match_reference(problem):
     for pass_ in PASSES:
@@ -172,6 +173,24 @@ def test_workspace_scales_with_precision_and_holds_the_filter_spectrum():
             assert IMPL.workspace_bytes(p, pass_, layout, "fp64") == 2 * fp32
             filter_spectrum = p.k * p.c * 14 * (14 // 2 + 1) * 8  # 13 + pad 1 = 14, complex64
             assert filter_spectrum < fp32 < 10 * filter_spectrum
+
+
+@pytest.mark.parametrize("pass_", PASSES)
+def test_workspace_is_what_prepare_allocates(pass_):
+    """NumPy reports its allocations to tracemalloc; beyond the stated workspace, prepare may
+    only add alignment slack and small Python objects."""
+    p = ConvProblem(n=3, c=5, h=9, w=8, k=7, r=5, s=4, pad=3)
+    IMPL.prepare(p, pass_, "nchw", "fp32")  # imports, thread pool and FFTW wisdom up front
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        run = IMPL.prepare(p, pass_, "nchw", "fp32")
+        allocated = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert run is not None
+    workspace = IMPL.workspace_bytes(p, pass_, "nchw", "fp32")
+    assert workspace <= allocated < workspace + (64 << 10)
 
 
 @pytest.mark.parametrize("pass_", PASSES)

@@ -12,15 +12,20 @@ Why it is built this way:
   outputs kept, which is ``H + pad`` rather than ``H + 2·pad``: operands may wrap around the
   grid's edge, so one zero gap serves as the padding on both sides (`_axis`).
 - Spectra are channel-minor, ``(A, Th, Tf, B)``, in both layouts: each frequency's matrix then
-  has unit stride, so `np.matmul` hands every frequency to BLAS without a transpose copy, and
-  FFTW writes that order straight from either spatial layout.
+  has unit stride, so the batched product hands every frequency to BLAS without a transpose
+  copy, and FFTW writes that order straight from either spatial layout.
+- The product is `torch.matmul` on zero-copy views of the NumPy spectra, not `np.matmul`:
+  NumPy's OpenBLAS leaves a worker spinning for ~100 ms after each threaded call, taking a core
+  from the transforms that follow (measured 1.5x slower per pass); torch's pool waits passively.
 - Each 2-D transform is two 1-D stages (real along the width, complex along the height), so
   rows that are all zero - a 5-row filter on a 30-row grid - skip the first stage, and only the
   rows an output keeps get the last stage back. Filters are the largest transforms at small
   batch (K·C of them), so this nearly halves the dominant cost.
 - Transforms run in chunks of the leading axis (images or filters) sized to the cache: a chunk
   goes through placement and both stages while it is still in cache, only the spectra that the
-  product needs are full size, and FFTW_MEASURE plans on one chunk in milliseconds.
+  product needs are full size, and FFTW_MEASURE plans on one chunk in milliseconds. Each worker
+  thread takes every n-th chunk with single-threaded plans: one hand-off per transform
+  (`_run_all`).
 - Plans and buffers are made once in `prepare`; zeros outside an operand's window are written
   once, since every chunk overwrites the same window and FFTW's out-of-place real-to-complex and
   complex transforms preserve their input.
@@ -271,8 +276,9 @@ def _library():
 
 
 @functools.cache
-def _pool() -> ThreadPoolExecutor:
-    """Helper threads for `_run_all`; the calling thread is the last worker."""
+def _pool(pid: int) -> ThreadPoolExecutor:
+    """Helper threads for `_run_all` (the calling thread is the last worker), one pool per
+    process: threads do not survive a fork, so a forked child must not inherit the pool."""
     return ThreadPoolExecutor(max(1, _WORKERS - 1), thread_name_prefix="convbench-fft")
 
 
@@ -283,7 +289,7 @@ def _run_all(tasks: list) -> None:
     which on a busy machine costs a scheduler slice each time (measured up to 6x slower).
     """
     *rest, last = tasks
-    futures = [_pool().submit(task) for task in rest]
+    futures = [_pool(os.getpid()).submit(task) for task in rest]
     last()
     for future in futures:
         future.result()
@@ -389,19 +395,21 @@ class FFTConv:
         return _geometry(problem, pass_, layout, precision).workspace_bytes()
 
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
+        import torch
+
         geom = _geometry(problem, pass_, layout, precision)
         fft = _library()
         forward = [_Spectrum(geom, geom.a, fft, _ForwardLane),
                    _Spectrum(geom, geom.b, fft, _ForwardLane)]
         inverse = _Spectrum(geom, geom.out, fft, _InverseLane)
         mats = {"a": _matrices(forward[0].array), "b": _matrices(forward[1].array)}
-        left, right = (_side(mats, side) for side in _PRODUCT[pass_])
-        product = _matrices(inverse.array)
+        left, right = (torch.from_numpy(_side(mats, side)) for side in _PRODUCT[pass_])
+        product = torch.from_numpy(_matrices(inverse.array))  # a view: written in place
 
         def run(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
             forward[0](a)
             forward[1](b)
-            np.matmul(left, right, out=product)
+            torch.matmul(left, right, out=product)
             inverse(out)
 
         return run
