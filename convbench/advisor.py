@@ -400,6 +400,28 @@ def plan_text(plan: Plan, advice: Advice) -> str:
     return "\n".join(out)
 
 
+def plan_total_ms(plan: Plan) -> float:
+    """A training step's conv passes under the plan: the network total (conversions included)
+    where there is one, else the sum of the chosen passes."""
+    if plan.network:
+        return plan.network.total_ms
+    return sum(c.median_ms for lp in plan.layers for c in lp.passes.values() if c is not None)
+
+
+def constraint_cost(plan: Plan, free: Plan) -> str:
+    """One line: what the constraints cost a training step, against the unconstrained `free`
+    plan of the same results (a pass left without a choice counts as nothing, and is named)."""
+    ours, best = plan_total_ms(plan), plan_total_ms(free)
+    line = (f"The constraints ({plan.constraints.describe()}) cost {ours - best:.4g} ms per step "
+            f"of conv passes: {ours:.4g} ms against {best:.4g} ms unconstrained "
+            f"({_pct((ours - best) / best) if best else 'n/a'}).")
+    lost = [f"{lp.layer} {p}" for lp in plan.layers for p, c in lp.passes.items() if c is None]
+    if lost:
+        line += (f" No choice fits for {', '.join(lost)}: torch's default runs them, not counted "
+                 "in the total.")
+    return line
+
+
 # --- tune: measure a model's own layers -----------------------------------------------------
 @dataclass(frozen=True)
 class Site:
@@ -710,6 +732,8 @@ def cmd_advise(args) -> int:
     started = time.monotonic()
     try:
         plan, advice, note = advise_run(args.run, constraints, args.precision, args.batch)
+        free = (None if constraints == NO_CONSTRAINTS
+                else advise_run(args.run, NO_CONSTRAINTS, args.precision, args.batch)[0])
         written = [] if args.no_store else [PlanStore(args.store).save(plan)]
         if args.out:
             written.append(plan.save(args.out))
@@ -719,6 +743,8 @@ def cmd_advise(args) -> int:
         print(plan.to_json(), end="")
     else:
         print(plan_text(plan, advice))
+        if free is not None:
+            print("\n" + constraint_cost(plan, free))
         if note:
             print(f"\nNote: {note}.")
     for path in written:

@@ -79,14 +79,23 @@ class Constraints:
 
     `workspace_budget`: most bytes of workspace a pass may use: what it declares
     (`workspace_bytes`), else the peak it was seen to allocate beyond its operands
-    (`peak_bytes`); a row with neither does not fit a budget. `deterministic`: only algorithms that give bitwise-equal
-    results run to run (`advisor.is_deterministic`). `max_error`: most relative error against
+    (`peak_bytes`); a row with neither does not fit a budget. `deterministic`: only algorithms
+    that give bitwise-equal results run to run (`advisor.is_deterministic`). `max_error`: most relative error against
     the float64 reference, beyond the algorithm's own tolerance.
     """
 
     workspace_budget: int | None = None
     deterministic: bool = False
     max_error: float | None = None
+
+    def describe(self) -> str:
+        from .memory import format_size
+
+        parts = [f"workspace <= {format_size(self.workspace_budget)}"
+                 if self.workspace_budget is not None else "",
+                 "deterministic" if self.deterministic else "",
+                 f"error <= {self.max_error:g}" if self.max_error is not None else ""]
+        return ", ".join(p for p in parts if p) or "none"
 
 
 @dataclass(frozen=True)
