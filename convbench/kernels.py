@@ -420,6 +420,13 @@ def declared_jobs() -> tuple[list[tuple[Path, Defines]], list[str]]:
     return jobs, undeclared
 
 
+def _brief(value: str) -> str:
+    """A define's value for the table: a brace initializer (a baked-in matrix) by its size."""
+    if value.startswith("{") and value.endswith("}"):
+        return f"{{{value.count(',') + 1} values}}"
+    return value
+
+
 def render(rows: list[GateRow]) -> str:
     """The resource table. Its `defines` column shows what varies between a file's
     configurations; what they share is listed once per file below the table."""
@@ -435,7 +442,8 @@ def render(rows: list[GateRow]) -> str:
         shown = " ".join(f"{k}={v}" for k, v in r.defines if (k, v) not in shared[r.file])
         status = r.error or ("ok" if r.ok else "SPILL")
         table.append([r.file, shown, r.arch, res.kernel if res else "-", *numbers, status])
-    notes = [f"{file} in every configuration: {' '.join(f'{k}={v}' for k, v in sorted(common))}"
+    notes = [f"{file} in every configuration: "
+             f"{' '.join(f'{k}={_brief(v)}' for k, v in sorted(common))}"
              for file, common in shared.items() if common]
     return "\n".join([tabulate(table, headers=["file", "defines", "arch", "kernel", "registers",
                                                 "static smem B", "stack B", "spill B",
