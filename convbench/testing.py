@@ -111,3 +111,21 @@ def assert_phases_replay(impl, problem: ConvProblem, pass_: str, layout: str, xp
         for phase in run.phase_fns.values():
             phase()
         assert bool((out == full).all())
+
+
+def matmul_dtypes(impl, problem: ConvProblem, pass_: str, layout: str,
+                  precision: str = "fp32") -> list[tuple]:
+    """Run and check `impl`, recording the (left, right, out) dtypes of every `np.matmul` it
+    makes: benchmarking fp32 means multiplying in fp32, never silently in float64."""
+    from unittest import mock
+
+    seen = []
+    matmul = np.matmul
+
+    def spy(a, b, **kw):
+        seen.append((a.dtype, b.dtype, kw["out"].dtype))
+        return matmul(a, b, **kw)
+
+    with mock.patch.object(np, "matmul", spy):
+        assert run_and_check(impl, problem, pass_, layout, precision).ok
+    return seen

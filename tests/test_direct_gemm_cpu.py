@@ -10,6 +10,7 @@ from convbench.algos import direct
 from convbench.problem import LAYOUTS, PASSES, ConvProblem
 from convbench.testing import (
     assert_matches_reference,
+    matmul_dtypes,
     problem_strategy,
     run_and_check,
     small_catalog_problems,
@@ -40,18 +41,10 @@ def test_random_problems_match_reference(algo, problem, pass_, layout, precision
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("pass_", PASSES)
 @pytest.mark.parametrize("algo", ALGOS)
-def test_fp32_is_computed_in_fp32(algo, pass_, layout, monkeypatch):
+def test_fp32_is_computed_in_fp32(algo, pass_, layout):
     """Benchmarking fp32 means multiplying in fp32: every product gets float32 operands."""
-    seen = []
-    matmul = np.matmul
-
-    def spy(a, b, **kw):
-        seen.append((a.dtype, b.dtype, kw["out"].dtype))
-        return matmul(a, b, **kw)
-
-    monkeypatch.setattr(np, "matmul", spy)
     problem = ConvProblem(n=2, c=4, h=9, w=8, k=6, r=3, s=2, stride=2, pad=1, groups=2)
-    assert run_and_check(registry.get(algo, "numpy"), problem, pass_, layout, "fp32").ok
+    seen = matmul_dtypes(registry.get(algo, "numpy"), problem, pass_, layout)
     assert seen and {d for ds in seen for d in ds} == {np.dtype(np.float32)}
 
 

@@ -12,7 +12,12 @@ import convbench.algos.winograd as winograd_module
 from convbench import reference, registry, verify
 from convbench.layers import net_layers
 from convbench.problem import LAYOUTS, PASSES, ConvProblem
-from convbench.testing import assert_matches_reference, run_and_check, small_catalog_problems
+from convbench.testing import (
+    assert_matches_reference,
+    matmul_dtypes,
+    run_and_check,
+    small_catalog_problems,
+)
 from convbench.transforms import WinogradTransform, winograd_matrices
 
 ALGOS = ("winograd-2x2", "winograd-4x4")
@@ -102,18 +107,10 @@ def test_fp32_error_on_alexnet_4x4_worse_than_2x2(layer, pass_):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("pass_", PASSES)
 @pytest.mark.parametrize("algo", ALGOS)
-def test_fp32_is_computed_in_fp32(algo, pass_, layout, monkeypatch):
+def test_fp32_is_computed_in_fp32(algo, pass_, layout):
     """Every GEMM — transforms and per-frequency products — gets float32 operands and output."""
-    seen = []
-    matmul = np.matmul
-
-    def spy(a, b, **kw):
-        seen.append((a.dtype, b.dtype, kw["out"].dtype))
-        return matmul(a, b, **kw)
-
-    monkeypatch.setattr(np, "matmul", spy)
     problem = ConvProblem(n=2, c=3, h=7, w=10, k=5, r=3, s=3, pad=1)
-    assert run_and_check(_impl(algo), problem, pass_, layout, "fp32").ok
+    seen = matmul_dtypes(_impl(algo), problem, pass_, layout)
     assert len(seen) == 7  # 2 per transform (2 in, 1 out), the batched per-frequency GEMM
     assert {d for ds in seen for d in ds} == {np.dtype(np.float32)}
 
