@@ -29,8 +29,6 @@ import math
 from dataclasses import dataclass
 
 from . import registry
-from .algos import fft as fft_cpu
-from .algos import fft_kernels
 from .problem import ELEMENT_BYTES, ConvProblem
 
 #: Flops of a real-to-complex (or complex-to-real) 2-D FFT of n points: half the 5·n·log2(n) of
@@ -68,16 +66,9 @@ def _gemm(p: ConvProblem, pass_: str, precision: str) -> OpCount:
 
 
 def _fft_grid(p: ConvProblem, pass_: str, algo: str, backend: str) -> tuple[int, int, int]:
-    """(transform height, width, tiles per image) of the implementation of `algo` on `backend`
-    (ValueError if there is none), from its planning code: on `numpy` the whole padded image on
-    FFTW's fast sizes; on `cuda` and `emu` the kernels' grid on cuFFT's fast sizes, cut into
-    overlap-save tiles where `fft-tiled` tiles an axis."""
-    impl = registry.get(algo, backend)
-    if isinstance(impl, fft_kernels.FFTKernels):
-        plan = fft_kernels._plan(p, pass_, impl.tile)
-        return plan.th, plan.tw, plan.tiles[0] * plan.tiles[1]
-    (th, _), (tw, _) = (fft_cpu._axis(pass_, n, r, p.pad) for n, r in ((p.h, p.r), (p.w, p.s)))
-    return th, tw, 1
+    """(transform height, width, tiles per image) as the implementation of `algo` on `backend`
+    plans them (ValueError if there is none): the count follows the grid that really runs."""
+    return registry.get(algo, backend).transform_grid(p, pass_)
 
 
 def _fft_planes(p: ConvProblem, grid: tuple[int, int, int]) -> tuple[int, int]:

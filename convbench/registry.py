@@ -17,7 +17,9 @@ An implementation is a class with
 - optionally ``workspace_bytes(problem, pass_, layout, precision) -> int``: the bytes it
   allocates beyond inputs and outputs (`opcount.workspace_bytes` falls back to theory without it);
 - optionally ``phases(...) -> list[str]`` and a ``phase_fns`` attribute on the prepared callable:
-  the per-phase breakdown, whose contract is in `convbench.phases`.
+  the per-phase breakdown, whose contract is in `convbench.phases`;
+- FFT implementations also give ``transform_grid(problem, pass_) -> (height, width, tiles)``,
+  the grid they transform on, which `opcount` counts.
 
 Modules under `convbench.algos` register themselves on import; `load()` imports them all, so a
 new algorithm is one new file, with no list to edit.

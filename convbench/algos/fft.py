@@ -389,6 +389,13 @@ class FFTConv:
         th, tw = _geometry(problem, pass_, layout, precision).size
         return f"{_library().name()}, {_WORKERS} threads, transform {th}x{tw}"
 
+    def transform_grid(self, problem: ConvProblem, pass_: str) -> tuple[int, int, int]:
+        """(transform height, width, tiles per image): one whole-image grid, on FFTW's fast
+        sizes (`opcount` counts the transforms on it)."""
+        (th, _), (tw, _) = (_axis(pass_, n, r, problem.pad)
+                            for n, r in ((problem.h, problem.r), (problem.w, problem.s)))
+        return th, tw, 1
+
     def workspace_bytes(self, problem, pass_, layout, precision) -> int:
         """Bytes allocated beyond inputs and output: the three whole spectra, and each worker's
         one-chunk grids and half-transformed chunk."""

@@ -353,6 +353,12 @@ class FFTKernels:
         tiles = f", {plan.tiles[0]}x{plan.tiles[1]} tiles" if self.tile else ""
         return f"{_TRANSFORMS[self.backend].name}, transform {plan.th}x{plan.tw}{tiles}"
 
+    def transform_grid(self, problem: ConvProblem, pass_: str) -> tuple[int, int, int]:
+        """(transform height, width, tiles per image) as the kernels run this pass: cuFFT's
+        fast sizes, cut into overlap-save tiles where `fft-tiled` tiles an axis."""
+        plan = _plan(problem, pass_, self.tile)
+        return plan.th, plan.tw, plan.tiles[0] * plan.tiles[1]
+
     def workspace_bytes(self, problem, pass_, layout, precision) -> int:
         """Bytes allocated beyond inputs and output: the three spectra and the one real grid the
         phases share; cuFFT's own plan work areas are not counted."""

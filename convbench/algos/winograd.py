@@ -238,8 +238,9 @@ class _WeightGradient:
         np.copyto(out, _permute(self.untransform(self.prod), "rskc", self.filter_layout))
 
 
-class _Winograd:
-    """F(m×m, 3×3) on NumPy for 3x3, stride-1, dense filters; subclasses set `m`."""
+class Winograd:
+    """F(m×m, 3×3) on NumPy for 3x3, stride-1, dense filters; subclasses set `m`. The GPU
+    kernels (`winograd_kernels`) subclass it too, so both refuse the same problems alike."""
 
     m: int
     precisions = ("fp64", "fp32")
@@ -274,10 +275,10 @@ class _Winograd:
 
 
 @register("winograd-2x2", "numpy")
-class Winograd2x2(_Winograd):
+class Winograd2x2(Winograd):
     m = 2
 
 
 @register("winograd-4x4", "numpy")
-class Winograd4x4(_Winograd):
+class Winograd4x4(Winograd):
     m = 4

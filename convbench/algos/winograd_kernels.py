@@ -37,7 +37,7 @@ from ..phases import Phased, phase_names
 from ..problem import LAYOUTS, ConvProblem
 from ..registry import register
 from ..transforms import WinogradTransform, c_literal, winograd_matrices
-from .winograd import _Winograd
+from .winograd import Winograd
 
 _R = 3  # the filter size
 TILE_SIZES = (2, 4)
@@ -210,7 +210,7 @@ def _steps(p: ConvProblem, pass_: str, plan: _Plan, launch: kernels.Launcher,
     return dict(zip(phase_names(pass_), steps))
 
 
-class _WinogradKernels(_Winograd):
+class _WinogradKernels(Winograd):
     """F(m×m, 3×3) through kernels/winograd.cu; `m` by subclass, `backend` by `register`.
 
     The checks of what Winograd supports (3x3, stride 1, dilation 1, groups 1) are the CPU
