@@ -1,4 +1,5 @@
-// Helpers shared by convbench's kernels: integer division and tensor-layout indexing.
+// Helpers shared by convbench's kernels: integer division, split-reduction sums and tensor-layout
+// indexing.
 //
 // Included with #include "common.cuh"; convbench/kernels.py inlines it (once) into the source it
 // hands to NVRTC and to the emulator's g++, so it needs no include path and no guard.
@@ -12,6 +13,15 @@ __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; 
 // ceil(a / b) for any sign of a, b > 0 (C++ division truncates toward zero).
 __device__ __forceinline__ int ceil_div_signed(int a, int b) {
   return a >= 0 ? (a + b - 1) / b : -(-a / b);
+}
+
+// One element of a split reduction's result: the sum of its `splits` partials (`count`
+// elements each, back to back) in slice order, so the result does not depend on scheduling.
+__device__ __forceinline__ float sum_splits(const float* __restrict__ part, int count,
+                                            int splits, int i) {
+  float sum = 0.f;
+  for (int z = 0; z < splits; ++z) sum += part[static_cast<size_t>(z) * count + i];
+  return sum;
 }
 
 #ifdef NHWC

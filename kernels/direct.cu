@@ -238,8 +238,5 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4)
     direct_sum_splits(const float* __restrict__ part, float* __restrict__ dw, int count,
                       int splits) {
   const int i = blockIdx.x * THREADS + threadIdx.x;
-  if (i >= count) return;
-  float sum = 0.f;
-  for (int z = 0; z < splits; ++z) sum += part[static_cast<size_t>(z) * count + i];
-  dw[i] = sum;
+  if (i < count) dw[i] = sum_splits(part, count, splits, i);
 }

@@ -255,8 +255,5 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     gemm_sum_splits(const float* __restrict__ part, float* __restrict__ out, int count,
                     int splits) {
   const int i = blockIdx.x * kThreads + threadIdx.x;
-  if (i >= count) return;
-  float sum = 0.f;
-  for (int z = 0; z < splits; ++z) sum += part[static_cast<size_t>(z) * count + i];
-  out[i] = sum;
+  if (i < count) out[i] = sum_splits(part, count, splits, i);
 }
