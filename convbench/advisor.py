@@ -49,7 +49,7 @@ from .plan import (
     row_from_entry,
     stale_fields,
 )
-from .problem import LAYOUTS, PASSES, ConvProblem, check_choice
+from .problem import LAYOUTS, PASSES, PRECISION_OF_DTYPE, ConvProblem, check_choice
 from .runner import PROBLEM_FIELDS
 from .threads import CPU_THREAD_ENV  # the environment a CPU plan with NumPy passes wants
 
@@ -64,9 +64,6 @@ NONDETERMINISTIC_ALGOS = ("cudnn", "cudnn-autotune")
 #: times hardly vary, so a tenth of a second of repetitions is plenty on CPU and GPU.
 CONVERSION_BUDGET_S = 0.1
 NO_CONSTRAINTS = Constraints()
-#: torch dtype names -> precisions (the model's dtype is kept: fp32 stays fp32).
-_PRECISION_OF_DTYPE = {"float64": "fp64", "float32": "fp32", "float16": "fp16",
-                       "bfloat16": "bf16"}
 
 
 def is_deterministic(algo: str, backend: str) -> bool:
@@ -486,9 +483,9 @@ def _backend_precision(example_input) -> tuple[str, str]:
     if backend is None:
         raise ValueError(f"convbench measures on cpu or cuda, not {example_input.device.type}")
     dtype = str(example_input.dtype).removeprefix("torch.")
-    if dtype not in _PRECISION_OF_DTYPE:
+    if dtype not in PRECISION_OF_DTYPE:
         raise ValueError(f"dtype {dtype} has no convbench precision")
-    return backend, _PRECISION_OF_DTYPE[dtype]
+    return backend, PRECISION_OF_DTYPE[dtype]
 
 
 def tune(model, example_input, *, algos: str = "all", layouts: tuple[str, ...] = LAYOUTS,

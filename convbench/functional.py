@@ -12,10 +12,7 @@ import functools
 import numpy as np
 
 from . import registry
-from .problem import LAYOUTS, ConvProblem, check_choice
-
-_PRECISION_OF_DTYPE = {"float64": "fp64", "float32": "fp32", "float16": "fp16",
-                       "bfloat16": "bf16"}
+from .problem import LAYOUTS, PRECISION_OF_DTYPE, ConvProblem, check_choice
 
 
 class UnsupportedError(ValueError):
@@ -43,9 +40,9 @@ def _precision(*arrays) -> str:
     if len(dtypes) != 1:
         raise ValueError(f"operands must share one dtype, got {', '.join(sorted(dtypes))}")
     dtype = dtypes.pop()
-    if dtype not in _PRECISION_OF_DTYPE:
+    if dtype not in PRECISION_OF_DTYPE:
         raise ValueError(f"dtype {dtype} is not supported; use float32 or float64")
-    return _PRECISION_OF_DTYPE[dtype]
+    return PRECISION_OF_DTYPE[dtype]
 
 
 def _problem(x_nchw, w_kcrs, stride, padding, dilation, groups) -> ConvProblem:

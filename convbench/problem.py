@@ -18,6 +18,10 @@ PRECISIONS = ("fp64", "fp32", "tf32", "fp16", "bf16")
 #: Filter layout that goes with each activation layout, as cuDNN and CUTLASS pair them.
 FILTER_LAYOUT = {"nchw": "kcrs", "nhwc": "krsc"}
 
+#: The precision of an array by its dtype's name (NumPy's, CuPy's and torch's agree).
+PRECISION_OF_DTYPE = {"float64": "fp64", "float32": "fp32", "float16": "fp16",
+                      "bfloat16": "bf16"}
+
 #: Bytes per element of each precision's storage type (tf32 is stored as fp32).
 ELEMENT_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}
 

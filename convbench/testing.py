@@ -11,8 +11,7 @@ import numpy as np
 from . import reference, registry, verify
 from .layers import net_layers
 from .problem import ConvProblem
-
-_DTYPE = {"fp64": np.float64, "fp32": np.float32, "tf32": np.float32, "fp16": np.float16}
+from .runner import DTYPES
 
 
 def small_catalog_problems(max_channels: int = 8, batch: int = 2,
@@ -35,14 +34,14 @@ def run_and_check(impl, problem: ConvProblem, pass_: str, layout: str, precision
                   seed: int = 0) -> verify.Check:
     """Run `impl` on seeded random operands into a NaN-filled output and check it against the
     float64 reference."""
-    a, b = reference.random_operands(problem, pass_, layout, _DTYPE[precision], seed)
+    a, b = reference.random_operands(problem, pass_, layout, DTYPES[precision], seed)
     ref = reference.reference(problem, pass_, layout, a, b)
     xp = np
     if impl.backend == "cuda":
         import cupy as xp
 
         a, b = xp.asarray(a), xp.asarray(b)
-    out = reference.nan_output(problem, pass_, layout, _DTYPE[precision], xp=xp)
+    out = reference.nan_output(problem, pass_, layout, DTYPES[precision], xp=xp)
     impl.prepare(problem, pass_, layout, precision)(a, b, out)
     return verify.check(out, ref, impl.algo, precision, problem, pass_)
 
