@@ -27,8 +27,8 @@
 
 #if !defined(NHWC) || !defined(COPY_TILE) || !defined(COPY_THREADS) || !defined(PROD_TF) || \
     !defined(PROD_TM) || !defined(PROD_TN) || !defined(PROD_TL) || !defined(PROD_MM) ||      \
-    !defined(PROD_MN)
-#error "fft.cu needs -D NHWC, COPY_TILE, COPY_THREADS, PROD_TF, PROD_TM, PROD_TN, PROD_TL, PROD_MM, PROD_MN"
+    !defined(PROD_MN) || !defined(PROD_MIN_BLOCKS)
+#error "fft.cu needs -D NHWC, COPY_TILE, COPY_THREADS, PROD_TF, PROD_TM, PROD_TN, PROD_TL, PROD_MM, PROD_MN, PROD_MIN_BLOCKS"
 #endif
 
 static_assert(COPY_TILE * COPY_TILE % COPY_THREADS == 0, "the copy tile divides among threads");
@@ -148,10 +148,12 @@ __device__ __forceinline__ void stage(float2* __restrict__ s, const float2* __re
 // out[f][m][n] = Σ_l lhs[f][m][l] · rhs[f][l][n] (see the top of the file), conj_lhs/conj_rhs
 // non-zero to conjugate that factor. Grid: (ceil(F / PROD_TF), ceil(N / PROD_TN),
 // ceil(M / PROD_TM)) blocks of PROD_TF · (PROD_TM / PROD_MM) · (PROD_TN / PROD_MN) threads.
-// __launch_bounds__(…, 2): at most 128 registers, so two blocks share an SM and one stages while
-// the other multiplies (unbounded, ptxas took 135 and one block; the l loop is not unrolled,
-// since unrolling it by 2 under the bound spilled).
-extern "C" __global__ void __launch_bounds__(kProdThreads, 2)
+// __launch_bounds__(…, PROD_MIN_BLOCKS), 1: ptxas takes the 135 registers it wants (one block
+// of 8 warps per SM). Held to 128 for two blocks (one staging while the other multiplies) it
+// fitted on a quiet machine, but at the cap ptxas was seen to spill at random while the CPU was
+// busy (kernels/gemm.cu), which made the compile gate flake. The l loop is not unrolled: unrolled
+// by 2 under the 128 cap it spilled.
+extern "C" __global__ void __launch_bounds__(kProdThreads, PROD_MIN_BLOCKS)
     fft_product(const float2* __restrict__ lhs, const float2* __restrict__ rhs,
                 float2* __restrict__ out, int F, int M, int N, int L, int lhs_m, int lhs_l,
                 int rhs_l, int rhs_n, int out_m, int out_n, int conj_lhs, int conj_rhs) {

@@ -35,13 +35,15 @@
 //     C at c_split apart, and gemm_sum_splits adds the partials in slice order. No atomics: the
 //     result is deterministic, run to run.
 //
-// Tile sizes are -D defines (BM, BN, BK, TM, TN), declared in convbench/algos/gemm_kernels.py,
-// which also sizes the dynamic shared memory (smem_bytes there must match the layout below).
+// Tile sizes are -D defines (BM, BN, BK, TM, TN; MIN_BLOCKS for the launch bounds), declared in
+// convbench/algos/gemm_kernels.py, which also sizes the dynamic shared memory (smem_bytes there
+// must match the layout below).
 // Offsets are 32-bit: the wrapper refuses matrices and workspaces of 2^31 elements or more.
 #include "common.cuh"
 
-#if !defined(BM) || !defined(BN) || !defined(BK) || !defined(TM) || !defined(TN)
-#error "gemm.cu needs -D BM, BN, BK, TM, TN"
+#if !defined(BM) || !defined(BN) || !defined(BK) || !defined(TM) || !defined(TN) || \
+    !defined(MIN_BLOCKS)
+#error "gemm.cu needs -D BM, BN, BK, TM, TN, MIN_BLOCKS"
 #endif
 
 constexpr int kThreadsM = BM / TM, kThreadsN = BN / TN;  // threads along M and N of a tile
@@ -208,10 +210,13 @@ __device__ __forceinline__ void sgemm(const float* __restrict__ A, const float* 
   }
 }
 
-// At least 512 resident threads per SM, so at most 128 registers a thread: ptxas keeps the 8×8
-// accumulators, the operand fragments and the prefetched float4s in registers without spilling,
-// and the SM still has 16 warps to hide latency with.
-constexpr int kMinBlocks = 512 / kThreads;
+// MIN_BLOCKS resident blocks per SM, which caps a thread's registers at 65536 / (MIN_BLOCKS ·
+// kThreads). The small tile asks for 4 blocks of 128 threads (128 registers; it needs 93-107,
+// unconstrained on sm_80/sm_90). The large tile asks for 1 block of 256 (8 warps, each thread
+// with 64 independent accumulators for latency hiding): it needs 132-145 registers
+// unconstrained, and held to 128 (2 blocks) ptxas fitted it on a quiet machine but spilled 72
+// bytes in about one compile in six while the CPU was busy, so the compile gate flaked.
+constexpr int kMinBlocks = MIN_BLOCKS;
 
 extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
     sgemm_nn(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,

@@ -55,8 +55,10 @@ from ..phases import Phased, phase_names
 from ..problem import LAYOUTS, ConvProblem
 from ..registry import register
 
+#: PROD_MIN_BLOCKS: the product kernel's blocks per SM in its launch bounds (fft.cu says why 1).
 TILES = {"COPY_TILE": 32, "COPY_THREADS": 256,
-         "PROD_TF": 8, "PROD_TM": 32, "PROD_TN": 32, "PROD_TL": 8, "PROD_MM": 4, "PROD_MN": 8}
+         "PROD_TF": 8, "PROD_TM": 32, "PROD_TN": 32, "PROD_TL": 8, "PROD_MM": 4, "PROD_MN": 8,
+         "PROD_MIN_BLOCKS": 1}
 #: The defines fft.cu is compiled with, per layout: the compile gate covers exactly these.
 CONFIGURATIONS = {layout: {"NHWC": int(layout == "nhwc"), **TILES} for layout in LAYOUTS}
 kernels.declare("fft", CONFIGURATIONS.values())

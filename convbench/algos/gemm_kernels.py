@@ -43,9 +43,10 @@ from ..registry import register
 
 #: The SGEMM tile configurations (-D defines of gemm.cu). `large`: a 128×128 tile of C per block
 #: of 256 threads, 8×8 per thread; `small`, for products too small to fill the GPU with large
-#: tiles: 64×64 per block of 128 threads, 8×4 per thread. Both step K by BK = 8.
-TILES = {"large": {"BM": 128, "BN": 128, "BK": 8, "TM": 8, "TN": 8},
-         "small": {"BM": 64, "BN": 64, "BK": 8, "TM": 8, "TN": 4}}
+#: tiles: 64×64 per block of 128 threads, 8×4 per thread. Both step K by BK = 8. MIN_BLOCKS is
+#: the blocks per SM the launch bounds ask for (gemm.cu says why 1 for the large tile).
+TILES = {"large": {"BM": 128, "BN": 128, "BK": 8, "TM": 8, "TN": 8, "MIN_BLOCKS": 1},
+         "small": {"BM": 64, "BN": 64, "BK": 8, "TM": 8, "TN": 4, "MIN_BLOCKS": 4}}
 kernels.declare("gemm", TILES.values())
 
 LOWERING_THREADS = 256
