@@ -455,7 +455,8 @@ def _sweep_options(p: argparse.ArgumentParser, layer: bool, batches: bool = Fals
     p.add_argument("--net", default="alexnet", choices=layers.NETS,
                    help="catalog the layers come from (default alexnet)")
     p.add_argument("--algos", default="all",
-                   help="comma list of algos; `winograd` = both tiles; `all` (default)")
+                   help="comma list of algos; `winograd` = both tiles, `winograd-fused` both "
+                        "fused tiles; `all` (default)")
     p.add_argument("--passes", default="all", help=f"comma list of {', '.join(PASSES)}; all")
     p.add_argument("--layouts", default="all", help=f"comma list of {', '.join(LAYOUTS)}; all")
     p.add_argument("--precision", default="fp32",

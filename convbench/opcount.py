@@ -88,7 +88,8 @@ def _fft(p: ConvProblem, grid: tuple[int, int, int]) -> OpCount:
 
 
 def _winograd_tile(algo: str) -> int:
-    return int(algo.split("-")[1].split("x")[0])
+    """m of `winograd-<m>x<m>` and `winograd-fused-<m>x<m>`."""
+    return int(algo.rpartition("-")[2].split("x")[0])
 
 
 def _winograd_applies(p: ConvProblem) -> bool:
@@ -133,6 +134,8 @@ def op_count(algo: str, problem: ConvProblem, pass_: str, precision: str = "fp32
         return _gemm(problem, pass_, precision)
     if algo in ("fft", "fft-tiled"):
         return _fft(problem, _fft_grid(problem, pass_, algo, backend))
+    if algo.startswith("winograd-fused-") and pass_ == "bwd_filter":
+        return None  # no fused weight gradient
     if algo.startswith("winograd-") and _winograd_applies(problem):
         return _winograd(problem, pass_, _winograd_tile(algo))
     return None
@@ -151,6 +154,11 @@ def theoretical_workspace(algo: str, problem: ConvProblem, pass_: str, precision
     if algo in ("fft", "fft-tiled"):
         planes, bins = _fft_planes(p, _fft_grid(p, pass_, algo, backend))
         return planes * bins * 2 * elem
+    if algo.startswith("winograd-fused-") and _winograd_applies(p):
+        if pass_ == "bwd_filter":
+            return None
+        a = _winograd_tile(algo) + p.r - 1  # only the transformed filters leave the kernel
+        return p.k * p.cg * a * a * elem
     if algo.startswith("winograd-") and _winograd_applies(p):
         m = _winograd_tile(algo)
         a, tiles = m + p.r - 1, _winograd_tiles(p, pass_, m)

@@ -14,7 +14,8 @@ phases. Calling a phase before any full call raises RuntimeError.
 Phase names use the pass's tensor names: ``transform <a>``, ``transform <b>``, ``product``,
 ``inverse <out>``, with ``x``, ``w``, ``y`` for fwd, ``dy``, ``w``, ``dx`` for bwd_data and
 ``x``, ``dy``, ``dw`` for bwd_filter; a transform includes packing or tiling, the inverse
-includes cropping into the output.
+includes cropping into the output. A fused kernel, which transforms, multiplies and transforms
+back in one launch, is one phase named `FUSED`, after the transforms that run apart from it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from collections.abc import Callable
 #: The (first input, second input, output) of each pass, by name.
 OPERAND_NAMES = {"fwd": ("x", "w", "y"), "bwd_data": ("dy", "w", "dx"),
                  "bwd_filter": ("x", "dy", "dw")}
+
+#: The phase of a kernel that fuses the transforms with the product (`winograd-fused-*`).
+FUSED = "fused"
 
 
 def phase_names(pass_: str) -> list[str]:

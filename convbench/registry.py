@@ -34,10 +34,11 @@ from collections.abc import Callable
 from .problem import LAYOUTS, PASSES, PRECISIONS, ConvProblem, check_choice
 
 ALGOS = ("direct", "gemm", "gemm-cublas", "fft", "fft-tiled", "winograd-2x2", "winograd-4x4",
-         "cudnn", "cudnn-autotune", "torch-cpu")
+         "winograd-fused-2x2", "winograd-fused-4x4", "cudnn", "cudnn-autotune", "torch-cpu")
 BACKENDS = ("numpy", "cuda", "emu")
 #: What `winograd` and `all` mean on the command line.
-ALIASES = {"winograd": ("winograd-2x2", "winograd-4x4")}
+ALIASES = {"winograd": ("winograd-2x2", "winograd-4x4"),
+           "winograd-fused": ("winograd-fused-2x2", "winograd-fused-4x4")}
 
 _IMPLS: dict[tuple[str, str], object] = {}
 _loaded = False

@@ -31,6 +31,7 @@ from tabulate import tabulate
 
 from . import memory, registry
 from .measurement import NOISE_THRESHOLD, Measurement
+from .phases import FUSED
 from .runner import COLUMNS, CPU_BATCH, KEY, PROBLEM_FIELDS, RESULTS_CSV, parse_phases, read_rows
 
 ENV_JSON = "env.json"
@@ -265,7 +266,10 @@ def _product_share(phases: dict[str, float]) -> float:
 
 def _dominant(phases: dict[str, float]) -> str:
     """Which takes more of the phases' time, the transforms together or the product, and its
-    share."""
+    share; for a fused kernel, its share (its transforms and product are not apart)."""
+    if FUSED in phases:
+        total = sum(phases.values())
+        return f"{FUSED} {phases[FUSED] / total:.0%}" if total > 0 else FUSED
     share = _product_share(phases)
     return f"{PRODUCT} {share:.0%}" if share > 0.5 else f"transforms {1 - share:.0%}"
 
@@ -305,11 +309,19 @@ def phase_section(df: pd.DataFrame) -> list[str]:
             "running all of them in order with a timestamp between them (CUDA events on the "
             "GPU, the host clock elsewhere); `pass ms` is the whole pass's median (the time "
             "tables'), which the phases' sum approximates. `dominant`: the transforms (inputs' "
-            "and output's together) or the product, whichever takes more."), ""]
+            "and output's together) or the product, whichever takes more; for a fused kernel, "
+            "its share."), ""]
     groups = _algo_major(phased).groupby(["algo", "pass", "precision"], sort=False)
     for (algo, pass_, precision), rows in groups:
         out += [f"### {algo}, {pass_}, {precision}", "", _table(phase_table(rows)), ""]
     for algo, rows in phased.groupby("algo", sort=False):
+        if any(FUSED in p for p in rows["phases"]):
+            shares = [p[FUSED] / sum(p.values()) for p in rows["phases"] if sum(p.values()) > 0]
+            out.append(f"- {algo}: one fused kernel (input transform, product, output "
+                       f"transform) takes {min(shares):.0%}–{max(shares):.0%} of the phases' "
+                       f"time in {len(rows)} (layer, pass, layout) cases; the rest is the "
+                       "filter transform.")
+            continue
         product = sum(_product_share(p) > 0.5 for p in rows["phases"])
         out.append(f"- {algo}: the transforms dominate in {len(rows) - product} of {len(rows)} "
                    f"(layer, pass, layout) cases, the product in {product}.")

@@ -33,7 +33,8 @@ _BASE = {  # precision -> (exact algorithms, fft, winograd-2x2, winograd-4x4)
     "fp16": (1e-2, 2e-2, 2e-2, 5e-2),
     "bf16": (5e-2, 5e-2, 5e-2, 1e-1),
 }
-_COLUMN = {"fft": 1, "fft-tiled": 1, "winograd-2x2": 2, "winograd-4x4": 3}
+_COLUMN = {"fft": 1, "fft-tiled": 1, "winograd-2x2": 2, "winograd-4x4": 3,
+           "winograd-fused-2x2": 2, "winograd-fused-4x4": 3}
 
 
 def reduction_length(problem: ConvProblem, pass_: str) -> int:

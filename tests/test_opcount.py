@@ -165,3 +165,18 @@ def test_workspace_prefers_what_the_implementation_declares():
     assert opcount.workspace_bytes(Declares(), CONV2, "fwd", "nchw", "fp32") == 123
     assert opcount.workspace_bytes(Silent(), CONV2, "fwd", "nchw", "fp32") == \
         opcount.theoretical_workspace("gemm", CONV2, "fwd", "fp32")
+
+
+def test_fused_winograd_counts_like_its_twin_and_keeps_only_the_filters():
+    """The fused kernels do the non-fused ones' arithmetic; on paper their only workspace is the
+    transformed filters (α²·K·C), and they have no weight gradient to count."""
+    p = ConvProblem(n=2, c=8, h=16, w=16, k=4, r=3, s=3, pad=1)
+    for m in (2, 4):
+        fused, twin = f"winograd-fused-{m}x{m}", f"winograd-{m}x{m}"
+        for pass_ in ("fwd", "bwd_data"):
+            assert opcount.op_count(fused, p, pass_) == opcount.op_count(twin, p, pass_)
+            assert opcount.theoretical_workspace(fused, p, pass_) == (m + 2) ** 2 * 4 * 8 * 4
+        assert opcount.op_count(fused, p, "bwd_filter") is None
+        assert opcount.theoretical_workspace(fused, p, "bwd_filter") is None
+        assert registry.get(fused, "emu").workspace_bytes(p, "fwd", "nchw", "fp32") == \
+            opcount.theoretical_workspace(fused, p, "fwd")

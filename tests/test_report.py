@@ -252,6 +252,26 @@ def test_phase_breakdown_section():
     assert "- winograd-2x2: the transforms dominate in 2 of 4" in section  # conv4: 3 x 0.5 ms
 
 
+def test_fused_phases_show_the_fused_kernels_share():
+    """A fused kernel is one phase after the filter transform: `dominant` gives its share, and
+    the summary says what it holds rather than counting it as a transform."""
+    rows = []
+    for case in runner.sweep(LAYERS, ("winograd-fused-2x2",), "emu", ["fwd"], ["nchw"], ["fp32"]):
+        if case.layer in ("conv3", "conv4"):
+            ms = {"conv3": (1.0, 3.0), "conv4": (1.0, 9.0)}[case.layer]
+            named = dict(zip(("transform w", "fused"), (Measurement((v,)) for v in ms)))
+            rows.append(runner.row(case, "ok", check=verify.Check(True, 1e-7, 1e-6, 1e-4),
+                                   m=Measurement((sum(ms),)), phases=named))
+    df = report.frame(rows)
+    table = report.phase_table(report.phase_frame(df))
+    assert list(table.columns) == ["transform w", "fused", "phases ms", "pass ms", "dominant"]
+    assert table.loc[("conv3", "nchw"), "dominant"] == "fused 75%"
+    assert table.loc[("conv4", "nchw"), "dominant"] == "fused 90%"
+    text = report.markdown(df, {})
+    assert ("- winograd-fused-2x2: one fused kernel (input transform, product, output transform) "
+            "takes 75%–90% of the phases' time in 2 (layer, pass, layout) cases") in text
+
+
 def test_phases_in_json_and_through_the_csv(tmp_path):
     sink = runner.CsvSink(tmp_path / runner.RESULTS_CSV)
     for r in phase_rows(PHASES):

@@ -1,7 +1,8 @@
-"""`winograd-2x2` and `winograd-4x4` through kernels/winograd.cu: every pass and layout under the
-emulator in CI, checked against the float64 reference; their accuracy, refusals, workspace and
-phase breakdown; the same on a GPU (`gpu` marker), there on AlexNet's and VGG-16's layers too
-and against cuDNN."""
+"""`winograd-2x2` and `winograd-4x4` through kernels/winograd.cu, and their fused forward form
+`winograd-fused-2x2` and `winograd-fused-4x4`: every pass and layout under the emulator in CI,
+checked against the float64 reference; their accuracy, refusals, workspace and phase breakdown;
+the same on a GPU (`gpu` marker), there on AlexNet's and VGG-16's layers too and against
+cuDNN."""
 
 import dataclasses
 import re
@@ -16,6 +17,8 @@ from convbench.problem import LAYOUTS, PASSES, ConvProblem
 from convbench.transforms import WinogradTransform, winograd_matrices
 
 ALGOS = ("winograd-2x2", "winograd-4x4")
+FUSED_ALGOS = ("winograd-fused-2x2", "winograd-fused-4x4")
+FUSED_PASSES = ("fwd", "bwd_data")  # the forward form: no fused weight gradient
 
 #: Small 3x3 problems whose tiles cross the image edge (5, 7, 13 pixels, rectangular, against
 #: tiles of 2 and 4), padding 0-3 (3 makes bwd_data crop dy rather than pad it), channels that
@@ -163,10 +166,11 @@ def test_baked_matrices_are_transforms_output():
         assert {k: v for k, v in defines.items() if k.startswith("WINO_F")} == tables
 
 
-@pytest.mark.parametrize("pass_", PASSES)
-def test_checker_bites_on_a_sign_error_in_bt(pass_, monkeypatch):
+@pytest.mark.parametrize("algo, pass_", [("winograd-2x2", p) for p in PASSES]
+                         + [("winograd-fused-2x2", p) for p in FUSED_PASSES])
+def test_checker_bites_on_a_sign_error_in_bt(algo, pass_, monkeypatch):
     """The kernels compiled with Bᵀ's row at infinity negated (uncompensated, the slip typing
-    matrices in invites) fail the reference check in every pass."""
+    matrices in invites) fail the reference check in every pass, fused or not."""
     _impl("winograd-2x2", "emu")
 
     def wrong(m, r):
@@ -178,8 +182,123 @@ def test_checker_bites_on_a_sign_error_in_bt(pass_, monkeypatch):
         defines[f"WINO_F{m}X{r}_BT"] = winograd_kernels._c_initializer(wrong(m, r).BT)
     monkeypatch.setattr(kernels, "launcher", lambda backend, name, _: kernels.load(
         backend, kernels.kernel_dir() / f"{name}.cu", defines))
-    impl = registry.get("winograd-2x2", "emu")
+    impl = registry.get(algo, "emu")
     assert not testing.run_and_check(impl, PROBLEMS[0], pass_, "nchw", "fp32").ok
+
+
+# --- fused ---------------------------------------------------------------------------------------
+# PROBLEMS cross the fused kernel's block edges too: 67 output channels against blocks of 32
+# (2x2) and 16 (4x4), 70 and 5 input channels against chunks of 8 and 4, 1920 tiles (2x2) against
+# blocks of 32, and a 512-long reduction.
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", FUSED_PASSES)
+@pytest.mark.parametrize("algo", FUSED_ALGOS)
+@pytest.mark.parametrize("problem", PROBLEMS, ids=str)
+def test_fused_emu_matches_reference(problem, algo, pass_, layout):
+    impl = _impl(algo, "emu")
+    assert registry.supports(impl, problem, pass_, layout, "fp32") is None
+    testing.assert_matches_reference(algo, "emu", problem, pass_, layout, "fp32")
+
+
+@pytest.mark.parametrize("backend", ("cuda", "emu"))
+@pytest.mark.parametrize("algo", FUSED_ALGOS)
+def test_fused_refuses_the_weight_gradient(algo, backend):
+    reason = registry.supports(registry.get(algo, backend), PROBLEMS[0], "bwd_filter", "nchw",
+                               "fp32")
+    assert reason.startswith(f"{algo} fuses the forward form (fwd, bwd_data) only")
+    assert f"winograd-{algo[-3:]}" in reason
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"r": 5, "s": 5, "pad": 2}, "needs 3x3 filters (got 5x5)"),
+    ({"stride": 2}, "needs stride 1 (got 2)"),
+    ({"groups": 2}, "needs groups 1 (got 2)"),
+])
+@pytest.mark.parametrize("algo", FUSED_ALGOS)
+def test_fused_unsupported_problems_say_why(algo, change, reason):
+    problem = dataclasses.replace(ConvProblem(n=1, c=4, h=9, w=9, k=4, r=3, s=3, pad=1), **change)
+    for pass_ in FUSED_PASSES:
+        assert registry.supports(registry.get(algo, "cuda"), problem, pass_, "nhwc",
+                                 "fp32") == f"{algo} {reason}"
+    assert "too much for the emulator" in registry.supports(
+        registry.get(algo, "emu"), net_layers("alexnet")[2].problem.with_batch(2), "fwd",
+        "nchw", "fp32")
+
+
+@pytest.mark.parametrize("algo", FUSED_ALGOS)
+def test_fused_is_one_kernel_after_the_filter_transform(algo, monkeypatch):
+    """Only the transformed filters are a workspace (no transformed tiles, no products in global
+    memory), and a pass launches the filter transform and the fused kernel, nothing else."""
+    problem = net_layers("alexnet")[2].problem.with_batch(8)
+    m = int(algo[-1])
+    for pass_ in FUSED_PASSES:
+        assert registry.get(algo, "cuda").workspace_bytes(problem, pass_, "nchw", "fp32") == \
+            4 * (m + 2) ** 2 * 384 * 256
+    asked = []
+    real = kernels.Launcher.kernel
+
+    def spy(self, name):
+        asked.append(name)
+        return real(self, name)
+
+    monkeypatch.setattr(kernels.Launcher, "kernel", spy)
+    impl = _impl(algo, "emu")
+    for pass_ in FUSED_PASSES:
+        asked.clear()
+        run = impl.prepare(PROBLEMS[0], pass_, "nhwc", "fp32")
+        assert sorted(asked) == ["wino_filter_transform", "wino_fused"]
+        assert list(run.phase_fns) == ["transform w", "fused"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", FUSED_PASSES)
+@pytest.mark.parametrize("algo", FUSED_ALGOS)
+def test_fused_emu_phases_repeat_the_pass(algo, pass_, layout):
+    testing.assert_phases_replay(_impl(algo, "emu"), PROBLEMS[0], pass_, layout)
+
+
+@pytest.mark.parametrize("pass_", FUSED_PASSES)
+def test_fused_error_of_4x4_above_2x2_and_near_the_unfused(pass_):
+    """The fused kernels multiply by the same matrices as the non-fused ones, summing in another
+    order: the same accuracy class (within 2x of their non-fused twin), and 4x4 worse than 2x2
+    as there."""
+    problem = ConvProblem(n=1, c=32, h=13, w=13, k=32, r=3, s=3, pad=1)
+    err = {a: testing.run_and_check(_impl(a, "emu"), problem, pass_, "nchw", "fp32",
+                                    seed=1).rel_error for a in ALGOS + FUSED_ALGOS}
+    assert err["winograd-fused-4x4"] > 3 * err["winograd-fused-2x2"] > 3e-8, err
+    for m in (2, 4):
+        fused, unfused = err[f"winograd-fused-{m}x{m}"], err[f"winograd-{m}x{m}"]
+        assert unfused / 2 < fused < 2 * unfused, err
+
+
+@pytest.mark.parametrize("pass_", FUSED_PASSES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_fused_missing_barrier_is_caught(pass_, layout, tmp_path):
+    """wino_fused without the barrier after its multiply-adds (the next chunk's transforms then
+    overwrite tiles other threads still read) fails the reference check: the emulated blocks'
+    threads really interleave at the barriers that remain."""
+    source = (kernels.kernel_dir() / "winograd.cu").read_text()
+    body = source[source.index("wino_fused("):]
+    barrier = "          for (int j = 0; j < FUSED_MT; ++j) acc[xi][i][j] += ro[i] * rt[j];\n" \
+              "      }\n    __syncthreads();\n"
+    assert body.count(barrier) == 1
+    broken = tmp_path / "winograd.cu"
+    broken.write_text(source.replace(barrier, barrier.replace("__syncthreads();", "")))
+    (tmp_path / "common.cuh").write_text((kernels.kernel_dir() / "common.cuh").read_text())
+    defines = winograd_kernels.CONFIGURATIONS[2, layout]
+    good = testing.run_and_check(_impl("winograd-fused-2x2", "emu"), PROBLEMS[4], pass_, layout,
+                                 "fp32")
+    assert good.ok, good.reason
+
+    class Broken(winograd_kernels.FusedWinogradKernels2x2):
+        pass
+
+    impl = Broken()
+    impl.algo, impl.backend = "winograd-fused-2x2", "emu"
+    from unittest import mock
+    with mock.patch.object(kernels, "launcher",
+                           lambda backend, name, _: kernels.load(backend, broken, defines)):
+        assert not testing.run_and_check(impl, PROBLEMS[4], pass_, layout, "fp32").ok
 
 
 # --- on a GPU ------------------------------------------------------------------------------------
@@ -200,10 +319,14 @@ def _check_cuda(algo: str, problem: ConvProblem, pass_: str, layout: str) -> ver
     return verify.check(out, ref, algo, "fp32", problem, pass_)
 
 
+#: (algo, pass) of every kernel path: the non-fused algos in every pass, the fused in theirs.
+ALGO_PASSES = [(a, p) for a in ALGOS for p in PASSES] + \
+    [(a, p) for a in FUSED_ALGOS for p in FUSED_PASSES]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("pass_", PASSES)
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("algo, pass_", ALGO_PASSES)
 @pytest.mark.parametrize("problem", PROBLEMS, ids=str)
 def test_cuda_matches_reference(problem, algo, pass_, layout):
     check = _check_cuda(algo, problem, pass_, layout)
@@ -217,8 +340,7 @@ _LAYERS = [layer for net in ("alexnet", "vgg16") for layer in net_layers(net)
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("pass_", PASSES)
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("algo, pass_", ALGO_PASSES)
 @pytest.mark.parametrize("layer", _LAYERS, ids=lambda layer: f"{layer.net}:{layer.name}")
 def test_cuda_catalog_layers_batch2(layer, algo, pass_, layout):
     check = _check_cuda(algo, layer.problem.with_batch(2), pass_, layout)
@@ -227,8 +349,7 @@ def test_cuda_catalog_layers_batch2(layer, algo, pass_, layout):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("pass_", PASSES)
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("algo, pass_", ALGO_PASSES)
 def test_cuda_phases_repeat_the_pass(algo, pass_, layout):
     import cupy
 
@@ -238,8 +359,7 @@ def test_cuda_phases_repeat_the_pass(algo, pass_, layout):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("pass_", PASSES)
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("algo, pass_", ALGO_PASSES)
 @pytest.mark.parametrize("layer", ["conv3", "conv5"])
 def test_cuda_agrees_with_cudnn(layer, algo, pass_, layout):
     """Within Winograd's tolerance of cuDNN (fp32, TF32 off) on AlexNet's 3x3 layers."""

@@ -1,5 +1,6 @@
 """`winograd-2x2` and `winograd-4x4` on the GPU (`cuda`) and in the emulator (`emu`):
-kernels/winograd.cu, non-fused like cuDNN's WINOGRAD_NONFUSED.
+kernels/winograd.cu, non-fused like cuDNN's WINOGRAD_NONFUSED; and `winograd-fused-2x2` and
+`winograd-fused-4x4`, the forward form fused into one kernel like cuDNN's WINOGRAD.
 
 The math is the CPU implementation's (`convbench.algos.winograd`), stage for stage, with
 alpha = m + 2 and T tiles over all images:
@@ -22,6 +23,15 @@ Phase breakdown: the contract, phase names and replaying callable of `convbench.
 (its module docstring), so both algorithms' phases line up in a report: ``transform <a>`` and
 ``transform <b>`` (the input tiles, the filters or dy's tiles), ``product`` (the batched GEMM),
 ``inverse <out>`` (the output transform, cropping included).
+
+The fused variants run fwd and bwd_data (the forward form; the weight gradient has no fused
+kernel, here as in cuDNN, and is refused with the reason). The filters are transformed first,
+by the non-fused filter transform, into the only workspace; then `wino_fused` does the rest in
+one launch: each block transforms its tiles' windows into shared memory, multiplies them with
+the transformed filters, and transforms its outputs back from registers. Their phases are
+``transform w`` and ``fused`` (`convbench.phases.FUSED`). Their CPU counterparts are
+`winograd-2x2` and `winograd-4x4` (the same algorithm, the same matrices): fusing is a GPU
+kernel's choice, so they have no NumPy implementation of their own.
 """
 
 from __future__ import annotations
@@ -32,8 +42,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .. import emu, kernels
-from ..phases import Phased, phase_names
+from .. import emu, kernels, phases
+from ..phases import OPERAND_NAMES, Phased, phase_names
 from ..problem import LAYOUTS, ConvProblem
 from ..registry import register
 from ..transforms import WinogradTransform, c_literal, winograd_matrices
@@ -68,9 +78,23 @@ def _tables() -> dict[str, str]:
     return out
 
 
+#: The fused kernel's tiles per tile size: a block computes FUSED_BK output channels ×
+#: FUSED_BT tiles over FUSED_BC input channels at a time, and a thread FUSED_MK × FUSED_MT of
+#: those with all alpha² positions in registers: 64 accumulators for F(2x2), 72 for F(4x4) (whose
+#: 36 positions leave room for one output channel per thread). 256 threads a block, one block per
+#: SM asked of the launch bounds: F(2x2) needs 139 registers on sm_90 and F(4x4) 168; held to
+#: 128 (two blocks) F(4x4) spills, and F(2x2) fits only at the cap, where ptxas was seen to spill
+#: the 128x128 SGEMM at random under load (kernels/gemm.cu).
+FUSED_TILES = {
+    2: {"FUSED_BK": 32, "FUSED_BT": 32, "FUSED_BC": 8, "FUSED_MK": 2, "FUSED_MT": 2,
+        "FUSED_MIN_BLOCKS": 1},
+    4: {"FUSED_BK": 16, "FUSED_BT": 32, "FUSED_BC": 4, "FUSED_MK": 1, "FUSED_MT": 2,
+        "FUSED_MIN_BLOCKS": 1},
+}
+
 #: The defines winograd.cu is compiled with, per (tile size, layout): the gate covers these.
 CONFIGURATIONS = {(m, layout): {"NHWC": int(layout == "nhwc"), "WINO_M": m, "THREADS": THREADS,
-                                **GEMM, **_tables()}
+                                **GEMM, **FUSED_TILES[m], **_tables()}
                   for m in TILE_SIZES for layout in LAYOUTS}
 kernels.declare("winograd", CONFIGURATIONS.values())
 
@@ -264,6 +288,89 @@ class WinogradKernels4x4(_WinogradKernels):
     m = 4
 
 
+# --- fused -------------------------------------------------------------------------------------
+def _fused_geometry(p: ConvProblem, pass_: str, m: int) -> dict:
+    """wino_fused's launch for fwd or bwd_data: its grid, threads and arguments after the three
+    arrays, and the transformed filters' size (elements)."""
+    f = FUSED_TILES[m]
+    bwd = pass_ == "bwd_data"
+    cin, cout, in_h, in_w, out_h, out_w = ((p.k, p.c, p.p, p.q, p.h, p.w) if bwd else
+                                           (p.c, p.k, p.h, p.w, p.p, p.q))
+    tiles_h, tiles_w = _ceil(out_h, m), _ceil(out_w, m)
+    tiles = p.n * tiles_h * tiles_w
+    # u is [ξ][k][c]: element (output channel, input channel) of the pass at o·u_out + i·u_in.
+    u_out, u_in = (1, p.c) if bwd else (p.c, 1)
+    threads = (f["FUSED_BK"] // f["FUSED_MK"]) * (f["FUSED_BT"] // f["FUSED_MT"])
+    return {"grid": (_ceil(tiles, f["FUSED_BT"]), _ceil(cout, f["FUSED_BK"])),
+            "threads": threads, "tiles_h": tiles_h, "tiles_w": tiles_w,
+            "args": (p.n, cin, in_h, in_w, cout, out_h, out_w, tiles_h, tiles_w,
+                     _R - 1 - p.pad if bwd else p.pad, u_out, u_in),
+            "filters": (m + _R - 1) ** 2 * p.k * p.c}
+
+
+class _FusedWinogradKernels(_WinogradKernels):
+    """F(m×m, 3×3) forward form in one kernel (`wino_fused`) after the filter transform."""
+
+    def supports(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
+        if pass_ == "bwd_filter":
+            return (f"{self.algo} fuses the forward form (fwd, bwd_data) only; the weight "
+                    f"gradient is winograd-{self.m}x{self.m}'s (non-fused, as in cuDNN)")
+        reason = Winograd.supports(self, problem, pass_, layout, precision)
+        if reason:
+            return reason
+        geometry = _fused_geometry(problem, pass_, self.m)
+        largest = max(*(math.prod(s) for s in problem.operand_shapes(pass_, layout)),
+                      geometry["filters"])
+        if largest >= 2**31:
+            return ("a tensor or workspace buffer has 2^31 or more elements; the kernels "
+                    "index with 32-bit ints")
+        if geometry["grid"][1] > _GRID_YZ_MAX:
+            return f"{geometry['grid'][1]} blocks of output channels: the grid's y is at most 65535"
+        return emu.too_big(problem.flops // 2) if self.backend == "emu" else None
+
+    def phases(self, problem: ConvProblem, pass_: str, layout: str, precision: str) -> list[str]:
+        return [f"transform {OPERAND_NAMES[pass_][1]}", phases.FUSED]
+
+    def describe(self, problem, pass_, layout, precision) -> str:
+        f = FUSED_TILES[self.m]
+        m = self.m
+        return (f"F({m}x{m}, {_R}x{_R}) fused: input transform, {(m + _R - 1) ** 2} products "
+                f"and output transform in one kernel, blocks of {f['FUSED_BK']} channels x "
+                f"{f['FUSED_BT']} tiles")
+
+    def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
+                        precision: str) -> int:
+        """Bytes of the transformed filters, the one buffer `prepare` allocates."""
+        return 4 * _fused_geometry(problem, pass_, self.m)["filters"]
+
+    def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
+        launch = kernels.launcher(self.backend, "winograd", CONFIGURATIONS[self.m, layout])
+        geometry = _fused_geometry(problem, pass_, self.m)
+        u = launch.xp.empty(geometry["filters"], dtype=launch.xp.float32)
+        filters, fused = launch.kernel("wino_filter_transform"), launch.kernel("wino_fused")
+        p, bwd = problem, int(pass_ == "bwd_data")
+        filter_grid = _ceil(p.k * p.c, THREADS)
+
+        def transform(a, w, out) -> None:
+            filters(filter_grid, THREADS, (w, u, p.k, p.c, bwd))
+
+        def run(a, w, out) -> None:
+            fused(geometry["grid"], geometry["threads"], (a, u, out, *geometry["args"]))
+
+        names = self.phases(problem, pass_, layout, precision)
+        return Phased(dict(zip(names, (transform, run))))
+
+
+class FusedWinogradKernels2x2(_FusedWinogradKernels):
+    m = 2
+
+
+class FusedWinogradKernels4x4(_FusedWinogradKernels):
+    m = 4
+
+
 for _backend in ("cuda", "emu"):
     register("winograd-2x2", _backend)(WinogradKernels2x2)
     register("winograd-4x4", _backend)(WinogradKernels4x4)
+    register("winograd-fused-2x2", _backend)(FusedWinogradKernels2x2)
+    register("winograd-fused-4x4", _backend)(FusedWinogradKernels4x4)
