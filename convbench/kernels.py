@@ -166,6 +166,10 @@ def _convert(kernel: str, param: Param, value, xp):
     dtype = param.dtypes[0]
     if not isinstance(value, numbers.Integral if dtype.kind in "biu" else numbers.Real):
         raise TypeError(f"{where} ({param.decl}) got {value!r}")
+    if dtype.kind in "biu":
+        value, info = int(value), np.iinfo(dtype)  # a NumPy integer would wrap, not raise
+        if not info.min <= value <= info.max:
+            raise OverflowError(f"{where} ({param.decl}) got {value}, outside {dtype}")
     return dtype.type(value)
 
 

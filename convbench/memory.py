@@ -300,6 +300,24 @@ def available_host_bytes() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+#: What implementations keep on the GPU from one case to the next (cuFFT plans hold their work
+#: areas in CuPy's pool): each a callable that drops its cache. `clear_device_caches` runs them
+#: before every case on the GPU and after an out-of-memory, so a case's peak includes its own
+#: plans and no earlier case's count against its memory limit.
+_DEVICE_CACHES: list = []
+
+
+def register_device_cache(clear):
+    """Add `clear` (a no-argument callable dropping a cache of GPU memory); returns it."""
+    _DEVICE_CACHES.append(clear)
+    return clear
+
+
+def clear_device_caches() -> None:
+    for clear in _DEVICE_CACHES:
+        clear()
+
+
 @dataclass(frozen=True)
 class MemoryLimit:
     """The most a pass may allocate, its operands included."""
@@ -327,7 +345,9 @@ class MemoryLimit:
         pool.set_limit(size=self.nbytes)
         torch = _torch_with_cuda()
         if torch is not None:
-            fraction = torch.cuda.get_per_process_memory_fraction()
+            # Readable from torch 2.6 on; before, nothing set it but us, and its default is 1.
+            get = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+            fraction = get() if get else 1.0
             total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, self.nbytes / total))
         try:

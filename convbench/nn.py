@@ -84,6 +84,14 @@ def _cudnn_benchmark(value: bool | None):
         torch.backends.cudnn.benchmark = saved
 
 
+def _external_stream(cupy, stream: torch.cuda.Stream):
+    """CuPy's handle on torch's stream: through the CUDA stream protocol (`Stream.from_external`,
+    CuPy 14, which deprecates `ExternalStream`) where both sides have it, else `ExternalStream`."""
+    if hasattr(cupy.cuda.Stream, "from_external") and hasattr(stream, "__cuda_stream__"):
+        return cupy.cuda.Stream.from_external(stream)
+    return cupy.cuda.ExternalStream(stream.cuda_stream, stream.device.index)
+
+
 @contextlib.contextmanager
 def _on_torch_stream(t: torch.Tensor):
     """CuPy work on the device and stream torch uses for `t`, so it is ordered with torch's."""
@@ -92,8 +100,8 @@ def _on_torch_stream(t: torch.Tensor):
         return
     import cupy
 
-    ptr = torch.cuda.current_stream(t.device).cuda_stream
-    stream = cupy.cuda.ExternalStream(ptr, t.device.index) if ptr else cupy.cuda.Stream.null
+    current = torch.cuda.current_stream(t.device)
+    stream = _external_stream(cupy, current) if current.cuda_stream else cupy.cuda.Stream.null
     with cupy.cuda.Device(t.device.index), stream:
         yield
 

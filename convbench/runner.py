@@ -183,11 +183,17 @@ class Ready:
     phase_fns: dict[str, Callable[[], None]] | None
 
 
+#: How the CUDA libraries word a failed allocation in errors of their own types (cuFFT's
+#: CUFFT_ALLOC_FAILED, cuBLAS's and cuDNN's *_STATUS_ALLOC_FAILED, the runtime's out of memory).
+_OOM_WORDS = ("ALLOC_FAILED", "cudaErrorMemoryAllocation", "CUDA_ERROR_OUT_OF_MEMORY")
+
+
 def _is_oom(exc: BaseException) -> bool:
-    """MemoryError (CuPy's OutOfMemoryError is one) or torch.cuda.OutOfMemoryError, by name so
-    neither library has to be imported to ask."""
-    return isinstance(exc, MemoryError) or any(
-        cls.__name__ == "OutOfMemoryError" for cls in type(exc).__mro__)
+    """MemoryError (CuPy's OutOfMemoryError is one), torch.cuda.OutOfMemoryError (by name, so
+    neither library has to be imported to ask), or a library's own allocation failure."""
+    return (isinstance(exc, MemoryError)
+            or any(cls.__name__ == "OutOfMemoryError" for cls in type(exc).__mro__)
+            or any(word in str(exc) for word in _OOM_WORDS))
 
 
 def _release_device_memory(backend: str) -> None:
@@ -196,6 +202,7 @@ def _release_device_memory(backend: str) -> None:
         return
     import cupy
 
+    memory.clear_device_caches()
     cupy.get_default_memory_pool().free_all_blocks()
     if "torch" in sys.modules:
         sys.modules["torch"].cuda.empty_cache()
@@ -244,10 +251,14 @@ def prepare(case: Case, operands: Operands, impl=None,
                         "predicted footprint (operands and workspace)")
         a, b, ref = operands.get(case, xp)
         out = reference.nan_output(p, case.pass_, case.layout, DTYPES[case.precision], xp)
+        if case.backend == "cuda":
+            memory.clear_device_caches()
         with memory.trace(case.backend) as trace:
             fn = impl.prepare(*args)
             trace.mark()
             fn(a, b, out)
+        if case.backend == "cuda":  # a fault in the pass surfaces here, as this case's failure
+            xp.cuda.Device().synchronize()
         peak = memory.pass_peak(trace.points)
         if limit is not None:
             limit.check(case.backend, footprint + peak, "measured footprint (operands and peak)")
@@ -258,6 +269,18 @@ def prepare(case: Case, operands: Operands, impl=None,
     if not chk.ok:
         raise NotMeasured("failed", chk.reason, chk)
     return Ready(impl, lambda: fn(a, b, out), chk, workspace, peak, trace.method, phase_fns)
+
+
+def _describe(impl, args: tuple) -> str:
+    """The implementation's note for the row; a note that cannot be made (cuDNN's profiled
+    call failing, say) is said in the note, and does not undo the measurement."""
+    if not hasattr(impl, "describe"):
+        return ""
+    try:
+        return impl.describe(*args)
+    except Exception as exc:  # noqa: BLE001  (any library's error; the time stands)
+        line = (str(exc).strip().splitlines() or [""])[0]
+        return f"(no description: {type(exc).__name__}: {line})"
 
 
 def measure(case: Case, operands: Operands, budget_s: float, impl=None,
@@ -274,9 +297,9 @@ def measure(case: Case, operands: Operands, budget_s: float, impl=None,
             m = timer_for(case.backend)(ready.call, budget_s)
             phases = (phase_timer_for(case.backend)(ready.phase_fns, budget_s)
                       if ready.phase_fns else None)
-            note = ready.impl.describe(*args) if hasattr(ready.impl, "describe") else ""
         except Exception as exc:
             raise _not_measured(exc, case.backend) from exc
+        note = _describe(ready.impl, args)
     except NotMeasured as nm:
         return row(case, nm.status, nm.reason, nm.check)
     return row(case, "ok", "", ready.check, m, note, ready.workspace, ready.peak_bytes,

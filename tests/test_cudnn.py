@@ -189,3 +189,45 @@ def test_describe_names_the_fp32_kernel(algo, pass_):
     note = _impl_or_skip(algo).describe(_GPU_PROBLEMS[0], pass_, "nhwc", "fp32")
     assert "(kernel: " in note and not note.startswith("unknown")
     assert "tf32" not in note.lower(), f"fp32 ran a TF32 kernel: {note}"
+
+
+@pytest.mark.parametrize("setup", [
+    {},
+    {"legacy": False},
+    {"conv": "ieee"},
+    {"conv": "tf32", "rnn": "ieee"},  # the legacy getters raise on this mix (torch >= 2.9)
+], ids=str)
+def test_math_settings_never_raise_and_are_restored(setup):
+    """`_math` only sets flags, so this runs without a GPU: whatever TF32 API the program used
+    before, it sets cuDNN on, the mode's benchmark flag and IEEE fp32 (or TF32 for tf32) inside,
+    and leaves every flag as it found it."""
+    import torch
+
+    from convbench.algos.cudnn import _math
+
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    if not hasattr(cudnn, "conv"):
+        pytest.skip(f"torch {torch.__version__} has no per-operator fp32 precision")
+    keep = (cudnn.conv.fp32_precision, cudnn.rnn.fp32_precision, matmul.fp32_precision,
+            cudnn.benchmark)
+
+    def state():
+        return (cudnn.conv.fp32_precision, cudnn.rnn.fp32_precision, matmul.fp32_precision,
+                cudnn.benchmark, cudnn.enabled)
+
+    try:
+        if "legacy" in setup:
+            cudnn.allow_tf32 = matmul.allow_tf32 = setup["legacy"]
+        for op in ("conv", "rnn"):
+            if op in setup:
+                getattr(cudnn, op).fp32_precision = setup[op]
+        before = state()
+        for precision, autotune in (("fp32", True), ("tf32", False)):
+            with _math(precision, autotune):
+                inside = state()
+                assert inside[0] == inside[2] == ("tf32" if precision == "tf32" else "ieee")
+                assert inside[3] is autotune and inside[4] is True
+            assert state() == before
+    finally:
+        cudnn.conv.fp32_precision, cudnn.rnn.fp32_precision, matmul.fp32_precision = keep[:3]
+        cudnn.benchmark = keep[3]

@@ -62,6 +62,10 @@ def test_launcher_refuses_undeclared_configurations():
     ((np.zeros((2, 4), np.float32)[:, ::2], np.zeros(4, np.float32), 2, 2), ValueError,
      "C-contiguous"),
     (([0.0] * 4, np.zeros(4, np.float32), 2, 2), TypeError, "numpy array"),
+    # an int beyond 32 bits raises, whether a Python int or a NumPy one (which would wrap)
+    ((np.zeros(4, np.float32), np.zeros(4, np.float32), 2**31, 2), OverflowError, "outside int32"),
+    ((np.zeros(4, np.float32), np.zeros(4, np.float32), np.int64(2**31), 2), OverflowError,
+     "outside int32"),
 ])
 def test_arguments_are_checked_against_the_signature(args, error, message):
     kernel = kernels.load("emu", HERE / "transpose.cu").kernel("transpose")

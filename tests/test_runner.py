@@ -111,6 +111,24 @@ def test_torch_oom_is_recognised_by_name():
     assert not runner._is_oom(RuntimeError("x"))
 
 
+def test_library_allocation_failures_are_oom():
+    """cuFFT, cuBLAS and cuDNN report a failed allocation in errors of their own types."""
+    CuFFTError = type("CuFFTError", (RuntimeError,), {})
+    assert runner._is_oom(CuFFTError("CUFFT_ALLOC_FAILED"))
+    assert runner._is_oom(RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"))
+    assert not runner._is_oom(RuntimeError("CUFFT_INVALID_PLAN"))
+
+
+def test_a_failing_description_keeps_the_measurement():
+    class Mute(Fake):
+        def describe(self, *args):
+            raise RuntimeError("profiler unavailable\nmore")
+
+    (r,) = runner.run(cases(["mute"]), BUDGET, {"mute": Mute("mute")})
+    assert r["status"] == "ok" and r["median_ms"] > 0
+    assert r["note"] == "(no description: RuntimeError: profiler unavailable)"
+
+
 def test_reference_is_computed_once_per_problem_and_pass(monkeypatch):
     calls = []
     real = reference.reference

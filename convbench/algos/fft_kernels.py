@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import emu, kernels
+from .. import emu, kernels, memory
 from ..phases import Phased, phase_names
 from ..problem import LAYOUTS, ConvProblem
 from ..registry import register
@@ -277,6 +277,9 @@ def _cufft_plan(device: int, fft_type: str, items: int, th: int, tw: int):
     inner, outer = (real, cplx) if fft_type == "R2C" else (cplx, real)
     return cufft.PlanNd(real, inner, 1, math.prod(inner), outer, 1, math.prod(outer),
                         getattr(cufft, f"CUFFT_{fft_type}"), items, "C", 2, outer[1])
+
+
+memory.register_device_cache(_cufft_plan.cache_clear)
 
 
 class _CuFFT:
