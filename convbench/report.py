@@ -172,7 +172,7 @@ def error_table(df: pd.DataFrame) -> pd.DataFrame:
 #: (algo, baseline) pairs whose error ratio the accuracy section states, each expected above 1:
 #: F(4x4, 3x3)'s transform matrices have larger coefficients than F(2x2, 3x3)'s, and amplify
 #: rounding more.
-ERROR_RATIOS = (("winograd-4x4", "winograd-2x2"),)
+ERROR_RATIOS = (("winograd-4x4", "winograd-2x2"), ("winograd-fused-4x4", "winograd-fused-2x2"))
 
 
 def error_ratios(df: pd.DataFrame, algo: str, baseline: str) -> pd.Series:
