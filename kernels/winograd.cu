@@ -278,19 +278,14 @@ __device__ __forceinline__ void sum_slices(const float* __restrict__ prod, int i
     }
 }
 
-// fwd: y (N × O × OH × OW); bwd_data: dx. prod is [slice][ξ][channel][tile] in NCHW,
-// [slice][ξ][tile][channel] in NHWC; a tile's m×m outputs are cropped at the image's edge.
-extern "C" __global__ void __launch_bounds__(THREADS)
-    wino_output_transform(const float* __restrict__ prod, float* __restrict__ out, int N, int O,
-                          int OH, int OW, int tiles_h, int tiles_w, int splits) {
+// Aᵀ m A, F(m, 3)'s output transform of the products m of tile t (tile rows × tile columns
+// per image, in image order) of channel o, stored into out (N × O × OH × OW in the layout's
+// order) cropped at the image's edge.
+__device__ __forceinline__ void store_output_tile(const float (&m)[kAlpha][kAlpha],
+                                                  float* __restrict__ out, int o, int t, int O,
+                                                  int OH, int OW, int tiles_h, int tiles_w) {
   constexpr float at[kM][kAlpha] = WINO_TABLE(WINO_M, 3, AT);
-  const int tiles = N * tiles_h * tiles_w, count = O * tiles;
-  const int index = blockIdx.x * THREADS + threadIdx.x;
-  if (index >= count) return;
-  int o, t;
-  channel_tile(index, O, tiles, o, t);
-  float m[kAlpha][kAlpha], y[kM][kM];
-  sum_slices(prod, index, count, splits, m);
+  float y[kM][kM];
   sandwich(at, m, y);
   const int n = t / (tiles_h * tiles_w);
   const int y0 = t / tiles_w % tiles_h * kM, x0 = t % tiles_w * kM;
@@ -299,6 +294,21 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 #pragma unroll
     for (int j = 0; j < kM; ++j)
       if (y0 + i < OH && x0 + j < OW) out[act_offset(n, o, y0 + i, x0 + j, O, OH, OW)] = y[i][j];
+}
+
+// fwd: y (N × O × OH × OW); bwd_data: dx. prod is [slice][ξ][channel][tile] in NCHW,
+// [slice][ξ][tile][channel] in NHWC.
+extern "C" __global__ void __launch_bounds__(THREADS)
+    wino_output_transform(const float* __restrict__ prod, float* __restrict__ out, int N, int O,
+                          int OH, int OW, int tiles_h, int tiles_w, int splits) {
+  const int tiles = N * tiles_h * tiles_w, count = O * tiles;
+  const int index = blockIdx.x * THREADS + threadIdx.x;
+  if (index >= count) return;
+  int o, t;
+  channel_tile(index, O, tiles, o, t);
+  float m[kAlpha][kAlpha];
+  sum_slices(prod, index, count, splits, m);
+  store_output_tile(m, out, o, t, O, OH, OW, tiles_h, tiles_w);
 }
 
 // bwd_filter: dw (KCRS or KRSC) from prod [slice][ξ][k][c], F(3, m)'s Aᵀ.
@@ -339,7 +349,6 @@ extern "C" __global__ void __launch_bounds__(kFusedThreads, FUSED_MIN_BLOCKS)
                float* __restrict__ out, int N, int cin, int H, int W, int cout, int OH, int OW,
                int tiles_h, int tiles_w, int offset, int u_out, int u_in) {
   constexpr float bt[kAlpha][kAlpha] = WINO_TABLE(WINO_M, 3, BT);
-  constexpr float at[kM][kAlpha] = WINO_TABLE(WINO_M, 3, AT);
   // Rows padded by one float: the transform's stores (channel-fastest in NHWC) and the filters'
   // (input-channel-fastest in fwd) spread over the banks.
   __shared__ float vs[kAlpha2][FUSED_BC][FUSED_BT + 1];
@@ -415,19 +424,11 @@ extern "C" __global__ void __launch_bounds__(kFusedThreads, FUSED_MIN_BLOCKS)
     for (int j = 0; j < FUSED_MT; ++j) {
       const int o = o0 + tk + i * kFusedThreadsK, t = t0 + tt + j * kFusedThreadsT;
       if (o >= cout || t >= tiles) continue;
-      float m[kAlpha][kAlpha], y[kM][kM];
+      float m[kAlpha][kAlpha];
 #pragma unroll
       for (int a = 0; a < kAlpha; ++a)
 #pragma unroll
         for (int b = 0; b < kAlpha; ++b) m[a][b] = acc[a * kAlpha + b][i][j];
-      sandwich(at, m, y);
-      const int n = t / (tiles_h * tiles_w);
-      const int y0 = t / tiles_w % tiles_h * kM, x0 = t % tiles_w * kM;
-#pragma unroll
-      for (int a = 0; a < kM; ++a)
-#pragma unroll
-        for (int b = 0; b < kM; ++b)
-          if (y0 + a < OH && x0 + b < OW) out[act_offset(n, o, y0 + a, x0 + b, cout, OH, OW)] =
-              y[a][b];
+      store_output_tile(m, out, o, t, cout, OH, OW, tiles_h, tiles_w);
     }
 }

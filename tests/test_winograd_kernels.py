@@ -19,12 +19,17 @@ from convbench.transforms import WinogradTransform, winograd_matrices
 ALGOS = ("winograd-2x2", "winograd-4x4")
 FUSED_ALGOS = ("winograd-fused-2x2", "winograd-fused-4x4")
 FUSED_PASSES = ("fwd", "bwd_data")  # the forward form: no fused weight gradient
+#: (algo, pass) of every kernel path: the non-fused algos in every pass, the fused in theirs.
+ALGO_PASSES = [(a, p) for a in ALGOS for p in PASSES] + \
+    [(a, p) for a in FUSED_ALGOS for p in FUSED_PASSES]
 
 #: Small 3x3 problems whose tiles cross the image edge (5, 7, 13 pixels, rectangular, against
 #: tiles of 2 and 4), padding 0-3 (3 makes bwd_data crop dy rather than pad it), channels that
 #: are not multiples of the GEMM's 64 and cross it (67, 70), and reductions long enough to be
 #: cut into slices: fwd over 512 channels, bwd_data over 512 filters, bwd_filter over 1920
-#: (2x2: 7 slices, the last one short) and 512 (4x4: 2) tiles.
+#: (2x2: 7 slices, the last one short) and 512 (4x4: 2) tiles. They cross the fused kernel's
+#: block edges too: 67 output channels against blocks of 32 (2x2) and 16 (4x4), 70 and 5 input
+#: channels against chunks of 8 and 4, 56 tiles against blocks of 32.
 PROBLEMS = [
     ConvProblem(n=2, c=5, h=7, w=13, k=7, r=3, s=3, pad=1),
     ConvProblem(n=1, c=3, h=5, w=5, k=4, r=3, s=3),
@@ -42,8 +47,7 @@ def _impl(algo: str, backend: str):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("pass_", PASSES)
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("algo, pass_", ALGO_PASSES)
 @pytest.mark.parametrize("problem", PROBLEMS, ids=str)
 def test_emu_matches_reference(problem, algo, pass_, layout):
     impl = _impl(algo, "emu")
@@ -106,8 +110,7 @@ def test_limits_say_why(algo, backend, problem, precision, reason):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("pass_", PASSES)
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("algo, pass_", ALGO_PASSES)
 def test_emu_phases_repeat_the_pass(algo, pass_, layout):
     testing.assert_phases_replay(_impl(algo, "emu"), PROBLEMS[0], pass_, layout)
 
@@ -186,20 +189,7 @@ def test_checker_bites_on_a_sign_error_in_bt(algo, pass_, monkeypatch):
     assert not testing.run_and_check(impl, PROBLEMS[0], pass_, "nchw", "fp32").ok
 
 
-# --- fused ---------------------------------------------------------------------------------------
-# PROBLEMS cross the fused kernel's block edges too: 67 output channels against blocks of 32
-# (2x2) and 16 (4x4), 70 and 5 input channels against chunks of 8 and 4, 1920 tiles (2x2) against
-# blocks of 32, and a 512-long reduction.
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("pass_", FUSED_PASSES)
-@pytest.mark.parametrize("algo", FUSED_ALGOS)
-@pytest.mark.parametrize("problem", PROBLEMS, ids=str)
-def test_fused_emu_matches_reference(problem, algo, pass_, layout):
-    impl = _impl(algo, "emu")
-    assert registry.supports(impl, problem, pass_, layout, "fp32") is None
-    testing.assert_matches_reference(algo, "emu", problem, pass_, layout, "fp32")
-
-
+# --- fused (every pass and layout of theirs against the reference: test_emu_matches_reference) ---
 @pytest.mark.parametrize("backend", ("cuda", "emu"))
 @pytest.mark.parametrize("algo", FUSED_ALGOS)
 def test_fused_refuses_the_weight_gradient(algo, backend):
@@ -248,13 +238,6 @@ def test_fused_is_one_kernel_after_the_filter_transform(algo, monkeypatch):
         run = impl.prepare(PROBLEMS[0], pass_, "nhwc", "fp32")
         assert sorted(asked) == ["wino_filter_transform", "wino_fused"]
         assert list(run.phase_fns) == ["transform w", "fused"]
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("pass_", FUSED_PASSES)
-@pytest.mark.parametrize("algo", FUSED_ALGOS)
-def test_fused_emu_phases_repeat_the_pass(algo, pass_, layout):
-    testing.assert_phases_replay(_impl(algo, "emu"), PROBLEMS[0], pass_, layout)
 
 
 @pytest.mark.parametrize("pass_", FUSED_PASSES)
@@ -317,11 +300,6 @@ def _check_cuda(algo: str, problem: ConvProblem, pass_: str, layout: str) -> ver
     out = _run_cuda(algo, problem, pass_, layout, a, b)
     ref = reference.reference(problem, pass_, layout, a, b)
     return verify.check(out, ref, algo, "fp32", problem, pass_)
-
-
-#: (algo, pass) of every kernel path: the non-fused algos in every pass, the fused in theirs.
-ALGO_PASSES = [(a, p) for a in ALGOS for p in PASSES] + \
-    [(a, p) for a in FUSED_ALGOS for p in FUSED_PASSES]
 
 
 @pytest.mark.gpu

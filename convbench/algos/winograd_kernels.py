@@ -82,9 +82,9 @@ def _tables() -> dict[str, str]:
 #: FUSED_BT tiles over FUSED_BC input channels at a time, and a thread FUSED_MK × FUSED_MT of
 #: those with all alpha² positions in registers: 64 accumulators for F(2x2), 72 for F(4x4) (whose
 #: 36 positions leave room for one output channel per thread). 256 threads a block, one block per
-#: SM asked of the launch bounds: F(2x2) needs 139 registers on sm_90 and F(4x4) 168; held to
-#: 128 (two blocks) F(4x4) spills, and F(2x2) fits only at the cap, where ptxas was seen to spill
-#: the 128x128 SGEMM at random under load (kernels/gemm.cu).
+#: SM asked of the launch bounds: F(2x2) takes 140-149 registers (sm_80, sm_90) and F(4x4)
+#: 167-168; held to 128 (two blocks) F(4x4) spills, and F(2x2) fits only at the cap, where ptxas
+#: was seen to spill the 128x128 SGEMM at random under load (kernels/gemm.cu).
 FUSED_TILES = {
     2: {"FUSED_BK": 32, "FUSED_BT": 32, "FUSED_BC": 8, "FUSED_MK": 2, "FUSED_MT": 2,
         "FUSED_MIN_BLOCKS": 1},
