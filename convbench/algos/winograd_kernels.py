@@ -249,13 +249,16 @@ class _WinogradKernels(Winograd):
         reason = super().supports(problem, pass_, layout, precision)
         if reason:
             return reason
-        plan = _plan(problem, pass_, layout, self.m)
         largest = max(*(math.prod(s) for s in problem.operand_shapes(pass_, layout)),
-                      *plan.buffers.values())
+                      *self._buffer_sizes(problem, pass_, layout))
         if largest >= 2**31:
             return ("a tensor or workspace buffer has 2^31 or more elements; the kernels "
                     "index with 32-bit ints")
         return emu.too_big(problem.flops // 2) if self.backend == "emu" else None
+
+    def _buffer_sizes(self, problem: ConvProblem, pass_: str, layout: str) -> list[int]:
+        """Elements of each workspace buffer `prepare` allocates."""
+        return list(_plan(problem, pass_, layout, self.m).buffers.values())
 
     def phases(self, problem: ConvProblem, pass_: str, layout: str, precision: str) -> list[str]:
         return phase_names(pass_)
@@ -268,9 +271,10 @@ class _WinogradKernels(Winograd):
 
     def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
                         precision: str) -> int:
-        """Bytes of the buffers `prepare` allocates: the transformed tiles of both inputs and
-        the GEMM's (partial) products."""
-        return 4 * sum(_plan(problem, pass_, layout, self.m).buffers.values())
+        """Bytes of the buffers `prepare` allocates (`_buffer_sizes`): non-fused, the
+        transformed tiles of both inputs and the GEMM's (partial) products; fused, the
+        transformed filters alone."""
+        return 4 * sum(self._buffer_sizes(problem, pass_, layout))
 
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         launch = kernels.launcher(self.backend, "winograd", CONFIGURATIONS[self.m, layout])
@@ -315,18 +319,17 @@ class _FusedWinogradKernels(_WinogradKernels):
         if pass_ == "bwd_filter":
             return (f"{self.algo} fuses the forward form (fwd, bwd_data) only; the weight "
                     f"gradient is winograd-{self.m}x{self.m}'s (non-fused, as in cuDNN)")
-        reason = Winograd.supports(self, problem, pass_, layout, precision)
+        reason = super().supports(problem, pass_, layout, precision)
         if reason:
             return reason
-        geometry = _fused_geometry(problem, pass_, self.m)
-        largest = max(*(math.prod(s) for s in problem.operand_shapes(pass_, layout)),
-                      geometry["filters"])
-        if largest >= 2**31:
-            return ("a tensor or workspace buffer has 2^31 or more elements; the kernels "
-                    "index with 32-bit ints")
-        if geometry["grid"][1] > _GRID_YZ_MAX:
-            return f"{geometry['grid'][1]} blocks of output channels: the grid's y is at most 65535"
-        return emu.too_big(problem.flops // 2) if self.backend == "emu" else None
+        blocks = _fused_geometry(problem, pass_, self.m)["grid"][1]
+        if blocks > _GRID_YZ_MAX:
+            return f"{blocks} blocks of output channels: the grid's y is at most 65535"
+        return None
+
+    def _buffer_sizes(self, problem: ConvProblem, pass_: str, layout: str) -> list[int]:
+        """The transformed filters: the one buffer `prepare` allocates."""
+        return [_fused_geometry(problem, pass_, self.m)["filters"]]
 
     def phases(self, problem: ConvProblem, pass_: str, layout: str, precision: str) -> list[str]:
         return [f"transform {OPERAND_NAMES[pass_][1]}", phases.FUSED]
@@ -337,11 +340,6 @@ class _FusedWinogradKernels(_WinogradKernels):
         return (f"F({m}x{m}, {_R}x{_R}) fused: input transform, {(m + _R - 1) ** 2} products "
                 f"and output transform in one kernel, blocks of {f['FUSED_BK']} channels x "
                 f"{f['FUSED_BT']} tiles")
-
-    def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
-                        precision: str) -> int:
-        """Bytes of the transformed filters, the one buffer `prepare` allocates."""
-        return 4 * _fused_geometry(problem, pass_, self.m)["filters"]
 
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         launch = kernels.launcher(self.backend, "winograd", CONFIGURATIONS[self.m, layout])
