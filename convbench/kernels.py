@@ -1,4 +1,5 @@
-"""The only reader of kernels/: loads CUDA sources for both backends, and gates them.
+"""The only reader of kernels/: loads CUDA sources for both backends, gates them, and gives
+the wrappers that launch them their base (`KernelImplementation`).
 
 From `kernels/<name>.cu` to a launch
 ------------------------------------
@@ -31,10 +32,12 @@ Rules for kernel sources, so that NVRTC, g++ and the parameter parser agree:
 - no inline PTX, and warp intrinsics only where `convbench/emu/cuda_emu.h` emulates them.
 
 Adding a kernel file: write kernels/<name>.cu by those rules; in its algorithm's
-`convbench/algos/<algo>_kernels.py` declare its configurations and write one wrapper class,
-registered for both ``cuda`` and ``emu`` (`convbench.algos.direct_kernels` is the model); test it
-under ``emu`` against the float64 reference, and on ``cuda`` with the ``gpu`` marker
-(tests/test_direct_kernels.py). `convbench kernels` then gates it with no further change.
+`convbench/algos/<algo>_kernels.py` declare its configurations and write one wrapper class, a
+`KernelImplementation` registered for both ``cuda`` and ``emu`` by ``@register_kernels(algo)``
+(`convbench.algos.direct_kernels` is the model): the base checks the limits every kernel has,
+and the wrapper adds its own through the base's hooks. Test it under ``emu`` against the float64
+reference, and on ``cuda`` with the ``gpu`` marker (tests/test_direct_kernels.py).
+`convbench kernels` then gates it with no further change.
 Tests and experiments compile any file, declared or not, with
 ``kernels.load(backend, path, defines)``; ``convbench kernels FILE.cu -D NAME=VALUE`` gates one.
 
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import numbers
 import re
 import sys
@@ -56,8 +60,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import registry
-from .problem import check_choice
+from . import emu, registry
+from .phases import OPERAND_NAMES
+from .problem import ConvProblem, check_choice
 
 #: Architectures the compile gate builds every configuration for.
 GATE_ARCHS = ("sm_80", "sm_90")
@@ -290,8 +295,6 @@ def _load(backend: str, path: Path, defines: Defines, arch: str | None) -> Launc
     code = read_source(path)
     entries = entry_points(code)
     if backend == "emu":
-        from . import emu
-
         module = emu.load(code, entries, define_options(defines))
         return Launcher(backend, path, defines, np, entries, module.function)
     import cupy
@@ -310,6 +313,102 @@ def _cuda_function(fn) -> Callable:
         fn(grid, block, args, shared_mem=shared_mem)
 
     return launch
+
+
+# --- the wrappers' base -------------------------------------------------------------------------
+#: The kernels index with 32-bit ints: every tensor and workspace buffer has fewer elements.
+INDEX_LIMIT = 2**31
+#: CUDA's limit on a grid's y and z (x goes to 2^31 - 1).
+GRID_YZ_MAX = 65535
+
+
+def ceil_div(a: int, b: int) -> int:
+    """The blocks (tiles, slices) of `b` that cover `a`."""
+    return -(-a // b)
+
+
+def check_grid(*grids: tuple[int, ...]) -> None:
+    """Raises ValueError(reason) for the first grid past CUDA's limit in y or z."""
+    for grid in grids:
+        if max(grid[1:], default=1) > GRID_YZ_MAX:
+            raise ValueError(f"grid {grid} exceeds the CUDA limit of {GRID_YZ_MAX} in y or z")
+
+
+def _over_index_limit(sizes: Mapping[str, int]) -> str | None:
+    """The reason if an array of `sizes` (name -> elements) is too large to index, else None."""
+    for name, count in sizes.items():
+        if count >= INDEX_LIMIT:
+            return (f"{name} has {count:,} elements, 2^31 or more: the kernels index with "
+                    f"32-bit ints")
+    return None
+
+
+class KernelImplementation(registry.Implementation):
+    """An implementation through kernels/*.cu: one class serves `cuda` and `emu`
+    (`register_kernels`), the backend only changing what `launcher` hands back, so the emulated
+    tests check exactly the launch code that runs on the GPU.
+
+    `supports` is written once, here, from hooks: what the algorithm itself refuses comes first
+    (`refuses`), then the limits every kernel has, each with its reason: 32-bit indexing of the
+    operands, the wrapper's launch geometry (`check_launch`), 32-bit indexing of its workspace
+    buffers (`workspace_buffers`), and on `emu` the emulator's budget (`emulated_work`).
+    """
+
+    precisions = ("fp32",)
+
+    def available(self) -> str | None:
+        return available(self.backend)
+
+    def supports(self, problem: ConvProblem, pass_: str, layout: str,
+                 precision: str) -> str | None:
+        operands = zip(OPERAND_NAMES[pass_], problem.operand_shapes(pass_, layout))
+        reason = (self.refuses(problem, pass_, layout, precision)
+                  or _over_index_limit({name: math.prod(s) for name, s in operands}))
+        if reason:
+            return reason
+        try:
+            self.check_launch(problem, pass_, layout)
+            reason = _over_index_limit(self.workspace_buffers(problem, pass_, layout))
+        except ValueError as exc:
+            reason = str(exc)
+        if reason or self.backend != "emu":
+            return reason
+        return emu.too_big(self.emulated_work(problem, pass_, layout))
+
+    def refuses(self, problem: ConvProblem, pass_: str, layout: str,
+                precision: str) -> str | None:
+        """Why the algorithm does not run this problem at any size (FFT's stride > 1,
+        Winograd's filters other than 3x3), or None."""
+        return None
+
+    def check_launch(self, problem: ConvProblem, pass_: str, layout: str) -> None:
+        """Raises ValueError(reason) where the launch geometry does not fit the hardware (a grid
+        past `GRID_YZ_MAX`, too much shared memory); nothing to check by default."""
+
+    def workspace_buffers(self, problem: ConvProblem, pass_: str, layout: str
+                          ) -> dict[str, int]:
+        """Elements of each buffer `prepare` allocates, by the name a reason gives it."""
+        return {}
+
+    def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
+                        precision: str) -> int:
+        """The workspace buffers, float32: declared from the sizes `supports` checks, so the
+        two cannot disagree."""
+        return 4 * sum(self.workspace_buffers(problem, pass_, layout).values())
+
+    def emulated_work(self, problem: ConvProblem, pass_: str, layout: str) -> int:
+        """Multiply-adds the emulator would run, for `emu.too_big`: the direct convolution's."""
+        return problem.flops // 2
+
+
+def register_kernels(algo: str) -> Callable[[type], type]:
+    """Class decorator: register a kernel wrapper as `algo` on both `cuda` and `emu`."""
+    def deco(cls: type) -> type:
+        for backend in ("cuda", "emu"):
+            registry.register(algo, backend)(cls)
+        return cls
+
+    return deco
 
 
 # --- the compile gate ---------------------------------------------------------------------------

@@ -300,24 +300,6 @@ def available_host_bytes() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-#: What implementations keep on the GPU from one case to the next (cuFFT plans hold their work
-#: areas in CuPy's pool): each a callable that drops its cache. `clear_device_caches` runs them
-#: before every case on the GPU and after an out-of-memory, so a case's peak includes its own
-#: plans and no earlier case's count against its memory limit.
-_DEVICE_CACHES: list = []
-
-
-def register_device_cache(clear):
-    """Add `clear` (a no-argument callable dropping a cache of GPU memory); returns it."""
-    _DEVICE_CACHES.append(clear)
-    return clear
-
-
-def clear_device_caches() -> None:
-    for clear in _DEVICE_CACHES:
-        clear()
-
-
 @dataclass(frozen=True)
 class MemoryLimit:
     """The most a pass may allocate, its operands included."""

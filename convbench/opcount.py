@@ -19,8 +19,8 @@ inputs transformed and one output produced, so the formulas share their parts ac
 
 FFT's count depends on its transform grid, which is the implementation's choice and differs by
 backend (FFTW's fast sizes on the CPU, cuFFT's on the GPU; fft-tiled's tiles), so the grid is
-taken from the implementation's own planning code rather than restated here: the count follows
-whatever grid actually runs.
+asked of the implementation (`registry.TransformGrid`) rather than restated here: the count
+follows whatever grid actually runs.
 """
 
 from __future__ import annotations
@@ -67,8 +67,13 @@ def _gemm(p: ConvProblem, pass_: str, precision: str) -> OpCount:
 
 def _fft_grid(p: ConvProblem, pass_: str, algo: str, backend: str) -> tuple[int, int, int]:
     """(transform height, width, tiles per image) as the implementation of `algo` on `backend`
-    plans them (ValueError if there is none): the count follows the grid that really runs."""
-    return registry.get(algo, backend).transform_grid(p, pass_)
+    chooses them (ValueError if there is none, or it does not say): the count follows the grid
+    that really runs."""
+    impl = registry.get(algo, backend)
+    if not isinstance(impl, registry.TransformGrid):
+        raise ValueError(f"{algo} on {backend} does not give its transform grid "
+                         f"(registry.TransformGrid), so its transforms cannot be counted")
+    return impl.transform_grid(p, pass_)
 
 
 def _fft_planes(p: ConvProblem, grid: tuple[int, int, int]) -> tuple[int, int]:
@@ -166,10 +171,11 @@ def theoretical_workspace(algo: str, problem: ConvProblem, pass_: str, precision
     return None
 
 
-def workspace_bytes(impl, problem: ConvProblem, pass_: str, layout: str,
+def workspace_bytes(impl: registry.Implementation, problem: ConvProblem, pass_: str, layout: str,
                     precision: str) -> int | None:
-    """What the implementation says it allocates (its `workspace_bytes` method, when it has
-    one), else the theoretical figure for its algorithm."""
-    if hasattr(impl, "workspace_bytes"):
-        return impl.workspace_bytes(problem, pass_, layout, precision)
+    """What the implementation says it allocates, when it says, else the theoretical figure for
+    its algorithm."""
+    declared = impl.workspace_bytes(problem, pass_, layout, precision)
+    if declared is not None:
+        return declared
     return theoretical_workspace(impl.algo, problem, pass_, precision, impl.backend)

@@ -12,27 +12,38 @@ import numpy as np
 
 from .problem import LAYOUTS, PASSES, ConvProblem, check_choice
 
-#: NCHW -> layout axis order, for activations and filters alike (KCRS -> KRSC).
+#: Array types the harness makes operands in, per precision (tf32 computes on fp32 storage).
+DTYPES = {"fp64": np.float64, "fp32": np.float32, "tf32": np.float32, "fp16": np.float16}
+
+#: NCHW -> layout axis order, for activations and filters alike (KCRS -> KRSC), and back.
 _TO_LAYOUT = {"nchw": (0, 1, 2, 3), "nhwc": (0, 2, 3, 1)}
 _FROM_LAYOUT = {"nchw": (0, 1, 2, 3), "nhwc": (0, 3, 1, 2)}
 
 
-def to_layout(a, layout: str):
-    """An NCHW (or KCRS) array as a contiguous array in `layout` (works for NumPy and CuPy)."""
+def _transposed(a, layout: str, order: dict):
     check_choice("layout", layout, LAYOUTS)
     if layout == "nchw":
         return a
-    xp = _array_module(a)
-    return xp.ascontiguousarray(a.transpose(_TO_LAYOUT[layout]))
+    return _array_module(a).ascontiguousarray(a.transpose(order[layout]))
+
+
+def to_layout(a, layout: str):
+    """An NCHW (or KCRS) array as a contiguous array in `layout` (works for NumPy and CuPy)."""
+    return _transposed(a, layout, _TO_LAYOUT)
 
 
 def from_layout(a, layout: str):
     """An array in `layout` as a contiguous NCHW (or KCRS) array."""
-    check_choice("layout", layout, LAYOUTS)
-    if layout == "nchw":
-        return a
-    xp = _array_module(a)
-    return xp.ascontiguousarray(a.transpose(_FROM_LAYOUT[layout]))
+    return _transposed(a, layout, _FROM_LAYOUT)
+
+
+def array_module(backend: str):
+    """NumPy for `numpy` and `emu`, CuPy for `cuda`: where the operands of a backend live."""
+    if backend == "cuda":
+        import cupy
+
+        return cupy
+    return np
 
 
 def _array_module(a):

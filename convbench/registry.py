@@ -1,25 +1,8 @@
 """Which implementations exist: one per (algo, backend), found by `@register`.
 
-An implementation is a class with
-
-- ``precisions``: the precisions it runs (`fp64`, `fp32`, ...);
-- ``supports(problem, pass_, layout, precision) -> str | None``: None, or a one-line reason why
-  it cannot run this combination (never an exception: the runner records the reason);
-- ``prepare(problem, pass_, layout, precision) -> Callable[[a, b, out], None]``: everything that
-  must not be timed (plans, compilation, workspace allocation) happens here; the returned callable
-  runs one pass, reading the two inputs and writing every element of the preallocated ``out``.
-  Operands follow `ConvProblem.operand_shapes(pass_, layout)`; arrays are NumPy for the `numpy`
-  and `emu` backends, CuPy for `cuda` (cuDNN wraps them as torch tensors, without a copy).
-- optionally ``available() -> str | None``: None when its own needs (beyond the backend) are met
-  here, else why not (`impl_available` checks the backend first);
-- optionally ``describe(problem, pass_, layout, precision) -> str``: a note for the results row
-  (e.g. which FFT library or which cuDNN kernel ran);
-- optionally ``workspace_bytes(problem, pass_, layout, precision) -> int``: the bytes it
-  allocates beyond inputs and outputs (`opcount.workspace_bytes` falls back to theory without it);
-- optionally ``phases(...) -> list[str]`` and a ``phase_fns`` attribute on the prepared callable:
-  the per-phase breakdown, whose contract is in `convbench.phases`;
-- FFT implementations also give ``transform_grid(problem, pass_) -> (height, width, tiles)``,
-  the grid they transform on, which `opcount` counts.
+The contract an implementation keeps is `Implementation` (and `TransformGrid` for FFT): an
+abstract class rather than a list of names probed with `hasattr`, so that `register` refuses a
+class that breaks it at import, and callers use every hook without asking whether it is there.
 
 Modules under `convbench.algos` register themselves on import; `load()` imports them all, so a
 new algorithm is one new file, with no list to edit.
@@ -27,9 +10,11 @@ new algorithm is one new file, with no list to edit.
 
 from __future__ import annotations
 
+import abc
 import importlib
 import pkgutil
 from collections.abc import Callable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from .problem import LAYOUTS, PASSES, PRECISIONS, ConvProblem, check_choice
 
@@ -40,12 +25,75 @@ BACKENDS = ("numpy", "cuda", "emu")
 ALIASES = {"winograd": ("winograd-2x2", "winograd-4x4"),
            "winograd-fused": ("winograd-fused-2x2", "winograd-fused-4x4")}
 
-_IMPLS: dict[tuple[str, str], object] = {}
+#: One prepared pass: ``run(a, b, out)`` reads the pass's two inputs and writes every element of
+#: the preallocated `out` (NumPy arrays on `numpy` and `emu`, CuPy on `cuda`).
+PassFn = Callable[[Any, Any, Any], None]
+
+
+class Implementation(abc.ABC):
+    """One algorithm on one backend, as the harness, the functional API and the advisor use it.
+
+    Subclass it and decorate the class with `register(algo, backend)`, which sets `algo` and
+    `backend` on the one instance it keeps. `supports` and `prepare` are required; the other
+    hooks have defaults that mean "nothing to add", so callers call them without checking.
+    Arrays follow `ConvProblem.operand_shapes(pass_, layout)`.
+    """
+
+    #: The precisions it runs (`fp64`, `fp32`, ...): `supports` is asked only about these.
+    precisions: ClassVar[tuple[str, ...]]
+    algo: str
+    backend: str
+
+    @abc.abstractmethod
+    def supports(self, problem: ConvProblem, pass_: str, layout: str,
+                 precision: str) -> str | None:
+        """None, or a one-line reason why it cannot run this combination. Never raises: the
+        runner records the reason as the case's `unsupported` row."""
+
+    @abc.abstractmethod
+    def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str) -> PassFn:
+        """The pass, ready to time: everything that must not be timed (library plans,
+        compilation, workspace allocation) happens here, once."""
+
+    def available(self) -> str | None:
+        """None when its own needs beyond the backend (a library, a device) are met here, else
+        why not; `impl_available` asks the backend first."""
+        return None
+
+    def describe(self, problem: ConvProblem, pass_: str, layout: str, precision: str) -> str:
+        """A note for the results row (which FFT library, which cuDNN kernel ran); "" for none."""
+        return ""
+
+    def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
+                        precision: str) -> int | None:
+        """The bytes it allocates beyond inputs and output, or None when it does not say:
+        `opcount.workspace_bytes` then falls back to the algorithm's theoretical figure."""
+        return None
+
+    def phases(self, problem: ConvProblem, pass_: str, layout: str,
+               precision: str) -> list[str] | None:
+        """The names of the pass's phases, in order, when the prepared callable carries
+        ``phase_fns`` (the contract is `convbench.phases`); None: the pass is one phase."""
+        return None
+
+
+@runtime_checkable
+class TransformGrid(Protocol):
+    """What an FFT implementation adds: the grid it transforms on, which `opcount` counts. The
+    grid is the implementation's choice (FFTW's or cuFFT's fast sizes, fft-tiled's tiles), so the
+    count asks it rather than restating it."""
+
+    def transform_grid(self, problem: ConvProblem, pass_: str) -> tuple[int, int, int]:
+        """(transform height, width, tiles per image) as this implementation runs `pass_`."""
+
+
+_IMPLS: dict[tuple[str, str], Implementation] = {}
 _loaded = False
 
 
 def register(algo: str, backend: str) -> Callable[[type], type]:
-    """Class decorator: instantiate the class and file it under (algo, backend)."""
+    """Class decorator: instantiate the class and file it under (algo, backend). A class that
+    breaks the contract (`Implementation`) raises TypeError here, at import."""
     check_choice("algo", algo, ALGOS)
     check_choice("backend", backend, BACKENDS)
 
@@ -53,12 +101,29 @@ def register(algo: str, backend: str) -> Callable[[type], type]:
         key = (algo, backend)
         if key in _IMPLS:
             raise RuntimeError(f"{algo} on {backend} registered twice")
+        _check_contract(cls, f"{algo} on {backend}")
         inst = cls()
         inst.algo, inst.backend = algo, backend
         _IMPLS[key] = inst
         return cls
 
     return deco
+
+
+def _check_contract(cls: type, what: str) -> None:
+    """Raises TypeError, in one line, where `cls` breaks the contract of `Implementation`."""
+    name = getattr(cls, "__qualname__", repr(cls))
+    if not (isinstance(cls, type) and issubclass(cls, Implementation)):
+        raise TypeError(f"{name} cannot register as {what}: it does not subclass "
+                        f"registry.Implementation")
+    if cls.__abstractmethods__:
+        raise TypeError(f"{name} cannot register as {what}: it does not define "
+                        f"{', '.join(sorted(cls.__abstractmethods__))}")
+    precisions = getattr(cls, "precisions", None)
+    if (not isinstance(precisions, tuple) or not precisions
+            or not set(precisions) <= set(PRECISIONS)):
+        raise TypeError(f"{name} cannot register as {what}: its precisions must be a non-empty "
+                        f"tuple of {', '.join(PRECISIONS)}, not {precisions!r}")
 
 
 def load() -> None:
@@ -73,7 +138,7 @@ def load() -> None:
     _loaded = True
 
 
-def get(algo: str, backend: str):
+def get(algo: str, backend: str) -> Implementation:
     """The implementation of `algo` on `backend`; ValueError naming what exists if none."""
     load()
     check_choice("algo", algo, ALGOS)
@@ -85,7 +150,7 @@ def get(algo: str, backend: str):
     return impl
 
 
-def implementations(backend: str | None = None) -> list:
+def implementations(backend: str | None = None) -> list[Implementation]:
     """Registered implementations, in ALGOS order, optionally of one backend."""
     load()
     order = {a: i for i, a in enumerate(ALGOS)}
@@ -142,15 +207,13 @@ def _cuda_available() -> str | None:
     return None if count > 0 else "no CUDA GPU found"
 
 
-def impl_available(impl) -> str | None:
+def impl_available(impl: Implementation) -> str | None:
     """None if this implementation can run here: its backend, then its own needs."""
-    reason = available(impl.backend)
-    if reason is None and hasattr(impl, "available"):
-        reason = impl.available()
-    return reason
+    return available(impl.backend) or impl.available()
 
 
-def supports(impl, problem: ConvProblem, pass_: str, layout: str, precision: str) -> str | None:
+def supports(impl: Implementation, problem: ConvProblem, pass_: str, layout: str,
+             precision: str) -> str | None:
     """None if `impl` runs this combination, else a one-line reason."""
     check_choice("pass", pass_, PASSES)
     check_choice("layout", layout, LAYOUTS)
@@ -158,3 +221,22 @@ def supports(impl, problem: ConvProblem, pass_: str, layout: str, precision: str
     if precision not in impl.precisions:
         return f"{impl.algo} on {impl.backend} runs {'/'.join(impl.precisions)}, not {precision}"
     return impl.supports(problem, pass_, layout, precision)
+
+
+# --- what implementations keep on the GPU -------------------------------------------------------
+#: What implementations keep on the GPU from one case to the next (cuFFT plans hold their work
+#: areas in CuPy's pool): each a callable that drops its cache. `clear_device_caches` runs them
+#: before every case on the GPU and after an out-of-memory, so a case's peak includes its own
+#: plans and no earlier case's count against its memory limit.
+_DEVICE_CACHES: list = []
+
+
+def register_device_cache(clear):
+    """Add `clear` (a no-argument callable dropping a cache of GPU memory); returns it."""
+    _DEVICE_CACHES.append(clear)
+    return clear
+
+
+def clear_device_caches() -> None:
+    for clear in _DEVICE_CACHES:
+        clear()

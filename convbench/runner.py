@@ -202,7 +202,7 @@ def _release_device_memory(backend: str) -> None:
         return
     import cupy
 
-    memory.clear_device_caches()
+    registry.clear_device_caches()
     cupy.get_default_memory_pool().free_all_blocks()
     if "torch" in sys.modules:
         sys.modules["torch"].cuda.empty_cache()
@@ -221,12 +221,12 @@ def _phase_fns(impl, fn, args: tuple) -> dict[str, Callable[[], None]] | None:
     """The prepared callable's phase functions in the order `impl.phases` names them, when the
     implementation has phases and the callable carries them; ValueError if the two disagree
     (a breach of the phase contract, which would mislabel the breakdown)."""
-    if not hasattr(impl, "phases") or not hasattr(fn, "phase_fns"):
+    names = impl.phases(*args)
+    if names is None:
         return None
-    names = list(impl.phases(*args))
-    if sorted(names) != sorted(fn.phase_fns):
+    if sorted(names) != sorted(getattr(fn, "phase_fns", {})):
         raise ValueError(f"phases() names {names} but the prepared pass has "
-                         f"{list(fn.phase_fns)}")
+                         f"{list(getattr(fn, 'phase_fns', {}))}")
     return {name: fn.phase_fns[name] for name in names}
 
 
@@ -252,7 +252,7 @@ def prepare(case: Case, operands: Operands, impl=None,
         a, b, ref = operands.get(case, xp)
         out = reference.nan_output(p, case.pass_, case.layout, DTYPES[case.precision], xp)
         if case.backend == "cuda":
-            memory.clear_device_caches()
+            registry.clear_device_caches()
         with memory.trace(case.backend) as trace:
             fn = impl.prepare(*args)
             trace.mark()
@@ -274,8 +274,6 @@ def prepare(case: Case, operands: Operands, impl=None,
 def _describe(impl, args: tuple) -> str:
     """The implementation's note for the row; a note that cannot be made (cuDNN's profiled
     call failing, say) is said in the note, and does not undo the measurement."""
-    if not hasattr(impl, "describe"):
-        return ""
     try:
         return impl.describe(*args)
     except Exception as exc:  # noqa: BLE001  (any library's error; the time stands)

@@ -90,7 +90,7 @@ def test_workspace_is_what_the_pass_allocates(algo, pass_, layout):
     assert memory.pass_peak(trace.points) == pytest.approx(declared, abs=192 << 10)
 
 
-class _TapLoop:
+class _TapLoop(registry.Implementation):
     """A plain nchw forward tap loop, with an optional bug. Without the bug it passes (checked
     below), so each failure comes from the bug alone."""
 

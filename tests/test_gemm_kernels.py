@@ -10,7 +10,7 @@ from hypothesis import given, settings
 
 from convbench import reference, registry, testing, verify
 from convbench.algos import gemm_kernels
-from convbench.algos.gemm_kernels import Product, plan_sgemm, sgemm_runner
+from convbench.algos.gemm_kernels import Product, sgemm_geometry, sgemm_runner
 from convbench.layers import net_layers
 from convbench.problem import LAYOUTS, PASSES, ConvProblem
 
@@ -78,7 +78,7 @@ def test_emu_split_reduction_is_right_and_deterministic(monkeypatch, layout):
     product = gemm_kernels.conv_product(problem, "bwd_filter", layout)[0]
     assert impl.workspace_bytes(problem, "bwd_filter", layout, "fp32") == 4 * (
         gemm_kernels.col_elements(problem) + 5 * problem.k * problem.c * 9) > 0
-    assert plan_sgemm(product).partial_elements == 5 * product.c_extent
+    assert sgemm_geometry(product).partial_elements == 5 * product.c_extent
     _check("gemm", "emu", problem, "bwd_filter", layout)
     x, dy = reference.random_operands(problem, "bwd_filter", layout)
     run = impl.prepare(problem, "bwd_filter", layout, "fp32")
@@ -125,7 +125,7 @@ def _sgemm(backend, tiles, ta, tb, m, n, k, pad=0, offset=0, seed=0):
     """(C from gemm.cu, float64 reference) for one product; C is NaN where unwritten."""
     a, b, lda, ldb, ref = _operands(np.random.default_rng(seed), ta, tb, m, n, k, pad, offset)
     product = Product(ta, tb, m, n, k, lda, ldb, n)
-    launch = sgemm_runner(backend, plan_sgemm(product, tiles))
+    launch = sgemm_runner(backend, sgemm_geometry(product, tiles))
     if backend == "cuda":
         import cupy
 
@@ -183,9 +183,9 @@ def test_emu_sgemm_batches_groups_and_images(monkeypatch, reduce):
     product = Product(False, True, m, n, k, k, k, n, groups, images, reduce,
                       a_group=images * m * k, a_image=m * k, b_group=n * k,
                       b_image=groups * n * k, c_group=c[0].size, c_image=0 if reduce else m * n)
-    plan = plan_sgemm(product, "small")
-    assert plan.grid[2] == groups * (2 if reduce else images)
-    sgemm_runner("emu", plan)(a, b, c)
+    geo = sgemm_geometry(product, "small")
+    assert geo.grid[2] == groups * (2 if reduce else images)
+    sgemm_runner("emu", geo)(a, b, c)
     ref = np.einsum("gimk,ignk->gimn", a.astype(np.float64), b)
     _assert_close(c, ref.sum(axis=1) if reduce else ref, images * k)
 

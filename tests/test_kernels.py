@@ -1,6 +1,7 @@
 """convbench.kernels: reading sources, parsing entry points, checking launch arguments, and the
 NVRTC compile gate (runs without a GPU)."""
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -8,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from convbench import kernels, registry
+from convbench import emu, kernels, registry
+from convbench.problem import ConvProblem
 
 HERE = Path(__file__).parent / "kernels"
 DIRECT_ENTRIES = {"direct_fwd", "direct_bwd_data", "direct_bwd_filter", "direct_sum_splits"}
@@ -129,3 +131,101 @@ def test_gate_fails_on_compile_errors(tmp_path, capsys):
     captured = capsys.readouterr()
     assert 'compile error: bad.cu(1): error: identifier "nope" is undefined' in captured.out
     assert "1 error detected" in captured.err
+
+
+# --- the wrappers' base ---------------------------------------------------------------------------
+class _Toy(kernels.KernelImplementation):
+    """The base's checks on hooks sized by the problem: a launch of N blocks in z, a workspace
+    buffer of C·2^20 elements."""
+
+    def check_launch(self, problem, pass_, layout):
+        kernels.check_grid((1, 1, problem.n))
+
+    def workspace_buffers(self, problem, pass_, layout):
+        return {"the toy buffer": problem.c << 20}
+
+    def prepare(self, problem, pass_, layout, precision):
+        raise NotImplementedError
+
+
+class _Refusing(_Toy):
+    def refuses(self, problem, pass_, layout, precision):
+        return "toy refuses"
+
+
+def _toy(backend: str, cls: type = _Toy) -> kernels.KernelImplementation:
+    impl = cls()
+    impl.algo, impl.backend = "direct", backend
+    return impl
+
+
+SMALL = ConvProblem(n=1, c=1, h=8, w=8, k=1, r=3, s=3)
+#: x has 2^32 elements; 3x3, stride 1, so that every kernel algorithm runs it but for its size.
+HUGE = ConvProblem(n=2**14, c=64, h=64, w=64, k=64, r=3, s=3, pad=1)
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"h": 2**16, "w": 2**15},
+     "x has 2,147,483,648 elements, 2^31 or more: the kernels index with 32-bit ints"),
+    ({"c": 2**11},
+     "the toy buffer has 2,147,483,648 elements, 2^31 or more: the kernels index with 32-bit ints"),
+    ({"n": 65536}, "grid (1, 1, 65536) exceeds the CUDA limit of 65535 in y or z"),
+])
+def test_kernel_base_limits_say_why(change, reason):
+    problem = dataclasses.replace(SMALL, **change)
+    for backend in ("cuda", "emu"):
+        assert _toy(backend).supports(problem, "fwd", "nchw", "fp32") == reason
+    assert _toy("cuda").supports(SMALL, "fwd", "nchw", "fp32") is None
+
+
+def test_kernel_base_asks_the_emulators_budget_on_emu_only():
+    big = dataclasses.replace(SMALL, n=8, c=64, h=64, w=64, k=64)  # 1.1e9 MACs
+    assert "too much for the emulator" in _toy("emu").supports(big, "fwd", "nchw", "fp32")
+    assert _toy("cuda").supports(big, "fwd", "nchw", "fp32") is None
+    assert _toy("emu").supports(SMALL, "fwd", "nchw", "fp32") is None
+
+    class Heavy(_Toy):  # a wrapper whose emulated work is not the direct convolution's
+        def emulated_work(self, problem, pass_, layout):
+            return emu.MAX_MACS + 1
+
+    assert "too much for the emulator" in _toy("emu", Heavy).supports(SMALL, "fwd", "nchw",
+                                                                       "fp32")
+
+
+def test_kernel_base_puts_the_algorithms_refusal_before_size_limits():
+    past_all = dataclasses.replace(SMALL, n=65536, c=2**11, h=2**10, w=2**10)
+    assert _toy("emu", _Refusing).supports(past_all, "fwd", "nchw", "fp32") == "toy refuses"
+
+
+def test_kernel_base_declares_its_buffers_as_float32_workspace():
+    assert _toy("cuda").workspace_bytes(SMALL, "fwd", "nchw", "fp32") == 4 << 20
+    assert _toy("cuda").precisions == ("fp32",)
+
+
+def test_kernel_helpers():
+    assert [kernels.ceil_div(a, 4) for a in (0, 1, 4, 5)] == [0, 1, 1, 2]
+    kernels.check_grid((2**31 - 1, kernels.GRID_YZ_MAX, kernels.GRID_YZ_MAX), (70000, 1))
+    with pytest.raises(ValueError, match=r"grid \(1, 65536\) exceeds the CUDA limit"):
+        kernels.check_grid((1, 1, 1), (1, 65536))
+
+
+KERNEL_ALGOS = registry.algos_for("emu")
+
+
+@pytest.mark.parametrize("algo", KERNEL_ALGOS)
+def test_every_kernel_wrapper_is_one_class_on_cuda_and_emu(algo):
+    on_cuda, on_emu = registry.get(algo, "cuda"), registry.get(algo, "emu")
+    assert isinstance(on_emu, kernels.KernelImplementation)
+    assert type(on_cuda) is type(on_emu) and on_cuda is not on_emu
+
+
+@pytest.mark.parametrize("algo", KERNEL_ALGOS)
+def test_every_kernel_wrapper_refuses_a_tensor_past_32_bit_indexing(algo):
+    for backend in ("cuda", "emu"):
+        reason = registry.supports(registry.get(algo, backend), HUGE, "fwd", "nchw", "fp32")
+        assert reason.startswith("x has 4,294,967,296 elements, 2^31 or more")
+
+
+def test_gemm_cublas_is_a_kernel_wrapper_on_cuda_only():
+    assert isinstance(registry.get("gemm-cublas", "cuda"), kernels.KernelImplementation)
+    assert "gemm-cublas" not in registry.algos_for("emu")

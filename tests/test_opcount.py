@@ -145,6 +145,32 @@ def test_fft_tiled_has_no_cpu_implementation_to_count():
         opcount.op_count("fft-tiled", CONV2, "fwd", backend="numpy")
 
 
+class _StandIn(registry.Implementation):
+    """An implementation (of `gemm` on numpy) that keeps the contract and runs nothing."""
+
+    algo, backend, precisions = "gemm", "numpy", ("fp32",)
+
+    def supports(self, problem, pass_, layout, precision):
+        return None
+
+    def prepare(self, problem, pass_, layout, precision):
+        raise NotImplementedError
+
+
+def test_fft_grid_comes_from_the_implementation():
+    for algo in ("fft", "fft-tiled"):
+        for impl in registry.implementations():
+            if impl.algo == algo:
+                assert isinstance(impl, registry.TransformGrid)
+
+
+def test_an_fft_implementation_without_its_grid_cannot_be_counted(monkeypatch):
+    registry.load()
+    monkeypatch.setitem(registry._IMPLS, ("fft", "numpy"), _StandIn())
+    with pytest.raises(ValueError, match="fft on numpy does not give its transform grid"):
+        opcount.op_count("fft", CONV2, "fwd")
+
+
 def test_library_algorithms_have_no_count():
     for algo in ("cudnn", "cudnn-autotune", "torch-cpu"):
         assert opcount.op_count(algo, CONV2, "fwd") is None
@@ -153,14 +179,12 @@ def test_library_algorithms_have_no_count():
 
 
 def test_workspace_prefers_what_the_implementation_declares():
-    class Declares:
-        algo = "gemm"
-
+    class Declares(_StandIn):
         def workspace_bytes(self, problem, pass_, layout, precision):
             return 123
 
-    class Silent:
-        algo, backend = "gemm", "numpy"
+    class Silent(_StandIn):
+        pass
 
     assert opcount.workspace_bytes(Declares(), CONV2, "fwd", "nchw", "fp32") == 123
     assert opcount.workspace_bytes(Silent(), CONV2, "fwd", "nchw", "fp32") == \

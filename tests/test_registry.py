@@ -1,6 +1,7 @@
 import pytest
 
 from convbench import registry
+from convbench.problem import ConvProblem
 
 
 def test_every_module_registers_and_torch_cpu_is_there():
@@ -8,6 +9,7 @@ def test_every_module_registers_and_torch_cpu_is_there():
     assert "torch-cpu" in [i.algo for i in impls]
     assert all(i.backend == "numpy" for i in impls)
     for impl in registry.implementations():
+        assert isinstance(impl, registry.Implementation)
         assert impl.algo in registry.ALGOS and impl.backend in registry.BACKENDS
         assert set(impl.precisions) <= {"fp64", "fp32", "tf32", "fp16", "bf16"}
 
@@ -46,3 +48,83 @@ def test_backend_availability():
     assert registry.available("numpy") is None
     cuda = registry.available("cuda")
     assert cuda is None or "GPU" in cuda or "CuPy" in cuda
+
+
+# --- the contract -------------------------------------------------------------------------------
+@pytest.fixture
+def scratch_registry(monkeypatch):
+    """The registry as loaded, in a copy: what a test registers does not outlive it."""
+    registry.load()
+    monkeypatch.setattr(registry, "_IMPLS", dict(registry._IMPLS))
+
+
+class _NoPrecisions(registry.Implementation):
+    def supports(self, problem, pass_, layout, precision):
+        return None
+
+    def prepare(self, problem, pass_, layout, precision):
+        return lambda a, b, out: None
+
+
+class _Minimal(_NoPrecisions):
+    precisions = ("fp32",)
+
+
+def test_register_refuses_a_class_that_is_not_an_implementation(scratch_registry):
+    class Duck:  # every method of the contract, but not the type
+        precisions = ("fp32",)
+        supports, prepare = _Minimal.supports, _Minimal.prepare
+
+    with pytest.raises(TypeError, match="Duck cannot register as cudnn on emu: it does not "
+                                        "subclass registry.Implementation"):
+        registry.register("cudnn", "emu")(Duck)
+    assert ("cudnn", "emu") not in registry._IMPLS
+
+
+@pytest.mark.parametrize("precisions", [None, (), ["fp32"], ("fp32", "fp8")])
+def test_register_refuses_a_class_without_valid_precisions(scratch_registry, precisions):
+    cls = type("Vague", (_NoPrecisions,), {} if precisions is None else
+               {"precisions": precisions})
+    with pytest.raises(TypeError, match="Vague cannot register as cudnn on emu: its precisions "
+                                        "must be a non-empty tuple of fp64, fp32"):
+        registry.register("cudnn", "emu")(cls)
+    assert ("cudnn", "emu") not in registry._IMPLS
+
+
+def test_register_refuses_a_subclass_missing_prepare(scratch_registry):
+    class NoPrepare(registry.Implementation):
+        precisions = ("fp32",)
+
+        def supports(self, problem, pass_, layout, precision):
+            return None
+
+    with pytest.raises(TypeError, match="NoPrepare cannot register as cudnn on emu: it does not "
+                                        "define prepare$"):
+        registry.register("cudnn", "emu")(NoPrepare)
+    assert ("cudnn", "emu") not in registry._IMPLS
+
+
+def test_optional_hooks_default_to_nothing_to_add(scratch_registry):
+    """Callers use every hook without asking whether it is there: the defaults mean "no needs
+    beyond the backend", "no note", "not declared" (opcount falls back to theory), "one phase"."""
+    registry.register("cudnn", "emu")(_Minimal)
+    impl = registry.get("cudnn", "emu")
+    assert (impl.algo, impl.backend) == ("cudnn", "emu")
+    case = (ConvProblem(n=1, c=1, h=4, w=4, k=1, r=3, s=3), "fwd", "nchw", "fp32")
+    assert impl.available() is None
+    assert impl.describe(*case) == ""
+    assert impl.workspace_bytes(*case) is None
+    assert impl.phases(*case) is None
+    assert registry.impl_available(impl) == registry.available("emu")
+
+
+def test_device_caches_are_registered_and_cleared(monkeypatch):
+    from convbench.algos import fft_kernels
+
+    assert fft_kernels._cufft_plan.cache_clear in registry._DEVICE_CACHES
+    cleared = []
+    monkeypatch.setattr(registry, "_DEVICE_CACHES", [])
+    clear = registry.register_device_cache(lambda: cleared.append(1))
+    assert registry._DEVICE_CACHES == [clear]
+    registry.clear_device_caches()
+    assert cleared == [1]

@@ -11,7 +11,7 @@ LAYER = Layer("custom", "tiny", TINY)
 BUDGET = 0.002
 
 
-class Fake:
+class Fake(registry.Implementation):
     """Wraps torch-cpu, counting calls of the prepared pass; `mistake` spoils its output,
     `error` is raised by the pass instead of computing it."""
 

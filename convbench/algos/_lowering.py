@@ -19,9 +19,6 @@ import numpy as np
 
 from ..problem import ELEMENT_BYTES
 
-#: NumPy dtype of each precision the CPU implementations compute in.
-DTYPES = {"fp64": np.float64, "fp32": np.float32}
-
 #: (index into the lowered buffer, index into the activation).
 Window = tuple[tuple, tuple]
 

@@ -24,7 +24,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 from ..problem import ConvProblem
-from ..registry import register
+from ..registry import Implementation, register
 from ._aten import aten_pass, torch_view
 
 _TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -162,7 +162,7 @@ def _capability():
 
 
 @register("cudnn", "cuda")
-class CuDNN:
+class CuDNN(Implementation):
     precisions = ("fp32", "tf32", "fp16", "bf16")
     autotune = False
 

@@ -34,9 +34,9 @@ from typing import NamedTuple
 import numpy as np
 
 from ..problem import ConvProblem
-from ..registry import register
+from ..reference import DTYPES
+from ..registry import Implementation, register
 from ._lowering import (
-    DTYPES,
     axis_pairs,
     channel_major,
     gather,
@@ -212,7 +212,7 @@ def _mac(a: np.ndarray, b: np.ndarray, acc: np.ndarray, tmp: np.ndarray, first: 
 
 
 @register("direct", "numpy")
-class DirectCPU:
+class DirectCPU(Implementation):
     precisions = ("fp64", "fp32")
 
     def supports(self, problem: ConvProblem, pass_: str, layout: str, precision: str):

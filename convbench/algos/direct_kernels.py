@@ -1,9 +1,5 @@
 """`direct` on the GPU (`cuda`) and in the emulator (`emu`): the kernels of kernels/direct.cu.
 
-One class serves both backends and is registered for each; the backend only changes what
-`kernels.launcher` hands back (CuPy launches on a GPU, or the host emulator on NumPy arrays),
-so the emulated tests in CI check exactly the launch code that runs on the GPU.
-
 The tile sizes are chosen here, once: they go to the source as ``-D`` defines (declared to the
 compile gate below) and the grids and shared-memory sizes are derived from them here. How the
 kernels tile the work is described in kernels/direct.cu.
@@ -14,9 +10,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .. import emu, kernels
+from .. import kernels
+from ..kernels import ceil_div
 from ..problem import LAYOUTS, ConvProblem
-from ..registry import register
 
 TILES = {"THREADS": 256, "TILE_H": 8, "TILE_W": 8, "TILE_O": 32,
          "BF_TILE_K": 64, "BF_TILE_CRS": 64, "BF_CHUNK": 16}
@@ -32,15 +28,10 @@ MAX_CHUNK = 16
 #: depends on the problem alone, so the emulator runs the configuration the GPU runs.
 SPLIT_TARGET_BLOCKS = 1024
 MIN_SPLIT_PIXELS = 256
-_GRID_YZ_MAX = 65535
-
-
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass(frozen=True)
-class _GatherPlan:
+class _GatherGeometry:
     """direct_fwd / direct_bwd_data: grid, dynamic shared memory and patch extents."""
 
     grid: tuple[int, int, int]
@@ -51,7 +42,7 @@ class _GatherPlan:
 
 
 @dataclass(frozen=True)
-class _FilterPlan:
+class _FilterGeometry:
     """direct_bwd_filter (+ direct_sum_splits when the reduction is split)."""
 
     grid: tuple[int, int, int]
@@ -65,7 +56,7 @@ class _FilterPlan:
         return self.splits * self.dw_size if self.splits > 1 else 0
 
 
-def _gather_plan(p: ConvProblem, pass_: str) -> _GatherPlan:
+def _gather_geometry(p: ConvProblem, pass_: str) -> _GatherGeometry:
     """Raises ValueError(reason) when the problem does not fit the kernel."""
     bwd = pass_ == "bwd_data"
     in_g, out_g = (p.k // p.groups, p.cg) if bwd else (p.cg, p.k // p.groups)
@@ -79,92 +70,77 @@ def _gather_plan(p: ConvProblem, pass_: str) -> _GatherPlan:
     patch_h, patch_w = extent(TILES["TILE_H"], p.r), extent(TILES["TILE_W"], p.s)
 
     def smem(chunk: int) -> int:  # must match the layout of `smem` in direct_gather
-        return 4 * (_ceil(chunk * patch_h * patch_w, 4) * 4 + chunk * p.r * p.s * TILES["TILE_O"])
+        patch = ceil_div(chunk * patch_h * patch_w, 4) * 4
+        return 4 * (patch + chunk * p.r * p.s * TILES["TILE_O"])
 
     chunk = next((c for c in range(min(in_g, MAX_CHUNK), 0, -1)
                   if smem(c) <= kernels.DEFAULT_DYNAMIC_SHARED), 0)
     if not chunk:
         raise ValueError(f"one channel's input patch and filter slice need {smem(1):,} bytes of "
-                       f"shared memory, over {kernels.DEFAULT_DYNAMIC_SHARED:,}")
-    grid = (_ceil(out_h, TILES["TILE_H"]) * _ceil(out_w, TILES["TILE_W"]),
-            p.groups * _ceil(out_g, TILES["TILE_O"]), p.n)
-    _check_grid(grid)
-    return _GatherPlan(grid, smem(chunk), patch_h, patch_w, chunk)
+                         f"shared memory, over {kernels.DEFAULT_DYNAMIC_SHARED:,}")
+    grid = (ceil_div(out_h, TILES["TILE_H"]) * ceil_div(out_w, TILES["TILE_W"]),
+            p.groups * ceil_div(out_g, TILES["TILE_O"]), p.n)
+    kernels.check_grid(grid)
+    return _GatherGeometry(grid, smem(chunk), patch_h, patch_w, chunk)
 
 
-def _filter_plan(p: ConvProblem) -> _FilterPlan:
+def _filter_geometry(p: ConvProblem) -> _FilterGeometry:
     kg, crs = p.k // p.groups, p.cg * p.r * p.s
-    tiles = (_ceil(crs, TILES["BF_TILE_CRS"]), p.groups * _ceil(kg, TILES["BF_TILE_K"]))
-    splits = max(1, min(_ceil(SPLIT_TARGET_BLOCKS, math.prod(tiles)),
-                        p.n * p.p * p.q // MIN_SPLIT_PIXELS, _GRID_YZ_MAX))
+    tiles = (ceil_div(crs, TILES["BF_TILE_CRS"]), p.groups * ceil_div(kg, TILES["BF_TILE_K"]))
+    splits = max(1, min(ceil_div(SPLIT_TARGET_BLOCKS, math.prod(tiles)),
+                        p.n * p.p * p.q // MIN_SPLIT_PIXELS, kernels.GRID_YZ_MAX))
     grid = (*tiles, splits)
-    _check_grid(grid)
-    return _FilterPlan(grid, splits, p.k * crs)
+    kernels.check_grid(grid)
+    return _FilterGeometry(grid, splits, p.k * crs)
 
 
-def _check_grid(grid: tuple[int, int, int]) -> None:
-    """Raises ValueError(reason) past CUDA's grid limits."""
-    if max(grid[1:]) > _GRID_YZ_MAX:
-        raise ValueError(f"grid {grid} exceeds the CUDA limit of {_GRID_YZ_MAX} in y or z")
+def _geometry(problem: ConvProblem, pass_: str) -> _GatherGeometry | _FilterGeometry:
+    """The launch geometry of a pass; raises ValueError(reason) where it does not fit."""
+    if pass_ == "bwd_filter":
+        return _filter_geometry(problem)
+    return _gather_geometry(problem, pass_)
 
 
-def _plan(problem: ConvProblem, pass_: str) -> _GatherPlan | _FilterPlan:
-    return _filter_plan(problem) if pass_ == "bwd_filter" else _gather_plan(problem, pass_)
+@kernels.register_kernels("direct")
+class DirectKernels(kernels.KernelImplementation):
+    """`direct` through kernels/direct.cu."""
 
+    def check_launch(self, problem: ConvProblem, pass_: str, layout: str) -> None:
+        _geometry(problem, pass_)
 
-class DirectKernels:
-    """`direct` through kernels/direct.cu; `backend` is set by `register` (cuda or emu)."""
-
-    precisions = ("fp32",)
-
-    def available(self) -> str | None:
-        return kernels.available(self.backend)
-
-    def supports(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
-        largest = max(math.prod(s) for s in problem.operand_shapes(pass_, layout))
-        if largest >= 2**31:
-            return "a tensor has 2^31 or more elements; the kernels index with 32-bit ints"
-        try:
-            _plan(problem, pass_)
-        except ValueError as exc:
-            return str(exc)
-        return emu.too_big(problem.flops // 2) if self.backend == "emu" else None
-
-    def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
-                        precision: str) -> int:
-        """The float32 partial sums of a split bwd_filter: fwd and bwd_data stage their tiles
-        in shared memory and allocate nothing."""
-        plan = _plan(problem, pass_)
-        return 4 * plan.partial_elements if isinstance(plan, _FilterPlan) else 0
+    def workspace_buffers(self, problem: ConvProblem, pass_: str, layout: str
+                          ) -> dict[str, int]:
+        """The partial sums of a split bwd_filter: fwd and bwd_data stage their tiles in shared
+        memory and allocate nothing."""
+        geo = _geometry(problem, pass_)
+        if isinstance(geo, _FilterGeometry) and geo.partial_elements:
+            return {"the split reduction's partial sums": geo.partial_elements}
+        return {}
 
     def describe(self, problem, pass_, layout, precision) -> str:
-        plan = _plan(problem, pass_)
-        if isinstance(plan, _FilterPlan):
-            return f"N·P·Q reduction in {plan.splits} slice(s)"
-        return f"{plan.chunk}-channel steps, {plan.smem:,} B shared memory"
+        geo = _geometry(problem, pass_)
+        if isinstance(geo, _FilterGeometry):
+            return f"N·P·Q reduction in {geo.splits} slice(s)"
+        return f"{geo.chunk}-channel steps, {geo.smem:,} B shared memory"
 
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         launch = kernels.launcher(self.backend, "direct", CONFIGURATIONS[layout])
-        p, plan = problem, _plan(problem, pass_)
+        p, geo = problem, _geometry(problem, pass_)
         dims = (p.n, p.c, p.h, p.w, p.k, p.r, p.s, p.p, p.q, p.stride, p.pad, p.dilation,
                 p.groups)
-        if isinstance(plan, _GatherPlan):
+        if isinstance(geo, _GatherGeometry):
             kernel = launch.kernel(f"direct_{pass_}")
-            args = (*dims, plan.patch_h, plan.patch_w, plan.chunk)
-            return lambda a, b, out: kernel(plan.grid, THREADS, (a, b, out, *args),
-                                            shared_mem=plan.smem)
+            args = (*dims, geo.patch_h, geo.patch_w, geo.chunk)
+            return lambda a, b, out: kernel(geo.grid, THREADS, (a, b, out, *args),
+                                            shared_mem=geo.smem)
         reduce = launch.kernel("direct_bwd_filter")
-        if plan.splits == 1:
-            return lambda a, b, out: reduce(plan.grid, THREADS, (a, b, out, *dims, 1))
+        if geo.splits == 1:
+            return lambda a, b, out: reduce(geo.grid, THREADS, (a, b, out, *dims, 1))
         add = launch.kernel("direct_sum_splits")
-        part = launch.xp.empty(plan.partial_elements, dtype=launch.xp.float32)
+        part = launch.xp.empty(geo.partial_elements, dtype=launch.xp.float32)
 
         def run(a, b, out):
-            reduce(plan.grid, THREADS, (a, b, part, *dims, plan.splits))
-            add(_ceil(plan.dw_size, THREADS), THREADS, (part, out, plan.dw_size, plan.splits))
+            reduce(geo.grid, THREADS, (a, b, part, *dims, geo.splits))
+            add(ceil_div(geo.dw_size, THREADS), THREADS, (part, out, geo.dw_size, geo.splits))
 
         return run
-
-
-for _backend in ("cuda", "emu"):
-    register("direct", _backend)(DirectKernels)

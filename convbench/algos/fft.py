@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..problem import ConvProblem
-from ..registry import register
+from ..registry import Implementation, register
 
 #: FFTW planner effort: FFTW_MEASURE's plans for these strided batches run up to 5x faster than
 #: FFTW_ESTIMATE's, and measuring on one chunk keeps planning to a fraction of a second.
@@ -374,7 +374,7 @@ def _side(mats: dict[str, np.ndarray], side: tuple[str, bool]) -> np.ndarray:
 
 
 @register("fft", "numpy")
-class FFTConv:
+class FFTConv(Implementation):
     """FFT convolution, stride 1, any padding, all three passes, both layouts natively."""
 
     precisions = ("fp64", "fp32")

@@ -50,10 +50,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import emu, kernels, memory
-from ..phases import Phased, phase_names
+from .. import kernels, registry
+from ..kernels import ceil_div
+from ..phases import OPERAND_NAMES, Phased, phase_names
 from ..problem import LAYOUTS, ConvProblem
-from ..registry import register
 
 #: PROD_MIN_BLOCKS: the product kernel's blocks per SM in its launch bounds (fft.cu says why 1).
 TILES = {"COPY_TILE": 32, "COPY_THREADS": 256,
@@ -68,8 +68,6 @@ PROD_THREADS = (TILES["PROD_TF"] * (TILES["PROD_TM"] // TILES["PROD_MM"])
                 * (TILES["PROD_TN"] // TILES["PROD_MN"]))
 #: `fft-tiled`'s transform size per axis, as cuDNN's FFT_TILING (32×32 tiles).
 TILE = 32
-_GRID_YZ_MAX = 65535
-_INT32_MAX = 2**31 - 1
 
 #: Each tensor as A×B×H×W on the grid: its (outer, inner) channel-like dimensions and its
 #: spatial extents, as names of `ConvProblem` fields.
@@ -127,10 +125,6 @@ def _fast_len(n: int) -> int:
     return next(m for m in itertools.count(n) if smooth(m))
 
 
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 @dataclass(frozen=True)
 class _Axis:
     """One spatial axis: the grid size, and the image tensors' tiles, `step` rows apart."""
@@ -152,7 +146,7 @@ def _axis(recipe: _Recipe, n: int, r: int, pad: int, tile: int | None) -> _Axis:
         return _Axis(size, size, 1, recipe.starts(pad, r, False))
     step = tile - r + 1
     partitioned = n if recipe.partitioned == "x" else m
-    return _Axis(tile, step, _ceil(partitioned, step), recipe.starts(pad, r, True))
+    return _Axis(tile, step, ceil_div(partitioned, step), recipe.starts(pad, r, True))
 
 
 @dataclass(frozen=True)
@@ -176,7 +170,7 @@ class _Place:
 
 
 @dataclass(frozen=True)
-class _Plan:
+class _Geometry:
     """Grid, placements and launch geometry of one (problem, pass, tiling); the layout only
     changes which compiled kernels run."""
 
@@ -204,7 +198,7 @@ class _Plan:
         """(grid, scalar arguments) of fft_pack (to_grid) or fft_crop (less its scale)."""
         rows, cols, z = ((self.th, self.tw, place.items // place.b) if to_grid
                          else (place.h, place.w, place.a))
-        grid = (rows * _ceil(cols, COPY_TILE), _ceil(place.b, COPY_TILE), z)
+        grid = (rows * ceil_div(cols, COPY_TILE), ceil_div(place.b, COPY_TILE), z)
         args = (place.b, place.h, place.w, self.th, self.tw, *place.start, *place.step,
                 *place.tiles)
         return grid, args + place.extent if to_grid else args
@@ -212,8 +206,8 @@ class _Plan:
     @property
     def product_grid(self) -> tuple[int, int, int]:
         m, n = self.product[1], self.product[2]
-        return (_ceil(self.freqs, TILES["PROD_TF"]), _ceil(n, TILES["PROD_TN"]),
-                _ceil(m, TILES["PROD_TM"]))
+        return (ceil_div(self.freqs, TILES["PROD_TF"]), ceil_div(n, TILES["PROD_TN"]),
+                ceil_div(m, TILES["PROD_TM"]))
 
     def launch_grids(self) -> list[tuple[int, int, int]]:
         return [self.product_grid, *(self.copy_launch(p, i < 2)[0]
@@ -232,7 +226,7 @@ class _Plan:
         return 4 * f * m * n * l + sum(p.items for p in self.places) * self.th * self.tw
 
 
-def _plan(problem: ConvProblem, pass_: str, tile: int | None) -> _Plan:
+def _geometry(problem: ConvProblem, pass_: str, tile: int | None) -> _Geometry:
     p, recipe = problem, _RECIPES[pass_]
     axes = (_axis(recipe, p.h, p.r, p.pad, tile), _axis(recipe, p.w, p.s, p.pad, tile))
     tiles = (axes[0].tiles, axes[1].tiles)
@@ -262,7 +256,7 @@ def _plan(problem: ConvProblem, pass_: str, tile: int | None) -> _Plan:
     product = (th * (tw // 2 + 1), sizes[m], sizes[n], sizes[l], stride(lhs, m), stride(lhs, l),
                stride(rhs, l), stride(rhs, n), stride(out, m), stride(out, n),
                *map(int, recipe.conj))
-    return _Plan(th, tw, tiles, places, product, recipe.lhs_is_first)
+    return _Geometry(th, tw, tiles, places, product, recipe.lhs_is_first)
 
 
 # --- the transforms -------------------------------------------------------------------------------
@@ -279,7 +273,7 @@ def _cufft_plan(device: int, fft_type: str, items: int, th: int, tw: int):
                         getattr(cufft, f"CUFFT_{fft_type}"), items, "C", 2, outer[1])
 
 
-memory.register_device_cache(_cufft_plan.cache_clear)
+registry.register_device_cache(_cufft_plan.cache_clear)
 
 
 class _CuFFT:
@@ -323,14 +317,14 @@ _TRANSFORMS = {"cuda": _CuFFT, "emu": _NumpyFFT}
 
 
 # --- the implementation ---------------------------------------------------------------------------
-class FFTKernels:
-    """`fft` through cuFFT and kernels/fft.cu; `backend` is set by `register` (cuda or emu)."""
+@kernels.register_kernels("fft")
+class FFTKernels(kernels.KernelImplementation):
+    """`fft` through cuFFT and kernels/fft.cu."""
 
-    precisions = ("fp32",)
     tile: int | None = None  #: transform size per axis of `fft-tiled`; None: one whole grid
 
     def available(self) -> str | None:
-        reason = kernels.available(self.backend)
+        reason = super().available()
         if reason is None and self.backend == "cuda":
             try:
                 from cupy.cuda import cufft  # noqa: F401  (CuPy loads libcufft on first use)
@@ -338,55 +332,61 @@ class FFTKernels:
                 return f"CuPy cannot load cuFFT: {str(exc).splitlines()[0]}"
         return reason
 
-    def supports(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
+    def refuses(self, problem: ConvProblem, pass_: str, layout: str,
+                precision: str) -> str | None:
         for field in ("stride", "dilation", "groups"):
             if getattr(problem, field) > 1:
                 return f"{self.algo} supports {field} 1 only, like cuDNN's FFT"
-        plan = _plan(problem, pass_, self.tile)
-        largest = max(plan.grid_elements, *plan.spectrum_elements(),
-                      *(math.prod(s) for s in problem.operand_shapes(pass_, layout)))
-        if largest > _INT32_MAX:
-            return (f"a buffer of {largest:,} elements is over 2^31: the kernels index with "
-                    f"32-bit ints")
-        grids = plan.launch_grids()
-        if max(max(g[1:]) for g in grids) > _GRID_YZ_MAX:
-            return f"a launch grid exceeds the CUDA limit of {_GRID_YZ_MAX} in y or z"
-        return emu.too_big(plan.emulated_work()) if self.backend == "emu" else None
+        return None
+
+    def check_launch(self, problem: ConvProblem, pass_: str, layout: str) -> None:
+        kernels.check_grid(*_geometry(problem, pass_, self.tile).launch_grids())
+
+    def workspace_buffers(self, problem: ConvProblem, pass_: str, layout: str
+                          ) -> dict[str, int]:
+        """The one real grid the phases share, and the three spectra (complex elements)."""
+        geo = _geometry(problem, pass_, self.tile)
+        spectra = zip(OPERAND_NAMES[pass_], geo.spectrum_elements())
+        return {"the transform grid": geo.grid_elements,
+                **{f"the spectrum of {name}": size for name, size in spectra}}
+
+    def emulated_work(self, problem: ConvProblem, pass_: str, layout: str) -> int:
+        return _geometry(problem, pass_, self.tile).emulated_work()
 
     def describe(self, problem, pass_, layout, precision) -> str:
-        plan = _plan(problem, pass_, self.tile)
-        tiles = f", {plan.tiles[0]}x{plan.tiles[1]} tiles" if self.tile else ""
-        return f"{_TRANSFORMS[self.backend].name}, transform {plan.th}x{plan.tw}{tiles}"
+        geo = _geometry(problem, pass_, self.tile)
+        tiles = f", {geo.tiles[0]}x{geo.tiles[1]} tiles" if self.tile else ""
+        return f"{_TRANSFORMS[self.backend].name}, transform {geo.th}x{geo.tw}{tiles}"
 
     def transform_grid(self, problem: ConvProblem, pass_: str) -> tuple[int, int, int]:
         """(transform height, width, tiles per image) as the kernels run this pass: cuFFT's
         fast sizes, cut into overlap-save tiles where `fft-tiled` tiles an axis."""
-        plan = _plan(problem, pass_, self.tile)
-        return plan.th, plan.tw, plan.tiles[0] * plan.tiles[1]
+        geo = _geometry(problem, pass_, self.tile)
+        return geo.th, geo.tw, geo.tiles[0] * geo.tiles[1]
 
     def workspace_bytes(self, problem, pass_, layout, precision) -> int:
-        """Bytes allocated beyond inputs and output: the three spectra and the one real grid the
-        phases share; cuFFT's own plan work areas are not counted."""
-        return _plan(problem, pass_, self.tile).workspace_bytes()
+        """The workspace buffers, the spectra complex64; cuFFT's own plan work areas are not
+        counted."""
+        return _geometry(problem, pass_, self.tile).workspace_bytes()
 
     def phases(self, problem, pass_, layout, precision) -> list[str]:
         return phase_names(pass_)
 
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
-        plan = _plan(problem, pass_, self.tile)
+        geo = _geometry(problem, pass_, self.tile)
         launch = kernels.launcher(self.backend, "fft", CONFIGURATIONS[layout])
         xp, fft = launch.xp, _TRANSFORMS[self.backend]
         pack, crop = launch.kernel("fft_pack"), launch.kernel("fft_crop")
         product = launch.kernel("fft_product")
-        flat_grid = xp.empty(plan.grid_elements, dtype=xp.float32)
-        grids = [flat_grid[:p.items * plan.th * plan.tw].reshape(p.items, plan.th, plan.tw)
-                 for p in plan.places]
-        spectra = [xp.empty((p.items, plan.th, plan.tf), dtype=xp.complex64)
-                   for p in plan.places]
-        scale = 1.0 / (plan.th * plan.tw)
+        flat_grid = xp.empty(geo.grid_elements, dtype=xp.float32)
+        grids = [flat_grid[:p.items * geo.th * geo.tw].reshape(p.items, geo.th, geo.tw)
+                 for p in geo.places]
+        spectra = [xp.empty((p.items, geo.th, geo.tf), dtype=xp.complex64)
+                   for p in geo.places]
+        scale = 1.0 / (geo.th * geo.tw)
 
         def transform(i: int) -> Callable:
-            blocks, args = plan.copy_launch(plan.places[i], to_grid=True)
+            blocks, args = geo.copy_launch(geo.places[i], to_grid=True)
             execute = fft.forward(grids[i], spectra[i])
 
             def run(tensor) -> None:
@@ -396,7 +396,7 @@ class FFTKernels:
             return run
 
         def inverse() -> Callable:
-            blocks, args = plan.copy_launch(plan.places[2], to_grid=False)
+            blocks, args = geo.copy_launch(geo.places[2], to_grid=False)
             execute = fft.inverse(spectra[2], grids[2])
 
             def run(tensor) -> None:
@@ -405,24 +405,20 @@ class FFTKernels:
 
             return run
 
-        lhs, rhs = spectra[:2] if plan.lhs_is_first else spectra[1::-1]
-        product_args = (lhs, rhs, spectra[2], *plan.product)
+        lhs, rhs = spectra[:2] if geo.lhs_is_first else spectra[1::-1]
+        product_args = (lhs, rhs, spectra[2], *geo.product)
         first, second, out = transform(0), transform(1), inverse()
         names = phase_names(pass_)
         return Phased({
             names[0]: lambda a, b, y: first(a),
             names[1]: lambda a, b, y: second(b),
-            names[2]: lambda a, b, y: product(plan.product_grid, PROD_THREADS, product_args),
+            names[2]: lambda a, b, y: product(geo.product_grid, PROD_THREADS, product_args),
             names[3]: lambda a, b, y: out(y),
         })
 
 
+@kernels.register_kernels("fft-tiled")
 class FFTTiledKernels(FFTKernels):
     """`fft-tiled`: the same kernels over TILE × TILE transforms of overlapping tiles."""
 
     tile = TILE
-
-
-for _backend in ("cuda", "emu"):
-    register("fft", _backend)(FFTKernels)
-    register("fft-tiled", _backend)(FFTTiledKernels)

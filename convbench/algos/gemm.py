@@ -24,9 +24,9 @@ import math
 import numpy as np
 
 from ..problem import ConvProblem
-from ..registry import register
+from ..reference import DTYPES
+from ..registry import Implementation, register
 from ._lowering import (
-    DTYPES,
     axis_pairs,
     channel_major,
     contiguous_inputs,
@@ -87,7 +87,7 @@ def _sum_buffer_shape(p: ConvProblem, pass_: str, layout: str) -> tuple[int, int
 
 
 @register("gemm", "numpy")
-class GemmCPU:
+class GemmCPU(Implementation):
     precisions = ("fp64", "fp32")
 
     def supports(self, problem: ConvProblem, pass_: str, layout: str, precision: str):

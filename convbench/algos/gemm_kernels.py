@@ -18,8 +18,8 @@ The products are row-major with leading dimensions, so each lands directly in NK
 / KRSC and reads its operands as stored: nchw's images are the batch index of one launch
 (blockIdx.z), and bwd_filter's sums over images and output pixels run inside the kernel, split
 across blocks into partial results when dw alone has too few tiles to fill the GPU (`Product`
-is that description, `plan_sgemm` sizes it, `sgemm_runner` launches it, `cublas_runner` hands
-the same description to cuBLAS).
+is that description, `sgemm_geometry` sizes its launch, `sgemm_runner` launches it,
+`cublas_runner` hands the same description to cuBLAS).
 
 Tile sizes are chosen here, once: they are the -D defines of gemm.cu (declared to the compile
 gate below); launch grids, shared memory and splits are derived from them here, from the problem
@@ -37,7 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import emu, kernels
+from .. import kernels
+from ..kernels import ceil_div
 from ..problem import LAYOUTS, ConvProblem
 from ..registry import register
 
@@ -64,12 +65,6 @@ SPLIT_TARGET_BLOCKS = 1024
 MIN_SPLIT_TILES = 32
 #: Shared-memory row padding of the staged tiles, floats (kPad in gemm.cu).
 SMEM_PAD = 4
-_GRID_YZ_MAX = 65535
-_INDEX_LIMIT = 2**31  # the kernels index with 32-bit ints
-
-
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def threads(tiles: str) -> int:
@@ -126,7 +121,7 @@ class Product:
 
 
 @dataclass(frozen=True)
-class SgemmPlan:
+class SgemmGeometry:
     """How gemm.cu runs a `Product`: tile configuration, grid, and the split of a reduction."""
 
     product: Product
@@ -145,62 +140,58 @@ class SgemmPlan:
         return self.splits * self.product.c_extent if self.splits > 1 else 0
 
 
-def plan_sgemm(product: Product, tiles: str | None = None) -> SgemmPlan:
+def sgemm_geometry(product: Product, tiles: str | None = None) -> SgemmGeometry:
     """Tile configuration (by `LARGE_TILE_MIN_BLOCKS` unless given), grid and splits of a
-    product. Raises ValueError(reason) past CUDA's grid limits or 32-bit indexing."""
+    product. Raises ValueError(reason) past CUDA's grid limits, or for a split reduction into a
+    C that is not contiguous."""
     p = product
 
-    def plan(name: str) -> SgemmPlan:
+    def geometry(name: str) -> SgemmGeometry:
         t = TILES[name]
-        xy = (_ceil(p.m, t["BM"]), _ceil(p.n, t["BN"]))
-        k_tiles = _ceil(p.k, t["BK"])
+        xy = (ceil_div(p.m, t["BM"]), ceil_div(p.n, t["BN"]))
+        k_tiles = ceil_div(p.k, t["BK"])
         if not p.reduce:
-            return SgemmPlan(p, name, (*xy, p.groups * p.images), k_tiles, 1)
+            return SgemmGeometry(p, name, (*xy, p.groups * p.images), k_tiles, 1)
         total = p.images * k_tiles
-        splits = max(1, min(_ceil(SPLIT_TARGET_BLOCKS, xy[0] * xy[1] * p.groups),
-                            total // MIN_SPLIT_TILES, _GRID_YZ_MAX // p.groups))
-        per_split = _ceil(total, splits)
-        splits = _ceil(total, per_split)  # no empty slice
-        return SgemmPlan(p, name, (*xy, p.groups * splits), per_split, splits)
+        splits = max(1, min(ceil_div(SPLIT_TARGET_BLOCKS, xy[0] * xy[1] * p.groups),
+                            total // MIN_SPLIT_TILES, kernels.GRID_YZ_MAX // p.groups))
+        per_split = ceil_div(total, splits)
+        splits = ceil_div(total, per_split)  # no empty slice
+        return SgemmGeometry(p, name, (*xy, p.groups * splits), per_split, splits)
 
     if tiles is None:
-        large = plan("large")
+        large = geometry("large")
         tiles = "large" if math.prod(large.grid) >= LARGE_TILE_MIN_BLOCKS else "small"
-    chosen = plan(tiles)
-    if max(chosen.grid[1:]) > _GRID_YZ_MAX:
-        raise ValueError(f"SGEMM grid {chosen.grid} exceeds the CUDA limit of {_GRID_YZ_MAX} "
-                         f"in y or z")
-    if chosen.partial_elements >= _INDEX_LIMIT:
-        raise ValueError(f"the split reduction's partial results have {chosen.partial_elements:,}"
-                         f" elements, 2^31 or more; the kernels index with 32-bit ints")
+    chosen = geometry(tiles)
+    kernels.check_grid(chosen.grid)
     if chosen.splits > 1 and (p.ldc != p.n or (p.groups > 1 and p.c_group != p.m * p.ldc)):
         raise ValueError("a split reduction sums whole partial results: C must be contiguous")
     return chosen
 
 
-def sgemm_runner(backend: str, plan: SgemmPlan) -> Callable:
-    """``run(a, b, c)``: the planned product through gemm.cu on `backend` (arrays: C-contiguous,
-    float32, holding the operands at the product's offsets). A split reduction's partial results
-    are allocated here, once."""
-    launch = kernels.launcher(backend, "gemm", TILES[plan.tiles])
-    p, block = plan.product, threads(plan.tiles)
+def sgemm_runner(backend: str, geo: SgemmGeometry) -> Callable:
+    """``run(a, b, c)``: the product through gemm.cu on `backend`, launched as `geo` says
+    (arrays: C-contiguous, float32, holding the operands at the product's offsets). A split
+    reduction's partial results are allocated here, once."""
+    launch = kernels.launcher(backend, "gemm", TILES[geo.tiles])
+    p, block = geo.product, threads(geo.tiles)
     multiply = launch.kernel(p.entry)
 
     def args(a, b, c, c_split: int) -> tuple:
         return (a, b, c, p.m, p.n, p.k, p.lda, p.ldb, p.ldc, p.groups, p.images,
-                plan.tiles_per_split, p.a_group, p.a_image, p.b_group, p.b_image, p.c_group,
+                geo.tiles_per_split, p.a_group, p.a_image, p.b_group, p.b_image, p.c_group,
                 c_split)
 
-    if plan.splits == 1:
+    if geo.splits == 1:
         c_split = 0 if p.reduce else p.c_image
-        return lambda a, b, c: multiply(plan.grid, block, args(a, b, c, c_split),
-                                        shared_mem=plan.smem)
+        return lambda a, b, c: multiply(geo.grid, block, args(a, b, c, c_split),
+                                        shared_mem=geo.smem)
     add = launch.kernel("gemm_sum_splits")
-    part = launch.xp.empty(plan.partial_elements, dtype=launch.xp.float32)
+    part = launch.xp.empty(geo.partial_elements, dtype=launch.xp.float32)
 
     def run(a, b, c):
-        multiply(plan.grid, block, args(a, b, part, p.c_extent), shared_mem=plan.smem)
-        add(_ceil(p.c_extent, block), block, (part, c, p.c_extent, plan.splits))
+        multiply(geo.grid, block, args(a, b, part, p.c_extent), shared_mem=geo.smem)
+        add(ceil_div(p.c_extent, block), block, (part, c, p.c_extent, geo.splits))
 
     return run
 
@@ -311,44 +302,33 @@ def col_elements(problem: ConvProblem) -> int:
     return p.n * p.c * p.r * p.s * p.p * p.q
 
 
-class GemmKernels:
-    """`gemm` through kernels/im2col.cu and kernels/gemm.cu; `backend` is set by `register`."""
+def _sgemm_geometry(problem: ConvProblem, pass_: str, layout: str) -> SgemmGeometry:
+    """How gemm.cu runs a pass's product."""
+    return sgemm_geometry(conv_product(problem, pass_, layout)[0])
 
-    precisions = ("fp32",)
 
-    def available(self) -> str | None:
-        return kernels.available(self.backend)
+@kernels.register_kernels("gemm")
+class GemmKernels(kernels.KernelImplementation):
+    """`gemm` through kernels/im2col.cu and kernels/gemm.cu."""
 
-    def supports(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
-        largest = max(math.prod(s) for s in problem.operand_shapes(pass_, layout))
-        if largest >= _INDEX_LIMIT:
-            return "a tensor has 2^31 or more elements; the kernels index with 32-bit ints"
-        if col_elements(problem) >= _INDEX_LIMIT:
-            return (f"the im2col workspace ({4 * col_elements(problem) / 2**30:.1f} GiB) has 2^31"
-                    f" or more elements; the kernels index with 32-bit ints")
-        try:
-            self._check_product(conv_product(problem, pass_, layout)[0])
-        except ValueError as exc:
-            return str(exc)
-        return emu.too_big(problem.flops // 2) if self.backend == "emu" else None
+    def check_launch(self, problem: ConvProblem, pass_: str, layout: str) -> None:
+        _sgemm_geometry(problem, pass_, layout)
 
-    def _check_product(self, product: Product) -> None:
-        plan_sgemm(product)
-
-    def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
-                        precision: str) -> int:
-        """The column matrix, plus the partial results of a split bwd_filter reduction."""
-        plan = plan_sgemm(conv_product(problem, pass_, layout)[0])
-        return 4 * (col_elements(problem) + plan.partial_elements)
+    def workspace_buffers(self, problem: ConvProblem, pass_: str, layout: str
+                          ) -> dict[str, int]:
+        """The column matrix, and the partial results of a split bwd_filter reduction."""
+        return {"the im2col workspace": col_elements(problem),
+                "the split reduction's partial results":
+                    _sgemm_geometry(problem, pass_, layout).partial_elements}
 
     def describe(self, problem: ConvProblem, pass_: str, layout: str, precision: str) -> str:
-        plan = plan_sgemm(conv_product(problem, pass_, layout)[0])
-        t = TILES[plan.tiles]
+        geo = _sgemm_geometry(problem, pass_, layout)
+        t = TILES[geo.tiles]
         note = f"our SGEMM, {t['BM']}×{t['BN']} tiles"
-        return note + (f", reduction in {plan.splits} slices" if plan.splits > 1 else "")
+        return note + (f", reduction in {geo.splits} slices" if geo.splits > 1 else "")
 
     def _multiplier(self, product: Product) -> Callable:
-        return sgemm_runner(self.backend, plan_sgemm(product))
+        return sgemm_runner(self.backend, sgemm_geometry(product))
 
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         product, a_name, b_name = conv_product(problem, pass_, layout)
@@ -359,7 +339,7 @@ class GemmKernels:
         dims = (p.n, p.c, p.h, p.w, p.r, p.s, p.p, p.q, p.stride, p.pad, p.dilation, p.groups)
         if pass_ == "bwd_data":
             col2im = lowering.kernel("col2im")
-            grid = _ceil(p.n * p.c * p.h * p.w, LOWERING_THREADS)
+            grid = ceil_div(p.n * p.c * p.h * p.w, LOWERING_THREADS)
 
             def run(dy, w, dx):
                 operands = {"dy": dy, "w": w}
@@ -368,7 +348,7 @@ class GemmKernels:
 
             return run
         im2col = lowering.kernel("im2col")
-        grid = _ceil(col.size, LOWERING_THREADS)
+        grid = ceil_div(col.size, LOWERING_THREADS)
         second = "w" if pass_ == "fwd" else "dy"
 
         def run(x, b, out):
@@ -379,24 +359,20 @@ class GemmKernels:
         return run
 
 
-for _backend in ("cuda", "emu"):
-    register("gemm", _backend)(GemmKernels)
-
-
 @register("gemm-cublas", "cuda")
 class GemmCublas(GemmKernels):
     """`gemm-cublas`: the lowering kernels of `gemm`, the product by cuBLAS in FP32."""
 
     def available(self) -> str | None:
-        return kernels.available(self.backend) or cublas_available()
+        return super().available() or cublas_available()
 
-    def _check_product(self, product: Product) -> None:
+    def check_launch(self, problem: ConvProblem, pass_: str, layout: str) -> None:
         """cuBLAS takes any grid and splits its own reductions: nothing to check."""
 
-    def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
-                        precision: str) -> int:
+    def workspace_buffers(self, problem: ConvProblem, pass_: str, layout: str
+                          ) -> dict[str, int]:
         """The column matrix (cuBLAS's own workspace is not counted)."""
-        return 4 * col_elements(problem)
+        return {"the im2col workspace": col_elements(problem)}
 
     def describe(self, problem: ConvProblem, pass_: str, layout: str, precision: str) -> str:
         return "cuBLAS sgemm (CUBLAS_DEFAULT_MATH: FP32, no TF32)"

@@ -8,12 +8,12 @@ copied into the caller's output buffer: one pass over the output, inside the tim
 from __future__ import annotations
 
 from ..problem import ConvProblem
-from ..registry import register
+from ..registry import Implementation, register
 from ._aten import aten_pass, torch_view
 
 
 @register("torch-cpu", "numpy")
-class TorchCPU:
+class TorchCPU(Implementation):
     precisions = ("fp64", "fp32")
 
     def supports(self, problem: ConvProblem, pass_: str, layout: str, precision: str):

@@ -27,10 +27,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..problem import FILTER_LAYOUT, ConvProblem
-from ..registry import register
+from ..reference import DTYPES
+from ..registry import Implementation, register
 from ..transforms import winograd_matrices
 
-_DTYPE = {"fp64": np.float64, "fp32": np.float32}
 _R = 3  # the filter size these algorithms take
 #: Physical axis order of transformed activation tiles: channel, batch, tile row, tile column.
 _TILE_ORDER = {"nchw": "cnhw", "nhwc": "nhwc"}
@@ -238,7 +238,7 @@ class _WeightGradient:
         np.copyto(out, _permute(self.untransform(self.prod), "rskc", self.filter_layout))
 
 
-class Winograd:
+class Winograd(Implementation):
     """F(m×m, 3×3) on NumPy for 3x3, stride-1, dense filters; subclasses set `m`. The GPU
     kernels (`winograd_kernels`) subclass it too, so both refuse the same problems alike."""
 
@@ -268,7 +268,7 @@ class Winograd:
         return self.prepare(problem, pass_, layout, precision).workspace_bytes
 
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
-        dtype = _DTYPE[precision]
+        dtype = DTYPES[precision]
         if pass_ == "bwd_filter":
             return _WeightGradient(problem, layout, self.m, dtype)
         return _TiledOutput(problem, pass_, layout, self.m, dtype)

@@ -37,15 +37,14 @@ kernel's choice, so they have no NumPy implementation of their own.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 
 import numpy as np
 
-from .. import emu, kernels, phases
+from .. import kernels, phases
+from ..kernels import ceil_div
 from ..phases import OPERAND_NAMES, Phased, phase_names
 from ..problem import LAYOUTS, ConvProblem
-from ..registry import register
 from ..transforms import WinogradTransform, c_literal, winograd_matrices
 from .winograd import Winograd
 
@@ -58,7 +57,6 @@ GEMM = {"GEMM_BM": 64, "GEMM_BN": 64, "GEMM_BK": 16, "GEMM_THREADS": 256}
 #: choice depends on the problem alone, so the emulator runs the configuration the GPU runs.
 SPLIT_TARGET_BLOCKS = 1024
 MIN_SLICE_DEPTH = 256
-_GRID_YZ_MAX = 65535
 
 
 def _c_initializer(matrix: np.ndarray) -> str:
@@ -99,10 +97,6 @@ CONFIGURATIONS = {(m, layout): {"NHWC": int(layout == "nhwc"), "WINO_M": m, "THR
 kernels.declare("winograd", CONFIGURATIONS.values())
 
 
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _tile_strides(layout: str, channels: int, tiles: int) -> tuple[int, int]:
     """(channel stride, tile stride) of a buffer of transformed tiles at one position: stored
     [channel][tile] in NCHW, [tile][channel] in NHWC."""
@@ -131,18 +125,18 @@ class _Gemm:
         """The reduction's slice: whole GEMM_BK steps, as many slices as SPLIT_TARGET_BLOCKS
         asks for within the limits, none empty."""
         blocks = self.grid_tiles * self.alpha2
-        splits = max(1, min(_ceil(SPLIT_TARGET_BLOCKS, blocks), self.depth // MIN_SLICE_DEPTH,
-                            _GRID_YZ_MAX // self.alpha2))
-        return _ceil(_ceil(self.depth, splits), GEMM["GEMM_BK"]) * GEMM["GEMM_BK"]
+        splits = max(1, min(ceil_div(SPLIT_TARGET_BLOCKS, blocks), self.depth // MIN_SLICE_DEPTH,
+                            kernels.GRID_YZ_MAX // self.alpha2))
+        return ceil_div(ceil_div(self.depth, splits), GEMM["GEMM_BK"]) * GEMM["GEMM_BK"]
 
     @property
     def grid_tiles(self) -> int:
         """Output tiles of one position's product: the blocks per position and slice."""
-        return _ceil(self.rows, GEMM["GEMM_BM"]) * _ceil(self.cols, GEMM["GEMM_BN"])
+        return ceil_div(self.rows, GEMM["GEMM_BM"]) * ceil_div(self.cols, GEMM["GEMM_BN"])
 
     @property
     def splits(self) -> int:
-        return _ceil(self.depth, self.slice_depth)
+        return ceil_div(self.depth, self.slice_depth)
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -160,19 +154,24 @@ class _Gemm:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Plan:
+class _Geometry:
     """One pass's geometry: tiles per image, buffer sizes (elements) and the GEMM."""
 
     tiles_h: int
     tiles_w: int
-    buffers: dict  #: V: the first operand's tiles; U: the second operand transformed; M: products
+    buffers: dict[str, int]  #: elements, by the names of `_BUFFERS`
     gemm: _Gemm
 
 
-def _plan(p: ConvProblem, pass_: str, layout: str, m: int) -> _Plan:
+#: The workspace buffers of the non-fused kernels, by the name the kernels know them by.
+_BUFFERS = {"V": "V (the first input's transformed tiles)", "U": "U (the second input transformed)",
+            "M": "M (the products)"}
+
+
+def _geometry(p: ConvProblem, pass_: str, layout: str, m: int) -> _Geometry:
     alpha2 = (m + _R - 1) ** 2
     out_h, out_w = (p.h, p.w) if pass_ == "bwd_data" else (p.p, p.q)
-    tiles_h, tiles_w = _ceil(out_h, m), _ceil(out_w, m)
+    tiles_h, tiles_w = ceil_div(out_h, m), ceil_div(out_w, m)
     tiles = p.n * tiles_h * tiles_w
     if pass_ == "bwd_filter":  # (K × T)·(T × C): U holds dy's tiles, V x's
         k_ch, k_tile = _tile_strides(layout, p.k, tiles)
@@ -190,21 +189,21 @@ def _plan(p: ConvProblem, pass_: str, layout: str, m: int) -> _Plan:
             gemm = _Gemm("V", "U", tiles, cout, cin, i_tile, i_ch, f_in, f_out, alpha2)
         sizes = (cin * tiles, p.k * p.c)
     buffers = {"V": alpha2 * sizes[0], "U": alpha2 * sizes[1], "M": gemm.product_size}
-    return _Plan(tiles_h, tiles_w, buffers, gemm)
+    return _Geometry(tiles_h, tiles_w, buffers, gemm)
 
 
 _Step = Callable[[object, object, object], None]
 
 
-def _steps(p: ConvProblem, pass_: str, plan: _Plan, launch: kernels.Launcher,
+def _steps(p: ConvProblem, pass_: str, geo: _Geometry, launch: kernels.Launcher,
            buf: dict) -> dict[str, _Step]:
     """The launches of one pass by phase, each a callable (a, b, out) of the pass's operands."""
-    th, tw, g = plan.tiles_h, plan.tiles_w, plan.gemm
+    th, tw, g = geo.tiles_h, geo.tiles_w, geo.gemm
     tiles = p.n * th * tw
 
     def transform(name: str, count: int, *sizes: int) -> Callable:
         """Kernel `name`, one thread per element of `count`, as a callable of its two arrays."""
-        kernel, grid = launch.kernel(name), _ceil(count, THREADS)
+        kernel, grid = launch.kernel(name), ceil_div(count, THREADS)
         return lambda src, dst: kernel(grid, THREADS, (src, dst, *sizes))
 
     gemm = launch.kernel("wino_gemm")
@@ -234,62 +233,38 @@ def _steps(p: ConvProblem, pass_: str, plan: _Plan, launch: kernels.Launcher,
     return dict(zip(phase_names(pass_), steps))
 
 
-class _WinogradKernels(Winograd):
-    """F(m×m, 3×3) through kernels/winograd.cu; `m` by subclass, `backend` by `register`.
+class _WinogradKernels(kernels.KernelImplementation, Winograd):
+    """F(m×m, 3×3) through kernels/winograd.cu; `m` by subclass.
 
-    The checks of what Winograd supports (3x3, stride 1, dilation 1, groups 1) are the CPU
-    implementation's."""
+    What Winograd refuses (filters other than 3x3, stride, dilation, groups) is the CPU
+    implementation's, so that both refuse the same problems alike; the kernel base comes first
+    among the bases, so that its precisions, limits and workspace are the ones that apply."""
 
-    precisions = ("fp32",)
+    def refuses(self, problem: ConvProblem, pass_: str, layout: str,
+                precision: str) -> str | None:
+        return Winograd.supports(self, problem, pass_, layout, precision)
 
-    def available(self) -> str | None:
-        return kernels.available(self.backend)
-
-    def supports(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
-        reason = super().supports(problem, pass_, layout, precision)
-        if reason:
-            return reason
-        largest = max(*(math.prod(s) for s in problem.operand_shapes(pass_, layout)),
-                      *self._buffer_sizes(problem, pass_, layout))
-        if largest >= 2**31:
-            return ("a tensor or workspace buffer has 2^31 or more elements; the kernels "
-                    "index with 32-bit ints")
-        return emu.too_big(problem.flops // 2) if self.backend == "emu" else None
-
-    def _buffer_sizes(self, problem: ConvProblem, pass_: str, layout: str) -> list[int]:
-        """Elements of each workspace buffer `prepare` allocates."""
-        return list(_plan(problem, pass_, layout, self.m).buffers.values())
+    def workspace_buffers(self, problem: ConvProblem, pass_: str, layout: str
+                          ) -> dict[str, int]:
+        """The transformed tiles of both inputs and the GEMM's (partial) products."""
+        buffers = _geometry(problem, pass_, layout, self.m).buffers
+        return {_BUFFERS[name]: size for name, size in buffers.items()}
 
     def phases(self, problem: ConvProblem, pass_: str, layout: str, precision: str) -> list[str]:
         return phase_names(pass_)
 
     def describe(self, problem, pass_, layout, precision) -> str:
-        g = _plan(problem, pass_, layout, self.m).gemm
+        g = _geometry(problem, pass_, layout, self.m).gemm
         shapes = f"({g.rows}x{g.depth})·({g.depth}x{g.cols})"
         sliced = f", reduction in {g.splits} slices" if g.splits > 1 else ""
         return f"{super().describe(problem, pass_, layout, precision)} {shapes}{sliced}"
 
-    def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
-                        precision: str) -> int:
-        """Bytes of the buffers `prepare` allocates (`_buffer_sizes`): non-fused, the
-        transformed tiles of both inputs and the GEMM's (partial) products; fused, the
-        transformed filters alone."""
-        return 4 * sum(self._buffer_sizes(problem, pass_, layout))
-
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         launch = kernels.launcher(self.backend, "winograd", CONFIGURATIONS[self.m, layout])
-        plan = _plan(problem, pass_, layout, self.m)
+        geo = _geometry(problem, pass_, layout, self.m)
         xp = launch.xp
-        buf = {name: xp.empty(size, dtype=xp.float32) for name, size in plan.buffers.items()}
-        return Phased(_steps(problem, pass_, plan, launch, buf))
-
-
-class WinogradKernels2x2(_WinogradKernels):
-    m = 2
-
-
-class WinogradKernels4x4(_WinogradKernels):
-    m = 4
+        buf = {name: xp.empty(size, dtype=xp.float32) for name, size in geo.buffers.items()}
+        return Phased(_steps(problem, pass_, geo, launch, buf))
 
 
 # --- fused -------------------------------------------------------------------------------------
@@ -300,12 +275,12 @@ def _fused_geometry(p: ConvProblem, pass_: str, m: int) -> dict:
     bwd = pass_ == "bwd_data"
     cin, cout, in_h, in_w, out_h, out_w = ((p.k, p.c, p.p, p.q, p.h, p.w) if bwd else
                                            (p.c, p.k, p.h, p.w, p.p, p.q))
-    tiles_h, tiles_w = _ceil(out_h, m), _ceil(out_w, m)
+    tiles_h, tiles_w = ceil_div(out_h, m), ceil_div(out_w, m)
     tiles = p.n * tiles_h * tiles_w
     # u is [ξ][k][c]: element (output channel, input channel) of the pass at o·u_out + i·u_in.
     u_out, u_in = (1, p.c) if bwd else (p.c, 1)
     threads = (f["FUSED_BK"] // f["FUSED_MK"]) * (f["FUSED_BT"] // f["FUSED_MT"])
-    return {"grid": (_ceil(tiles, f["FUSED_BT"]), _ceil(cout, f["FUSED_BK"])),
+    return {"grid": (ceil_div(tiles, f["FUSED_BT"]), ceil_div(cout, f["FUSED_BK"])),
             "threads": threads, "tiles_h": tiles_h, "tiles_w": tiles_w,
             "args": (p.n, cin, in_h, in_w, cout, out_h, out_w, tiles_h, tiles_w,
                      _R - 1 - p.pad if bwd else p.pad, u_out, u_in),
@@ -315,21 +290,20 @@ def _fused_geometry(p: ConvProblem, pass_: str, m: int) -> dict:
 class _FusedWinogradKernels(_WinogradKernels):
     """F(m×m, 3×3) forward form in one kernel (`wino_fused`) after the filter transform."""
 
-    def supports(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
+    def refuses(self, problem: ConvProblem, pass_: str, layout: str,
+                precision: str) -> str | None:
         if pass_ == "bwd_filter":
             return (f"{self.algo} fuses the forward form (fwd, bwd_data) only; the weight "
                     f"gradient is winograd-{self.m}x{self.m}'s (non-fused, as in cuDNN)")
-        reason = super().supports(problem, pass_, layout, precision)
-        if reason:
-            return reason
-        blocks = _fused_geometry(problem, pass_, self.m)["grid"][1]
-        if blocks > _GRID_YZ_MAX:
-            return f"{blocks} blocks of output channels: the grid's y is at most 65535"
-        return None
+        return super().refuses(problem, pass_, layout, precision)
 
-    def _buffer_sizes(self, problem: ConvProblem, pass_: str, layout: str) -> list[int]:
+    def check_launch(self, problem: ConvProblem, pass_: str, layout: str) -> None:
+        kernels.check_grid(_fused_geometry(problem, pass_, self.m)["grid"])
+
+    def workspace_buffers(self, problem: ConvProblem, pass_: str, layout: str
+                          ) -> dict[str, int]:
         """The transformed filters: the one buffer `prepare` allocates."""
-        return [_fused_geometry(problem, pass_, self.m)["filters"]]
+        return {"the transformed filters": _fused_geometry(problem, pass_, self.m)["filters"]}
 
     def phases(self, problem: ConvProblem, pass_: str, layout: str, precision: str) -> list[str]:
         return [f"transform {OPERAND_NAMES[pass_][1]}", phases.FUSED]
@@ -347,7 +321,7 @@ class _FusedWinogradKernels(_WinogradKernels):
         u = launch.xp.empty(geometry["filters"], dtype=launch.xp.float32)
         filters, fused = launch.kernel("wino_filter_transform"), launch.kernel("wino_fused")
         p, bwd = problem, int(pass_ == "bwd_data")
-        filter_grid = _ceil(p.k * p.c, THREADS)
+        filter_grid = ceil_div(p.k * p.c, THREADS)
 
         def transform(a, w, out) -> None:
             filters(filter_grid, THREADS, (w, u, p.k, p.c, bwd))
@@ -359,16 +333,14 @@ class _FusedWinogradKernels(_WinogradKernels):
         return Phased(dict(zip(names, (transform, run))))
 
 
-class FusedWinogradKernels2x2(_FusedWinogradKernels):
-    m = 2
+def _per_tile(base: type, algo: str) -> list[type]:
+    """`base` with each tile size m of TILE_SIZES, registered as `<algo>-<m>x<m>`."""
+    name = base.__name__.lstrip("_")
+    return [kernels.register_kernels(f"{algo}-{m}x{m}")(
+        type(f"{name}{m}x{m}", (base,), {"m": m, "__module__": __name__}))
+        for m in TILE_SIZES]
 
 
-class FusedWinogradKernels4x4(_FusedWinogradKernels):
-    m = 4
-
-
-for _backend in ("cuda", "emu"):
-    register("winograd-2x2", _backend)(WinogradKernels2x2)
-    register("winograd-4x4", _backend)(WinogradKernels4x4)
-    register("winograd-fused-2x2", _backend)(FusedWinogradKernels2x2)
-    register("winograd-fused-4x4", _backend)(FusedWinogradKernels4x4)
+WinogradKernels2x2, WinogradKernels4x4 = _per_tile(_WinogradKernels, "winograd")
+FusedWinogradKernels2x2, FusedWinogradKernels4x4 = _per_tile(_FusedWinogradKernels,
+                                                             "winograd-fused")
