@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from . import memory
-from .runner import KEY, Case, row_key
+from .results import KEY, row_key
+from .runner import Case
 
 #: Default batches per device: the study's sizes around its 256 on a GPU; on 2 CPU cores a
 #: range that finishes in minutes.

@@ -45,7 +45,7 @@ def _precision(*arrays) -> str:
     return PRECISION_OF_DTYPE[dtype]
 
 
-def _problem(x_nchw, w_kcrs, stride, padding, dilation, groups) -> ConvProblem:
+def _problem_from_shapes(x_nchw, w_kcrs, stride, padding, dilation, groups) -> ConvProblem:
     n, c, h, w = x_nchw
     k, cg, r, s = w_kcrs
     groups = _as_int("groups", groups)
@@ -96,8 +96,8 @@ def conv2d(x, w, stride=1, padding=0, dilation=1, groups=1, *, algo: str = "dire
            backend: str = "numpy", layout: str = "nchw", out=None):
     """y = conv(x, w), like `torch.nn.functional.conv2d` (cross-correlation), in `layout`."""
     check_choice("layout", layout, LAYOUTS)
-    p = _problem(_nchw(x.shape, layout, "x"), _nchw(w.shape, layout, "w"), stride, padding,
-                 dilation, groups)
+    p = _problem_from_shapes(_nchw(x.shape, layout, "x"), _nchw(w.shape, layout, "w"),
+                             stride, padding, dilation, groups)
     return run(p, "fwd", x, w, algo=algo, backend=backend, layout=layout, out=out)
 
 
@@ -106,8 +106,8 @@ def conv2d_backward_data(dy, w, input_shape, stride=1, padding=0, dilation=1, gr
                          out=None):
     """dx from dy and w, like `torch.nn.grad.conv2d_input`; `input_shape` is x's, in `layout`."""
     check_choice("layout", layout, LAYOUTS)
-    p = _problem(_nchw(input_shape, layout, "input_shape"), _nchw(w.shape, layout, "w"), stride,
-                 padding, dilation, groups)
+    p = _problem_from_shapes(_nchw(input_shape, layout, "input_shape"),
+                             _nchw(w.shape, layout, "w"), stride, padding, dilation, groups)
     return run(p, "bwd_data", dy, w, algo=algo, backend=backend, layout=layout, out=out)
 
 
@@ -116,6 +116,7 @@ def conv2d_backward_filter(x, dy, weight_shape, stride=1, padding=0, dilation=1,
                            out=None):
     """dw from x and dy, like `torch.nn.grad.conv2d_weight`; `weight_shape` in `layout`."""
     check_choice("layout", layout, LAYOUTS)
-    p = _problem(_nchw(x.shape, layout, "x"), _nchw(weight_shape, layout, "weight_shape"),
-                 stride, padding, dilation, groups)
+    p = _problem_from_shapes(_nchw(x.shape, layout, "x"),
+                             _nchw(weight_shape, layout, "weight_shape"), stride, padding,
+                             dilation, groups)
     return run(p, "bwd_filter", x, dy, algo=algo, backend=backend, layout=layout, out=out)

@@ -47,12 +47,10 @@ uses), or from convbench/_kernels/ in an installed wheel (setup.py copies them t
 
 from __future__ import annotations
 
-import argparse
 import functools
 import math
 import numbers
 import re
-import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -553,44 +551,3 @@ def render(rows: list[GateRow]) -> str:
                                                 "static smem B", "stack B", "spill B",
                                                 "status"]),
                       *notes])
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`convbench kernels`: the compile gate. Returns 1 on a compile error, a spill, or a
-    kernel file without declared configurations."""
-    parser = argparse.ArgumentParser(
-        prog="convbench kernels",
-        description="Compile every declared kernel configuration with NVRTC (no GPU needed) and "
-                    "report registers, shared memory and spills; fail on errors and spills.")
-    parser.add_argument("files", nargs="*", type=Path,
-                        help="check these .cu files (with the -D defines) instead of the "
-                             "declared configurations")
-    parser.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME=VALUE")
-    parser.add_argument("--arch", action="append", help=f"default: {' '.join(GATE_ARCHS)}")
-    args = parser.parse_args(argv)
-    if reason := nvrtc_available():
-        print(f"convbench kernels: {reason}", file=sys.stderr)
-        return 2
-    defines = normalize_defines(dict(d.partition("=")[::2] for d in args.defines))
-    if args.files:
-        jobs, undeclared = [(f, defines) for f in args.files], []
-    else:
-        jobs, undeclared = declared_jobs()
-    rows = gate(jobs, args.arch or GATE_ARCHS)
-    rows += [GateRow(name, (), "-", None, "no configuration declared (kernels.declare)")
-             for name in undeclared]
-    print(render(rows))
-    for row in rows:
-        if row.log and row.error:
-            print(f"\n--- {row.file} {dict(row.defines)} {row.arch}\n{row.log}", file=sys.stderr)
-    failed = sum(not r.ok for r in rows)
-    print(f"\n{len(rows)} kernels (entry point × defines × arch) checked, {failed} failed")
-    return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    # Run the imported module's main, not this __main__ copy: the algorithm modules declare
-    # their configurations into `convbench.kernels`.
-    from convbench.kernels import main as _main
-
-    sys.exit(_main())

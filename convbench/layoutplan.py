@@ -13,8 +13,8 @@ entering layer i (boundary L, after the last layer, leads to the output layout).
 taken as a chain of its conv layers in execution order: branches (residual connections) are
 costed along that chain only.
 
-Conversion times are measured like any other operation: in the backend's array module, with
-`convbench.timing`, into a preallocated output (the steady state of a caching allocator).
+Nothing here measures: the costs and the transition come from measured times (`tune` measures
+the conversions), so the plan is pure arithmetic on them.
 """
 
 from __future__ import annotations
@@ -22,37 +22,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import numpy as np
-
-from . import timing
-from .measurement import Measurement
-from .runner import DTYPES, array_module
-
-#: Axis order that turns an array stored in the first layout into the second.
-_PERMUTATION = {("nchw", "nhwc"): (0, 2, 3, 1), ("nhwc", "nchw"): (0, 3, 1, 2)}
-
 #: transition(boundary, from_layout, to_layout) -> ms (0 for equal layouts).
 Transition = Callable[[int, str, str], float]
 
 
-def stored_shape(shape_nchw: tuple[int, ...], layout: str) -> tuple[int, ...]:
-    n, c, h, w = shape_nchw
-    return (n, c, h, w) if layout == "nchw" else (n, h, w, c)
-
-
-def conversion_time(shape_nchw: tuple[int, ...], src: str, dst: str, backend: str,
-                    precision: str, budget_s: float) -> Measurement:
-    """Time converting an activation of NCHW dims `shape_nchw` stored in `src` to `dst`."""
-    xp = array_module(backend)
-    rng = np.random.default_rng(0)
-    a = xp.asarray(rng.standard_normal(stored_shape(shape_nchw, src)).astype(DTYPES[precision]))
-    out = xp.empty(stored_shape(shape_nchw, dst), dtype=a.dtype)
-    view = a.transpose(_PERMUTATION[src, dst])
-    return timing.timer_for(backend)(lambda: xp.copyto(out, view), budget_s)
-
-
 @dataclass(frozen=True)
-class NetworkPlan:
+class LayoutChain:
     """Layouts for a chain of layers, and what they cost."""
 
     layouts: tuple[str, ...]
@@ -65,23 +40,23 @@ class NetworkPlan:
 
 
 def evaluate(costs: list[dict[str, float]], transition: Transition, layouts: Iterable[str],
-             input_layout: str = "nchw", output_layout: str = "nchw") -> NetworkPlan:
+             input_layout: str = "nchw", output_layout: str = "nchw") -> LayoutChain:
     """The cost of running layer i in `layouts[i]`, conversions included."""
     layouts = tuple(layouts)
     chain = (input_layout, *layouts, output_layout)
     conversion = sum(transition(i, chain[i], chain[i + 1]) for i in range(len(chain) - 1))
-    return NetworkPlan(layouts, sum(c[lay] for c, lay in zip(costs, layouts)), conversion)
+    return LayoutChain(layouts, sum(c[lay] for c, lay in zip(costs, layouts)), conversion)
 
 
 def per_layer_best(costs: list[dict[str, float]], transition: Transition,
-                   input_layout: str = "nchw", output_layout: str = "nchw") -> NetworkPlan:
+                   input_layout: str = "nchw", output_layout: str = "nchw") -> LayoutChain:
     """Each layer's own fastest layout, and what that costs once its conversions are paid."""
     return evaluate(costs, transition, [min(c, key=c.get) for c in costs], input_layout,
                     output_layout)
 
 
 def plan_layouts(costs: list[dict[str, float]], transition: Transition,
-                 input_layout: str = "nchw", output_layout: str = "nchw") -> NetworkPlan:
+                 input_layout: str = "nchw", output_layout: str = "nchw") -> LayoutChain:
     """The layouts that minimize the network's total: `costs[i]` maps each layout layer i can
     run in to its time; O(layers × layouts²)."""
     # best[layout] = (cost of the cheapest way to have run layers 0..i ending in layout, path)

@@ -154,7 +154,7 @@ def _quiet_stderr():
         os.close(saved)
 
 
-class TorchCPU(Trace):
+class TorchHostAllocator(Trace):
     """torch's CPU allocator, from the autograd profiler's `[memory]` events (one per
     allocation and free, signed sizes) and marks recorded as profiler events on the same clock;
     the points are computed from the ordered events when the trace ends. A block freed in the
@@ -273,7 +273,7 @@ class Sum(Trace):
 
 def trace(backend: str) -> Trace:
     """The trace of the allocators a backend's passes use."""
-    return CudaPools() if backend == "cuda" else Sum(TorchCPU(), Tracemalloc())
+    return CudaPools() if backend == "cuda" else Sum(TorchHostAllocator(), Tracemalloc())
 
 
 def pass_peak(points: list[Point]) -> int:
@@ -286,6 +286,16 @@ def pass_peak(points: list[Point]) -> int:
 # --- limits ---------------------------------------------------------------------------------
 class OverLimit(MemoryError):
     """A footprint beyond a `MemoryLimit`: recorded as `oom`, like a failed allocation."""
+
+
+def capacity(backend: str) -> int:
+    """The memory a step on `backend` may use by default: the GPU's, or what the host has
+    available now."""
+    if backend == "cuda":
+        import cupy
+
+        return cupy.cuda.Device().mem_info[1]
+    return available_host_bytes()
 
 
 def available_host_bytes() -> int:

@@ -45,7 +45,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import layers, memory, opcount, registry, trainstep
+from . import layers, memory, opcount, registry, report, trainstep
+from .apply import apply
+from .devices import backend_of
 from .plan import TORCH_ALGOS, Plan
 
 #: (layer, pass) -> (algo, backend, layout) of the conv passes a configuration runs through
@@ -156,18 +158,16 @@ def profile_step(net: str, batch: int, device: str, workspace: Workspace | None 
                  held: bool = True) -> list[Event]:
     """The timeline of one steady-state training step of `net`'s model at `batch` on `device`
     (`cpu`, `cuda`, or `meta`: sizes only). `plan` is applied to the model first
-    (`advisor.apply`; not on `meta`); `workspace` gives each conv pass's workspace (default:
+    (`apply`; not on `meta`); `workspace` gives each conv pass's workspace (default:
     none known), `held` whether they are held throughout or per pass (`WORKSPACE_MODES`). With
     `measure`, the allocators are read at every event too."""
     import torch
-
-    from . import advisor
 
     workspace = workspace or (lambda layer, pass_, n: 0)
     held_bytes = sum(workspace(*lp, batch) for lp in conv_passes(net)) if held else 0
     model, x, target = _model_and_batch(net, batch, device)
     if plan is not None:
-        advisor.apply(model, plan)
+        apply(model, plan)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)  # as trainstep's
     params = list(model.parameters())
     fixed = {_storage(t)[0] for t in (*params, x, target)}
@@ -176,7 +176,7 @@ def profile_step(net: str, batch: int, device: str, workspace: Workspace | None 
     convs = {layer.name for layer in layers.net_layers(net)}
     saved, seen, grad_ready = _Live(), _Live(), set()
     events: list[Event] = []
-    trace = memory.trace(_backend(device)) if measure else None
+    trace = memory.trace(backend_of(device)) if measure else None
     state = 0
 
     def sample(phase: str, layer: str, passes: list[str] = ()) -> None:
@@ -401,7 +401,7 @@ def markdown(net: str, batch: int, device: str, config: str, events: list[Event]
               "saved, while alive; workspace is the declared workspaces of the passes a plan "
               "runs through convbench, all held (functional.run keeps every prepared pass; 0 "
               "for torch's own convolution, which does not say). Measured: the allocators at "
-              f"the same points ({memory.trace(_backend(device)).method}), counted from "
+              f"the same points ({memory.trace(backend_of(device)).method}), counted from "
               "before the first step, plus the weights and the batch."), "",
              timeline_table(events), "",
              f"Modelled peak: {_mib(top.total)} MiB at {top.phase} {top.layer}"
@@ -429,15 +429,9 @@ def write(folder: Path, text: str, events: list[Event], found: list[Fit], title:
     return names + ([] if note else ["timeline.png"])
 
 
-def _backend(device: str) -> str:
-    return "cuda" if device.startswith("cuda") else "numpy"
-
-
 def plot(events: list[Event], path: Path, title: str) -> str | None:
     """Stacked bars of the categories per event, the measured allocated bytes and peaks as
     lines; None, or a note when matplotlib is missing."""
-    from . import report
-
     plt = report.pyplot()
     if plt is None:
         return report.NO_MATPLOTLIB

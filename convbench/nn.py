@@ -144,7 +144,7 @@ class Dispatch:
     def to_layout(self, t: torch.Tensor) -> torch.Tensor:
         return t.contiguous(memory_format=MEMORY_FORMAT[self.layout])
 
-    def _problem(self, x_shape, w_shape) -> ConvProblem:
+    def problem_from_shapes(self, x_shape, w_shape) -> ConvProblem:
         n, c, h, w = x_shape
         k, _, r, s = w_shape
         return ConvProblem(n=n, c=c, h=h, w=w, k=k, r=r, s=s, **self.geometry)
@@ -168,7 +168,7 @@ class Dispatch:
             with _cudnn_benchmark(benchmark):
                 return torch.nn.functional.conv2d(x, w, None, g["stride"], g["pad"],
                                                   g["dilation"], g["groups"])
-        problem = self._problem(x.shape, w.shape)
+        problem = self.problem_from_shapes(x.shape, w.shape)
         return self._ours("fwd", problem, x, w, problem.y_shape())
 
     def backward(self, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, need_dx: bool,
@@ -176,7 +176,7 @@ class Dispatch:
         """dx and dw, each only if needed; the torch-run ones of one cuDNN mode in one call,
         as torch's own backward does."""
         dy = self.to_layout(dy)
-        problem = self._problem(x.shape, w.shape)
+        problem = self.problem_from_shapes(x.shape, w.shape)
         grads: dict[str, torch.Tensor | None] = {"bwd_data": None, "bwd_filter": None}
         needed = [p for p, need in (("bwd_data", need_dx), ("bwd_filter", need_dw)) if need]
         by_mode: dict[bool | None, list[str]] = {}

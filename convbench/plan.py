@@ -22,7 +22,6 @@ import dataclasses
 import datetime
 import hashlib
 import json
-import math
 import os
 import re
 import tempfile
@@ -32,7 +31,7 @@ from pathlib import Path
 
 from .problem import LAYOUTS, PASSES, PRECISIONS, ConvProblem
 from .registry import ALGOS, BACKENDS
-from .runner import PROBLEM_FIELDS, STATUSES
+from .results import ENTRY_NUMBERS, PROBLEM_FIELDS, STATUSES
 
 PLAN_FORMAT = "convbench-plan"
 #: Bumped whenever a field changes meaning; a plan of another version is refused, not guessed.
@@ -80,7 +79,7 @@ class Constraints:
     `workspace_budget`: most bytes of workspace a pass may use: what it declares
     (`workspace_bytes`), else the peak it was seen to allocate beyond its operands
     (`peak_bytes`); a row with neither does not fit a budget. `deterministic`: only algorithms
-    that give bitwise-equal results run to run (`advisor.is_deterministic`). `max_error`: most relative error against
+    that give bitwise-equal results run to run (`advice.is_deterministic`). `max_error`: most relative error against
     the float64 reference, beyond the algorithm's own tolerance.
     """
 
@@ -153,7 +152,7 @@ class Plan:
     layers: list[LayerPlan]
     network: NetworkTotals | None  # None: conversions could not be measured
     unplanned: list[Unplanned] = field(default_factory=list)
-    #: The tuning database: one entry per measurement (`entry_from_row`; "problem" is a
+    #: The tuning database: one entry per measurement (`results.entry_from_row`; "problem" is a
     #: ConvProblem in memory, its fields in the file).
     measurements: list[dict] = field(default_factory=list)
     #: NCHW<->NHWC conversion times: {"shape": NCHW dims, "from", "to", "median_ms", "iqr_ms"}.
@@ -236,42 +235,6 @@ class Plan:
             Path(tmp).unlink(missing_ok=True)
             raise
         return path
-
-
-# --- measurements <-> results rows ----------------------------------------------------------
-_ENTRY_NUMBERS = ("median_ms", "iqr_ms", "rel_error", "tolerance")
-
-
-def _finite(v) -> float | None:
-    """A number cell as a float, or None where it is missing, NaN or infinite (JSON has no
-    NaN; an infinite error is a failed row, which its status already says)."""
-    if v is None or isinstance(v, str):
-        return None
-    v = float(v)
-    return v if math.isfinite(v) else None
-
-
-def entry_from_row(row: dict) -> dict:
-    """A results row (runner or DataFrame record) as a plan's measurement entry."""
-    times = row.get("times_ms") or ""
-    workspace = _finite(row.get("workspace_bytes"))
-    return {"problem": ConvProblem(**{f: int(row[f]) for f in PROBLEM_FIELDS}),
-            "pass": row["pass"], "algo": row["algo"], "backend": row["backend"], "layout": row["layout"],
-            "status": row["status"], "reason": row.get("reason") or "",
-            **{k: _finite(row.get(k)) for k in _ENTRY_NUMBERS},
-            "workspace_bytes": None if workspace is None else int(workspace),
-            "times_ms": [float(t) for t in times.split()] if isinstance(times, str) else
-            [float(t) for t in times]}
-
-
-def row_from_entry(entry: dict, layer: str, net: str, precision: str) -> dict:
-    """A measurement entry as a results row of `layer` (`runner.COLUMNS`' names)."""
-    problem = entry["problem"]
-    out = {"layer": layer, "net": net, "precision": precision,
-           **dataclasses.asdict(problem),
-           **{k: v for k, v in entry.items() if k not in ("problem", "times_ms")}}
-    out["times_ms"] = " ".join(f"{t:.6g}" for t in entry["times_ms"])
-    return out
 
 
 # --- the store ------------------------------------------------------------------------------
@@ -449,7 +412,7 @@ def _obj(fields: dict[str, Validator], build: Callable = dict, partial: bool = F
     return check
 
 
-def _problem(v, path):
+def _problem_field(v, path):
     fields = _obj({f: _integer(0 if f == "pad" else 1) for f in PROBLEM_FIELDS})(v, path)
     try:
         return ConvProblem(**fields)
@@ -464,9 +427,10 @@ def _passes(choice: Validator) -> Validator:
 _ALGO, _BACKEND = _one_of(ALGOS, "algo"), _one_of(BACKENDS, "backend")
 _LAYOUT, _PASS = _one_of(LAYOUTS, "layout"), _one_of(PASSES, "pass")
 _OPT_NUMBER = _optional(_number)
-_MEASUREMENT = _obj({"problem": _problem, "pass": _PASS, "algo": _ALGO, "backend": _BACKEND,
-                     "layout": _LAYOUT, "status": _one_of(STATUSES, "status"), "reason": _text,
-                     **{k: _OPT_NUMBER for k in _ENTRY_NUMBERS},
+_MEASUREMENT = _obj({"problem": _problem_field, "pass": _PASS, "algo": _ALGO,
+                     "backend": _BACKEND, "layout": _LAYOUT,
+                     "status": _one_of(STATUSES, "status"), "reason": _text,
+                     **{k: _OPT_NUMBER for k in ENTRY_NUMBERS},
                      "workspace_bytes": _optional(_integer()), "times_ms": _list(_number)})
 _CHOICE = _obj({"algo": _ALGO, "backend": _BACKEND, "median_ms": _number, "iqr_ms": _number},
                Choice)
@@ -479,7 +443,7 @@ _PLAN = _obj({
                          "max_error": _OPT_NUMBER}, Constraints),
     "cudnn": _obj({"benchmark": _flag, "deterministic": _flag}),
     "input_layout": _LAYOUT, "output_layout": _LAYOUT,
-    "layers": _list(_obj({"layer": _text, "problem": _problem, "layout": _LAYOUT,
+    "layers": _list(_obj({"layer": _text, "problem": _problem_field, "layout": _LAYOUT,
                           "passes": _passes(_CHOICE)}, LayerPlan)),
     "network": _optional(_obj({"total_ms": _number, "conversion_ms": _number,
                                "per_layer_best_layouts": _list(_LAYOUT),

@@ -15,14 +15,13 @@ figures: per pass and layout, rows are (layer, algo) and columns batch sizes, wi
 image, the peak memory, and where each series ran out of memory; plotted per layer against the
 batch size.
 
-Everything here reads the results table only (a DataFrame of `runner.COLUMNS`), so a run folder
+Everything here reads the results table only (`results.frame` of a run's rows), so a run folder
 can be re-rendered any time (`convbench report RUN`). Plots need matplotlib (the `plot` extra);
 without it the report says so and carries on.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -30,42 +29,15 @@ import pandas as pd
 from tabulate import tabulate
 
 from . import memory, registry
+from .devices import DEVICES
 from .measurement import NOISE_THRESHOLD, Measurement
 from .phases import FUSED
-from .runner import COLUMNS, CPU_BATCH, KEY, PROBLEM_FIELDS, RESULTS_CSV, parse_phases, read_rows
+from .results import KEY, PROBLEM_FIELDS, RESULTS_CSV, parse_phases
 
-ENV_JSON = "env.json"
 REPORT_MD = "report.md"
-_NUMERIC = (*PROBLEM_FIELDS, "median_ms", "iqr_ms", "reps", "gflops", "rel_error",
-            "workspace_bytes", "peak_bytes", "min_ms", "algo_ops", "max_abs_error", "tolerance")
-_INTEGER = (*PROBLEM_FIELDS, "reps", "workspace_bytes", "peak_bytes", "algo_ops")
 BEST = " *"
 #: Prefix of a noisy measurement's time (IQR/median above the threshold).
 NOISY = "~"
-
-
-# --- loading --------------------------------------------------------------------------------
-def frame(rows: list[dict]) -> pd.DataFrame:
-    """Rows (from the runner, or strings from the CSV) as a typed results DataFrame. A column
-    the rows lack (a file from before it existed) is empty, as in a row it does not apply to."""
-    df = pd.DataFrame(rows, columns=list(COLUMNS))
-    for col in _NUMERIC:
-        df[col] = pd.to_numeric(df[col], errors="coerce")
-    df["noisy"] = df["noisy"].map({True: True, False: False, "True": True, "False": False})
-    for col in ("reason", "note", "times_ms", "phases_ms", "memory_method"):
-        df[col] = df[col].astype(object).fillna("")
-    return df
-
-
-def load_run(folder: str | Path) -> tuple[pd.DataFrame, dict]:
-    """A run folder's results and environment; ValueError if it holds no results."""
-    folder = Path(folder)
-    csv_path = folder / RESULTS_CSV
-    if not csv_path.is_file():
-        raise ValueError(f"{folder} is not a run folder: it has no {RESULTS_CSV}")
-    env_path = folder / ENV_JSON
-    env = json.loads(env_path.read_text()) if env_path.is_file() else {}
-    return frame(read_rows(csv_path)), env
 
 
 # --- cells ----------------------------------------------------------------------------------
@@ -328,40 +300,12 @@ def phase_section(df: pd.DataFrame) -> list[str]:
     return out + [""]
 
 
-# --- machine-readable output ----------------------------------------------------------------
-def to_csv(df: pd.DataFrame) -> str:
-    return df.to_csv(index=False)
-
-
-def to_records(df: pd.DataFrame) -> list[dict]:
-    """Rows as JSON-ready dicts: NaN and inf as None, the raw times as a list of floats, the
-    phases as {phase: median ms} (in order)."""
-    def clean(k, v):
-        if isinstance(v, float) and not math.isfinite(v):
-            return None
-        return int(v) if k in _INTEGER and v is not None else v
-
-    records = []
-    for r in df.astype(object).to_dict("records"):
-        r = {k: clean(k, v) for k, v in r.items()}
-        if "times_ms" in r:
-            r["times_ms"] = [float(t) for t in (r["times_ms"] or "").split()]
-        if "phases_ms" in r:
-            r["phases_ms"] = parse_phases(r["phases_ms"]) or None
-        records.append(r)
-    return records
-
-
-def to_json(df: pd.DataFrame) -> str:
-    return json.dumps(to_records(df), indent=1)
-
-
 # --- the run report -------------------------------------------------------------------------
 def _header(df: pd.DataFrame, env: dict) -> list[str]:
     run = env.get("run", {})
     batches = sorted({int(n) for n in df["n"].dropna()})
     batch = ", ".join(map(str, batches))
-    if run.get("backend") == "numpy" and batches == [CPU_BATCH]:
+    if run.get("backend") == "numpy" and batches == [DEVICES["cpu"].batch]:
         batch += (" (the default CPU batch, small enough for the whole sweep to finish in 15 "
                   "minutes on 2 cores; the study used 256)")
     torch = env.get("torch", {})

@@ -1,10 +1,11 @@
-"""The harness: a sweep of cases -> one verified, timed results row each, streamed to disk.
+"""The harness: a sweep of cases -> one verified, timed results row each.
 
 A sweep is data (layers × algos × passes × layouts × precisions, like Triton's `perf_report`),
-each case one `Case`, each result one row of `COLUMNS`. For every case the implementation is
-first run on seeded random operands into a NaN-filled output and checked against the float64
-reference; only a pass that checks out is timed. Whatever happens to one case — unsupported, a
-wrong answer, an exception, out of memory — becomes that case's row and the sweep goes on.
+each case one `Case`, each result one row of `results.COLUMNS`. For every case the
+implementation is first run on seeded random operands into a NaN-filled output and checked
+against the float64 reference; only a pass that checks out is timed. Whatever happens to one
+case — unsupported, a wrong answer, an exception, out of memory — becomes that case's row and
+the sweep goes on.
 
 The reference is computed once per (problem, pass, precision): operands are drawn in NCHW and
 transposed, so both layouts and every algorithm share the same numbers and the same reference.
@@ -16,87 +17,29 @@ the predicted footprint is checked before anything is allocated, the measured on
 
 A pass with phases (`convbench.phases`: FFT's and Winograd's transforms, product and inverse) is
 timed twice: whole, for the row's time, then as its sequence of phases, for `phases_ms`, the
-median of each phase (`phases_text`), sized by the same budget. The whole pass stays the row's
-time: the phases' medians need not add up to it exactly (each is a median of its own, and the
-stamps between phases, and the replaying of each phase, cost a little).
+median of each phase (`results.phases_text`), sized by the same budget. The whole pass stays
+the row's time: the phases' medians need not add up to it exactly (each is a median of its own,
+and the stamps between phases, and the replaying of each phase, cost a little).
 
-Rows are appended to `measurements.csv` and flushed one at a time (`CsvSink`), so an interrupted
-run keeps everything it measured and a resumed one skips the keys the file already holds.
+`on_row` sees each row the moment it exists: `runs` streams it into a run folder
+(`results.RunFolder`), so an interrupted run keeps everything it measured.
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
 import dataclasses
-import os
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
-import numpy as np
-
-from . import memory, opcount, reference, registry, verify
+from . import memory, opcount, reference, registry, results, verify
 from .layers import Layer
 from .measurement import Measurement
 from .memory import MemoryLimit
 from .problem import ConvProblem
+from .reference import DTYPES, array_module
 from .timing import phase_timer_for, timer_for
-
-PROBLEM_FIELDS = tuple(f.name for f in dataclasses.fields(ConvProblem))
-#: What identifies a row: a second row with the same key is the same measurement.
-KEY = ("layer", *PROBLEM_FIELDS, "algo", "backend", "pass", "layout", "precision")
-#: The results table: DESIGN.md §5's columns first (the measured peak memory and how it was
-#: read beside the predicted workspace), then what the reports and compare use.
-COLUMNS = (*KEY, "status", "reason", "median_ms", "iqr_ms", "reps", "gflops", "rel_error",
-           "workspace_bytes", "peak_bytes", "memory_method", "net", "min_ms", "noisy",
-           "times_ms", "phases_ms", "algo_ops", "max_abs_error", "tolerance", "note")
-STATUSES = ("ok", "unsupported", "failed", "oom")
-RESULTS_CSV = "measurements.csv"
-
-#: Array types the harness can make for each precision (tf32 computes on fp32 storage).
-DTYPES = {"fp64": np.float64, "fp32": np.float32, "tf32": np.float32, "fp16": np.float16}
-
-#: Separators of the `phases_ms` cell: phase names hold spaces but neither of these.
-_PHASE_SEP, _PHASE_VALUE = ";", "="
-
-
-def phases_text(phases: dict[str, Measurement]) -> str:
-    """Per-phase median ms as one CSV cell, in execution order:
-    ``transform x=0.12;transform w=0.05;product=0.4;inverse y=0.1``."""
-    return _PHASE_SEP.join(f"{name}{_PHASE_VALUE}{m.median:.6g}" for name, m in phases.items())
-
-
-def parse_phases(text: str | None) -> dict[str, float]:
-    """A `phases_ms` cell back as {phase: median ms}, in order; {} for an empty or missing cell
-    (a pass without phases, or not measured)."""
-    if not isinstance(text, str) or not text:
-        return {}
-    pairs = (item.rpartition(_PHASE_VALUE) for item in text.split(_PHASE_SEP))
-    return {name: float(ms) for name, _, ms in pairs}
-
-
-@dataclass(frozen=True)
-class Device:
-    """What `--device` means: the backend, and the defaults `convbench bench` uses there."""
-
-    name: str
-    backend: str
-    batch: int | None  # None: the catalog's own batch (the study's 256 for alexnet)
-    budget_s: float  # seconds of timed repetitions per measurement
-
-
-#: Batch of the default CPU sweep: small enough that the AlexNet sweep (5 layers, every algo,
-#: 3 passes, 2 layouts) ends within 15 minutes on 2 cores.
-CPU_BATCH = 8
-#: Timing budget per CPU measurement (each also gets at least `timing.MIN_REPS` repetitions).
-CPU_BUDGET_S = 0.5
-DEVICES = {
-    "cpu": Device("cpu", "numpy", CPU_BATCH, CPU_BUDGET_S),
-    "cuda": Device("cuda", "cuda", None, 0.1),  # do_bench's 100 ms of repetitions
-    "emu": Device("emu", "emu", 1, 0.05),  # emulated kernels are slow: tiny problems only
-}
 
 
 @dataclass(frozen=True)
@@ -112,10 +55,15 @@ class Case:
     layout: str
     precision: str
 
+    def fields(self) -> dict:
+        """The case's part of its row: the key's columns and the net."""
+        return {"layer": self.layer, "net": self.net, **dataclasses.asdict(self.problem),
+                "algo": self.algo, "backend": self.backend, "pass": self.pass_,
+                "layout": self.layout, "precision": self.precision}
+
     def key(self) -> tuple[str, ...]:
         """The row key as the CSV spells it (strings), for resume."""
-        return tuple(str(v) for v in (self.layer, *dataclasses.astuple(self.problem), self.algo,
-                                      self.backend, self.pass_, self.layout, self.precision))
+        return results.row_key(self.fields())
 
 
 def sweep(layers: Iterable[Layer], algos: Iterable[str], backend: str, passes: Iterable[str],
@@ -125,15 +73,6 @@ def sweep(layers: Iterable[Layer], algos: Iterable[str], backend: str, passes: I
     return [Case(layer.net, layer.name, layer.problem, algo, backend, pass_, layout, precision)
             for layer in layers for precision in precisions for pass_ in passes
             for layout in layouts for algo in algos]
-
-
-def array_module(backend: str):
-    """NumPy for `numpy` and `emu`, CuPy for `cuda`: where the operands of a backend live."""
-    if backend == "cuda":
-        import cupy
-
-        return cupy
-    return np
 
 
 class Operands:
@@ -311,13 +250,11 @@ def row(case: Case, status: str, reason: str = "", check: verify.Check | None = 
     """A results row; columns that do not apply (a time for a failed case, phases for a pass
     without them) are None."""
     ops = opcount.op_count(case.algo, case.problem, case.pass_, case.precision, case.backend)
-    out = dict.fromkeys(COLUMNS)
-    out.update(dataclasses.asdict(case.problem))
-    out.update(layer=case.layer, net=case.net, algo=case.algo, backend=case.backend,
-               precision=case.precision, layout=case.layout, status=status, reason=reason,
-               note=note, workspace_bytes=workspace, peak_bytes=peak_bytes,
-               memory_method=memory_method, algo_ops=ops.total if ops else None)
-    out["pass"] = case.pass_
+    out = dict.fromkeys(results.COLUMNS)
+    out.update(case.fields())
+    out.update(status=status, reason=reason, note=note, workspace_bytes=workspace,
+               peak_bytes=peak_bytes, memory_method=memory_method,
+               algo_ops=ops.total if ops else None)
     if check is not None:
         out.update(rel_error=check.rel_error, max_abs_error=check.max_abs_error,
                    tolerance=check.tolerance)
@@ -325,7 +262,7 @@ def row(case: Case, status: str, reason: str = "", check: verify.Check | None = 
         out.update(median_ms=m.median, iqr_ms=m.iqr, min_ms=m.min, reps=m.reps, noisy=m.noisy,
                    times_ms=m.times_text(), gflops=case.problem.flops / (m.median * 1e6))
     if phases:
-        out["phases_ms"] = phases_text(phases)
+        out["phases_ms"] = results.phases_text(phases)
     return out
 
 
@@ -343,67 +280,3 @@ def run(cases: Iterable[Case], budget_s: float, impls: dict | None = None,
         if on_row is not None:
             on_row(r)
     return rows
-
-
-# --- measurements.csv -----------------------------------------------------------------------
-def _drop_partial_line(path: Path) -> None:
-    """Cut a last line that a crash left half written, so appending starts on a fresh line."""
-    with open(path, "rb+") as f:
-        data = f.read()
-        if data and not data.endswith(b"\n"):
-            f.truncate(data.rfind(b"\n") + 1)
-
-
-def read_rows(path: str | os.PathLike) -> list[dict]:
-    """The complete rows of a results CSV (a half-written last line is left out)."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    with open(path, newline="") as f:
-        text = f.read()
-    if text and not text.endswith("\n"):
-        text = text[: text.rfind("\n") + 1]
-    return list(csv.DictReader(text.splitlines()))
-
-
-def row_key(r: dict) -> tuple[str, ...]:
-    """A row's key as the CSV spells it (strings), whether the row came from the runner or was
-    read back from a file: comparable with `Case.key()`."""
-    return tuple(str(r[c]) for c in KEY)
-
-
-def done_keys(path: str | os.PathLike) -> set[tuple[str, ...]]:
-    """Keys of the rows a results CSV already holds."""
-    return {row_key(r) for r in read_rows(path)}
-
-
-class CsvSink:
-    """measurements.csv, appended to one row at a time. The file is opened and closed for each
-    row, so a row is on disk the moment it is appended, whatever happens next. A file whose
-    header is not `COLUMNS` (written by another convbench version) is refused, not appended
-    to under the wrong header."""
-
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.exists():
-            _drop_partial_line(self.path)
-        if not self.path.exists() or self.path.stat().st_size == 0:
-            self._write(None)
-            return
-        with open(self.path, newline="") as f:
-            header = next(csv.reader(f), [])
-        if header != list(COLUMNS):
-            raise ValueError(f"{self.path} has other columns than this convbench writes "
-                             "(another version wrote it); start a new run folder")
-
-    def _write(self, r: dict | None) -> None:
-        with open(self.path, "a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=COLUMNS)
-            if r is None:
-                writer.writeheader()
-            else:
-                writer.writerow(r)
-
-    def append(self, r: dict) -> None:
-        self._write(r)

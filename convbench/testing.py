@@ -11,7 +11,7 @@ import numpy as np
 from . import reference, registry, verify
 from .layers import net_layers
 from .problem import ConvProblem
-from .runner import DTYPES
+from .reference import DTYPES
 
 
 def small_catalog_problems(max_channels: int = 8, batch: int = 2,

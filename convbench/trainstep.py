@@ -19,7 +19,7 @@ cuBLAS. Step times are measured like every other time here (`convbench.timing`, 
 budget), after one untimed step that also does cuDNN's autotuning. The three processes stay up
 and take turns, a few rounds each, so a machine whose load drifts while they are timed (a shared
 CPU) slows all three alike rather than whichever ran last. On the CPU every process, the tuning
-one included, runs with idle threads sleeping (`advisor.CPU_THREAD_ENV`).
+one included, runs with idle threads sleeping (`threads.CPU_THREAD_ENV`).
 """
 
 from __future__ import annotations
@@ -36,9 +36,12 @@ from pathlib import Path
 import pandas as pd
 from tabulate import tabulate
 
-from . import advisor, envinfo, layers, registry, report, runner, timing
+from . import apply, layers, registry, results, timing, tune
+from .devices import backend_of
 from .measurement import Measurement
 from .plan import Plan
+from .report import fmt_ms
+from .threads import CPU_THREAD_ENV
 
 CONFIGS = ("defaults", "cudnn.benchmark", "plan")
 NETS = ("alexnet", "alexnet-owt")
@@ -48,7 +51,7 @@ CLASSES = 1000
 #: CPU defaults, so `convbench train-step` ends within about three minutes on 2 cores: two images
 #: per step (the study's batch was 256) of full size, a 0.02 s timing budget per tuning
 #: measurement (each still gets its 3 repetitions) and 6 s of timed steps per configuration.
-CPU_BATCH = 2
+CPU_STEP_BATCH = 2
 CPU_TUNE_BUDGET_S = 0.02
 STEP_BUDGET_S = 6.0
 #: The configurations take turns this many times, each timing budget / ROUNDS seconds of steps.
@@ -107,11 +110,11 @@ class Trainer:
         torch.manual_seed(0)
         self.model = build_model(net).to(device)
         self.x, self.target = example_batch(net, batch, device)
-        self.backend = _backend(device)
+        self.backend = backend_of(device)
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.benchmark = config == "cudnn.benchmark"
-        self.applied = str(advisor.apply(self.model, plan_file)) if config == "plan" else ""
+        self.applied = str(apply.apply(self.model, plan_file)) if config == "plan" else ""
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
         self.first_loss = self.step().item()  # untimed: cuDNN autotunes here
 
@@ -172,8 +175,8 @@ def _command(kind: str, job: dict) -> list[str]:
 
 def _environment(device: str) -> dict | None:
     """The environment of the processes that tune and train: on the CPU, idle threads sleep
-    (`advisor.CPU_THREAD_ENV`, unless set otherwise), else this one's."""
-    return {**advisor.CPU_THREAD_ENV, **os.environ} if _backend(device) == "numpy" else None
+    (`threads.CPU_THREAD_ENV`, unless set otherwise), else this one's."""
+    return {**CPU_THREAD_ENV, **os.environ} if backend_of(device) == "numpy" else None
 
 
 def serve(**job) -> None:
@@ -209,17 +212,12 @@ def time_configs(net: str, batch: int, device: str, budget_s: float, plan_file: 
     return rows
 
 
-def _backend(device: str) -> str:
-    return "cuda" if device.startswith("cuda") else "numpy"
-
-
 def tune_here(net: str, batch: int, device: str, plan_file: str, budget_s: float | None,
               algos: str, store: str | None) -> None:
-    """`advisor.tune` on the model, the plan saved to `plan_file`; progress on stderr."""
+    """`tune.tune` on the model, the plan saved to `plan_file`; progress on stderr."""
     x, _ = example_batch(net, batch, device)
-    plan = advisor.tune(build_model(net).to(device), x, algos=algos, budget_s=budget_s,
-                        store=store, log=lambda line: print(f"convbench: {line}",
-                                                            file=sys.stderr))
+    plan = tune.tune(build_model(net).to(device), x, algos=algos, budget_s=budget_s,
+                     store=store, log=lambda line: print(f"convbench: {line}", file=sys.stderr))
     plan.save(plan_file)
 
 
@@ -231,7 +229,7 @@ def compare(net: str, batch: int, device: str, *, budget_s: float = STEP_BUDGET_
     spinning threads, a measurement just after another thread pool's work (torch-cpu after a
     NumPy algorithm) is slowed by that pool's spinning threads, 2-3x for torch-cpu at the small
     budgets used here."""
-    registry.expand_algos(algos, _backend(device))  # a bad list fails here, in one line
+    registry.expand_algos(algos, backend_of(device))  # a bad list fails here, in one line
     with tempfile.TemporaryDirectory() as tmp:
         plan_file = str(Path(tmp) / "plan.json")
         started = time.monotonic()
@@ -255,8 +253,8 @@ def table(rows: list[dict], backend: str) -> str:
                                 "cudnn.benchmark (a control of run-to-run noise)"
              if backend == "numpy" else "cuDNN times its algorithms on the first step",
              "plan": "advisor.tune + advisor.apply (the plan below)"}
-    body = [[r["config"], ("~" if r["noisy"] else "") + report.fmt_ms(r["median_ms"]),
-             report.fmt_ms(r["iqr_ms"]), r["reps"], f"{base / r['median_ms']:.2f}x",
+    body = [[r["config"], ("~" if r["noisy"] else "") + fmt_ms(r["median_ms"]),
+             fmt_ms(r["iqr_ms"]), r["reps"], f"{base / r['median_ms']:.2f}x",
              f"{r['first_loss']:.6f}", notes.get(r["config"], "torch as installed")]
             for r in rows]
     return tabulate(body, headers=["configuration", "ms/step", "IQR ms", "steps", "speed-up",
@@ -275,7 +273,7 @@ def markdown(rows: list[dict], plan: Plan, net: str, batch: int, device_name: st
               "dropout; each configuration in its own process, with the same weights and data")]
     if backend == "numpy":
         facts.append("every process runs with " + " ".join(
-            f"{k}={os.environ.get(k, v)}" for k, v in advisor.CPU_THREAD_ENV.items())
+            f"{k}={os.environ.get(k, v)}" for k, v in CPU_THREAD_ENV.items())
             + " (idle threads sleep: NumPy's BLAS threads and torch's share the cores)")
     facts.append(f"tuning took {tuning_s:.0f} s; the plan rests on {len(plan.measurements)} "
                  "measurements (plan-store hits included)")
@@ -284,68 +282,23 @@ def markdown(rows: list[dict], plan: Plan, net: str, batch: int, device_name: st
                       "## The plan as applied", "", rows[-1]["applied"]])
 
 
-# --- the command line -----------------------------------------------------------------------
-def cmd_train_step(args) -> int:
-    from .cli import UsageError, default_device  # cli imports this module to add the command
-
-    device = args.device or default_device()
-    backend = runner.DEVICES[device].backend
-    unavailable = registry.available(backend)
-    if unavailable:
-        raise UsageError(f"--device {device}: {unavailable}")
-    batch = args.batch or (CPU_BATCH if backend == "numpy" else
-                           layers.net_layers(args.net)[0].problem.n)
-    tune_budget = args.tune_budget or (CPU_TUNE_BUDGET_S if backend == "numpy" else None)
-    try:
-        rows, plan, tuning_s = compare(
-            args.net, batch, device, budget_s=args.budget, tune_budget_s=tune_budget,
-            algos=args.algos, store=args.store, log=lambda line: print(f"convbench: {line}",
-                                                                       file=sys.stderr))
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    env = envinfo.collect(backend)
-    text = markdown(rows, plan, args.net, batch, env["device"], backend, tuning_s,
-                    default_batch=not args.batch)
-    frame = pd.DataFrame(rows).drop(columns=["applied", "times_ms"])
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "trainstep.csv").write_text(report.to_csv(frame))
-        meta = {"net": args.net, "batch": batch, "device": device, "budget_s": args.budget,
-                "tuning_s": tuning_s, "command": " ".join(["convbench", *getattr(args, "argv",
-                                                                                  [])])}
-        (out / "trainstep.json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
-        (out / "trainstep.md").write_text(text + "\n")
-        (out / report.ENV_JSON).write_text(json.dumps(env, indent=1) + "\n")
-        plan.save(out / "plan.json")
-        print(f"convbench: train-step results in {out}", file=sys.stderr)
-    print({"table": lambda: text, "csv": lambda: report.to_csv(frame).rstrip("\n"),
-           "json": lambda: json.dumps(rows, indent=1)}[args.format]())
-    return 0
+def write(folder: str | Path, rows: list[dict], plan: Plan, text: str, env: dict,
+          meta: dict) -> None:
+    """The run folder of a train-step: trainstep.csv (a row per configuration),
+    trainstep.json (`meta`, how it was asked for, and the rows with their raw times),
+    trainstep.md (`text`), env.json and plan.json."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "trainstep.csv").write_text(results.to_csv(summary_frame(rows)))
+    (out / "trainstep.json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
+    (out / "trainstep.md").write_text(text + "\n")
+    (out / results.ENV_JSON).write_text(json.dumps(env, indent=1) + "\n")
+    plan.save(out / "plan.json")
 
 
-def add_parser(subparsers) -> None:
-    from .cli import _positive  # cli imports this module to add the command
-
-    p = subparsers.add_parser("train-step", help="time a training step of an AlexNet-shaped "
-                              "model: defaults, cudnn.benchmark, the advisor's plan")
-    p.add_argument("--net", default="alexnet", choices=NETS,
-                   help="catalog whose conv layers the model has (default alexnet)")
-    p.add_argument("--device", choices=("cpu", "cuda"),
-                   help="default cuda where a GPU is, else cpu")
-    p.add_argument("--batch", type=_positive(int),
-                   help=f"images per step (default {CPU_BATCH} on cpu, the catalog's on cuda)")
-    p.add_argument("--budget", type=_positive(float), default=STEP_BUDGET_S,
-                   help=f"seconds of timed steps per configuration (default {STEP_BUDGET_S})")
-    p.add_argument("--tune-budget", type=_positive(float),
-                   help=f"seconds of timed repetitions per tuning measurement (default "
-                        f"{CPU_TUNE_BUDGET_S} on cpu, the device's default on cuda)")
-    p.add_argument("--algos", default="all", help="algorithms the advisor may choose from")
-    p.add_argument("--store", help="plan store folder (default $CONVBENCH_PLAN_DIR, else "
-                   "~/.cache/convbench/plans)")
-    p.add_argument("--out", help="folder for trainstep.csv/.json/.md, plan.json, env.json")
-    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
-    p.set_defaults(func=cmd_train_step)
+def summary_frame(rows: list[dict]) -> pd.DataFrame:
+    """The configurations' rows without the raw times and the applied-plan text."""
+    return pd.DataFrame(rows).drop(columns=["applied", "times_ms"])
 
 
 if __name__ == "__main__":  # a process of compare's: `tune JOB` or `train JOB`

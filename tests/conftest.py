@@ -1,4 +1,5 @@
-"""Test-suite wiring: `gpu` tests skip, with the reason, where no CUDA GPU can run them."""
+"""Test-suite wiring: `gpu` tests skip, with the reason, where no CUDA GPU can run them; a plan
+store of each test's own; Ctrl-C in the middle of a run."""
 
 import pytest
 
@@ -14,3 +15,33 @@ def pytest_collection_modifyitems(config, items):
         skip = pytest.mark.skip(reason=f"gpu test: {reason}")
         for item in gpu_items:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """A plan store of the test's own (`$CONVBENCH_PLAN_DIR`)."""
+    monkeypatch.setenv("CONVBENCH_PLAN_DIR", str(tmp_path / "plans"))
+    return tmp_path / "plans"
+
+
+@pytest.fixture
+def interrupt(monkeypatch):
+    """`interrupt(n)`: Ctrl-C when the runner starts its case n + 1; returns the list of the
+    cases it measured before."""
+    from convbench import runner
+
+    real = runner.measure
+
+    def after(n: int) -> list:
+        seen = []
+
+        def measure(case, *args, **kw):
+            if len(seen) == n:
+                raise KeyboardInterrupt
+            seen.append(case)
+            return real(case, *args, **kw)
+
+        monkeypatch.setattr(runner, "measure", measure)
+        return seen
+
+    return after

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from test_cli import run_cli
 
-from convbench import batchsweep, memory, opcount, registry, report, runner
+from convbench import batchsweep, memory, opcount, registry, report, results, runner
 from convbench.layers import Layer, resolve
 
 CONV3 = resolve("conv3").problem
@@ -37,7 +37,7 @@ def sweep_argv(folder, limit: int, *extra) -> list[str]:
 
 def statuses(folder) -> dict[tuple[str, int], str]:
     return {(r["algo"], int(r["n"])): r["status"]
-            for r in runner.read_rows(folder / runner.RESULTS_CSV)}
+            for r in results.read_rows(folder / results.RESULTS_CSV)}
 
 
 def test_sweep_runs_until_oom_and_goes_on_with_the_others(tmp_path, capsys):
@@ -50,7 +50,7 @@ def test_sweep_runs_until_oom_and_goes_on_with_the_others(tmp_path, capsys):
                                 ("gemm", 2): "ok", ("winograd-2x2", 2): "oom",
                                 ("gemm", 4): "ok"}  # winograd-2x2 not tried at 4
     assert "1 cases not tried: their series ran out of memory" in err
-    df, env = report.load_run(folder)
+    df, env = results.load_run(folder)
     assert env["run"]["batch"] == [1, 2, 4] and env["run"]["memory_limit_bytes"] == limit
     assert env["memory_method"] == "torch-profiler+tracemalloc"
     ok = df[df["status"] == "ok"]
@@ -112,7 +112,7 @@ def test_default_limits():
 
 
 def test_sweep_report_is_chosen_by_the_data():
-    df = report.frame([runner.row(c, "unsupported", "why")
+    df = results.frame([runner.row(c, "unsupported", "why")
                        for n in (1, 2) for c in conv3_cases(n, ["gemm"])])
     assert report.is_batch_sweep(df) and not report.is_batch_sweep(df[df["n"] == 1])
     text = report.sweep_markdown(df, {}, "no plots")
@@ -148,7 +148,7 @@ def test_cuda_sweep_records_a_real_oom(tmp_path, capsys):
     code, _, _ = run_cli(capsys, "sweep", *argv, "--batch", "1", "--algos", "fft", "--out",
                          str(tmp_path / "free"))
     assert code == 0
-    (row,) = runner.read_rows(tmp_path / "free" / runner.RESULTS_CSV)
+    (row,) = results.read_rows(tmp_path / "free" / results.RESULTS_CSV)
     peak = int(row["peak_bytes"])
     assert 0 < peak < need("fft", 128), (peak, need("fft", 128))
     limit = (max(peak, need("fft", 1)) + need("fft", 128)) // 2

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from convbench import layoutplan
+from convbench import layoutplan, tune
 from convbench.measurement import Measurement
 from convbench.problem import LAYOUTS
 
@@ -87,10 +87,10 @@ def test_an_empty_network_costs_its_input_to_output_conversion():
 
 @pytest.mark.parametrize("src, dst", [("nchw", "nhwc"), ("nhwc", "nchw")])
 def test_conversion_time_is_a_measurement(src, dst):
-    m = layoutplan.conversion_time((2, 3, 8, 9), src, dst, "numpy", "fp32", 0.001)
+    m = tune.conversion_time((2, 3, 8, 9), src, dst, "numpy", "fp32", 0.001)
     assert isinstance(m, Measurement) and m.reps >= 3 and m.median > 0
 
 
 def test_stored_shape():
-    assert layoutplan.stored_shape((2, 3, 8, 9), "nchw") == (2, 3, 8, 9)
-    assert layoutplan.stored_shape((2, 3, 8, 9), "nhwc") == (2, 8, 9, 3)
+    assert tune.stored_shape((2, 3, 8, 9), "nchw") == (2, 3, 8, 9)
+    assert tune.stored_shape((2, 3, 8, 9), "nhwc") == (2, 8, 9, 3)

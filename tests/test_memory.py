@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from test_runner import BUDGET, Fake
 
-from convbench import memory, registry, runner
+from convbench import memory, registry, results, runner
 from convbench.layers import Layer
 from convbench.problem import LAYOUTS, ConvProblem
 
@@ -61,7 +61,7 @@ def test_tracemalloc_sees_numpy_buffers_between_marks():
 
 def test_torch_profiler_sees_torch_cpu_tensors():
     torch = pytest.importorskip("torch")
-    with memory.TorchCPU() as trace:
+    with memory.TorchHostAllocator() as trace:
         a = torch.empty(MiB, dtype=torch.uint8)
         trace.mark()
         b = torch.empty(3 * MiB, dtype=torch.uint8)
@@ -96,7 +96,7 @@ def test_rows_carry_peak_bytes_and_method_beside_workspace():
     for r in rows.values():
         assert r["status"] == "ok", r["reason"]
         assert r["peak_bytes"] >= 0 and r["memory_method"] == "torch-profiler+tracemalloc"
-    cols = list(runner.COLUMNS)
+    cols = list(results.COLUMNS)
     assert cols.index("peak_bytes") == cols.index("workspace_bytes") + 1
     for pass_ in ("fwd", "bwd_data", "bwd_filter"):
         least = rows["direct", pass_]["peak_bytes"]

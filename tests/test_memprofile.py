@@ -1,10 +1,11 @@
 import json
 from itertools import pairwise
 
+import pandas as pd
 import pytest
 from test_cli import run_cli
 
-from convbench import memprofile, opcount, registry, report, runner, trainstep, verify
+from convbench import memprofile, opcount, registry, results, runner, trainstep, verify
 from convbench.layers import Layer, net_layers
 from convbench.measurement import Measurement
 from convbench.plan import Choice, Constraints, LayerPlan, Plan, current_env_key
@@ -140,7 +141,7 @@ def test_applied_plan_is_measured_with_its_workspaces_held():
 def synthetic_run(folder) -> None:
     """A bench run of alexnet at batch 1 where fft is fastest wherever it runs, gemm next,
     torch-cpu slowest; fft's workspace is far larger than gemm's."""
-    sink = runner.CsvSink(folder / runner.RESULTS_CSV)
+    sink = results.CsvSink(folder / results.RESULTS_CSV)
     chk = verify.Check(True, 1e-7, 1e-6, 1e-5)
     layers = [Layer("alexnet", layer.name, layer.problem.with_batch(1)) for layer in CONVS]
     for case in runner.sweep(layers, ["fft", "gemm", "torch-cpu"], "numpy",
@@ -170,7 +171,7 @@ def test_memprofile_command_with_the_advisors_plans(tmp_path, capsys):
     assert "Modelled peak" in text and "allocated (measured)" in text
     rows = {(r["configuration"], r["workspace"]): r for r in data["largest_batch"]}
     assert len(rows) == 6 and all(r["peak_bytes"] <= 3 << 30 for r in rows.values())
-    assert rows == {(r["configuration"], r["workspace"]): r for r in report.pd.read_csv(
+    assert rows == {(r["configuration"], r["workspace"]): r for r in pd.read_csv(
         out / "largest_batch.csv").to_dict("records")}
     defaults = rows["defaults", "held"]["largest_batch"]
     for config in ("fastest", "budgeted"):

@@ -5,7 +5,7 @@ import pickle
 
 import pytest
 
-from convbench import runner, verify
+from convbench import results, runner, verify
 from convbench.measurement import Measurement
 from convbench.plan import (
     ENV_FIELDS,
@@ -19,12 +19,11 @@ from convbench.plan import (
     PlanStore,
     Unplanned,
     default_dir,
-    entry_from_row,
     env_key,
-    row_from_entry,
     stale_fields,
 )
 from convbench.problem import ConvProblem
+from convbench.results import entry_from_row, row_from_entry
 
 P1 = ConvProblem(n=2, c=3, h=8, w=8, k=4, r=3, s=3, pad=1)
 P2 = ConvProblem(n=2, c=4, h=8, w=8, k=4, r=1, s=1)
@@ -75,7 +74,7 @@ def test_round_trip_through_a_file(tmp_path):
 def test_entries_round_trip_to_results_rows():
     row = measured_row()
     back = row_from_entry(entry_from_row(row), "conv", "net", "fp32")
-    for key in (*runner.KEY, "status", "median_ms", "iqr_ms", "rel_error", "workspace_bytes",
+    for key in (*results.KEY, "status", "median_ms", "iqr_ms", "rel_error", "workspace_bytes",
                 "times_ms"):
         assert back[key] == row[key], key
 

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from convbench import report, runner, verify
+from convbench import report, results, runner, verify
 from convbench.layers import net_layers
 from convbench.measurement import Measurement
 from convbench.phases import phase_names
@@ -33,7 +33,7 @@ TIMES = {("gemm", "conv3"): SLOW, ("winograd-2x2", "conv3"): FAST, ("torch-cpu",
 
 
 def test_time_table_marks_the_best_per_column():
-    df = report.frame(rows(TIMES))
+    df = results.frame(rows(TIMES))
     table = report.time_table(df[df["pass"] == "fwd"])
     assert list(table.index) == ["gemm", "winograd-2x2", "torch-cpu"]
     assert list(table.columns) == ["conv3", "conv4"]
@@ -46,7 +46,7 @@ def test_time_table_marks_the_best_per_column():
 
 
 def test_markdown_has_every_section():
-    df = report.frame(rows(TIMES))
+    df = results.frame(rows(TIMES))
     text = report.markdown(df, {"run": {"backend": "numpy", "budget_s": 0.5}},
                            ["time_fwd.png"])
     for heading in ("## Time per layer", "### fwd, nchw, fp32", "### bwd_data, nchw, fp32",
@@ -60,7 +60,7 @@ def test_markdown_has_every_section():
 
 
 def test_op_table_counts_gflop():
-    df = report.frame(rows(TIMES))
+    df = results.frame(rows(TIMES))
     table = report.op_table(df)
     conv3 = LAYERS[0].problem
     assert table.loc[("gemm", "fwd"), "conv3"] == f"{conv3.flops / 1e9:.4g}"
@@ -68,29 +68,29 @@ def test_op_table_counts_gflop():
 
 
 def test_csv_round_trip_and_json(tmp_path):
-    sink = runner.CsvSink(tmp_path / runner.RESULTS_CSV)
+    sink = results.CsvSink(tmp_path / results.RESULTS_CSV)
     for r in rows(TIMES):
         sink.append(r)
-    df, env = report.load_run(tmp_path)
+    df, env = results.load_run(tmp_path)
     assert env == {} and len(df) == 12
     assert df.loc[df["status"] == "ok", "noisy"].tolist() == [False, False, True] * 2 + [False] * 2
-    records = json.loads(report.to_json(df))
+    records = json.loads(results.to_json(df))
     ok = [r for r in records if r["status"] == "ok"]
     assert ok[0]["times_ms"] == [3.0, 3.1, 3.2] and ok[0]["reps"] == 3
     assert ok[0]["rel_error"] == 1e-7
     assert isinstance(ok[0]["workspace_bytes"], int)
     assert all(r["median_ms"] is None for r in records if r["status"] != "ok")
-    assert report.to_csv(df).splitlines()[0] == ",".join(runner.COLUMNS)
+    assert results.to_csv(df).splitlines()[0] == ",".join(results.COLUMNS)
 
 
 def test_load_run_refuses_a_folder_without_results(tmp_path):
     with pytest.raises(ValueError, match="not a run folder"):
-        report.load_run(tmp_path)
+        results.load_run(tmp_path)
 
 
 def test_plots_are_written(tmp_path):
     pytest.importorskip("matplotlib")
-    names = report.plot(report.frame(rows(TIMES)), tmp_path)
+    names = report.plot(results.frame(rows(TIMES)), tmp_path)
     assert names == ["time_fwd.png", "time_bwd_data.png", "opcount.png"]
     for name in names:
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
@@ -98,19 +98,19 @@ def test_plots_are_written(tmp_path):
 
 def test_plots_are_skipped_without_matplotlib(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    note = report.plot(report.frame(rows(TIMES)), tmp_path)
+    note = report.plot(results.frame(rows(TIMES)), tmp_path)
     assert "matplotlib is not installed" in note
-    assert note in report.markdown(report.frame(rows(TIMES)), {}, note)
+    assert note in report.markdown(results.frame(rows(TIMES)), {}, note)
     assert not list(tmp_path.iterdir())
 
 
 def test_compare_flags_changes_beyond_noise():
-    a = report.frame(rows(TIMES))
+    a = results.frame(rows(TIMES))
     b_times = dict(TIMES)
     b_times[("gemm", "conv3")] = FAST  # 3x faster, IQRs apart
     b_times[("torch-cpu", "conv3")] = Measurement((2.5, 3.0, 3.5))  # overlaps: noise
     b_times[("winograd-2x2", "conv4")] = SLOW  # failed -> ok
-    b = report.frame(rows(b_times))
+    b = results.frame(rows(b_times))
     cmp = report.compare(a, b)
     fwd = cmp[cmp["pass"] == "fwd"].set_index(["algo", "layer"])
     assert fwd.loc[("gemm", "conv3"), "change"] == "faster"
@@ -123,8 +123,8 @@ def test_compare_flags_changes_beyond_noise():
 
 
 def test_compare_rows_in_one_run_only():
-    a = report.frame(rows(TIMES))
-    b = report.frame(rows(TIMES, algos=("gemm",)))
+    a = results.frame(rows(TIMES))
+    b = results.frame(rows(TIMES, algos=("gemm",)))
     cmp = report.compare(a, b)
     assert (cmp["change"] == "only in A").sum() == 8
 
@@ -162,7 +162,7 @@ def synthetic_errors(ratio_4x4) -> dict:
 def test_accuracy_table_is_per_layer_pass_and_algo_worst_layout():
     errors = synthetic_errors(lambda layer, pass_, layout: 4.0 if layout == "nhwc" else 6.0)
     errors[("gemm", "conv4", "bwd_filter", "nhwc")] = 3e-8
-    table = report.error_table(report.frame(error_rows(errors)))
+    table = report.error_table(results.frame(error_rows(errors)))
     assert list(table.columns) == ["conv3", "conv4"]
     assert list(table.index) == [(a, p) for a in ("gemm", "winograd-2x2", "winograd-4x4")
                                  for p in ("fwd", "bwd_filter")]
@@ -174,7 +174,7 @@ def test_accuracy_table_is_per_layer_pass_and_algo_worst_layout():
 def test_winograd_4x4_over_2x2_error_ratio_from_the_data():
     ratios = {("conv3", "fwd"): 2.0, ("conv3", "bwd_filter"): 4.0, ("conv4", "fwd"): 8.0,
               ("conv4", "bwd_filter"): 16.0}
-    df = report.frame(error_rows(synthetic_errors(lambda l, p, _: ratios[(l, p)])))
+    df = results.frame(error_rows(synthetic_errors(lambda l, p, _: ratios[(l, p)])))
     got = report.error_ratios(df, "winograd-4x4", "winograd-2x2")
     assert len(got) == 8 and sorted(got) == pytest.approx(sorted(list(ratios.values()) * 2))
     line = report.error_ratio_line(df, "winograd-4x4", "winograd-2x2")
@@ -186,21 +186,21 @@ def test_winograd_4x4_over_2x2_error_ratio_from_the_data():
 
 
 def test_the_ratio_line_says_so_when_4x4_is_not_worse():
-    df = report.frame(error_rows(synthetic_errors(lambda layer, p, l: 0.5)))
+    df = results.frame(error_rows(synthetic_errors(lambda layer, p, l: 0.5)))
     assert report.error_ratio_line(df, "winograd-4x4", "winograd-2x2").endswith(
         "median 0.5× (min 0.5×, max 0.5×) over 8 (layer, pass, layout) cases; winograd-4x4's "
         "error is the larger in 0 of 8.")
 
 
 def test_no_ratio_line_without_both_algorithms():
-    df = report.frame(rows(TIMES))  # winograd-2x2 only
+    df = results.frame(rows(TIMES))  # winograd-2x2 only
     assert report.error_ratio_line(df, "winograd-4x4", "winograd-2x2") is None
     assert "error ratio" not in report.markdown(df, {})
 
 
 def test_accuracy_has_a_table_per_precision():
     errors = synthetic_errors(lambda *_: 5.0)
-    df = report.frame(error_rows(errors) + error_rows(errors, precision="fp64"))
+    df = results.frame(error_rows(errors) + error_rows(errors, precision="fp64"))
     text = report.markdown(df, {})
     assert "### fp32" in text and "### fp64" in text
 
@@ -226,7 +226,7 @@ PHASES = {("fft", "conv3"): (3.0, 1.0, 2.0, 4.0), ("fft", "conv4"): (1.0, 1.0, 6
 
 
 def test_phase_table_shares_and_dominant():
-    df = report.frame(phase_rows(PHASES))
+    df = results.frame(phase_rows(PHASES))
     phased = report.phase_frame(df)
     assert set(phased["algo"]) == {"fft", "winograd-2x2"}  # gemm has no phases
     fft_fwd = phased[(phased["algo"] == "fft") & (phased["pass"] == "fwd")]
@@ -239,7 +239,7 @@ def test_phase_table_shares_and_dominant():
 
 
 def test_phase_breakdown_section():
-    text = report.markdown(report.frame(phase_rows(PHASES)), {})
+    text = report.markdown(results.frame(phase_rows(PHASES)), {})
     section = text[text.index("## Phase breakdown"):text.index("## Plots")]
     for heading in ("### fft, fwd, fp32", "### fft, bwd_data, fp32",
                     "### winograd-2x2, fwd, fp32", "### winograd-2x2, bwd_data, fp32"):
@@ -262,7 +262,7 @@ def test_fused_phases_show_the_fused_kernels_share():
             named = dict(zip(("transform w", "fused"), (Measurement((v,)) for v in ms)))
             rows.append(runner.row(case, "ok", check=verify.Check(True, 1e-7, 1e-6, 1e-4),
                                    m=Measurement((sum(ms),)), phases=named))
-    df = report.frame(rows)
+    df = results.frame(rows)
     table = report.phase_table(report.phase_frame(df))
     assert list(table.columns) == ["transform w", "fused", "phases ms", "pass ms", "dominant"]
     assert table.loc[("conv3", "nchw"), "dominant"] == "fused 75%"
@@ -273,11 +273,11 @@ def test_fused_phases_show_the_fused_kernels_share():
 
 
 def test_phases_in_json_and_through_the_csv(tmp_path):
-    sink = runner.CsvSink(tmp_path / runner.RESULTS_CSV)
+    sink = results.CsvSink(tmp_path / results.RESULTS_CSV)
     for r in phase_rows(PHASES):
         sink.append(r)
-    df, _ = report.load_run(tmp_path)
-    records = {(r["algo"], r["layer"], r["pass"]): r for r in report.to_records(df)}
+    df, _ = results.load_run(tmp_path)
+    records = {(r["algo"], r["layer"], r["pass"]): r for r in results.to_records(df)}
     assert records[("fft", "conv3", "fwd")]["phases_ms"] == dict(
         zip(phase_names("fwd"), PHASES[("fft", "conv3")]))
     assert records[("gemm", "conv3", "fwd")]["phases_ms"] is None
@@ -286,17 +286,17 @@ def test_phases_in_json_and_through_the_csv(tmp_path):
 
 def test_phase_plot_is_written(tmp_path):
     pytest.importorskip("matplotlib")
-    names = report.plot(report.frame(phase_rows(PHASES)), tmp_path)
+    names = report.plot(results.frame(phase_rows(PHASES)), tmp_path)
     assert names[-1] == "phases.png"
     assert (tmp_path / "phases.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_a_results_file_from_before_phases_still_renders(tmp_path):
-    older = [c for c in runner.COLUMNS if c != "phases_ms"]
-    with open(tmp_path / runner.RESULTS_CSV, "w", newline="") as f:
+    older = [c for c in results.COLUMNS if c != "phases_ms"]
+    with open(tmp_path / results.RESULTS_CSV, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=older, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows(TIMES))
-    df, _ = report.load_run(tmp_path)
+    df, _ = results.load_run(tmp_path)
     text = report.markdown(df, {})
     assert "## Time per layer" in text and "## Phase breakdown" not in text

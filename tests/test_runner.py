@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from convbench import reference, registry, report, runner, timing
+from convbench import reference, registry, report, results, runner, timing
 from convbench.layers import Layer
 from convbench.phases import phase_names
 from convbench.problem import ConvProblem
@@ -74,7 +74,7 @@ def test_statuses_and_reasons():
     assert rows["oom"]["reason"] == "MemoryError: out of memory allocating 1 TiB"
     assert rows["boom"]["reason"] == "RuntimeError: boom"  # one line, no traceback
     for r in rows.values():
-        assert set(r) == set(runner.COLUMNS)
+        assert set(r) == set(results.COLUMNS)
         if r["status"] != "ok":
             assert r["median_ms"] is None and r["times_ms"] is None
 
@@ -201,33 +201,33 @@ class Crash(Fake):
 
 
 def test_rows_are_streamed_and_survive_a_crash_and_resume_finishes(tmp_path):
-    path = tmp_path / runner.RESULTS_CSV
+    path = tmp_path / results.RESULTS_CSV
     todo = cases(["good"], ("fwd", "bwd_data", "bwd_filter"), ("nchw", "nhwc"))
-    sink = runner.CsvSink(path)
+    sink = results.CsvSink(path)
     with pytest.raises(KeyboardInterrupt):
         runner.run(todo, BUDGET, {"good": Crash("good", at=4)}, on_row=sink.append)
-    kept = runner.read_rows(path)
+    kept = results.read_rows(path)
     assert [r["status"] for r in kept] == ["ok"] * 3
 
-    done = runner.done_keys(path)
+    done = results.done_keys(path)
     rest = [c for c in todo if c.key() not in done]
     assert rest == todo[3:]
     fresh = Fake("good")
-    runner.run(rest, BUDGET, {"good": fresh}, on_row=runner.CsvSink(path).append)
+    runner.run(rest, BUDGET, {"good": fresh}, on_row=results.CsvSink(path).append)
     assert fresh.calls >= 3 * timing.MIN_REPS  # only the three missing cases were measured
-    rows = runner.read_rows(path)
-    assert sorted(tuple(r[c] for c in runner.KEY) for r in rows) == sorted(c.key() for c in todo)
+    rows = results.read_rows(path)
+    assert sorted(tuple(r[c] for c in results.KEY) for r in rows) == sorted(c.key() for c in todo)
 
 
 def test_a_half_written_last_line_is_dropped(tmp_path):
-    path = tmp_path / runner.RESULTS_CSV
-    sink = runner.CsvSink(path)
+    path = tmp_path / results.RESULTS_CSV
+    sink = results.CsvSink(path)
     sink.append(runner.row(cases(["x"])[0], "unsupported", "why"))
     with open(path, "a") as f:
         f.write("tiny,1,2,6")  # killed mid-write
-    assert len(runner.read_rows(path)) == 1
-    runner.CsvSink(path).append(runner.row(cases(["y"])[0], "unsupported", "why"))
-    assert [r["algo"] for r in runner.read_rows(path)] == ["x", "y"]
+    assert len(results.read_rows(path)) == 1
+    results.CsvSink(path).append(runner.row(cases(["y"])[0], "unsupported", "why"))
+    assert [r["algo"] for r in results.read_rows(path)] == ["x", "y"]
 
 
 # --- phase breakdown ------------------------------------------------------------------------
@@ -265,7 +265,7 @@ def test_phases_are_timed_in_order_after_the_whole_pass():
     sequences = spy.log[first:]
     assert len(sequences) % 4 == 0 and len(sequences) >= 4 * timing.MIN_REPS
     assert sequences == names * (len(sequences) // 4)  # always whole sequences, in order
-    phases = runner.parse_phases(r["phases_ms"])
+    phases = results.parse_phases(r["phases_ms"])
     assert list(phases) == names and all(ms >= 0 for ms in phases.values())
 
 
@@ -283,11 +283,11 @@ def test_phases_that_contradict_the_prepared_pass_fail_the_case():
 def test_phases_text_round_trip():
     from convbench.measurement import Measurement
 
-    text = runner.phases_text({"transform x": Measurement((0.5, 0.125, 0.25)),
+    text = results.phases_text({"transform x": Measurement((0.5, 0.125, 0.25)),
                                "product": Measurement((2.0,))})
     assert text == "transform x=0.25;product=2"
-    assert runner.parse_phases(text) == {"transform x": 0.25, "product": 2.0}
-    assert runner.parse_phases("") == runner.parse_phases(None) == {}
+    assert results.parse_phases(text) == {"transform x": 0.25, "product": 2.0}
+    assert results.parse_phases("") == results.parse_phases(None) == {}
 
 
 EMU_TINY = Layer("custom", "tiny", ConvProblem(n=1, c=4, h=7, w=7, k=4, r=3, s=3, pad=1))
@@ -302,16 +302,16 @@ def test_emu_fft_and_winograd_carry_their_four_phases():
     rows = runner.run(todo, BUDGET)
     for r in rows:
         assert r["status"] == "ok", r["reason"]
-        phases = runner.parse_phases(r["phases_ms"])
+        phases = results.parse_phases(r["phases_ms"])
         assert list(phases) == phase_names(r["pass"]) and all(v > 0 for v in phases.values())
-    text = report.markdown(report.frame(rows), {})
+    text = report.markdown(results.frame(rows), {})
     assert "## Phase breakdown" in text
     assert "### fft, bwd_data, fp32" in text and "### winograd-2x2, bwd_filter, fp32" in text
 
 
 def test_a_results_file_without_the_phases_column_is_refused(tmp_path):
-    path = tmp_path / runner.RESULTS_CSV
-    older = [c for c in runner.COLUMNS if c != "phases_ms"]
+    path = tmp_path / results.RESULTS_CSV
+    older = [c for c in results.COLUMNS if c != "phases_ms"]
     path.write_text(",".join(older) + "\n")
     with pytest.raises(ValueError, match="other columns"):
-        runner.CsvSink(path)
+        results.CsvSink(path)

@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from convbench import advisor, trainstep
+from convbench import trainstep, tune
+from convbench.cli import trainstep as cli_trainstep
 from convbench.layers import net_layers
-from convbench.plan import Choice, Constraints, LayerPlan, Plan
+from convbench.plan import Choice, Constraints, LayerPlan, Plan, current_env_key
 from convbench.problem import PASSES
 
 
@@ -16,7 +17,7 @@ from convbench.problem import PASSES
 def test_the_model_has_the_catalogs_conv_layers(net):
     model = trainstep.build_model(net)
     x, target = trainstep.example_batch(net, 1, "cpu")
-    sites, refused = advisor.find_convs(model, x)
+    sites, refused = tune.find_convs(model, x)
     assert refused == []
     assert [(s.name, s.problem) for s in sites] == [
         (layer.name, layer.problem.with_batch(1)) for layer in net_layers(net)]
@@ -26,12 +27,12 @@ def test_the_model_has_the_catalogs_conv_layers(net):
 def catalog_plan(tmp_path, algos: dict) -> str:
     """A plan file for the AlexNet-shaped model at batch 1 choosing `algos` for every layer."""
     x, _ = trainstep.example_batch("alexnet", 1, "cpu")
-    sites, _ = advisor.find_convs(trainstep.build_model("alexnet"), x)
+    sites, _ = tune.find_convs(trainstep.build_model("alexnet"), x)
     layers = [LayerPlan(s.name, s.problem, "nhwc" if i % 2 else "nchw",
                         {p: Choice(algos[p], "numpy", 1.0, 0.1) if p in s.passes else None
                          for p in PASSES})
               for i, s in enumerate(sites)]
-    plan = Plan(env=advisor.current_env_key("numpy"), backend="numpy", precision="fp32",
+    plan = Plan(env=current_env_key("numpy"), backend="numpy", precision="fp32",
                 constraints=Constraints(), cudnn={"benchmark": False, "deterministic": False},
                 input_layout="nchw", output_layout="nchw", layers=layers, network=None)
     return str(plan.save(tmp_path / "plan.json"))
@@ -87,7 +88,7 @@ def test_train_step_command(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(trainstep, "time_configs", fake_times)
     parser = argparse.ArgumentParser()
-    advisor.add_cli(parser.add_subparsers())
+    cli_trainstep.add_parsers(parser.add_subparsers())
     out = tmp_path / "out"
     args = parser.parse_args(["train-step", "--device", "cpu", "--batch", "1", "--algos",
                               "torch-cpu", "--tune-budget", "0.001", "--budget", "0.5",

@@ -1,0 +1,376 @@
+"""Advice: a results table -> per layer and pass, the best (algo, layout), and a Plan.
+
+Advice reads results only (`results.frame` of a run folder, or of rows the tuner measured) and
+never times anything: per layer and pass, the fastest `ok` (algo, backend, layout) whose error
+is within its tolerance and the constraints; its margin over the runner-up and whether that
+margin is within noise (the two interquartile ranges overlap); and the heuristic regret — how
+much slower cuDNN's own heuristic pick (`cudnn`) is than the best. Layouts are then chosen for
+the network as a whole (`layoutplan`), paying NCHW<->NHWC conversions between layers, from
+conversion times it is handed (`tune` measures them). The tables `convbench advise` prints
+are made here too.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import pandas as pd
+from tabulate import tabulate
+
+from . import layoutplan
+from .measurement import Measurement
+from .memory import format_size
+from .plan import TORCH_ALGOS, Choice, Constraints, LayerPlan, NetworkTotals, Plan, Unplanned
+from .problem import LAYOUTS, PASSES, ConvProblem
+from .report import fmt_ms
+from .results import PROBLEM_FIELDS, problem_from_row
+
+#: Algorithms whose results may differ bitwise from run to run. cuDNN's own choice (benchmark
+#: off or on) may be one of its algorithms that accumulate with atomics (several bwd_data and
+#: bwd_filter ones do); torch's `cudnn.deterministic` would rule those out, but the rows were
+#: not measured that way. Every other algorithm is taken as deterministic: the NumPy ones and
+#: torch's CPU convolution reduce in a fixed order for a fixed thread count, and convbench's
+#: CUDA kernels use no floating-point atomics (a kernel that adds them must be listed here).
+NONDETERMINISTIC_ALGOS = ("cudnn", "cudnn-autotune")
+NO_CONSTRAINTS = Constraints()
+
+
+def is_deterministic(algo: str, backend: str) -> bool:
+    """Whether `algo` on `backend` gives bitwise-equal results run to run (see
+    NONDETERMINISTIC_ALGOS for what is assumed)."""
+    return algo not in NONDETERMINISTIC_ALGOS
+
+
+# --- advice from results --------------------------------------------------------------------
+@dataclass(frozen=True)
+class Candidate:
+    """One `ok` measurement, with the quartiles its noise is judged by."""
+
+    algo: str
+    backend: str
+    layout: str
+    median_ms: float
+    iqr_ms: float
+    q1: float
+    q3: float
+
+    @classmethod
+    def from_row(cls, r) -> Candidate:
+        if r["times_ms"]:
+            m = Measurement.from_text(r["times_ms"])
+            q1, q3 = m.q1, m.q3
+        else:  # no raw times: the IQR centred on the median
+            q1, q3 = r["median_ms"] - r["iqr_ms"] / 2, r["median_ms"] + r["iqr_ms"] / 2
+        return cls(r["algo"], r["backend"], r["layout"], float(r["median_ms"]),
+                   float(r["iqr_ms"]), q1, q3)
+
+    def choice(self) -> Choice:
+        return Choice(self.algo, self.backend, self.median_ms, self.iqr_ms)
+
+
+@dataclass(frozen=True)
+class PassAdvice:
+    """The choice for one pass of one layer."""
+
+    layer: str
+    problem: ConvProblem
+    pass_: str
+    by_layout: dict[str, Candidate]  # the fastest candidate in each layout
+    runner_up: Candidate | None  # the second fastest (algo, backend, layout) of all
+    regret: float | None  # cudnn's median / the best's - 1, in the best's layout
+
+    @property
+    def best(self) -> Candidate:
+        return min(self.by_layout.values(), key=lambda c: c.median_ms)
+
+    @property
+    def margin(self) -> float | None:
+        """How much slower the runner-up is, as a fraction of the best's time."""
+        if self.runner_up is None:
+            return None
+        return self.runner_up.median_ms / self.best.median_ms - 1
+
+    @property
+    def within_noise(self) -> bool | None:
+        """Whether the runner-up's interquartile range reaches the best's: the order of the two
+        may not hold on another run."""
+        return None if self.runner_up is None else self.runner_up.q1 <= self.best.q3
+
+
+@dataclass
+class Advice:
+    """The advice for a results table: per (layer, pass) that has a candidate, its choice."""
+
+    backend: str
+    precision: str
+    constraints: Constraints
+    #: (layer, problem) in the order of the results: the network's order for the layout plan.
+    layers: list[tuple[str, ConvProblem]]
+    passes: dict[tuple[str, str], PassAdvice]
+    #: The (layer, pass) pairs the results have rows for, candidates or not.
+    measured: set[tuple[str, str]]
+    #: Why `ok` rows were not candidates: reason -> count.
+    excluded: Counter
+
+
+def _exclusions(ok: pd.DataFrame, c: Constraints) -> list[tuple[str, pd.Series]]:
+    """(why, which `ok` rows it rules out), in the order the rules apply."""
+    rules = [("above their tolerance", ~(ok["rel_error"] <= ok["tolerance"]))]
+    if c.max_error is not None:
+        rules.append((f"above --max-error {c.max_error:g}", ~(ok["rel_error"] <= c.max_error)))
+    if c.workspace_budget is not None:
+        # What a pass declares, else what it was seen to allocate beyond its operands (cuDNN's
+        # and torch's own choices declare nothing); a row with neither does not fit.
+        used = ok["workspace_bytes"].fillna(ok["peak_bytes"])
+        rules.append((f"over the workspace budget of {format_size(c.workspace_budget)}",
+                      ~(used <= c.workspace_budget)))
+    if c.deterministic:
+        fixed = [is_deterministic(a, b) for a, b in zip(ok["algo"], ok["backend"])]
+        rules.append(("not deterministic", ~pd.Series(fixed, index=ok.index, dtype=bool)))
+    return rules
+
+
+def choose_precision(df: pd.DataFrame, precision: str | None = None) -> str:
+    """`precision` if the results have it, else fp32 if they do, else the first they have."""
+    have = list(dict.fromkeys(df["precision"]))
+    if precision is not None:
+        if precision not in have:
+            raise ValueError(f"the results have no {precision} rows; they have "
+                             f"{', '.join(have) or 'none'}")
+        return precision
+    if not have:
+        raise ValueError("the results are empty")
+    return "fp32" if "fp32" in have else have[0]
+
+
+def advise(df: pd.DataFrame, constraints: Constraints = NO_CONSTRAINTS,
+           precision: str | None = None) -> Advice:
+    """Per layer and pass of a results DataFrame (`results.frame`), the fastest admissible
+    candidate in each layout, the runner-up, and the heuristic regret."""
+    precision = choose_precision(df, precision)
+    df = df[df["precision"] == precision]
+    backends = list(dict.fromkeys(df["backend"]))
+    if len(backends) != 1:
+        raise ValueError(f"a plan is for one backend; the results have {', '.join(backends)}")
+    ok = df[df["status"] == "ok"]
+    keep = pd.Series(True, index=ok.index)
+    excluded: Counter = Counter()
+    for reason, mask in _exclusions(ok, constraints):
+        excluded[reason] = int((keep & mask).sum())
+        keep &= ~mask
+    df = df.assign(candidate=False)
+    df.loc[keep[keep].index, "candidate"] = True
+    key = ["layer", *PROBLEM_FIELDS]
+    layers = [(r["layer"], problem_from_row(r)) for _, r in df[key].drop_duplicates().iterrows()]
+    names = Counter(name for name, _ in layers)
+    if any(n > 1 for n in names.values()):
+        name = next(name for name, n in names.items() if n > 1)
+        raise ValueError(f"layer {name} appears with several problems (batches "
+                         f"{', '.join(str(p.n) for lay, p in layers if lay == name)}); a plan "
+                         "has one problem per layer: choose a batch")
+    passes = {}
+    for (layer, *_, pass_), rows in df.groupby([*key, "pass"], sort=False):
+        ranked = [Candidate.from_row(r)
+                  for _, r in rows[rows["candidate"]].sort_values("median_ms").iterrows()]
+        if not ranked:
+            continue
+        by_layout: dict[str, Candidate] = {}
+        for cand in ranked:
+            by_layout.setdefault(cand.layout, cand)
+        best = ranked[0]
+        cudnn = rows[(rows["algo"] == "cudnn") & (rows["status"] == "ok")
+                     & (rows["layout"] == best.layout)]
+        regret = float(cudnn["median_ms"].min()) / best.median_ms - 1 if len(cudnn) else None
+        passes[layer, pass_] = PassAdvice(layer, problem_from_row(rows.iloc[0]), pass_, by_layout,
+                                          ranked[1] if len(ranked) > 1 else None, regret)
+    measured = set(zip(df["layer"], df["pass"]))
+    return Advice(backends[0], precision, constraints, layers, passes, measured, excluded)
+
+# --- the network layout plan ----------------------------------------------------------------
+def layer_costs(advice: Advice, default_layout: str = "nchw") -> list[dict[str, float]]:
+    """Per layer, each layout in which every pass with a candidate has one, and the sum of
+    those passes' best times in it. A layer with no such layout has nothing to plan: it stays
+    in `default_layout` at no cost."""
+    costs = []
+    for layer, _ in advice.layers:
+        advised = [a for p in PASSES if (a := advice.passes.get((layer, p)))]
+        common = set(LAYOUTS).intersection(*(a.by_layout for a in advised)) if advised else set()
+        costs.append({lay: sum(a.by_layout[lay].median_ms for a in advised)
+                      for lay in LAYOUTS if lay in common} or {default_layout: 0.0})
+    return costs
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """The activation entering a layer (or leaving the last): its NCHW dims, and whether its
+    gradient crosses back (then a conversion is paid both ways)."""
+
+    shape: tuple[int, int, int, int]
+    grad: bool
+
+
+def boundaries(advice: Advice) -> list[Boundary]:
+    """Boundary i is layer i's input, converted when layer i's layout differs from the one
+    before; its gradient crosses back when layer i computes bwd_data (a pass measured is a pass
+    needed). The last boundary is the network's output, whose gradient reaches the last layer
+    when that layer has a backward pass."""
+    out = [Boundary(problem.x_shape(), (layer, "bwd_data") in advice.measured)
+           for layer, problem in advice.layers]
+    if advice.layers:
+        layer, problem = advice.layers[-1]
+        grad = any((layer, p) in advice.measured for p in ("bwd_data", "bwd_filter"))
+        out.append(Boundary(problem.y_shape(), grad))
+    return out
+
+
+ConversionKey = tuple[tuple[int, ...], str, str]
+
+
+def needed_conversions(costs: list[dict[str, float]], bounds: list[Boundary], input_layout: str,
+                       output_layout: str) -> set[ConversionKey]:
+    """The (shape, from, to) conversions some choice of layouts could pay."""
+    sides = [{input_layout}, *(set(c) for c in costs), {output_layout}]
+    need = set()
+    for i, b in enumerate(bounds):
+        for src in sides[i]:
+            for dst in sides[i + 1] - {src}:
+                need.add((b.shape, src, dst))
+                if b.grad:
+                    need.add((b.shape, dst, src))
+    return need
+
+
+def transition(bounds: list[Boundary], conversions: dict[ConversionKey, float]):
+    """The DP's transition cost from measured conversion times."""
+    def cost(i: int, src: str, dst: str) -> float:
+        if src == dst:
+            return 0.0
+        b = bounds[i]
+        return conversions[b.shape, src, dst] + (conversions[b.shape, dst, src] if b.grad else 0)
+
+    return cost
+
+
+def conversion_table(entries: list[dict]) -> dict[ConversionKey, float]:
+    """Conversion entries (a plan's `conversions`) as the DP's lookup table."""
+    return {(tuple(e["shape"]), e["from"], e["to"]): e["median_ms"] for e in entries}
+
+def build_plan(advice: Advice, env: dict, conversions: list[dict] | None, *,
+               measurements: list[dict], unplanned: list[Unplanned] = (),
+               input_layout: str = "nchw", output_layout: str = "nchw") -> Plan:
+    """The plan: layouts from the network DP over measured `conversions` (each layer's own
+    best layout when they are None: they could not be measured), then each pass's best in its
+    layer's layout."""
+    costs = layer_costs(advice, input_layout)
+    network = None
+    if conversions is None or not advice.layers:
+        layouts = [min(c, key=c.get) for c in costs]
+    else:
+        cost = transition(boundaries(advice), conversion_table(conversions))
+        chosen = layoutplan.plan_layouts(costs, cost, input_layout, output_layout)
+        greedy = layoutplan.per_layer_best(costs, cost, input_layout, output_layout)
+        layouts = list(chosen.layouts)
+        network = NetworkTotals(chosen.total_ms, chosen.conversion_ms, list(greedy.layouts),
+                                greedy.total_ms)
+    layers = []
+    for (layer, problem), layout in zip(advice.layers, layouts):
+        passes = {}
+        for p in PASSES:
+            a = advice.passes.get((layer, p))
+            cand = a.by_layout.get(layout) if a else None
+            passes[p] = cand.choice() if cand else None
+        layers.append(LayerPlan(layer, problem, layout, passes))
+    # One global cudnn.benchmark: the mode most cuDNN passes chose (apply gives the others
+    # theirs per pass).
+    modes = Counter(c.algo for lp in layers for c in lp.passes.values()
+                    if c is not None and TORCH_ALGOS.get(c.algo) is not None)
+    cudnn = {"benchmark": modes["cudnn-autotune"] > modes["cudnn"],
+             "deterministic": advice.constraints.deterministic}
+    return Plan(env=env, backend=advice.backend, precision=advice.precision,
+                constraints=advice.constraints, cudnn=cudnn, input_layout=input_layout,
+                output_layout=output_layout, layers=layers, network=network,
+                unplanned=list(unplanned), measurements=measurements,
+                conversions=conversions or [])
+
+
+# --- tables ---------------------------------------------------------------------------------
+def _pct(x: float | None) -> str:
+    return "" if x is None else f"+{100 * x:.0f}%" if x >= 0 else f"{100 * x:.0f}%"
+
+
+def advice_table(advice: Advice) -> str:
+    """Per layer and pass: the best, its runner-up and margin, noise, cuDNN's regret."""
+    rows = []
+    for layer, _ in advice.layers:
+        for p in PASSES:
+            a = advice.passes.get((layer, p))
+            if a is None:
+                none = "(none admissible)" if (layer, p) in advice.measured else "(not measured)"
+                rows.append([layer, p, none, "", "", "", "", "", ""])
+                continue
+            best, up = a.best, a.runner_up
+            rows.append([layer, p, best.algo, best.layout, fmt_ms(best.median_ms),
+                         f"{up.algo} {up.layout}" if up else "", _pct(a.margin),
+                         "within noise" if a.within_noise else "", _pct(a.regret)])
+    return tabulate(rows, headers=["layer", "pass", "best", "layout", "median ms", "runner-up",
+                                   "margin", "noise", "cudnn regret"],
+                    tablefmt="github", disable_numparse=True)
+
+
+def plan_table(plan: Plan) -> str:
+    """Per layer: the layout the network plan chose (and each layer's own best), the algorithm
+    of each pass, and the layer's time in that layout."""
+    best = plan.network.per_layer_best_layouts if plan.network else [""] * len(plan.layers)
+    rows = []
+    for lp, own in zip(plan.layers, best):
+        chosen = [c for c in lp.passes.values() if c is not None]
+        rows.append([lp.layer, own, lp.layout,
+                     *[c.algo if c else "torch default" for c in lp.passes.values()],
+                     fmt_ms(sum(c.median_ms for c in chosen)) if chosen else ""])
+    headers = ["layer", "per-layer best layout", "network plan layout", *PASSES, "ms"]
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def plan_text(plan: Plan, advice: Advice) -> str:
+    """What `convbench advise` prints: the advice, the plan, totals, exclusions."""
+    out = [f"## Per-layer best ({advice.backend}, {advice.precision})", "", advice_table(advice),
+           "", ("margin: how much slower the runner-up is; within noise: their interquartile "
+                "ranges overlap; cudnn regret: how much slower cuDNN's heuristic pick is than "
+                "the best, in the same layout."), ""]
+    dropped = [f"{n} {reason}" for reason, n in advice.excluded.items() if n]
+    if dropped:
+        out += ["Not candidates: " + "; ".join(dropped) + ".", ""]
+    out += ["## Network layout plan", "", plan_table(plan), ""]
+    if plan.network:
+        n = plan.network
+        out.append(f"Network plan: {n.total_ms:.4g} ms per step of conv passes, "
+                   f"{n.conversion_ms:.4g} ms of it NCHW<->NHWC conversions. Each layer's own "
+                   f"best layout ({', '.join(n.per_layer_best_layouts)}) would cost "
+                   f"{n.per_layer_best_ms:.4g} ms with its conversions.")
+    for u in plan.unplanned:
+        out.append(f"- {u.layer}: left as it is ({u.reason})")
+    return "\n".join(out)
+
+
+def plan_total_ms(plan: Plan) -> float:
+    """A training step's conv passes under the plan: the network total (conversions included)
+    where there is one, else the sum of the chosen passes."""
+    if plan.network:
+        return plan.network.total_ms
+    return sum(c.median_ms for lp in plan.layers for c in lp.passes.values() if c is not None)
+
+
+def constraint_cost(plan: Plan, free: Plan) -> str:
+    """One line: what the constraints cost a training step, against the unconstrained `free`
+    plan of the same results (a pass left without a choice counts as nothing, and is named)."""
+    ours, best = plan_total_ms(plan), plan_total_ms(free)
+    line = (f"The constraints ({plan.constraints.describe()}) cost {ours - best:.4g} ms per step "
+            f"of conv passes: {ours:.4g} ms against {best:.4g} ms unconstrained "
+            f"({_pct((ours - best) / best) if best else 'n/a'}).")
+    lost = [f"{lp.layer} {p}" for lp in plan.layers for p, c in lp.passes.items() if c is None]
+    if lost:
+        line += (f" No choice fits for {', '.join(lost)}: torch's default runs them, not counted "
+                 "in the total.")
+    return line
+

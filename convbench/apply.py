@@ -1,0 +1,161 @@
+"""Apply: make a PyTorch model run a plan.
+
+    summary = apply(model, plan)   # a Plan, or a plan file
+    print(summary)                 # what changed, layer by layer
+
+`apply` sets the global cuDNN flags the plan asks for, gives each planned layer its layout
+(channels_last weights for NHWC), and replaces each layer that torch alone would not run as
+planned by a `convbench.nn.Conv2d` holding the same parameters, each pass dispatched to its
+algorithm. It measures nothing and chooses nothing: the plan has chosen.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from tabulate import tabulate
+
+from . import registry
+from .plan import TORCH_ALGOS, LayerPlan, Plan, PlanError, current_env_key, stale_fields
+from .problem import PASSES
+from .threads import CPU_THREAD_ENV  # the environment a CPU plan with NumPy passes wants
+
+
+@dataclass(frozen=True)
+class Change:
+    """What `apply` did to one layer of the plan."""
+
+    layer: str
+    action: str  # "replaced" (by convbench.nn.Conv2d), "kept" (torch runs it as planned), "skipped"
+    layout: str
+    passes: dict[str, str]
+    reason: str
+
+
+@dataclass
+class Summary:
+    """What `apply` changed: per layer, and the global cuDNN flags."""
+
+    changes: list[Change]
+    cudnn: dict[str, bool]
+    backend: str
+
+    @property
+    def replaced(self) -> list[str]:
+        return [c.layer for c in self.changes if c.action == "replaced"]
+
+    def __str__(self) -> str:
+        rows = [[c.layer, c.action, c.layout, *[c.passes.get(p, "") for p in PASSES], c.reason]
+                for c in self.changes]
+        table = tabulate(rows, headers=["layer", "action", "layout", *PASSES, "why"],
+                         tablefmt="github", disable_numparse=True)
+        flags = ", ".join(f"cudnn.{k}={v}" for k, v in self.cudnn.items())
+        text = f"{table}\n\nset torch.backends.{flags}"
+        if self.backend != "numpy":
+            return text
+        text += " (no effect on the CPU)"
+        ours = any(a not in TORCH_ALGOS and a != "torch default"
+                   for c in self.changes for a in c.passes.values())
+        unset = {k: v for k, v in CPU_THREAD_ENV.items() if k not in os.environ}
+        if ours and unset:
+            text += ("\nNumPy passes share the cores with torch's threads: start Python with "
+                     + " ".join(f"{k}={v}" for k, v in unset.items()) + " so idle threads sleep")
+        return text
+
+
+def _torch_runs_it(lp: LayerPlan, arriving: str, benchmark: bool) -> bool:
+    """Whether torch alone runs the layer as planned: every pass torch's own, in the mode of
+    the global cudnn.benchmark, in the planned layout. torch runs a convolution NHWC when its
+    weight or its input is channels_last: a channels_last weight gives NHWC, but an NCHW layer
+    fed a channels_last activation would run NHWC as well."""
+    for c in lp.passes.values():
+        if c is not None and (c.algo not in TORCH_ALGOS
+                              or TORCH_ALGOS[c.algo] not in (None, benchmark)):
+            return False
+    return lp.layout == "nhwc" or arriving == "nchw"
+
+
+def _why_not(model, lp: LayerPlan):
+    """(the module the plan's layer names, None) or (None, why it cannot take the plan)."""
+    import torch
+
+    from . import nn as cbnn
+
+    if not lp.layer:
+        return None, "the model itself is the conv; wrap it in a module to plan it"
+    try:
+        module = model.get_submodule(lp.layer)
+    except AttributeError:
+        return None, "the model has no such module"
+    if not isinstance(module, torch.nn.Conv2d):
+        return None, f"is a {type(module).__name__}, not an nn.Conv2d"
+    try:
+        geometry = cbnn.conv_geometry(module)
+    except ValueError as exc:
+        return None, str(exc)
+    p = lp.problem
+    if (module.in_channels, module.out_channels, *module.kernel_size, *geometry.values()) != \
+            (p.c, p.k, p.r, p.s, p.stride, p.pad, p.dilation, p.groups):
+        return None, "its channels, filter or geometry differ from the plan's"
+    return module, None
+
+
+def apply(model, plan: Plan | str | Path) -> Summary:
+    """Make `model` run `plan` (a Plan or a plan file): set the cuDNN flags, give each planned
+    layer its layout (channels_last weights for NHWC), and replace each layer that torch alone
+    would not run as planned by a `convbench.nn.Conv2d` holding the same parameters.
+
+    TF32 is left as the model's owner set it; the cuDNN passes of an fp32 plan were measured
+    with it off (`torch.backends.cudnn.allow_tf32 = False` runs them as measured)."""
+    import torch
+
+    from . import nn as cbnn
+
+    plan = plan if isinstance(plan, Plan) else Plan.load(plan)
+    _check_device(model, plan)
+    torch.backends.cudnn.benchmark = plan.cudnn["benchmark"]
+    torch.backends.cudnn.deterministic = plan.cudnn["deterministic"]
+    changes, arriving = [], plan.input_layout
+    for lp in plan.layers:
+        passes = {p: c.algo if c else "torch default" for p, c in lp.passes.items()}
+        module, why_not = _why_not(model, lp)
+        if why_not:
+            changes.append(Change(lp.layer, "skipped", lp.layout, passes, why_not))
+            continue
+        ours = sorted({c.algo for c in lp.passes.values()
+                       if c is not None and c.algo not in TORCH_ALGOS})
+        for algo in ours:  # an algorithm this build lacks fails here, not mid-training
+            registry.get(algo, plan.backend)
+        module.to(memory_format=cbnn.MEMORY_FORMAT[lp.layout])
+        if _torch_runs_it(lp, arriving, plan.cudnn["benchmark"]):
+            changes.append(Change(lp.layer, "kept", lp.layout, passes,
+                                  "torch runs every pass as planned"))
+        else:
+            algos = {p: (c.algo, c.backend) if c else None for p, c in lp.passes.items()}
+            parent, _, child = lp.layer.rpartition(".")
+            setattr(model.get_submodule(parent), child,
+                    cbnn.Conv2d.from_conv(module, lp.layout, algos))
+            why = (f"runs {', '.join(ours)}" if ours else
+                   "converts its channels_last input to NCHW" if lp.layout == "nchw" else
+                   "sets cudnn.benchmark per pass")
+            changes.append(Change(lp.layer, "replaced", lp.layout, passes, why))
+        arriving = lp.layout
+    changes += [Change(u.layer, "skipped", "", {}, u.reason) for u in plan.unplanned]
+    return Summary(changes, dict(plan.cudnn), plan.backend)
+
+
+def _check_device(model, plan: Plan) -> None:
+    """The plan must be for the device the model is on. A plan made with other versions still
+    applies, with a warning that its times may not hold."""
+    devices = {p.device.type for p in model.parameters()}
+    want = {"numpy": "cpu", "cuda": "cuda"}.get(plan.backend)
+    if devices and devices != {want}:
+        raise PlanError(f"the plan is for backend {plan.backend} ({want}); the model is on "
+                        f"{', '.join(sorted(devices))}")
+    changed = stale_fields(plan.env, current_env_key(plan.backend))
+    if changed:
+        warnings.warn(f"plan made with another {', '.join(changed)}: its times may not hold "
+                      "here; tune again to re-measure", stacklevel=3)

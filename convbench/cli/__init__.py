@@ -1,0 +1,56 @@
+"""`convbench`: the command line. It parses, calls the library, prints, and turns bad input into
+one line on stderr and exit code 2. Nothing in the library imports it.
+
+    convbench layer conv2 --algos all --batch 2 --format json          (cli.measure)
+    convbench bench [--net alexnet] [--device cpu|cuda|emu] [--out DIR] [--resume]
+    convbench sweep [--net alexnet] [--layers conv2,conv3] [--batch 1,2,4,8] [--memory-limit 2GiB]
+    convbench report RUN;  convbench compare RUN_A RUN_B                (cli.report)
+    convbench memprofile [--net alexnet] [--batch 2] [--budget 8GiB] [--run RUN] [--out DIR]
+    convbench list                                                      (cli.listing)
+    convbench kernels ...           the CUDA compile gate               (cli.kernels)
+    convbench advise RUN [--workspace-budget 256MiB]                    (cli.advise)
+    convbench train-step                                                (cli.trainstep)
+
+Bad input — an unknown layer, net, algo, pass, layout or precision, a malformed layer spec, a
+device this machine lacks — is one line on stderr naming what is wrong and what is valid, and
+exit code 2. Ctrl-C during a sweep keeps every row measured so far (and, with a run folder,
+writes its report), then exits 130; `--resume` finishes the folder.
+"""
+
+from __future__ import annotations
+
+from ..threads import sleep_idle_threads
+
+sleep_idle_threads()  # before NumPy or torch loads: see convbench.threads
+
+import sys  # after the thread settings above
+
+from . import advise, kernels, listing, measure, memprofile, report, trainstep
+from .common import EXIT_USAGE, Parser, Progress, UsageError
+
+__all__ = ["Progress", "UsageError", "build_parser", "main"]
+
+#: The subcommands, in the order `convbench --help` lists them.
+_COMMANDS = (measure, report, memprofile, listing, kernels, advise, trainstep)
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="convbench", description="Which convolution algorithm and layout is "
+                    "fastest for this layer on this device.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for module in _COMMANDS:
+        module.add_parsers(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv[:1] == ["kernels"]:  # the gate parses its own arguments
+            return kernels.main(argv[1:])
+        args = build_parser().parse_args(argv)
+        args.argv = argv
+        return args.func(args)
+    except UsageError as exc:
+        print(f"convbench: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return EXIT_USAGE

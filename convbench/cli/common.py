@@ -1,0 +1,128 @@
+"""What every subcommand shares: one-line usage errors, argument types, output, progress."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from .. import memory, results
+from ..problem import check_choice
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+FORMATS = ("table", "csv", "json")
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line, exit code 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (no usage dump), exit code 2."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+@contextlib.contextmanager
+def usage_errors(prefix: str = ""):
+    """A library's ValueError (its message is for the user) as a UsageError, its first line
+    after `prefix`."""
+    try:
+        yield
+    except ValueError as exc:
+        raise UsageError(prefix + str(exc).splitlines()[0]) from None
+
+
+# --- argument types -------------------------------------------------------------------------
+def positive(kind):
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a positive number") from None
+        if v <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} is not positive")
+        return v
+
+    return parse
+
+
+def batches(text: str) -> list[int]:
+    """`1,2,4,8` -> the distinct positive batch sizes, smallest first."""
+    try:
+        out = sorted({int(t) for t in text.split(",") if t.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of batch sizes") from None
+    if not out or out[0] <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of positive batch sizes")
+    return out
+
+
+def size(text: str) -> int:
+    try:
+        return memory.parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def choices(text: str, kind: str, valid: tuple[str, ...]) -> list[str]:
+    """A comma list, each item one of `valid` (`all` for every one); ValueError otherwise."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if items == ["all"]:
+        return list(valid)
+    if not items:
+        raise ValueError(f"no {kind} given; valid: {', '.join(valid)}")
+    return [check_choice(kind, t, valid) for t in dict.fromkeys(items)]
+
+
+# --- output ---------------------------------------------------------------------------------
+def emit(df, fmt: str, table_text: str) -> None:
+    """The results as the table given, or as CSV or JSON rows."""
+    print({"table": lambda: table_text, "csv": lambda: results.to_csv(df).rstrip("\n"),
+           "json": lambda: results.to_json(df)}[fmt]())
+
+
+def exit_code(interrupted: bool, folder: Path | None) -> int:
+    """0, or after Ctrl-C a line saying what was kept and how to finish, and 130."""
+    if not interrupted:
+        return 0
+    where = f"; finish with --resume --out {folder}" if folder else ""
+    print(f"convbench: interrupted; the rows measured so far are kept{where}", file=sys.stderr)
+    return EXIT_INTERRUPTED
+
+
+class Progress:
+    """A one-line progress bar on a terminal (stderr), silent when stderr is piped."""
+
+    def __init__(self, total: int, stream=None):
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty() and total > 0
+        self.total, self.done, self.start = total, 0, time.monotonic()
+
+    def __call__(self, row: dict) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        elapsed = time.monotonic() - self.start
+        eta = elapsed / self.done * (self.total - self.done)
+        line = (f"[{self.done}/{self.total}] {row['layer']} {row['pass']} {row['layout']} "
+                f"{row['algo']}: {row['status']}  elapsed {_duration(elapsed)}, "
+                f"eta {_duration(eta)}")
+        width = shutil.get_terminal_size().columns - 1
+        self.stream.write("\r" + line[:width].ljust(width))
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.done:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _duration(s: float) -> str:
+    return f"{int(s // 60)}m{int(s % 60):02d}s"

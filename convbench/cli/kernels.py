@@ -1,0 +1,53 @@
+"""`convbench kernels`: the CUDA compile gate (`convbench.kernels.gate`) on the command line.
+
+Every declared kernel configuration, or the files given, compiled with NVRTC for each arch (no
+GPU needed); registers, shared memory and spills as a table. Exit 1 on a compile error, a
+spill or a kernel file without declared configurations; 2 where NVRTC is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .. import kernels
+from .common import EXIT_USAGE
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="convbench kernels",
+        description="Compile every declared kernel configuration with NVRTC (no GPU needed) and "
+                    "report registers, shared memory and spills; fail on errors and spills.")
+    parser.add_argument("files", nargs="*", type=Path,
+                        help="check these .cu files (with the -D defines) instead of the "
+                             "declared configurations")
+    parser.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--arch", action="append",
+                        help=f"default: {' '.join(kernels.GATE_ARCHS)}")
+    args = parser.parse_args(argv)
+    if reason := kernels.nvrtc_available():
+        print(f"convbench kernels: {reason}", file=sys.stderr)
+        return EXIT_USAGE
+    defines = kernels.normalize_defines(dict(d.partition("=")[::2] for d in args.defines))
+    if args.files:
+        jobs, undeclared = [(f, defines) for f in args.files], []
+    else:
+        jobs, undeclared = kernels.declared_jobs()
+    rows = kernels.gate(jobs, args.arch or kernels.GATE_ARCHS)
+    rows += [kernels.GateRow(name, (), "-", None, "no configuration declared (kernels.declare)")
+             for name in undeclared]
+    print(kernels.render(rows))
+    for row in rows:
+        if row.log and row.error:
+            print(f"\n--- {row.file} {dict(row.defines)} {row.arch}\n{row.log}", file=sys.stderr)
+    failed = sum(not r.ok for r in rows)
+    print(f"\n{len(rows)} kernels (entry point × defines × arch) checked, {failed} failed")
+    return 1 if failed else 0
+
+
+def add_parsers(sub) -> None:
+    """The gate parses its own arguments (`main`); this entry is for `convbench --help`."""
+    sub.add_parser("kernels", help="CUDA kernel tools: compile check, resources "
+                   "(convbench kernels --help)", add_help=False)

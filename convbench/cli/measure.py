@@ -1,0 +1,167 @@
+"""`convbench layer`, `bench` and `sweep`: measure layers, into a run folder or to the terminal.
+
+    convbench layer conv2 --algos all --batch 2 --format json
+    convbench bench [--net alexnet] [--device cpu|cuda|emu] [--out DIR] [--resume]
+    convbench sweep [--net alexnet] [--layers conv2,conv3] [--batch 1,2,4,8] [--memory-limit 2GiB]
+
+Each parses its options into cases (`runs.sweep_cases`), opens the run folder
+(`results.RunFolder`), runs them (`runs.Run`) and prints the rows or the report.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .. import batchsweep, devices, layers, memory, registry, report, runs
+from ..devices import DEVICES
+from ..problem import LAYOUTS, PASSES, PRECISIONS
+from ..results import FolderInUse, RunFolder
+from .common import (
+    FORMATS,
+    Progress,
+    UsageError,
+    batches,
+    choices,
+    emit,
+    exit_code,
+    positive,
+    size,
+    usage_errors,
+)
+
+
+def device(name: str | None) -> devices.Device:
+    """The device of `--device` (None: the default here), or a UsageError naming why not."""
+    with usage_errors("--device "):
+        return devices.resolve(name)
+
+
+def _measure(args, specs: list[str], device: devices.Device, folder: Path | None,
+             limit: memory.MemoryLimit | None = None):
+    """Sweep `specs` × the options, streaming the rows into `folder` when given, which also
+    gets env.json, report.md and plots. Returns the run's outcome (`runs.Outcome`)."""
+    if args.resume and folder is None:
+        raise UsageError("--resume needs the run folder to finish: --out DIR")
+    with usage_errors():
+        cases = runs.sweep_cases(
+            specs, args.net, args.batch if isinstance(args.batch, list) else [args.batch],
+            device, registry.expand_algos(args.algos, device.backend),
+            choices(args.passes, "pass", PASSES), choices(args.layouts, "layout", LAYOUTS),
+            choices(args.precision, "precision", PRECISIONS))
+    budget = args.budget or device.budget_s
+    run_folder = None
+    if folder is not None:
+        env = runs.environment(device, args.net, cases, budget, batch=args.batch, limit=limit,
+                               command=" ".join(["convbench", *args.argv]))
+        try:
+            run_folder = RunFolder.open(folder, env, args.resume)
+        except FolderInUse as exc:
+            raise UsageError(f"{exc}; pass --resume to finish it or --out DIR to start "
+                             "another run folder") from None
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    run = runs.Run(cases, budget, run_folder, limit)
+    progress = Progress(len(run.todo))
+    try:
+        outcome = run.measure(on_row=progress)
+    finally:
+        progress.close()
+    if outcome.skipped:
+        print(f"convbench: {outcome.skipped} cases not tried: their series ran out of memory "
+              "at a smaller batch", file=sys.stderr)
+    if folder is not None:
+        print(f"convbench: {len(outcome.frame)} rows in {folder}", file=sys.stderr)
+    return outcome
+
+
+def _limit(args) -> memory.MemoryLimit | None:
+    return memory.MemoryLimit(args.memory_limit) if args.memory_limit else None
+
+
+def cmd_layer(args) -> int:
+    folder = Path(args.out) if args.out else None
+    outcome = _measure(args, args.layer, device(args.device), folder, _limit(args))
+    emit(outcome.frame, args.format, report.layer_table(outcome.frame))
+    return exit_code(outcome.interrupted, folder)
+
+
+def cmd_bench(args) -> int:
+    dev = device(args.device)
+    folder = Path(args.out) if args.out else runs.default_folder(args.net, dev.backend)
+    specs = [f"{args.net}:{layer.name}" for layer in layers.net_layers(args.net)]
+    outcome = _measure(args, specs, dev, folder, _limit(args))
+    emit(outcome.frame, args.format, outcome.report)
+    return exit_code(outcome.interrupted, folder)
+
+
+def cmd_sweep(args) -> int:
+    """`bench` over a list of batches: time per image and peak memory as the batch grows. On
+    the host the memory limit defaults to a share of the memory available now."""
+    dev = device(args.device)
+    args.batch = args.batch or list(batchsweep.DEFAULT_BATCHES[dev.name])
+    folder = (Path(args.out) if args.out
+              else runs.default_folder(args.net, dev.backend, "-sweep"))
+    names = [layer.name for layer in layers.net_layers(args.net)]
+    try:
+        chosen = choices(args.layers, "layer", tuple(names)) if args.layers else names
+    except ValueError as exc:
+        raise UsageError(f"{exc} (in {args.net})") from None
+    limit = _limit(args) or batchsweep.default_limit(dev.backend)
+    specs = [f"{args.net}:{name}" for name in chosen]
+    outcome = _measure(args, specs, dev, folder, limit)
+    emit(outcome.frame, args.format, outcome.report)
+    return exit_code(outcome.interrupted, folder)
+
+
+# --- the parsers ----------------------------------------------------------------------------
+def _sweep_options(p, layer: bool, batch_list: bool = False) -> None:
+    p.add_argument("--net", default="alexnet", choices=layers.NETS,
+                   help="catalog the layers come from (default alexnet)")
+    p.add_argument("--algos", default="all",
+                   help="comma list of algos; `winograd` = both tiles, `winograd-fused` both "
+                        "fused tiles; `all` (default)")
+    p.add_argument("--passes", default="all", help=f"comma list of {', '.join(PASSES)}; all")
+    p.add_argument("--layouts", default="all", help=f"comma list of {', '.join(LAYOUTS)}; all")
+    p.add_argument("--precision", default="fp32",
+                   help=f"comma list of {', '.join(PRECISIONS)} (default fp32)")
+    if batch_list:
+        p.add_argument("--batch", type=batches, help="comma list of batch sizes (default: "
+                       + "; ".join(f"{d} {','.join(map(str, b))}"
+                                   for d, b in batchsweep.DEFAULT_BATCHES.items()) + ")")
+    else:
+        p.add_argument("--batch", type=positive(int), help=f"batch size (default: "
+                       f"{DEVICES['cpu'].batch} on cpu, the catalog's on cuda)")
+    p.add_argument("--memory-limit", type=size, metavar="SIZE",
+                   help="treat a case needing more than SIZE (e.g. 2GiB) as oom: on cuda the "
+                        "allocators refuse beyond it, on cpu the predicted and measured "
+                        "footprints are checked against it (sweep default on cpu: "
+                        f"{batchsweep.HOST_LIMIT_FRACTION:.0%}% of the memory available)")
+    p.add_argument("--device", choices=list(DEVICES),
+                   help="cpu (numpy), cuda (GPU kernels) or emu (CUDA sources on the CPU); "
+                        "default cuda where a GPU is, else cpu")
+    p.add_argument("--budget", type=positive(float),
+                   help="seconds of timed repetitions per measurement (default "
+                        f"{DEVICES['cpu'].budget_s} on cpu, {DEVICES['cuda'].budget_s} on cuda)")
+    p.add_argument("--format", choices=FORMATS, default="table")
+    p.add_argument("--out", help="run folder to write (measurements.csv, env.json, report.md, "
+                   "plots)" + ("" if layer else "; default results/<date>-<device>-<net>"
+                                                   + ("-sweep" if batch_list else "")))
+    p.add_argument("--resume", action="store_true",
+                   help="skip the measurements the run folder already holds")
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("layer", help="measure one or more layers")
+    p.add_argument("layer", nargs="+", help="layer name in --net, NET:LAYER, or a spec "
+                   "n=..,c=..,h=..,w=..,k=..,r=..,s=..[,stride=..,pad=..,dilation=..,groups=..]")
+    _sweep_options(p, layer=True)
+    p.set_defaults(func=cmd_layer)
+    p = sub.add_parser("bench", help="sweep every layer of a net into a run folder")
+    _sweep_options(p, layer=False)
+    p.set_defaults(func=cmd_bench)
+    p = sub.add_parser("sweep", help="time per image and peak memory of every algo as the "
+                       "batch grows, until out of memory")
+    p.add_argument("--layers", help="comma list of layers of --net (default: all)")
+    _sweep_options(p, layer=False, batch_list=True)
+    p.set_defaults(func=cmd_sweep)

@@ -1,0 +1,262 @@
+"""The results row and its forms: columns and types, CSV on disk, a run folder read back.
+
+One row is one measurement (DESIGN.md §3): the key that identifies it (layer, problem, algo,
+backend, pass, layout, precision), its status and reason, the times and what was derived from
+them, accuracy, memory and notes. Everything that writes or reads rows goes through here: the
+runner makes rows of `COLUMNS`; `CsvSink` appends them to measurements.csv one at a time, so an
+interrupted run keeps every row it measured; `read_rows` and `load_run` read a run back;
+`frame` types a table of rows (from the runner or read back as strings) as a DataFrame, which
+report, advice and sweeps read; `to_records`/`to_json` are its JSON form, and `entry_from_row` /
+`row_from_entry` the compact form a plan stores its measurements in.
+
+A run folder holds measurements.csv, env.json (the machine and how the run was asked for) and
+the report rendered from them. `RunFolder.open` prepares one for a run: it refuses to mix new
+rows into a finished run unless resuming, refuses a file written with other columns, and keeps
+a resumed run's first env.json.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from .measurement import Measurement
+from .problem import ConvProblem
+
+PROBLEM_FIELDS = tuple(f.name for f in dataclasses.fields(ConvProblem))
+#: What identifies a row: a second row with the same key is the same measurement.
+KEY = ("layer", *PROBLEM_FIELDS, "algo", "backend", "pass", "layout", "precision")
+#: The results table: DESIGN.md §5's columns first (the measured peak memory and how it was
+#: read beside the predicted workspace), then what the reports and compare use.
+COLUMNS = (*KEY, "status", "reason", "median_ms", "iqr_ms", "reps", "gflops", "rel_error",
+           "workspace_bytes", "peak_bytes", "memory_method", "net", "min_ms", "noisy",
+           "times_ms", "phases_ms", "algo_ops", "max_abs_error", "tolerance", "note")
+STATUSES = ("ok", "unsupported", "failed", "oom")
+#: Numeric columns, and those of them that count whole things.
+NUMERIC = (*PROBLEM_FIELDS, "median_ms", "iqr_ms", "reps", "gflops", "rel_error",
+           "workspace_bytes", "peak_bytes", "min_ms", "algo_ops", "max_abs_error", "tolerance")
+INTEGER = (*PROBLEM_FIELDS, "reps", "workspace_bytes", "peak_bytes", "algo_ops")
+#: Text columns: empty, not missing, where they do not apply.
+TEXT = ("reason", "note", "times_ms", "phases_ms", "memory_method")
+
+RESULTS_CSV = "measurements.csv"
+ENV_JSON = "env.json"
+
+#: Separators of the `phases_ms` cell: phase names hold spaces but neither of these.
+_PHASE_SEP, _PHASE_VALUE = ";", "="
+
+
+# --- cells ----------------------------------------------------------------------------------
+def phases_text(phases: dict[str, Measurement]) -> str:
+    """Per-phase median ms as one CSV cell, in execution order:
+    ``transform x=0.12;transform w=0.05;product=0.4;inverse y=0.1``."""
+    return _PHASE_SEP.join(f"{name}{_PHASE_VALUE}{m.median:.6g}" for name, m in phases.items())
+
+
+def parse_phases(text: str | None) -> dict[str, float]:
+    """A `phases_ms` cell back as {phase: median ms}, in order; {} for an empty or missing cell
+    (a pass without phases, or not measured)."""
+    if not isinstance(text, str) or not text:
+        return {}
+    pairs = (item.rpartition(_PHASE_VALUE) for item in text.split(_PHASE_SEP))
+    return {name: float(ms) for name, _, ms in pairs}
+
+
+def problem_from_row(row) -> ConvProblem:
+    """The problem of a row (a dict, a record or a DataFrame row; numbers or CSV strings)."""
+    return ConvProblem(**{f: int(row[f]) for f in PROBLEM_FIELDS})
+
+
+def row_key(row) -> tuple[str, ...]:
+    """A row's key as the CSV spells it (strings), whether the row came from the runner or was
+    read back from a file: comparable with `runner.Case.key()`."""
+    return tuple(str(row[c]) for c in KEY)
+
+
+# --- measurements.csv -----------------------------------------------------------------------
+def _drop_partial_line(path: Path) -> None:
+    """Cut a last line that a crash left half written, so appending starts on a fresh line."""
+    with open(path, "rb+") as f:
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)
+
+
+def read_rows(path: str | os.PathLike) -> list[dict]:
+    """The complete rows of a results CSV (a half-written last line is left out)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        text = f.read()
+    if text and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+    return list(csv.DictReader(text.splitlines()))
+
+
+def done_keys(path: str | os.PathLike) -> set[tuple[str, ...]]:
+    """Keys of the rows a results CSV already holds."""
+    return {row_key(r) for r in read_rows(path)}
+
+
+class CsvSink:
+    """measurements.csv, appended to one row at a time. The file is opened and closed for each
+    row, so a row is on disk the moment it is appended, whatever happens next. A file whose
+    header is not `COLUMNS` (written by another convbench version) is refused, not appended
+    to under the wrong header."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():
+            _drop_partial_line(self.path)
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            self._write(None)
+            return
+        with open(self.path, newline="") as f:
+            header = next(csv.reader(f), [])
+        if header != list(COLUMNS):
+            raise ValueError(f"{self.path} has other columns than this convbench writes "
+                             "(another version wrote it); start a new run folder")
+
+    def _write(self, r: dict | None) -> None:
+        with open(self.path, "a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=COLUMNS)
+            if r is None:
+                writer.writeheader()
+            else:
+                writer.writerow(r)
+
+    def append(self, r: dict) -> None:
+        self._write(r)
+
+
+# --- the DataFrame and JSON forms -----------------------------------------------------------
+def frame(rows: list[dict]) -> pd.DataFrame:
+    """Rows (from the runner, or strings from the CSV) as a typed results DataFrame. A column
+    the rows lack (a file from before it existed) is empty, as in a row it does not apply to."""
+    df = pd.DataFrame(rows, columns=list(COLUMNS))
+    for col in NUMERIC:
+        df[col] = pd.to_numeric(df[col], errors="coerce")
+    df["noisy"] = df["noisy"].map({True: True, False: False, "True": True, "False": False})
+    for col in TEXT:
+        df[col] = df[col].astype(object).fillna("")
+    return df
+
+
+def to_csv(df: pd.DataFrame) -> str:
+    return df.to_csv(index=False)
+
+
+def to_records(df: pd.DataFrame) -> list[dict]:
+    """Rows as JSON-ready dicts: NaN and inf as None, the raw times as a list of floats, the
+    phases as {phase: median ms} (in order)."""
+    def clean(k, v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        return int(v) if k in INTEGER and v is not None else v
+
+    records = []
+    for r in df.astype(object).to_dict("records"):
+        r = {k: clean(k, v) for k, v in r.items()}
+        if "times_ms" in r:
+            r["times_ms"] = [float(t) for t in (r["times_ms"] or "").split()]
+        if "phases_ms" in r:
+            r["phases_ms"] = parse_phases(r["phases_ms"]) or None
+        records.append(r)
+    return records
+
+
+def to_json(df: pd.DataFrame) -> str:
+    return json.dumps(to_records(df), indent=1)
+
+
+# --- a plan's measurement entries -----------------------------------------------------------
+#: The numbers an entry keeps (None where the row has none, or not a finite one).
+ENTRY_NUMBERS = ("median_ms", "iqr_ms", "rel_error", "tolerance")
+
+
+def _finite(v) -> float | None:
+    """A number cell as a float, or None where it is missing, NaN or infinite (JSON has no
+    NaN; an infinite error is a failed row, which its status already says)."""
+    if v is None or isinstance(v, str):
+        return None
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+def entry_from_row(row: dict) -> dict:
+    """A results row (runner or DataFrame record) as a plan's measurement entry: what choosing
+    among measurements needs, keyed by problem and pass rather than by layer."""
+    times = row.get("times_ms") or ""
+    workspace = _finite(row.get("workspace_bytes"))
+    return {"problem": problem_from_row(row),
+            "pass": row["pass"], "algo": row["algo"], "backend": row["backend"],
+            "layout": row["layout"], "status": row["status"], "reason": row.get("reason") or "",
+            **{k: _finite(row.get(k)) for k in ENTRY_NUMBERS},
+            "workspace_bytes": None if workspace is None else int(workspace),
+            "times_ms": [float(t) for t in times.split()] if isinstance(times, str) else
+            [float(t) for t in times]}
+
+
+def row_from_entry(entry: dict, layer: str, net: str, precision: str) -> dict:
+    """A measurement entry as a results row of `layer` (the columns it has; `frame` fills in
+    the rest)."""
+    out = {"layer": layer, "net": net, "precision": precision,
+           **dataclasses.asdict(entry["problem"]),
+           **{k: v for k, v in entry.items() if k not in ("problem", "times_ms")}}
+    out["times_ms"] = " ".join(f"{t:.6g}" for t in entry["times_ms"])
+    return out
+
+
+# --- run folders ----------------------------------------------------------------------------
+def load_run(folder: str | Path) -> tuple[pd.DataFrame, dict]:
+    """A run folder's results and environment; ValueError if it holds no results."""
+    folder = Path(folder)
+    csv_path = folder / RESULTS_CSV
+    if not csv_path.is_file():
+        raise ValueError(f"{folder} is not a run folder: it has no {RESULTS_CSV}")
+    env_path = folder / ENV_JSON
+    env = json.loads(env_path.read_text()) if env_path.is_file() else {}
+    return frame(read_rows(csv_path)), env
+
+
+class FolderInUse(ValueError):
+    """A run folder that already holds results, opened without resuming."""
+
+
+@dataclass
+class RunFolder:
+    """A run folder open for appending: the rows it held when opened (`measured`, what a
+    resumed run skips), its environment, and where new rows go."""
+
+    path: Path
+    env: dict
+    measured: list[dict]
+    sink: CsvSink
+
+    @classmethod
+    def open(cls, path: str | Path, env: dict, resume: bool = False) -> RunFolder:
+        """Prepare `path` for a run described by `env`: FolderInUse if it holds results and
+        `resume` is off; ValueError if its measurements.csv has other columns. A resumed run
+        keeps the env.json of its first start (what the run was asked to be)."""
+        path = Path(path)
+        measured = read_rows(path / RESULTS_CSV)
+        if measured and not resume:
+            raise FolderInUse(f"{path} already holds results")
+        sink = CsvSink(path / RESULTS_CSV)
+        env_path = path / ENV_JSON
+        if resume and env_path.exists():
+            env = json.loads(env_path.read_text())
+        env_path.write_text(json.dumps(env, indent=1) + "\n")
+        return cls(path, env, measured, sink)
+
+    def append(self, row: dict) -> None:
+        self.sink.append(row)

@@ -1,0 +1,169 @@
+import pytest
+
+from convbench import advice, results, runner, verify
+from convbench.measurement import Measurement
+from convbench.plan import Choice, Constraints
+from convbench.problem import ConvProblem
+
+P1 = ConvProblem(n=2, c=3, h=8, w=8, k=4, r=3, s=3, pad=1)
+P2 = ConvProblem(n=2, c=4, h=8, w=8, k=4, r=3, s=3, pad=1)
+
+
+def times(median: float, spread: float = 0.01) -> Measurement:
+    return Measurement((median * (1 - spread), median, median * (1 + spread)))
+
+
+def synthetic(table: dict, backend: str = "numpy", layers=(("l1", P1), ("l2", P2))) -> list:
+    """Rows from {(layer, pass, algo, layout): Measurement | status | (Measurement, options)}:
+    options may set `rel_error` and `workspace`."""
+    rows = []
+    for (layer, pass_, algo, layout), spec in table.items():
+        problem = dict(layers)[layer]
+        case = runner.Case("net", layer, problem, algo, backend, pass_, layout, "fp32")
+        if isinstance(spec, str):
+            rows.append(runner.row(case, spec, f"{spec} because"))
+            continue
+        m, opts = spec if isinstance(spec, tuple) else (spec, {})
+        chk = verify.Check(True, opts.get("rel_error", 1e-7), 1e-6, 1e-5)
+        rows.append(runner.row(case, "ok", check=chk, m=m,
+                               workspace=opts.get("workspace", 1024)))
+    return rows
+
+
+
+# --- advice from results --------------------------------------------------------------------
+def test_best_runner_up_margin_and_noise():
+    df = results.frame(synthetic({
+        ("l1", "fwd", "gemm", "nchw"): times(1.0),
+        ("l1", "fwd", "direct", "nchw"): times(1.5),
+        ("l1", "fwd", "gemm", "nhwc"): times(2.0),
+        ("l1", "fwd", "fft", "nhwc"): "unsupported",
+        ("l2", "fwd", "gemm", "nchw"): times(1.0, spread=0.2),
+        ("l2", "fwd", "winograd-2x2", "nhwc"): times(1.1, spread=0.2),
+    }))
+    adv = advice.advise(df)
+    a = adv.passes["l1", "fwd"]
+    assert (a.best.algo, a.best.layout) == ("gemm", "nchw")
+    assert (a.runner_up.algo, a.runner_up.layout) == ("direct", "nchw")
+    assert a.margin == pytest.approx(0.5) and a.within_noise is False
+    assert set(a.by_layout) == {"nchw", "nhwc"} and a.by_layout["nhwc"].median_ms == 2.0
+    b = adv.passes["l2", "fwd"]
+    assert b.best.algo == "gemm" and b.margin == pytest.approx(0.1) and b.within_noise is True
+    assert adv.layers == [("l1", P1), ("l2", P2)]
+    table = advice.advice_table(adv)
+    assert "within noise" in table and "+50%" in table and "(not measured)" in table
+
+
+def test_heuristic_regret_compares_cudnn_with_the_best_in_its_layout():
+    df = results.frame(synthetic({
+        ("l1", "fwd", "cudnn-autotune", "nhwc"): times(1.0),
+        ("l1", "fwd", "cudnn", "nhwc"): times(1.8),
+        ("l1", "fwd", "cudnn", "nchw"): times(1.1),
+        ("l1", "bwd_data", "cudnn", "nchw"): times(1.0),
+        ("l1", "bwd_data", "direct", "nchw"): times(2.0),
+        ("l2", "fwd", "direct", "nchw"): times(1.0),
+    }, backend="cuda"))
+    adv = advice.advise(df)
+    assert adv.passes["l1", "fwd"].regret == pytest.approx(0.8)
+    assert adv.passes["l1", "bwd_data"].regret == 0
+    assert adv.passes["l2", "fwd"].regret is None
+    assert "+80%" in advice.advice_table(adv)
+
+
+def test_constraints_rule_out_candidates_and_say_how_many():
+    table = {
+        ("l1", "fwd", "cudnn-autotune", "nchw"): times(1.0),
+        ("l1", "fwd", "gemm", "nchw"): (times(1.5), {"workspace": 1 << 30}),
+        ("l1", "fwd", "winograd-4x4", "nchw"): (times(2.0), {"rel_error": 5e-6}),
+        ("l1", "fwd", "direct", "nchw"): times(3.0),
+        ("l1", "fwd", "fft", "nchw"): (times(0.5), {"rel_error": 1e-3}),  # above tolerance
+    }
+    df = results.frame(synthetic(table, backend="cuda"))
+    best = lambda c: advice.advise(df, c).passes["l1", "fwd"].best.algo
+    assert best(Constraints()) == "cudnn-autotune"
+    assert best(Constraints(deterministic=True)) == "gemm"
+    assert best(Constraints(deterministic=True, workspace_budget=1 << 20)) == "winograd-4x4"
+    strict = Constraints(deterministic=True, workspace_budget=1 << 20, max_error=1e-6)
+    assert best(strict) == "direct"
+    excluded = advice.advise(df, strict).excluded
+    assert excluded == {"above their tolerance": 1, "above --max-error 1e-06": 1,
+                        "over the workspace budget of 1 MiB": 1,
+                        "not deterministic": 1}
+    assert not advice.is_deterministic("cudnn", "cuda")
+    assert advice.is_deterministic("direct", "cuda") and advice.is_deterministic("gemm", "numpy")
+
+
+def test_a_row_that_declares_no_workspace_is_judged_by_its_measured_peak():
+    rows = synthetic({("l1", "fwd", "cudnn", "nchw"): times(1.0),
+                      ("l1", "fwd", "cudnn-autotune", "nchw"): times(1.5),
+                      ("l1", "fwd", "direct", "nchw"): times(2.0)}, backend="cuda")
+    rows[0].update(workspace_bytes=None, peak_bytes=2 << 30)  # seen to allocate 2 GiB
+    rows[1].update(workspace_bytes=None, peak_bytes=None)  # nothing known: does not fit
+    adv = advice.advise(results.frame(rows), Constraints(workspace_budget=1 << 30))
+    assert adv.passes["l1", "fwd"].best.algo == "direct"
+    assert adv.excluded == {"above their tolerance": 0,
+                            "over the workspace budget of 1 GiB": 2}
+    rows[0]["peak_bytes"] = 1 << 20
+    adv = advice.advise(results.frame(rows), Constraints(workspace_budget=1 << 30))
+    assert adv.passes["l1", "fwd"].best.algo == "cudnn"
+
+
+def test_advice_refuses_mixed_backends_and_several_batches():
+    rows = synthetic({("l1", "fwd", "gemm", "nchw"): times(1.0)})
+    other = synthetic({("l1", "fwd", "cudnn", "nchw"): times(1.0)}, backend="cuda")
+    with pytest.raises(ValueError, match="one backend"):
+        advice.advise(results.frame(rows + other))
+    batch = synthetic({("l1", "fwd", "gemm", "nchw"): times(1.0)},
+                      layers=(("l1", P1.with_batch(4)),))
+    with pytest.raises(ValueError, match="layer l1 appears with several problems"):
+        advice.advise(results.frame(rows + batch))
+    with pytest.raises(ValueError, match="no fp16 rows; they have fp32"):
+        advice.advise(results.frame(rows), precision="fp16")
+
+
+def test_layer_costs_and_boundaries():
+    df = results.frame(synthetic({
+        ("l1", "fwd", "gemm", "nchw"): times(1.0),
+        ("l1", "fwd", "gemm", "nhwc"): times(2.0),
+        ("l1", "bwd_filter", "gemm", "nchw"): times(3.0),  # no nhwc bwd_filter: nhwc is out
+        ("l2", "fwd", "gemm", "nchw"): "failed",
+        ("l2", "bwd_data", "gemm", "nhwc"): times(1.0),
+    }))
+    adv = advice.advise(df)
+    assert advice.layer_costs(adv) == [{"nchw": 4.0}, {"nhwc": 1.0}]
+    bounds = advice.boundaries(adv)
+    assert bounds == [advice.Boundary((2, 3, 8, 8), False), advice.Boundary((2, 4, 8, 8), True),
+                      advice.Boundary((2, 4, 8, 8), True)]
+    need = advice.needed_conversions(advice.layer_costs(adv), bounds, "nchw", "nchw")
+    assert need == {((2, 4, 8, 8), "nchw", "nhwc"), ((2, 4, 8, 8), "nhwc", "nchw")}
+
+
+def test_build_plan_takes_the_network_layouts_and_the_majority_cudnn_mode():
+    df = results.frame(synthetic({
+        ("l1", "fwd", "cudnn-autotune", "nhwc"): times(1.0),
+        ("l1", "fwd", "cudnn", "nchw"): times(1.1),
+        ("l1", "bwd_filter", "cudnn-autotune", "nhwc"): times(1.0),
+        ("l1", "bwd_filter", "direct", "nchw"): times(1.2),
+        ("l2", "fwd", "cudnn", "nchw"): times(1.0),
+    }, backend="cuda"))
+    adv = advice.advise(df)
+    conversions = [{"shape": list(s), "from": a, "to": b, "median_ms": 5.0, "iqr_ms": 0.0}
+                   for s in ((2, 3, 8, 8), (2, 4, 8, 8)) for a, b in (("nchw", "nhwc"),
+                                                                      ("nhwc", "nchw"))]
+    plan = advice.build_plan(adv, {}, conversions, measurements=[])
+    assert [lp.layout for lp in plan.layers] == ["nchw", "nchw"]  # conversions cost too much
+    assert plan.layers[0].passes["fwd"] == Choice("cudnn", "cuda", 1.1, pytest.approx(0.011))
+    assert plan.layers[0].passes["bwd_filter"].algo == "direct"
+    assert plan.layers[0].passes["bwd_data"] is None
+    assert plan.cudnn == {"benchmark": False, "deterministic": False}  # three heuristic passes
+    assert plan.network.per_layer_best_layouts == ["nhwc", "nchw"]
+    assert plan.network.total_ms == pytest.approx(3.3)
+    assert plan.network.per_layer_best_ms == pytest.approx(2.0 + 1.0 + 10.0)
+    cheap = [{**c, "median_ms": 0.01} for c in conversions]
+    plan = advice.build_plan(adv, {}, cheap, measurements=[])
+    assert [lp.layout for lp in plan.layers] == ["nhwc", "nchw"]
+    assert plan.cudnn["benchmark"] is True  # two autotune passes, one heuristic pass
+    unmeasured = advice.build_plan(adv, {}, None, measurements=[])
+    assert unmeasured.network is None
+    assert [lp.layout for lp in unmeasured.layers] == ["nhwc", "nchw"]
+

@@ -1,0 +1,165 @@
+import copy
+
+import pytest
+import torch
+from test_tune import FAST, P2, SmallCNN
+from torch import nn
+
+import convbench.functional
+from convbench import apply, tune
+from convbench import nn as cbnn
+from convbench.plan import Choice, Constraints, LayerPlan, Plan, PlanError, current_env_key
+from convbench.problem import PASSES
+from convbench.threads import CPU_THREAD_ENV
+
+
+def hand_plan(model, x, layouts, passes) -> Plan:
+    """A plan for `model` choosing `passes[i]` (pass -> algo or None) in `layouts[i]`."""
+    sites, unplanned = tune.find_convs(model, x)
+    layers = [LayerPlan(s.name, s.problem, lay,
+                        {p: Choice(choice[p], "numpy", 1.0, 0.1) if choice.get(p) else None
+                         for p in PASSES})
+              for s, lay, choice in zip(sites, layouts, passes)]
+    return Plan(env=current_env_key("numpy"), backend="numpy", precision="fp64",
+                constraints=Constraints(), cudnn={"benchmark": False, "deterministic": False},
+                input_layout="nchw", output_layout="nchw", layers=layers, network=None,
+                unplanned=unplanned)
+
+
+def trained_twins(plan, x, requires_grad=False):
+    """(grads of the original, grads after apply, the apply summary, calls to functional.run)
+    for one forward and backward of the same model before and after `apply`."""
+    torch.manual_seed(0)
+    model = SmallCNN().double()
+    ref = copy.deepcopy(model)
+    summary = apply.apply(model, plan)
+    out = []
+    for m in (ref, model):
+        xi = x.clone().requires_grad_(requires_grad)
+        y = m(xi)
+        y.backward(torch.ones_like(y))
+        out.append((y, xi.grad, {n: p.grad for n, p in m.named_parameters()}))
+    return out, summary, model
+
+
+def graph_nodes(y) -> list[str]:
+    """The names of the autograd nodes behind `y`."""
+    names, todo, seen = [], [y.grad_fn], set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.append(type(node).__name__)
+        todo += [n for n, _ in node.next_functions]
+    return names
+
+
+def test_apply_keeps_outputs_and_gradients_and_dispatches_as_planned(monkeypatch):
+    calls = []
+    real = convbench.functional.run
+
+    def spy(problem, pass_, a, b, *, algo, backend, layout, out=None):
+        calls.append((problem.c, pass_, algo, layout))
+        return real(problem, pass_, a, b, algo=algo, backend=backend, layout=layout, out=out)
+
+    monkeypatch.setattr(convbench.functional, "run", spy)
+    x = torch.randn(2, 3, 10, 10, dtype=torch.float64)
+    plan = hand_plan(SmallCNN().double(), x, ["nhwc", "nchw", "nhwc"], [
+        {"fwd": "gemm", "bwd_data": None, "bwd_filter": "direct"},
+        {"fwd": "torch-cpu", "bwd_data": "torch-cpu", "bwd_filter": "torch-cpu"},
+        {"fwd": "torch-cpu", "bwd_data": "torch-cpu", "bwd_filter": "torch-cpu"}])
+    (ref, ours), summary, model = trained_twins(plan, x)
+    torch.testing.assert_close(ours[0], ref[0], rtol=1e-12, atol=1e-12)
+    for name, grad in ref[2].items():
+        torch.testing.assert_close(ours[2][name], grad, rtol=1e-12, atol=1e-12)
+    # stem: ours, and no data gradient for the input; body.2: torch's, but it must convert
+    # its channels_last input back to NCHW; body.4: torch alone runs it NHWC.
+    assert calls == [(3, "fwd", "gemm", "nhwc"), (3, "bwd_filter", "direct", "nhwc")]
+    assert [(c.layer, c.action) for c in summary.changes] == [
+        ("stem", "replaced"), ("body.2", "replaced"), ("body.4", "kept"), ("odd", "skipped")]
+    assert summary.replaced == ["stem", "body.2"]
+    assert graph_nodes(model(x)).count("_PlannedConvBackward") == 2  # one per replaced layer
+    assert isinstance(model.stem, cbnn.Conv2d) and isinstance(model.body[2], cbnn.Conv2d)
+    assert type(model.body[4]) is nn.Conv2d
+    assert model.body[4].weight.is_contiguous(memory_format=torch.channels_last)
+    assert "converts its channels_last input to NCHW" in str(summary)
+    assert "(no effect on the CPU)" in str(summary)
+    for name in CPU_THREAD_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert "start Python with OMP_WAIT_POLICY=PASSIVE OPENBLAS_THREAD_TIMEOUT=4" in str(summary)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setenv("OPENBLAS_THREAD_TIMEOUT", "4")
+    assert "start Python" not in str(summary)
+
+
+def test_apply_computes_the_first_data_gradient_only_when_asked(monkeypatch):
+    calls = []
+    real = convbench.functional.run
+    monkeypatch.setattr(convbench.functional, "run", lambda *a, **k: calls.append(a[1])
+                        or real(*a, **k))
+    x = torch.randn(2, 3, 10, 10, dtype=torch.float64)
+    every = {"fwd": "gemm", "bwd_data": "gemm", "bwd_filter": "gemm"}
+    plan = hand_plan(SmallCNN().double(), x, ["nchw"] * 3, [every] * 3)
+    (ref, ours), _, _ = trained_twins(plan, x, requires_grad=True)
+    torch.testing.assert_close(ours[1], ref[1], rtol=1e-12, atol=1e-12)
+    assert calls.count("bwd_data") == 3
+    calls.clear()
+    trained_twins(plan, x, requires_grad=False)
+    assert calls.count("bwd_data") == 2
+
+
+def test_the_readme_recipe_on_the_cpu(store):
+    torch.manual_seed(0)
+    model, x = SmallCNN(), torch.randn(2, 3, 10, 10)
+    ref = copy.deepcopy(model)
+    plan = tune.tune(model, x, **FAST)
+    summary = apply.apply(model, plan)
+    assert len(summary.changes) == 4
+    torch.testing.assert_close(model(x), ref(x), rtol=1e-4, atol=1e-5)
+
+
+def test_apply_skips_what_does_not_fit_and_refuses_another_device():
+    x = torch.randn(2, 3, 10, 10, dtype=torch.float64)
+    plan = hand_plan(SmallCNN().double(), x, ["nchw"] * 3, [{"fwd": "gemm"}] * 3)
+    plan.layers[1] = LayerPlan("nosuch", plan.layers[1].problem, "nchw", plan.layers[1].passes)
+    plan.layers[2] = LayerPlan("stem", P2, "nchw", plan.layers[2].passes)
+    plan.layers[0] = LayerPlan("body.0", plan.layers[0].problem, "nchw", plan.layers[0].passes)
+    summary = apply.apply(SmallCNN().double(), plan)
+    assert [(c.layer, c.reason) for c in summary.changes[:3]] == [
+        ("body.0", "is a BatchNorm2d, not an nn.Conv2d"),
+        ("nosuch", "the model has no such module"),
+        ("stem", "its channels, filter or geometry differ from the plan's")]
+    plan.backend = "cuda"
+    with pytest.raises(PlanError, match="for backend cuda \\(cuda\\); the model is on cpu"):
+        apply.apply(SmallCNN(), plan)
+
+
+def test_apply_reads_a_plan_file_and_warns_when_versions_differ(tmp_path):
+    x = torch.randn(2, 3, 10, 10, dtype=torch.float64)
+    plan = hand_plan(SmallCNN().double(), x, ["nchw"] * 3, [{"fwd": "gemm"}] * 3)
+    plan.env = {**plan.env, "torch": "0.0.1"}
+    path = plan.save(tmp_path / "plan.json")
+    with pytest.warns(UserWarning, match="plan made with another torch"):
+        summary = apply.apply(SmallCNN().double(), str(path))
+    assert summary.replaced == ["stem", "body.2", "body.4"]
+
+
+
+# --- on a GPU -------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_tune_and_apply_on_a_gpu(store):
+    torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(0)
+    model, x = SmallCNN().cuda(), torch.randn(8, 3, 10, 10, device="cuda")
+    ref = copy.deepcopy(model)
+    plan = tune.tune(model, x, algos="direct,cudnn,cudnn-autotune", budget_s=0.01)
+    assert plan.backend == "cuda" and plan.env["device"] is not None
+    summary = apply.apply(model, plan)
+    assert len(summary.changes) == 4
+    y, y0 = model(x), ref(x)
+    torch.testing.assert_close(y, y0, rtol=1e-4, atol=1e-4)
+    y.sum().backward()
+    y0.sum().backward()
+    for (name, p), p0 in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, p0.grad, rtol=1e-3, atol=1e-3, msg=name)

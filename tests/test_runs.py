@@ -1,0 +1,81 @@
+"""A run folder made through the library alone: cases, environment, rows, report, resume."""
+
+import json
+
+import pytest
+
+from convbench import devices, registry, results, runner, runs
+from convbench.problem import LAYOUTS
+
+TINY = "n=1,c=2,h=6,w=6,k=3,r=3,s=3,pad=1"
+BUDGET = 0.002
+
+
+def tiny_cases():
+    device = devices.resolve("cpu")
+    return device, runs.sweep_cases([TINY, "alexnet:conv3"], "alexnet", [1], device,
+                                    ["torch-cpu"], ["fwd"], LAYOUTS, ["fp32"])
+
+
+def test_sweep_cases_take_the_batch_and_keep_a_spec_s_own():
+    device = devices.resolve("cpu")
+    _, cases = tiny_cases()
+    assert [(c.layer, c.problem.n, c.layout) for c in cases] == [
+        (TINY, 1, "nchw"), (TINY, 1, "nhwc"), ("conv3", 1, "nchw"), ("conv3", 1, "nhwc")]
+    defaults = runs.sweep_cases([TINY, "conv3"], "alexnet", [None], device, ["gemm"], ["fwd"],
+                                ["nchw"], ["fp32"])
+    assert [c.problem.n for c in defaults] == [1, device.batch]
+    with pytest.raises(ValueError, match="unknown layer 'conv9' in alexnet"):
+        runs.sweep_cases(["conv9"], "alexnet", [None], device, ["gemm"], ["fwd"], ["nchw"],
+                         ["fp32"])
+
+
+def test_a_run_folder_from_the_library(tmp_path):
+    device, cases = tiny_cases()
+    env = runs.environment(device, "alexnet", cases, BUDGET, batch=1, command="a test")
+    assert env["run"]["algos"] == ["torch-cpu"] and env["run"]["layouts"] == list(LAYOUTS)
+    folder = results.RunFolder.open(tmp_path / "run", env)
+    outcome = runs.Run(cases, BUDGET, folder).measure()
+    assert not outcome.interrupted and outcome.skipped == 0
+    assert len(outcome.frame) == 4 and set(outcome.frame["status"]) == {"ok"}
+    assert (tmp_path / "run" / "report.md").read_text() == outcome.report
+    df, stored = results.load_run(tmp_path / "run")
+    assert len(df) == 4 and stored["run"]["command"] == "a test"
+
+    with pytest.raises(results.FolderInUse, match="already holds results"):
+        results.RunFolder.open(tmp_path / "run", env)
+    resumed = results.RunFolder.open(tmp_path / "run", {"another": "env"}, resume=True)
+    assert resumed.env == stored and len(resumed.measured) == 4
+    assert runs.Run(cases, BUDGET, resumed).todo == []
+    assert json.loads((tmp_path / "run" / results.ENV_JSON).read_text()) == stored
+
+
+def test_an_interrupted_run_keeps_its_rows_and_writes_its_report(tmp_path, monkeypatch,
+                                                                interrupt):
+    device, cases = tiny_cases()
+    real = runner.measure
+    interrupt(2)
+    folder = results.RunFolder.open(tmp_path / "run", runs.environment(device, "alexnet",
+                                                                      cases, BUDGET))
+    outcome = runs.Run(cases, BUDGET, folder).measure()
+    assert outcome.interrupted and len(outcome.frame) == 2
+    assert "## Time per layer" in (tmp_path / "run" / "report.md").read_text()
+    monkeypatch.setattr(runner, "measure", real)
+    rest = runs.Run(cases, BUDGET, results.RunFolder.open(tmp_path / "run", {}, resume=True))
+    assert [c.key() for c in rest.todo] == [c.key() for c in cases[2:]]
+
+
+def test_without_a_folder_the_rows_come_back(tmp_path):
+    _, cases = tiny_cases()
+    outcome = runs.Run(cases[:1], BUDGET).measure()
+    assert outcome.report is None and list(outcome.frame.columns) == list(results.COLUMNS)
+
+
+def test_devices_say_what_is_wrong():
+    with pytest.raises(ValueError, match="unknown device 'tpu'; valid: cpu, cuda, emu"):
+        devices.resolve("tpu")
+    assert devices.resolve(None).name == devices.default_device()
+    assert devices.of_backend("numpy").name == "cpu"
+    if registry.available("cuda") is not None:
+        with pytest.raises(ValueError, match="^cuda: .*; valid here: cpu"):
+            devices.resolve("cuda")

@@ -1,0 +1,167 @@
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from convbench import advice, envinfo, results, runner, tune
+from convbench.layers import Layer
+from convbench.plan import Constraints, Plan
+from convbench.problem import ConvProblem
+
+P1 = ConvProblem(n=2, c=3, h=8, w=8, k=4, r=3, s=3, pad=1)
+P2 = ConvProblem(n=2, c=4, h=8, w=8, k=4, r=3, s=3, pad=1)
+
+
+def tiny_run(tmp_path, layers=2, algos=("direct", "gemm", "torch-cpu")):
+    """A real CPU run folder of tiny layers, made the way `convbench layer --out` makes one."""
+    problems = [P1, P2, ConvProblem(n=2, c=4, h=8, w=8, k=2, r=1, s=1)][:layers]
+    cases = runner.sweep([Layer("custom", f"l{i + 1}", p) for i, p in enumerate(problems)],
+                         algos, "numpy", ("fwd", "bwd_data", "bwd_filter"), ("nchw", "nhwc"),
+                         ("fp32",))
+    folder = tmp_path / "run"
+    sink = results.CsvSink(folder / results.RESULTS_CSV)
+    runner.run(cases, 0.001, on_row=sink.append)
+    (folder / results.ENV_JSON).write_text(json.dumps(envinfo.collect("numpy")))
+    return folder
+
+
+
+def test_advice_on_a_real_cpu_run(tmp_path):
+    folder = tiny_run(tmp_path)
+    df, _ = results.load_run(folder)
+    adv = advice.advise(df)
+    for (layer, pass_), a in adv.passes.items():
+        rows = df[(df["layer"] == layer) & (df["pass"] == pass_) & (df["status"] == "ok")]
+        assert a.best.median_ms == rows["median_ms"].min()
+        assert a.runner_up.median_ms == sorted(rows["median_ms"])[1]
+    assert len(adv.passes) == 6
+    plan, adv, note = tune.advise_run(folder)
+    assert note is None and plan.network is not None
+    assert plan.backend == "numpy" and len(plan.measurements) == len(df)
+    assert {tuple(c["shape"]) for c in plan.conversions} >= {(2, 3, 8, 8), (2, 4, 8, 8)}
+    assert Plan.from_json(plan.to_json()) == plan
+
+
+def test_advise_run_made_elsewhere_has_no_network_plan(tmp_path):
+    folder = tiny_run(tmp_path, layers=1, algos=("gemm",))
+    env = json.loads((folder / results.ENV_JSON).read_text())
+    env["torch"]["version"] = "0.0.1"
+    (folder / results.ENV_JSON).write_text(json.dumps(env))
+    plan, _, note = tune.advise_run(folder)
+    assert plan.network is None and plan.conversions == []
+    assert "this machine differs from the run's in torch" in note
+    assert plan.env["torch"] == "0.0.1"
+
+
+
+# --- a model's layers --------------------------------------------------------------
+class SmallCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 3, padding=1)
+        self.body = nn.Sequential(nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 6, 3, stride=2,
+                                                                          padding=1),
+                                  nn.ReLU(), nn.Conv2d(6, 6, 1, bias=False))
+        self.odd = nn.Conv2d(6, 6, (1, 3), padding=(0, 1))
+        self.head = nn.Linear(6 * 5 * 5, 3)
+
+    def forward(self, x):
+        return self.head(torch.flatten(self.odd(torch.relu(self.body(self.stem(x)))), 1))
+
+
+FAST = {"algos": "direct,gemm,torch-cpu", "budget_s": 0.001}
+
+
+@pytest.fixture
+def measured(monkeypatch):
+    """How many cases each runner.run call measured."""
+    counts = []
+    real = runner.run
+
+    def spy(cases, *args, **kwargs):
+        counts.append(len(cases))
+        return real(cases, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "run", spy)
+    return counts
+
+
+def test_find_convs_in_call_order_with_refusals():
+    model = SmallCNN()
+    model.train()
+    bn = model.body[0]
+    stats = bn.running_mean.clone()
+    sites, refused = tune.find_convs(model, torch.randn(2, 3, 10, 10))
+    assert [s.name for s in sites] == ["stem", "body.2", "body.4"]
+    assert sites[0].passes == ("fwd", "bwd_filter")  # the input needs no gradient
+    assert sites[1].passes == ("fwd", "bwd_data", "bwd_filter")
+    assert sites[1].problem == ConvProblem(n=2, c=4, h=10, w=10, k=6, r=3, s=3, stride=2, pad=1)
+    assert [(u.layer, u.reason[:19]) for u in refused] == [("odd", "asymmetric padding ")]
+    assert model.training and bn.training and torch.equal(bn.running_mean, stats)
+
+
+def test_find_convs_refuses_a_layer_called_with_two_shapes():
+    conv = nn.Conv2d(2, 2, 3, padding=1)
+
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = conv
+
+        def forward(self, x):
+            return self.conv(self.conv(x)[:, :, :4, :4])
+
+    sites, refused = tune.find_convs(Twice(), torch.randn(1, 2, 6, 6))
+    assert sites == [] and "several input shapes" in refused[0].reason
+
+
+def test_tune_measures_then_reuses_the_store(store, measured):
+    torch.manual_seed(0)
+    model, x = SmallCNN(), torch.randn(2, 3, 10, 10)
+    lines = []
+    plan = tune.tune(model, x, log=lines.append, **FAST)
+    assert measured == [(2 + 3 + 3) * 3 * 2]  # passes x algos x layouts
+    assert [lp.layer for lp in plan.layers] == ["stem", "body.2", "body.4"]
+    assert plan.layers[0].passes["bwd_data"] is None
+    assert [u.layer for u in plan.unplanned] == ["odd"]
+    assert plan.network is not None and plan.backend == "numpy" and plan.precision == "fp32"
+    assert any(line.startswith("plan saved to " + str(store)) for line in lines)
+    again = tune.tune(model, x, **FAST)
+    assert measured[-1] == 0  # everything came from the store
+    assert [lp.passes for lp in again.layers] == [lp.passes for lp in plan.layers]
+    tune.tune(model, x, algos="direct,gemm,torch-cpu,fft", budget_s=0.001)
+    assert measured[-1] == 8 * 2  # only the algorithm the store lacks
+
+
+def test_a_stale_store_is_measured_again(store, measured, monkeypatch):
+    model, x = SmallCNN(), torch.randn(2, 3, 10, 10)
+    tune.tune(model, x, **FAST)
+    real = tune.current_env_key
+    monkeypatch.setattr(tune, "current_env_key",
+                        lambda backend: {**real(backend), "torch": "9.9.9"})
+    lines = []
+    tune.tune(model, x, log=lines.append, **FAST)
+    assert measured == [48, 48]
+    assert any("not used: torch changed" in line for line in lines)
+
+
+def test_tune_refuses_what_it_cannot_measure():
+    with pytest.raises(ValueError, match="dtype int64 has no convbench precision"):
+        tune.tune(SmallCNN(), torch.zeros(1, 3, 10, 10, dtype=torch.int64))
+    with pytest.raises(ValueError, match="unknown algo 'magic'"):
+        tune.tune(SmallCNN(), torch.zeros(1, 3, 10, 10), algos="magic")
+    with pytest.raises(ValueError, match="unknown layout 'chwn'"):
+        tune.tune(SmallCNN(), torch.zeros(1, 3, 10, 10), layouts=("nchw", "chwn"))
+
+
+@pytest.mark.gpu
+def test_deterministic_plan_on_a_gpu_avoids_cudnn(store):
+    model, x = SmallCNN().cuda(), torch.randn(4, 3, 10, 10, device="cuda")
+    plan = tune.tune(model, x, algos="direct,cudnn,cudnn-autotune", budget_s=0.01,
+                        constraints=Constraints(deterministic=True))
+    algos = {c.algo for lp in plan.layers for c in lp.passes.values() if c}
+    assert algos <= {"direct"} and plan.cudnn["deterministic"] is True
+    tune.apply(model, plan)
+    assert torch.backends.cudnn.deterministic is True
+    torch.backends.cudnn.deterministic = False
