@@ -1,0 +1,257 @@
+"""The house is one-way (DESIGN.md §1): every import points down the layers, nothing imports
+the command line, advice never reaches the timers, and the import graph has no circle.
+
+Two ways of looking, as cudnn-frontend's `test_import_boundaries.py` looks at its package:
+
+- statically: every `import` statement of every module, at the top or inside a function (a
+  lazy import is still an import), resolved to the convbench module it names;
+- in a fresh interpreter: importing the modules of a layer must not load a module of a higher
+  one (this also sees what `importlib` loads).
+
+The one deliberate exception is the registry's discovery of `algos/` (`registry.load`
+imports every algorithm module, and each registers itself with the registry).
+
+`test_the_checks_bite` adds forbidden imports to a copy of the package and shows each check
+catch them.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import convbench
+
+PACKAGE = Path(convbench.__file__).parent
+
+#: The layers of DESIGN.md §1, bottom up. A module imports only from its own layer or below.
+LAYERS = {
+    "core": ["convbench", "problem", "layers", "transforms", "measurement", "phases",
+             "threads"],
+    "implementations": ["registry", "algos", "algos.*", "kernels", "emu", "emu.*", "reference",
+                        "verify", "functional", "testing"],
+    "harness": ["timing", "runner", "results", "opcount", "memory", "envinfo", "devices",
+                "batchsweep"],
+    "analysis": ["report", "advice", "layoutplan", "plan", "runs"],
+    "torch integration": ["tune", "apply", "nn", "trainstep", "memprofile", "advisor"],
+    "cli": ["cli", "cli.*", "__main__"],
+}
+#: What a module must not reach, directly or through others, though its layer would allow it.
+FORBIDDEN = {
+    "advice": ["timing", "runner", "runs", "tune"],  # advice never times
+    "layoutplan": ["timing", "runner"],  # the layout DP is arithmetic on measured times
+    "timing": ["registry", "algos"],  # timing never knows which algorithm it times
+}
+#: The registry's deliberate discovery of the algorithm modules.
+DISCOVERY = ("convbench.registry", "convbench.algos")
+
+
+# --- the static graph -----------------------------------------------------------------------
+def modules(root: Path) -> dict[str, Path]:
+    """Every module of the package at `root`: dotted name -> file."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The convbench modules `name`'s import statements name, wherever they stand."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(base + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            for alias in node.names:  # `from . import x` names module x; `from .m import f`, m
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
+    return {m for m in found if m in known and m != name}
+
+
+def graph(root: Path) -> dict[str, set[str]]:
+    """module -> the modules it imports, less the registry's discovery of algos/."""
+    mods = modules(root)
+    known = set(mods)
+    edges = {name: imports(name, path, known) for name, path in mods.items()}
+    edges[DISCOVERY[0]] = {m for m in edges[DISCOVERY[0]]
+                           if m != DISCOVERY[1] and not m.startswith(DISCOVERY[1] + ".")}
+    return edges
+
+
+def layer_of(name: str) -> int:
+    """The index in LAYERS of a dotted module name; KeyError for a module no layer holds."""
+    short = name.removeprefix("convbench.") if name != "convbench" else name
+    for i, members in enumerate(LAYERS.values()):
+        for m in members:
+            if short == m or (m.endswith(".*") and short.startswith(m[:-1])):
+                return i
+    raise KeyError(name)
+
+
+def upward_imports(edges: dict[str, set[str]]) -> list[str]:
+    """Each import from a lower layer to a higher one, and each module no layer holds."""
+    problems = []
+    for name, targets in sorted(edges.items()):
+        try:
+            own = layer_of(name)
+        except KeyError:
+            problems.append(f"{name} is in no layer: add it to LAYERS")
+            continue
+        problems += [f"{name} ({list(LAYERS)[own]}) imports {t} ({list(LAYERS)[layer_of(t)]})"
+                     for t in sorted(targets) if t in edges and layer_of(t) > own]
+    return problems
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def reach(edges: dict[str, set[str]], start: str) -> set[str]:
+    """Every module `start` imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for t in edges.get(todo.pop(), ()):
+            if t not in seen:
+                seen.add(t)
+                todo.append(t)
+    return seen
+
+
+def forbidden_reach(edges: dict[str, set[str]]) -> list[str]:
+    problems = []
+    for name, banned in FORBIDDEN.items():
+        reached = reach(edges, f"convbench.{name}")
+        problems += [f"convbench.{name} reaches convbench.{b}" for b in banned
+                     if f"convbench.{b}" in reached
+                     or any(r.startswith(f"convbench.{b}.") for r in reached)]
+    return problems
+
+
+# --- fresh interpreters ---------------------------------------------------------------------
+def fresh_import(root: Path, names: list[str]) -> set[str]:
+    """The convbench modules a fresh interpreter, seeing the package at `root`, has loaded after
+    importing `names`."""
+    code = ("import importlib, sys\n"
+            f"for name in {names!r}:\n"
+            "    importlib.import_module(name)\n"
+            "print(sys.modules['convbench'].__file__)\n"
+            "print('\\n'.join(m for m in sys.modules if m.split('.')[0] == 'convbench'))\n")
+    env = {**os.environ, "PYTHONPATH": str(root.parent)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, cwd=root.parent, check=False, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    where, *loaded = proc.stdout.split()
+    assert Path(where).parent == root, f"imported {where}, not the package at {root}"
+    return set(loaded)
+
+
+def loaded_above(root: Path, layer: int) -> list[str]:
+    """The modules above LAYERS' `layer` that importing every module of that layer and below
+    loads."""
+    names = [n for n in modules(root) if layer_of(n) <= layer]
+    return sorted(m for m in fresh_import(root, names) if layer_of(m) > layer)
+
+
+def fresh_advice_loads(root: Path) -> list[str]:
+    """The modules advice must not reach that `import convbench.advice` loads."""
+    banned = {f"convbench.{b}" for b in FORBIDDEN["advice"]}
+    return sorted(fresh_import(root, ["convbench.advice"]) & banned)
+
+
+# --- the tests ------------------------------------------------------------------------------
+def test_every_module_has_a_layer_and_imports_point_down():
+    edges = graph(PACKAGE)
+    assert upward_imports(edges) == []
+
+
+def test_nothing_outside_the_cli_imports_it():
+    edges = graph(PACKAGE)
+    cli = layer_of("convbench.cli")
+    assert [n for n, targets in edges.items() if layer_of(n) != cli
+            and any(layer_of(t) == cli for t in targets)] == []
+
+
+def test_the_import_graph_has_no_circle():
+    assert circles(graph(PACKAGE)) == []
+
+
+def test_advice_never_reaches_the_timers():
+    assert forbidden_reach(graph(PACKAGE)) == []
+
+
+@pytest.mark.parametrize("layer", range(len(LAYERS) - 1), ids=list(LAYERS)[:-1])
+def test_a_fresh_interpreter_loads_nothing_above_the_layer(layer):
+    assert loaded_above(PACKAGE, layer) == []
+    if list(LAYERS)[layer] == "analysis":
+        assert fresh_advice_loads(PACKAGE) == []
+
+
+def test_the_checks_bite(tmp_path):
+    """A copy of the package with forbidden imports added: each check reports them."""
+    root = tmp_path / "convbench"
+    shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns("__pycache__", "_kernels"))
+
+    def add(module: str, text: str) -> None:
+        path = root / f"{module}.py"
+        path.write_text(path.read_text() + text)
+
+    add("advice", "\nfrom . import runner  # advice that times\n\n\ndef _usage():\n"
+                  "    from .cli import UsageError  # lazy, but an import all the same\n"
+                  "    return UsageError\n")
+    add("results", "\n\ndef _runs():\n    from . import runs  # runs imports results\n"
+                   "    return runs\n")
+    add("timing", "\nfrom . import report  # a timer that knows what it times\n")
+    edges = graph(root)
+    assert upward_imports(edges) == [
+        "convbench.advice (analysis) imports convbench.cli (cli)",
+        "convbench.results (harness) imports convbench.runs (analysis)",
+        "convbench.timing (harness) imports convbench.report (analysis)"]
+    assert any({"convbench.results", "convbench.runs"} <= set(c) for c in circles(edges))
+    assert forbidden_reach(edges) == [
+        *(f"convbench.advice reaches convbench.{m}" for m in FORBIDDEN["advice"]),
+        "convbench.timing reaches convbench.registry"]
+    assert "convbench.report" in loaded_above(root, list(LAYERS).index("harness"))
+    assert fresh_advice_loads(root) == ["convbench.runner", "convbench.timing"]
+    (root / "stray.py").write_text('"""A module placed in no layer."""\n')
+    assert "convbench.stray is in no layer: add it to LAYERS" in upward_imports(graph(root))
