@@ -85,9 +85,14 @@ def _torch() -> dict:
         import torch
     except ImportError:
         return {"version": None}
+    from .algos.cudnn import AUTOTUNE_BENCHMARK_LIMIT
+
     info = {"version": torch.__version__, "threads": torch.get_num_threads(),
             "interop_threads": torch.get_num_interop_threads(),
-            "mkldnn": torch.backends.mkldnn.is_available()}
+            "mkldnn": torch.backends.mkldnn.is_available(),
+            # cudnn-autotune's search: 0 = every engine; torch's own default besides it
+            "cudnn_benchmark_limit": {"cudnn-autotune": AUTOTUNE_BENCHMARK_LIMIT,
+                                      "torch default": torch.backends.cudnn.benchmark_limit}}
     if torch.cuda.is_available():
         info["cuda"] = torch.version.cuda
         info["cudnn"] = torch.backends.cudnn.version()
@@ -102,6 +107,21 @@ def _pyfftw() -> dict:
     return {"version": pyfftw.__version__, "threads": pyfftw.config.NUM_THREADS}
 
 
+#: FP32 lanes (CUDA cores) per SM, by compute capability.
+FP32_LANES = {"70": 64, "75": 64, "80": 64, "86": 128, "87": 128, "89": 128, "90": 128,
+              "100": 128, "103": 128, "120": 128}
+
+
+def fp32_peak_tflops(compute_capability: str, sm_count: int,
+                     clock_khz: int | None) -> float | None:
+    """The FP32 peak without tensor cores: SMs × FP32 lanes × 2 (a fused multiply-add) × the
+    boost clock; None where the lanes or the clock are not known."""
+    lanes = FP32_LANES.get(str(compute_capability))
+    if not lanes or not clock_khz:
+        return None
+    return sm_count * lanes * 2 * clock_khz * 1e3 / 1e12
+
+
 def _gpu() -> dict | None:
     if gpu_name() is None:
         return None
@@ -109,12 +129,16 @@ def _gpu() -> dict | None:
 
     dev = cupy.cuda.Device()
     props = cupy.cuda.runtime.getDeviceProperties(dev.id)
+    clock = dev.attributes.get("ClockRate") or props.get("clockRate")
     return {
         "name": gpu_name(),
         "compute_capability": dev.compute_capability,
         "memory_bytes": props["totalGlobalMem"],
         "sm_count": props["multiProcessorCount"],
         "l2_bytes": dev.attributes.get("L2CacheSize"),
+        "clock_khz": clock,
+        "fp32_peak_tflops": fp32_peak_tflops(dev.compute_capability,
+                                             props["multiProcessorCount"], clock),
         "driver": cupy.cuda.runtime.driverGetVersion(),
         "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
     }

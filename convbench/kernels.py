@@ -187,6 +187,9 @@ class Kernel:
     """One entry point of a loaded file: ``kernel(grid, block, args, shared_mem=0)``.
 
     `grid` and `block` are ints or 1-3 tuples; `args` follow the entry point's parameters.
+    Converting and checking them costs tens of microseconds a launch (a NumPy scalar and a range
+    check per int), which a timed pass of a few hundred microseconds must not pay: `bind` does
+    it once, in `prepare`, for everything but the arrays.
     """
 
     def __init__(self, name: str, params: tuple[Param, ...], xp, launch: Callable):
@@ -198,6 +201,30 @@ class Kernel:
                             f"({', '.join(p.name for p in self.params)}), got {len(args)}")
         values = tuple(_convert(self.name, p, a, self._xp) for p, a in zip(self.params, args))
         self._launch(_dim3(grid), _dim3(block), values, int(shared_mem))
+
+    def bind(self, grid, block, scalars=(), shared_mem: int = 0) -> Callable[..., None]:
+        """``launch(*arrays)``: this kernel with its grid, block, shared memory and trailing
+        scalar parameters converted now; each call checks only the arrays, which are the
+        leading parameters (the kernels' convention; TypeError otherwise)."""
+        arrays = self.params[:len(self.params) - len(scalars)]
+        if not all(p.pointer for p in arrays) or any(
+                p.pointer for p in self.params[len(arrays):]):
+            raise TypeError(f"{self.name}: bind takes the trailing scalars "
+                            f"({', '.join(p.name for p in self.params if not p.pointer)}), "
+                            f"got {len(scalars)} values")
+        fixed = tuple(_convert(self.name, p, v, self._xp)
+                      for p, v in zip(self.params[len(arrays):], scalars))
+        dims, threads, smem = _dim3(grid), _dim3(block), int(shared_mem)
+        name, xp, launch = self.name, self._xp, self._launch
+
+        def bound(*values) -> None:
+            if len(values) != len(arrays):
+                raise TypeError(f"{name} takes {len(arrays)} arrays "
+                                f"({', '.join(p.name for p in arrays)}), got {len(values)}")
+            launch(dims, threads, tuple(_convert(name, p, v, xp)
+                                        for p, v in zip(arrays, values)) + fixed, smem)
+
+        return bound
 
 
 class Launcher:

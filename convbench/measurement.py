@@ -16,16 +16,30 @@ import numpy as np
 NOISE_THRESHOLD = 0.1
 
 
+def is_host_bound(host_ms: float | None, device_ms: float) -> bool:
+    """Whether issuing a call took the host at least as long as the device took to run it."""
+    return host_ms is not None and host_ms >= device_ms
+
+
 @dataclass(frozen=True)
 class Measurement:
-    """Raw times of the repetitions of one timed call, in milliseconds."""
+    """Raw times of the repetitions of one timed call, in milliseconds.
+
+    On a GPU the times are the device's (CUDA events), and `host_ms` holds, per repetition, how
+    long the host took to issue the call: when that is as long as the device's time, the host
+    may have set the pace (the GPU waited for launches), and the time says more about Python
+    and the driver than about the kernels (`host_bound`). Empty where the host's clock is the
+    time itself.
+    """
 
     times_ms: tuple[float, ...]
+    host_ms: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.times_ms:
             raise ValueError("a Measurement needs at least one time")
         object.__setattr__(self, "times_ms", tuple(float(t) for t in self.times_ms))
+        object.__setattr__(self, "host_ms", tuple(float(t) for t in self.host_ms))
 
     @property
     def reps(self) -> int:
@@ -63,6 +77,15 @@ class Measurement:
     @property
     def noisy(self) -> bool:
         return self.median > 0 and self.iqr / self.median > NOISE_THRESHOLD
+
+    @property
+    def host_median(self) -> float | None:
+        """Median host time to issue one call (None where none was recorded)."""
+        return float(np.median(self.host_ms)) if self.host_ms else None
+
+    @property
+    def host_bound(self) -> bool:
+        return is_host_bound(self.host_median, self.median)
 
     # --- the raw times as one CSV cell ----------------------------------------------------
     def times_text(self) -> str:

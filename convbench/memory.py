@@ -22,10 +22,15 @@ runs), and so does every temporary of one call; the preparation's own temporarie
 planning, cuDNN's autotuning search) do not. The trace runs around the verifying call, which is
 never timed, and stops before timing starts, so timing never runs under a probe.
 
-`MemoryLimit` makes a budget an out-of-memory condition: on the GPU for real (CuPy's pool limit
-and torch's per-process fraction make allocations beyond it raise), on the host by checking the
-predicted and then the measured footprint against it (`OverLimit`, a MemoryError), since a real
-host allocation failure would take the machine's other work down with it.
+`MemoryLimit` makes a budget an out-of-memory condition: the predicted and then the measured
+footprint are checked against it (`OverLimit`, a MemoryError), since a real host allocation
+failure would take the machine's other work down with it, and on the GPU CuPy's pool and torch's
+cache are two allocators whose sum only the measured footprint sees; on the GPU each allocator
+is also held to it for real (CuPy's pool limit, torch's per-process fraction).
+
+Those two caching allocators never lend each other a free block, so `release_device_memory`
+gives both pools' cached blocks back to the device before each GPU case: otherwise a case near
+capacity fails while the other pool sits on gigabytes it no longer uses.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import registry
 from .problem import ConvProblem
 
 #: What each `memory_method` reads, for reports and env.json.
@@ -193,6 +199,21 @@ class TorchHostAllocator(Trace):
                 peak = max(peak, allocated)
 
 
+def release_device_memory(backend: str) -> None:
+    """On the GPU: drop what implementations cache there (`registry.clear_device_caches`), and
+    return both pools' free blocks to the device, so the next case starts from an empty device
+    whichever allocator it uses. Nothing on the host."""
+    if backend != "cuda":
+        return
+    import cupy
+
+    registry.clear_device_caches()
+    cupy.get_default_memory_pool().free_all_blocks()
+    torch = _torch_cuda()
+    if torch is not None:
+        torch.cuda.empty_cache()
+
+
 def _torch_cuda():
     """torch, if it is imported and has made a CUDA context (else it has allocated nothing)."""
     torch = sys.modules.get("torch")
@@ -317,9 +338,10 @@ class MemoryLimit:
     nbytes: int
 
     def check(self, backend: str, needed: int, what: str) -> None:
-        """On the host, raise OverLimit if `needed` bytes exceed the limit; `what` says what
-        they are. On the GPU the pools enforce the limit themselves (`enforce`)."""
-        if backend != "cuda" and needed > self.nbytes:
+        """Raise OverLimit if `needed` bytes exceed the limit; `what` says what they are. On the
+        GPU each pool also refuses beyond the limit (`enforce`), but each alone: this check of
+        what the two were seen to hold together is what keeps their sum within it."""
+        if needed > self.nbytes:
             raise OverLimit(f"{what} {format_size(needed)} exceeds the memory limit "
                             f"{format_size(self.nbytes)}")
 

@@ -16,6 +16,8 @@ Phase names use the pass's tensor names: ``transform <a>``, ``transform <b>``, `
 ``x``, ``dy``, ``dw`` for bwd_filter; a transform includes packing or tiling, the inverse
 includes cropping into the output. A fused kernel, which transforms, multiplies and transforms
 back in one launch, is one phase named `FUSED`, after the transforms that run apart from it.
+A library call that returns its own result (torch's convolution) is the phase `CONVOLUTION`,
+then `OUTPUT_COPY` into the harness's buffer, which the pass's time leaves out.
 """
 
 from __future__ import annotations
@@ -27,8 +29,14 @@ from collections.abc import Callable
 OPERAND_NAMES = {"fwd": ("x", "w", "y"), "bwd_data": ("dy", "w", "dx"),
                  "bwd_filter": ("x", "dy", "dw")}
 
+#: A library's whole convolution as one call (torch's, into a result it allocates).
+CONVOLUTION = "convolution"
 #: The phase of a kernel that fuses the transforms with the product (`winograd-fused-*`).
 FUSED = "fused"
+#: The copy of a library's own result into the harness's output buffer (torch's convolution
+#: allocates its result; the harness hands every pass a buffer to write): timed as a phase and
+#: kept in the breakdown, but not part of the pass's time, which is the other phases' sum.
+OUTPUT_COPY = "copy to output"
 
 
 def phase_names(pass_: str) -> list[str]:
@@ -50,6 +58,11 @@ class Phased:
         self._args = (a, b, out)
         for step in self._steps.values():
             step(a, b, out)
+
+    def forget(self) -> None:
+        """Drop the arrays of the last call (a warm-up's scratch operands, which must not stay
+        alive in the memory the prepared pass is seen to hold)."""
+        self._args = None
 
     def _replay(self, step: Callable) -> None:
         if self._args is None:

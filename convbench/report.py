@@ -30,14 +30,16 @@ from tabulate import tabulate
 
 from . import memory, registry
 from .devices import DEVICES
-from .measurement import NOISE_THRESHOLD, Measurement
-from .phases import FUSED
+from .measurement import NOISE_THRESHOLD, Measurement, is_host_bound
+from .phases import CONVOLUTION, FUSED, OUTPUT_COPY
 from .results import KEY, PROBLEM_FIELDS, RESULTS_CSV, parse_phases
 
 REPORT_MD = "report.md"
 BEST = " *"
 #: Prefix of a noisy measurement's time (IQR/median above the threshold).
 NOISY = "~"
+#: Prefix of a GPU time the host may have set (`measurement.is_host_bound`).
+HOST_BOUND = "!"
 
 
 # --- cells ----------------------------------------------------------------------------------
@@ -80,7 +82,22 @@ def _flag(v) -> bool:
     return bool(pd.notna(v) and v)
 
 
-def _table(df: pd.DataFrame) -> str:
+def _host_bound(r) -> bool:
+    """Whether a row's host took as long to issue the pass as the device to run it."""
+    return is_host_bound(None if pd.isna(r["host_ms"]) else r["host_ms"], r["median_ms"])
+
+
+def host_bound_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The host-bound measurements: their device and host medians."""
+    ok = df[df["status"] == "ok"]
+    rows = ok[[_host_bound(r) for _, r in ok.iterrows()]] if len(ok) else ok
+    return pd.DataFrame({"median ms": rows["median_ms"].map(fmt_ms).values,
+                         "host ms": rows["host_ms"].map(fmt_ms).values},
+                        index=pd.MultiIndex.from_frame(
+                            rows[["layer", "algo", "pass", "layout"]]))
+
+
+def md_table(df: pd.DataFrame) -> str:
     """A github-style (markdown pipe) table, index as the first column, values right-aligned."""
     names = [str(n) for n in df.index.names]
     align = ("left",) * len(names) + ("right",) * len(df.columns)
@@ -101,6 +118,7 @@ def time_table(df: pd.DataFrame) -> pd.DataFrame:
                 cells.loc[r["algo"], layer] = r["status"]
                 continue
             cells.loc[r["algo"], layer] = ((NOISY if _flag(r["noisy"]) else "")
+                                           + (HOST_BOUND if _host_bound(r) else "")
                                            + fmt_ms(r["median_ms"]) + (BEST if i == best else ""))
     return cells
 
@@ -183,7 +201,7 @@ def accuracy_section(df: pd.DataFrame) -> list[str]:
             "(the larger of the two layouts), at the precision each table names; a case above "
             "its tolerance is `failed` (see Not measured)."), ""]
     for precision, rows in checked.groupby("precision", sort=False):
-        out += [f"### {precision}", "", _table(error_table(rows)), ""]
+        out += [f"### {precision}", "", md_table(error_table(rows)), ""]
     lines = [error_ratio_line(df, algo, baseline) for algo, baseline in ERROR_RATIOS]
     out += [f"- {line}" for line in lines if line]
     return out + ([""] if any(lines) else [])
@@ -226,9 +244,12 @@ PRODUCT = "product"
 
 
 def phase_frame(df: pd.DataFrame) -> pd.DataFrame:
-    """The measured rows that carry phases, with `phases` (the parsed {phase: ms}) added."""
+    """The measured rows whose algorithm has phases, with `phases` (the parsed {phase: ms})
+    added. A library's call and the copy of its result (torch's, `_aten`) is no breakdown of an
+    algorithm: its copy is in the row's note."""
     rows = df[(df["status"] == "ok") & (df["phases_ms"] != "")]
-    return rows.assign(phases=rows["phases_ms"].map(parse_phases))
+    rows = rows.assign(phases=rows["phases_ms"].map(parse_phases))
+    return rows[[not set(p) <= {CONVOLUTION, OUTPUT_COPY} for p in rows["phases"]]]
 
 
 def _product_share(phases: dict[str, float]) -> float:
@@ -285,7 +306,7 @@ def phase_section(df: pd.DataFrame) -> list[str]:
             "its share."), ""]
     groups = _algo_major(phased).groupby(["algo", "pass", "precision"], sort=False)
     for (algo, pass_, precision), rows in groups:
-        out += [f"### {algo}, {pass_}, {precision}", "", _table(phase_table(rows)), ""]
+        out += [f"### {algo}, {pass_}, {precision}", "", md_table(phase_table(rows)), ""]
     for algo, rows in phased.groupby("algo", sort=False):
         if any(FUSED in p for p in rows["phases"]):
             shares = [p[FUSED] / sum(p.values()) for p in rows["phases"] if sum(p.values()) > 0]
@@ -337,33 +358,43 @@ def markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = ()) -> str:
     the phase breakdown, what was not measured and why, noisy measurements, and the plots
     (`plots`: file names, or the note saying why there are none)."""
     out = _header(df, env)
+    host_bound = host_bound_table(df)
+    host_note = (f", `{HOST_BOUND}` a time the host may have set (see Host-bound measurements)"
+                 if len(host_bound) else "")
     out += ["## Time per layer", "",
             (f"Median ms per pass; `{BEST.strip()}` marks the fastest algorithm of each layer, "
-             f"`{NOISY}` a noisy measurement."), ""]
+             f"`{NOISY}` a noisy measurement{host_note}."), ""]
     for (precision, pass_, layout), rows in df.groupby(["precision", "pass", "layout"],
                                                        sort=False):
-        out += [f"### {pass_}, {layout}, {precision}", "", _table(time_table(rows)), ""]
+        out += [f"### {pass_}, {layout}, {precision}", "", md_table(time_table(rows)), ""]
     out += ["## Operation counts", "",
             ("Theoretical GFLOP per pass (`opcount.py`); n/a where the kernel is the library's "
-             "choice or the algorithm does not apply."), "", _table(op_table(df)), ""]
+             "choice or the algorithm does not apply."), "", md_table(op_table(df)), ""]
     if df["workspace_bytes"].notna().any():
         out += ["## Workspace", "", "MiB beyond inputs and output, as measured cases declared.",
-                "", _table(workspace_table(df)), ""]
+                "", md_table(workspace_table(df)), ""]
     if df["peak_bytes"].notna().any():
         out += ["## Peak memory", "",
                 ("MiB allocated beyond inputs and output while the prepared pass ran (its held "
                  "buffers and every temporary), measured on the untimed verifying call:"),
-                *_methods(df), "", _table(peak_table(df)), ""]
+                *_methods(df), "", md_table(peak_table(df)), ""]
     out += accuracy_section(df)
     out += phase_section(df)
     if (df["status"] != "ok").any():
-        out += ["## Not measured", "", _table(not_measured(df)), ""]
+        out += ["## Not measured", "", md_table(not_measured(df)), ""]
     noisy = df["noisy"].map(_flag).sum()
     if noisy:
         out += ["## Noisy measurements", "",
                 (f"{noisy} of {(df['status'] == 'ok').sum()} measurements have IQR/median > "
                  f"{NOISE_THRESHOLD}: marked `{NOISY}` in the time tables, `noisy` in "
                  f"{RESULTS_CSV}."), ""]
+    if len(host_bound):
+        out += ["## Host-bound measurements", "",
+                (f"{len(host_bound)} GPU measurements took the host at least as long to issue "
+                 "(Python, the launches) as the GPU took to run (`host_ms` >= `median_ms` in "
+                 f"{RESULTS_CSV}): the GPU may have waited for the host, so these times are upper "
+                 f"bounds of the kernels' own. Marked `{HOST_BOUND}` in the time tables."), "",
+                md_table(host_bound_table(df)), ""]
     out += ["## Plots", ""]
     out += [plots] if isinstance(plots, str) else [f"![{Path(p).stem}]({p})" for p in plots]
     return "\n".join(out) + "\n"
@@ -542,7 +573,7 @@ def sweep_markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = ()) -> 
              "fastest algorithm of each layer at each batch. A series that ran out of memory "
              "is not tried at larger batches (blank)."), ""]
     for (precision, pass_, layout), rows in groups:
-        out += [f"### {pass_}, {layout}, {precision}", "", _table(per_image_table(rows)), ""]
+        out += [f"### {pass_}, {layout}, {precision}", "", md_table(per_image_table(rows)), ""]
     out += ["## Peak memory", "",
             "MiB allocated beyond inputs and output while the pass ran (measured):",
             *_methods(df), ""]
@@ -550,13 +581,13 @@ def sweep_markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = ()) -> 
     if limit:
         out += [f"Memory limit: {memory.format_size(limit)} per case, operands included.", ""]
     for (precision, pass_, layout), rows in groups:
-        out += [f"### {pass_}, {layout}, {precision}", "", _table(peak_batch_table(rows)), ""]
+        out += [f"### {pass_}, {layout}, {precision}", "", md_table(peak_batch_table(rows)), ""]
     if (df["status"] == "oom").any():
-        out += ["## Out of memory", "", _table(oom_table(df)), ""]
+        out += ["## Out of memory", "", md_table(oom_table(df)), ""]
     other = df[~df["status"].isin(["ok", "oom"])]
     if len(other):  # once per layer, pass and layout, whatever the batch
         other = other.drop_duplicates(["layer", "algo", "pass", "layout", "precision", "reason"])
-        out += ["## Not measured", "", _table(not_measured(other)), ""]
+        out += ["## Not measured", "", md_table(not_measured(other)), ""]
     out += ["## Plots", ""]
     out += [plots] if isinstance(plots, str) else [f"![{Path(p).stem}]({p})" for p in plots]
     return "\n".join(out) + "\n"

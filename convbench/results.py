@@ -37,11 +37,12 @@ KEY = ("layer", *PROBLEM_FIELDS, "algo", "backend", "pass", "layout", "precision
 #: read beside the predicted workspace), then what the reports and compare use.
 COLUMNS = (*KEY, "status", "reason", "median_ms", "iqr_ms", "reps", "gflops", "rel_error",
            "workspace_bytes", "peak_bytes", "memory_method", "net", "min_ms", "noisy",
-           "times_ms", "phases_ms", "algo_ops", "max_abs_error", "tolerance", "note")
+           "times_ms", "phases_ms", "algo_ops", "max_abs_error", "tolerance", "note", "host_ms")
 STATUSES = ("ok", "unsupported", "failed", "oom")
 #: Numeric columns, and those of them that count whole things.
 NUMERIC = (*PROBLEM_FIELDS, "median_ms", "iqr_ms", "reps", "gflops", "rel_error",
-           "workspace_bytes", "peak_bytes", "min_ms", "algo_ops", "max_abs_error", "tolerance")
+           "workspace_bytes", "peak_bytes", "min_ms", "algo_ops", "max_abs_error", "tolerance",
+           "host_ms")
 INTEGER = (*PROBLEM_FIELDS, "reps", "workspace_bytes", "peak_bytes", "algo_ops")
 #: Text columns: empty, not missing, where they do not apply.
 TEXT = ("reason", "note", "times_ms", "phases_ms", "memory_method")

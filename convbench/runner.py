@@ -19,7 +19,11 @@ A pass with phases (`convbench.phases`: FFT's and Winograd's transforms, product
 timed twice: whole, for the row's time, then as its sequence of phases, for `phases_ms`, the
 median of each phase (`results.phases_text`), sized by the same budget. The whole pass stays
 the row's time: the phases' medians need not add up to it exactly (each is a median of its own,
-and the stamps between phases, and the replaying of each phase, cost a little).
+and the stamps between phases, and the replaying of each phase, cost a little). One exception:
+a library that returns its own result (torch's convolution) has the copy of that result into
+the harness's output as a phase (`phases.OUTPUT_COPY`), which the pass would not do in training
+code; its time is then the sum of its other phases, repetition by repetition, and the note says
+what the copy took.
 
 `on_row` sees each row the moment it exists: `runs` streams it into a run folder
 (`results.RunFolder`), so an interrupted run keeps everything it measured.
@@ -29,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -37,6 +40,7 @@ from . import memory, opcount, reference, registry, results, verify
 from .layers import Layer
 from .measurement import Measurement
 from .memory import MemoryLimit
+from .phases import OUTPUT_COPY
 from .problem import ConvProblem
 from .reference import DTYPES, array_module
 from .timing import phase_timer_for, timer_for
@@ -101,9 +105,10 @@ class Operands:
 class NotMeasured(Exception):
     """Why a case has no time: its status (`unsupported`, `failed`, `oom`) and one-line reason."""
 
-    def __init__(self, status: str, reason: str, check: verify.Check | None = None):
+    def __init__(self, status: str, reason: str, check: verify.Check | None = None,
+                 fatal: bool = False):
         super().__init__(reason)
-        self.status, self.reason, self.check = status, reason, check
+        self.status, self.reason, self.check, self.fatal = status, reason, check, fatal
 
 
 @dataclass
@@ -135,25 +140,39 @@ def _is_oom(exc: BaseException) -> bool:
             or any(word in str(exc) for word in _OOM_WORDS))
 
 
-def _release_device_memory(backend: str) -> None:
-    """After an OOM on the GPU, give the pools' cached blocks back so the next case can run."""
-    if backend != "cuda":
-        return
-    import cupy
+#: How CUDA words the faults after which its context is unusable in this process: every later
+#: call fails with the same error (the runtime's and the driver's names, and their messages).
+_STICKY_WORDS = ("illegal memory access", "illegal_address", "illegaladdress",
+                 "unspecified launch failure", "launch_failed", "launchfailure",
+                 "misaligned address", "misaligned_address", "misalignedaddress",
+                 "illegal instruction", "illegal_instruction", "illegalinstruction",
+                 "device-side assert", "hardware stack error", "invalid program counter",
+                 "launch timed out", "launch_timeout")
 
-    registry.clear_device_caches()
-    cupy.get_default_memory_pool().free_all_blocks()
-    if "torch" in sys.modules:
-        sys.modules["torch"].cuda.empty_cache()
+
+def is_sticky_fault(exc: BaseException) -> bool:
+    """Whether `exc` is a CUDA fault that leaves the device unusable in this process."""
+    text = f"{type(exc).__name__} {exc}".lower()
+    return any(word in text for word in _STICKY_WORDS)
+
+
+class DeviceFault(Exception):
+    """A case faulted the GPU (`is_sticky_fault`): its row, `failed`, is recorded, and no later
+    case can run in this process. A resumed run continues after it."""
+
+    def __init__(self, row: dict):
+        super().__init__(f"{row['layer']} {row['algo']} {row['pass']} {row['layout']} faulted "
+                         f"the GPU ({row['reason']})")
+        self.row = row
 
 
 def _not_measured(exc: Exception, backend: str) -> NotMeasured:
     lines = str(exc).strip().splitlines()
     reason = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
     if _is_oom(exc):
-        _release_device_memory(backend)
+        memory.release_device_memory(backend)
         return NotMeasured("oom", reason)
-    return NotMeasured("failed", reason)
+    return NotMeasured("failed", reason, fatal=is_sticky_fault(exc))
 
 
 def _phase_fns(impl, fn, args: tuple) -> dict[str, Callable[[], None]] | None:
@@ -190,8 +209,7 @@ def prepare(case: Case, operands: Operands, impl=None,
                         "predicted footprint (operands and workspace)")
         a, b, ref = operands.get(case, xp)
         out = reference.nan_output(p, case.pass_, case.layout, DTYPES[case.precision], xp)
-        if case.backend == "cuda":
-            registry.clear_device_caches()
+        memory.release_device_memory(case.backend)
         with memory.trace(case.backend) as trace:
             fn = impl.prepare(*args)
             trace.mark()
@@ -230,17 +248,34 @@ def measure(case: Case, operands: Operands, budget_s: float, impl=None,
         with limit.enforce(case.backend) if limit else contextlib.nullcontext():
             ready = prepare(case, operands, impl, limit)
         args = (case.problem, case.pass_, case.layout, case.precision)
+        copies = ready.phase_fns is not None and OUTPUT_COPY in ready.phase_fns
         try:
-            m = timer_for(case.backend)(ready.call, budget_s)
+            m = None if copies else timer_for(case.backend)(ready.call, budget_s)
             phases = (phase_timer_for(case.backend)(ready.phase_fns, budget_s)
                       if ready.phase_fns else None)
         except Exception as exc:
             raise _not_measured(exc, case.backend) from exc
         note = _describe(ready.impl, args)
+        if copies:
+            m = _without_copy(phases)
+            note += (f"{'; ' if note else ''}time without the {phases[OUTPUT_COPY].median:.4g} "
+                     "ms copy of the library's result into the output")
     except NotMeasured as nm:
-        return row(case, nm.status, nm.reason, nm.check)
+        r = row(case, nm.status, nm.reason, nm.check)
+        if nm.fatal:
+            raise DeviceFault(r) from nm
+        return r
     return row(case, "ok", "", ready.check, m, note, ready.workspace, ready.peak_bytes,
                ready.memory_method, phases)
+
+
+def _without_copy(phases: dict[str, Measurement]) -> Measurement:
+    """The pass's time from its phases, less `OUTPUT_COPY`: per repetition, the sum of the
+    others (and of their host times)."""
+    kept = [m for name, m in phases.items() if name != OUTPUT_COPY]
+    host = [sum(h) for h in zip(*(m.host_ms for m in kept))] if all(m.host_ms for m in kept) \
+        else ()
+    return Measurement(tuple(sum(t) for t in zip(*(m.times_ms for m in kept))), tuple(host))
 
 
 def row(case: Case, status: str, reason: str = "", check: verify.Check | None = None,
@@ -260,7 +295,8 @@ def row(case: Case, status: str, reason: str = "", check: verify.Check | None = 
                    tolerance=check.tolerance)
     if m is not None:
         out.update(median_ms=m.median, iqr_ms=m.iqr, min_ms=m.min, reps=m.reps, noisy=m.noisy,
-                   times_ms=m.times_text(), gflops=case.problem.flops / (m.median * 1e6))
+                   times_ms=m.times_text(), gflops=case.problem.flops / (m.median * 1e6),
+                   host_ms=m.host_median)
     if phases:
         out["phases_ms"] = results.phases_text(phases)
     return out
@@ -275,7 +311,12 @@ def run(cases: Iterable[Case], budget_s: float, impls: dict | None = None,
     sweep does)."""
     operands, rows = Operands(), []
     for case in cases:
-        r = measure(case, operands, budget_s, (impls or {}).get(case.algo), limit)
+        try:
+            r = measure(case, operands, budget_s, (impls or {}).get(case.algo), limit)
+        except DeviceFault as fault:  # its row is kept, then nothing more can run
+            if on_row is not None:
+                on_row(fault.row)
+            raise
         rows.append(r)
         if on_row is not None:
             on_row(r)

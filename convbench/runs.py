@@ -11,7 +11,9 @@ What `convbench layer`, `bench` and `sweep` do, as library calls with explicit p
 
 A run skips the cases its folder already holds (resume) and, as a batch sweep, the cases whose
 series ran out of memory at a smaller batch (`batchsweep.SkipLarger`). Ctrl-C ends it early
-with every row measured so far kept, and the report written from them.
+with every row measured so far kept, and the report written from them; so does a case that
+faults the GPU (the device is unusable after it in this process), whose row is kept as
+`failed`, so a resumed run continues after it.
 """
 
 from __future__ import annotations
@@ -81,12 +83,14 @@ def environment(device: Device, net: str, cases: list[runner.Case], budget_s: fl
 class Outcome:
     """What a run leaves: every row (the folder's, resumed ones included, or this run's when
     there is no folder), the report's markdown (None without a folder), whether Ctrl-C cut it
-    short, and how many cases were not tried because their series ran out of memory."""
+    short, how many cases were not tried because their series ran out of memory, and the case
+    that faulted the GPU, if one did (`runner.DeviceFault`: nothing after it could run)."""
 
     frame: pd.DataFrame
     report: str | None
     interrupted: bool
     skipped: int
+    fault: str | None = None
 
 
 class Run:
@@ -114,14 +118,16 @@ class Run:
             if on_row is not None:
                 on_row(r)
 
-        interrupted = False
+        interrupted, fault = False, None
         try:
             runner.run(self._skip.pending(self.todo), self.budget_s, on_row=seen,
                        limit=self.limit)
         except KeyboardInterrupt:
             interrupted = True
+        except runner.DeviceFault as exc:
+            fault = str(exc)
         if self.folder is None:
-            return Outcome(frame(rows), None, interrupted, self._skip.skipped)
+            return Outcome(frame(rows), None, interrupted, self._skip.skipped, fault)
         df, _ = load_run(self.folder.path)
         text = report.write(self.folder.path, df, self.folder.env)
-        return Outcome(df, text, interrupted, self._skip.skipped)
+        return Outcome(df, text, interrupted, self._skip.skipped, fault)

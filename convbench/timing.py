@@ -17,7 +17,9 @@ loop per backend style:
 - GPU (`cuda`): CUDA events recorded on the current stream as the stamps, and before each
   repetition (never between its phases, which hand each other their data through the cache as
   the full pass does) the L2 cache is flushed by zeroing a buffer twice its size, outside the
-  timed region, so no repetition finds the previous one's data in cache.
+  timed region, so no repetition finds the previous one's data in cache. The host's time to
+  issue each call is kept too (`Measurement.host_ms`): a pass whose launches take the host as
+  long as the GPU takes to run them is timed partly on the host, and is flagged so.
 """
 
 from __future__ import annotations
@@ -49,9 +51,13 @@ def _warmup(estimate_s: float, budget_s: float) -> int:
     return int(WARMUP_FRACTION * budget_s / max(estimate_s, 1e-9))
 
 
-def _by_step(reps: Sequence[Sequence[float]]) -> list[Measurement]:
-    """Per repetition, the ms of each step -> one Measurement per step."""
-    return [Measurement(step) for step in zip(*reps)]
+def _by_step(reps: Sequence[Sequence[float]],
+             hosts: Sequence[Sequence[float]] = ()) -> list[Measurement]:
+    """Per repetition, the ms of each step (and the host's ms to issue it, on a GPU) -> one
+    Measurement per step."""
+    steps = list(zip(*reps))
+    host_steps = list(zip(*hosts)) if hosts else [()] * len(steps)
+    return [Measurement(step, host) for step, host in zip(steps, host_steps)]
 
 
 def _sequence_cpu(fns: Sequence[Fn], budget_s: float, max_reps: int,
@@ -102,9 +108,10 @@ def l2_flush_buffer():
     return cupy.empty(max(2 * l2, 64 << 20), dtype=cupy.uint8)
 
 
-def _sequence_cuda(fns: Sequence[Fn], budget_s: float, max_reps: int) -> list[Measurement]:
+def _sequence_cuda(fns: Sequence[Fn], budget_s: float, max_reps: int,
+                   clock: Callable[[], float] = time.perf_counter) -> list[Measurement]:
     """Time `fns` called in order, per call, with CUDA events, flushing L2 before each
-    repetition."""
+    repetition; and, with `clock`, how long the host took to issue each call."""
     import cupy
 
     def call_all() -> None:
@@ -125,15 +132,20 @@ def _sequence_cuda(fns: Sequence[Fn], budget_s: float, max_reps: int) -> list[Me
         call_all()
     reps = [[cupy.cuda.Event() for _ in range(len(fns) + 1)]
             for _ in range(_reps(estimate, budget_s, max_reps))]
+    hosts = []
     for events in reps:
         flush.fill(0)  # before the first event is recorded: not timed
         events[0].record()
+        issued = []
         for fn, event in zip(fns, events[1:]):
+            before = clock()
             fn()
+            issued.append((clock() - before) * 1e3)
             event.record()
+        hosts.append(issued)
     reps[-1][-1].synchronize()
     return _by_step([[cupy.cuda.get_elapsed_time(a, b) for a, b in itertools.pairwise(ev)]
-                     for ev in reps])
+                     for ev in reps], hosts)
 
 
 def time_cuda(fn: Fn, budget_s: float, max_reps: int = MAX_REPS_GPU) -> Measurement:

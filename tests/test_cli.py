@@ -144,6 +144,26 @@ def test_interrupted_bench_keeps_rows_and_resume_finishes(tmp_path, capsys, monk
     assert len(results.read_rows(folder / "measurements.csv")) == 10
 
 
+def test_a_gpu_fault_is_one_line_naming_the_case_and_how_to_go_on(tmp_path, capsys,
+                                                                monkeypatch):
+    folder = tmp_path / "run"
+    real = runner.measure
+
+    def fault_on_conv2(case, *args, **kw):
+        if case.layer == "conv2":
+            raise runner.DeviceFault(runner.row(case, "failed", "CUDA error: an illegal memory "
+                                                "access was encountered"))
+        return real(case, *args, **kw)
+
+    monkeypatch.setattr(runner, "measure", fault_on_conv2)
+    code, _, err = run_cli(capsys, *BENCH, "--out", str(folder))
+    assert code == 1 and err.count("\n") == 2  # the rows line, then the fault's
+    line = err.splitlines()[-1]
+    assert line.startswith("convbench: error: conv2 torch-cpu fwd nhwc faulted the GPU (")
+    assert line.endswith(f"continue after it with --resume --out {folder}")
+    assert len(results.read_rows(folder / "measurements.csv")) == 3
+
+
 def test_list_shows_nets_layers_and_support(capsys):
     code, out, _ = run_cli(capsys, "list")
     assert code == 0

@@ -88,6 +88,25 @@ def test_emu_split_reduction_is_right_and_deterministic(monkeypatch, layout):
     np.testing.assert_array_equal(first, second)
 
 
+def test_cublas_gets_the_shape_of_work_of_our_kernel():
+    """NCHW bwd_filter sums per-image products. Our SGEMM does it in one split-K launch; cuBLAS
+    is given one strided-batched call per group into per-image partial results and one sum,
+    not one small sequential product per image."""
+    p = ConvProblem(n=4, c=6, h=9, w=9, k=8, r=3, s=3, pad=1, groups=2)
+    for pass_, layout in ((q, lay) for q in PASSES for lay in LAYOUTS):
+        product = gemm_kernels.conv_product(p, pass_, layout)[0]
+        calls = gemm_kernels.cublas_calls(product)
+        assert len(calls) == p.groups, (pass_, layout)
+        summed = pass_ == "bwd_filter" and layout == "nchw"
+        assert all(c.into_partial == summed for c in calls)
+        assert gemm_kernels.cublas_partial_elements(product) == \
+            (p.n * product.c_extent if summed else 0)
+        if summed:
+            assert {c.batch for c in calls} == {p.n}
+            assert [c.c for c in calls] == [g * product.c_group for g in range(p.groups)]
+            assert {c.strides[2] for c in calls} == {product.c_extent}
+
+
 def test_workspace_is_the_column_matrix():
     problem = net_layers("alexnet")[1].problem  # conv2, batch 256: 96·5·5 × 256·27·27 floats
     for algo, backend in (("gemm", "emu"), ("gemm", "cuda"), ("gemm-cublas", "cuda")):
@@ -129,7 +148,11 @@ def _sgemm(backend, tiles, ta, tb, m, n, k, pad=0, offset=0, seed=0):
     if backend == "cuda":
         import cupy
 
-        a, b, c = cupy.asarray(a), cupy.asarray(b), cupy.full((m, n), np.nan, np.float32)
+        # Whole buffers to the device, sliced there: cupy.asarray of the host slice would start
+        # a fresh, aligned allocation, and the unaligned cases would test nothing.
+        a, b = (cupy.asarray(v.base)[offset:] for v in (a, b))
+        assert a.data.ptr % 16 == 4 * offset % 16
+        c = cupy.full((m, n), np.nan, np.float32)
         launch(a, b, c)
         return c.get(), ref
     c = np.full((m, n), np.nan, np.float32)

@@ -76,6 +76,33 @@ def test_arguments_are_checked_against_the_signature(args, error, message):
         kernel(1, (8, 8), args)
 
 
+def test_a_bound_launch_converts_its_scalars_once(monkeypatch):
+    """`bind` converts grid, block and the trailing scalars when the pass is prepared; a timed
+    call checks only its arrays, and still refuses a wrong one."""
+    params = kernels.entry_points(kernels.read_source(HERE / "transpose.cu"))["transpose"]
+    launched = []
+    kernel = kernels.Kernel("transpose", params, np, lambda *a: launched.append(a))
+    converted = []
+    real = kernels._convert
+    monkeypatch.setattr(kernels, "_convert",
+                        lambda name, p, v, xp: converted.append(p.name) or real(name, p, v, xp))
+    bound = kernel.bind(1, (8, 8), (2, 3))
+    assert converted == ["rows", "cols"]
+    a, b = np.zeros(6, np.float32), np.zeros(6, np.float32)
+    converted.clear()
+    bound(a, b)
+    assert converted == ["in", "out"]  # the arrays only
+    grid, block, values, smem = launched[0]
+    assert (grid, block, smem) == ((1, 1, 1), (8, 8, 1), 0)
+    assert values[:2] == (a, b) and values[2:] == (np.int32(2), np.int32(3))
+    with pytest.raises(TypeError, match="must be float32, got float64"):
+        bound(np.zeros(6), b)
+    with pytest.raises(TypeError, match="takes 2 arrays"):
+        bound(a)
+    with pytest.raises(TypeError, match="bind takes the trailing scalars"):
+        kernel.bind(1, 1, (a, 2, 3))
+
+
 def test_ptxas_log_is_parsed_per_function():
     log = """\
 ptxas info    : 0 bytes gmem

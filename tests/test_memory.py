@@ -162,13 +162,36 @@ def test_limit_checks_prediction_before_running_and_measurement_before_timing():
     assert rows["good"]["status"] == "ok" and good.calls > 1
 
 
-def test_limit_is_left_to_the_allocators_on_the_gpu():
+def test_the_limit_holds_for_both_gpu_pools_together():
+    """On the GPU each allocator is held to the limit for real (`enforce`), but each alone: the
+    footprint the two were seen to hold together is checked as on the host."""
     limit = memory.MemoryLimit(1)
-    limit.check("cuda", 1 << 40, "anything")  # no-op: the pools enforce it
-    with pytest.raises(memory.OverLimit, match="exceeds the memory limit 1 B"):
-        limit.check("numpy", 2, "needed")
+    for backend in ("cuda", "numpy"):
+        with pytest.raises(memory.OverLimit, match="needed 2 B exceeds the memory limit 1 B"):
+            limit.check(backend, 2, "needed")
+        limit.check(backend, 1, "needed")
     with limit.enforce("numpy"):
         pass
+
+
+def test_both_gpu_pools_give_their_free_blocks_back(monkeypatch):
+    """CuPy's pool and torch's cache never lend each other a block: before each GPU case both
+    return theirs to the device, and the implementations' device caches are dropped."""
+    import sys
+    import types
+
+    freed, cleared = [], []
+    pool = types.SimpleNamespace(free_all_blocks=lambda: freed.append("cupy"))
+    fake_cupy = types.SimpleNamespace(get_default_memory_pool=lambda: pool)
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        is_initialized=lambda: True, empty_cache=lambda: freed.append("torch")))
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    monkeypatch.setattr(registry, "_DEVICE_CACHES", [lambda: cleared.append(1)])
+    memory.release_device_memory("numpy")
+    assert freed == [] and cleared == []
+    memory.release_device_memory("cuda")
+    assert freed == ["cupy", "torch"] and cleared == [1]
 
 
 # --- the GPU --------------------------------------------------------------------------------
@@ -227,3 +250,17 @@ def test_cuda_limit_is_a_real_out_of_memory():
             pytest.raises(cupy.cuda.memory.OutOfMemoryError):
         cupy.empty(128 * MiB, cupy.uint8)
     assert pool.get_limit() == before
+
+
+@pytest.mark.gpu
+def test_memory_torch_keeps_is_given_back_for_cupy():
+    """torch's cache holding most of the device (blocks freed but kept) would make a CuPy
+    allocation fail; after `release_device_memory` it fits, as each GPU case now starts."""
+    import cupy
+    import torch
+
+    free = cupy.cuda.Device().mem_info[0]
+    hog = torch.empty(int(free * 0.9), dtype=torch.uint8, device="cuda")
+    del hog  # freed, but torch keeps the block
+    memory.release_device_memory("cuda")
+    assert cupy.empty(int(free * 0.5), cupy.uint8).nbytes == int(free * 0.5)

@@ -183,7 +183,12 @@ def test_cuda_runs_on_torchs_current_stream():
                      dtype=torch.float32, device="cuda")
     stream = torch.cuda.Stream()
     x = torch.randn(2, 8, 10, 10, device="cuda")
+    torch.cuda.synchronize()
     with torch.cuda.stream(stream):
-        y = ours(x)
+        # The stream is busy for a while before it writes the layer's input: a kernel launched
+        # on any other stream would read that input unwritten.
+        torch.cuda._sleep(200_000_000)
+        x_late = x * 1.0
+        y = ours(x_late)
     stream.synchronize()
     torch.testing.assert_close(y, ref(x), rtol=1e-4, atol=1e-4)

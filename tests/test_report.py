@@ -45,6 +45,22 @@ def test_time_table_marks_the_best_per_column():
     assert table.loc["torch-cpu", "conv4"] == "oom"
 
 
+def test_host_bound_gpu_times_are_marked_and_listed():
+    """A GPU time whose host took as long to issue the pass is marked `!` and listed; where no
+    row is (every CPU run), the report says nothing of it."""
+    bound = Measurement((0.02, 0.02, 0.02), host_ms=(0.05, 0.05, 0.05))
+    fine = Measurement((1.0, 1.01, 1.02), host_ms=(0.05, 0.05, 0.05))
+    df = results.frame(rows({("gemm", "conv3"): bound, ("gemm", "conv4"): fine}))
+    table = report.time_table(df[df["pass"] == "fwd"])
+    assert table.loc["gemm", "conv3"] == report.HOST_BOUND + "0.02" + report.BEST
+    assert table.loc["gemm", "conv4"] == "1.01" + report.BEST
+    text = report.markdown(df, {})
+    assert "## Host-bound measurements" in text and "`!` a time the host may have set" in text
+    assert list(report.host_bound_table(df).index.get_level_values("layer")) == ["conv3"] * 2
+    plain = report.markdown(results.frame(rows(TIMES)), {})
+    assert "Host-bound" not in plain and "`!`" not in plain
+
+
 def test_markdown_has_every_section():
     df = results.frame(rows(TIMES))
     text = report.markdown(df, {"run": {"backend": "numpy", "budget_s": 0.5}},

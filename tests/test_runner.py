@@ -119,6 +119,42 @@ def test_library_allocation_failures_are_oom():
     assert not runner._is_oom(RuntimeError("CUFFT_INVALID_PLAN"))
 
 
+STICKY = RuntimeError("CUDARuntimeError: cudaErrorIllegalAddress: an illegal memory access was "
+                      "encountered")
+
+
+@pytest.mark.parametrize("error", [
+    STICKY, RuntimeError("CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure"),
+    RuntimeError("CUDA error: misaligned address"),
+    RuntimeError("CUDA error: device-side assert triggered")], ids=str)
+def test_a_gpu_fault_is_recognised(error):
+    assert runner.is_sticky_fault(error)
+    assert not runner.is_sticky_fault(RuntimeError("CUFFT_INVALID_PLAN"))
+
+
+def test_a_gpu_fault_keeps_its_row_and_stops_the_run():
+    """After an illegal address the device is unusable in this process: every later case would
+    fail the same way. The faulting case's row is streamed (so a resumed run continues after
+    it) and the run stops there, saying which case it was."""
+    impls = {"fault": Fake("fault", error=STICKY), "good": Fake("good")}
+    seen = []
+    with pytest.raises(runner.DeviceFault, match="tiny fault fwd nchw faulted the GPU") as exc:
+        runner.run(cases(["fault", "good"]), BUDGET, impls, on_row=seen.append)
+    assert [r["algo"] for r in seen] == ["fault"] and seen[0]["status"] == "failed"
+    assert exc.value.row is seen[0] and "illegal memory access" in seen[0]["reason"]
+    assert impls["good"].calls == 0
+
+
+def test_torch_s_own_result_copy_is_timed_apart_and_left_out():
+    """torch-cpu (like cudnn) computes into a result torch allocates, then copies it into the
+    harness's output: the copy is a phase of its own, and the pass's time is the rest."""
+    (r,) = runner.run(cases(["torch-cpu"]), BUDGET)
+    phases = results.parse_phases(r["phases_ms"])
+    assert list(phases) == ["convolution", "copy to output"]
+    assert r["median_ms"] == pytest.approx(phases["convolution"], rel=1e-5)
+    assert "ms copy of the library's result into the output" in r["note"]
+
+
 def test_a_failing_description_keeps_the_measurement():
     class Mute(Fake):
         def describe(self, *args):

@@ -79,3 +79,27 @@ def test_devices_say_what_is_wrong():
     if registry.available("cuda") is not None:
         with pytest.raises(ValueError, match="^cuda: .*; valid here: cpu"):
             devices.resolve("cuda")
+
+
+def test_a_gpu_fault_ends_the_run_with_its_row_kept(tmp_path, monkeypatch):
+    """A case that faults the GPU ends the run (nothing later could run in this process): its
+    row is kept as failed, the report is written, and a resumed run continues after it."""
+    device, cases = tiny_cases()
+    real = runner.measure
+
+    def fault_at_2(case, *args, **kw):
+        if case is cases[1]:
+            raise runner.DeviceFault(runner.row(
+                case, "failed", "CUDARuntimeError: cudaErrorIllegalAddress: an illegal memory "
+                "access was encountered"))
+        return real(case, *args, **kw)
+
+    monkeypatch.setattr(runner, "measure", fault_at_2)
+    folder = results.RunFolder.open(tmp_path / "run", runs.environment(device, "alexnet",
+                                                                      cases, BUDGET))
+    outcome = runs.Run(cases, BUDGET, folder).measure()
+    assert outcome.fault.startswith(f"{TINY} torch-cpu fwd nhwc faulted the GPU")
+    assert list(outcome.frame["status"]) == ["ok", "failed"]
+    assert (tmp_path / "run" / "report.md").exists()
+    rest = runs.Run(cases, BUDGET, results.RunFolder.open(tmp_path / "run", {}, resume=True))
+    assert [c.key() for c in rest.todo] == [c.key() for c in cases[2:]]

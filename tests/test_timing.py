@@ -1,4 +1,6 @@
 import gc
+import sys
+import types
 
 import pytest
 
@@ -151,3 +153,54 @@ def test_cuda_phases_are_timed_with_events():
     assert all(timing.MIN_REPS <= m.reps <= timing.MAX_REPS_GPU and m.min > 0
                for m in got.values())
     assert got["large"].median > got["small"].median  # 512x the flops
+
+
+class FakeDevice:
+    """CuPy's events on a pretend GPU: each call of `fn` runs `device_ms` on the device and
+    takes the host `host_ms` to issue; the two clocks only move then."""
+
+    def __init__(self, device_ms: float, host_ms: float):
+        self.device_ms, self.host_ms = device_ms, host_ms
+        self.device_t = self.host_t = 0.0
+        gpu = self
+        uint8 = "uint8"
+
+        class Event:
+            def record(self):
+                self.t = gpu.device_t
+
+            def synchronize(self):
+                pass
+
+        class Buffer:
+            nbytes = 1 << 26
+
+            def fill(self, value):
+                pass
+
+        self.module = types.SimpleNamespace(
+            uint8=uint8, empty=lambda n, dtype: Buffer(),
+            cuda=types.SimpleNamespace(
+                Event=Event, get_elapsed_time=lambda a, b: b.t - a.t,
+                Device=lambda: types.SimpleNamespace(attributes={"L2CacheSize": 1 << 20})))
+
+    def clock(self) -> float:
+        return self.host_t / 1e3
+
+    def fn(self) -> None:
+        self.device_t += self.device_ms
+        self.host_t += self.host_ms
+
+
+@pytest.mark.parametrize("device_ms, host_ms, bound", [(2.0, 0.05, False), (0.02, 0.04, True)])
+def test_cuda_times_keep_the_host_s_time_to_issue_each_call(monkeypatch, device_ms, host_ms,
+                                                            bound):
+    """Beside the device's time, each repetition records how long the host took to issue the
+    call: where that is as long as the device's, the host may have set the pace."""
+    gpu = FakeDevice(device_ms, host_ms)
+    monkeypatch.setitem(sys.modules, "cupy", gpu.module)
+    (m,) = timing._sequence_cuda([gpu.fn], 0.05, 100, clock=gpu.clock)
+    assert m.times_ms == pytest.approx((device_ms,) * m.reps)
+    assert m.host_ms == pytest.approx((host_ms,) * m.reps)
+    assert m.host_median == pytest.approx(host_ms) and m.host_bound is bound
+    assert Measurement((1.0,)).host_median is None and not Measurement((1.0,)).host_bound

@@ -3,13 +3,14 @@
 The CuPy operands are shared with torch through DLPack, without a copy; nhwc arrays are viewed
 with NCHW indexing, which torch reads as channels_last tensors, so cuDNN gets the layout as
 stored (the pattern of `torch_cpu`). torch allocates its result, which is copied into the
-caller's output: one pass over the output inside the timed call.
+caller's output: a phase of its own (`_aten`), timed apart and left out of the pass's time.
 
 `cudnn` lets cuDNN's heuristics pick the algorithm (``torch.backends.cudnn.benchmark=False``);
 `cudnn-autotune` (``benchmark=True``) times the candidates on the first call of a shape — made in
-`prepare` — and keeps the fastest. torch caches the chosen plan per thread, keyed without the
-benchmark flag, so on one thread whichever mode ran a shape first would silently decide the
-plan of the other. Each mode therefore runs on its own worker thread: a hand-off of some tens
+`prepare` — and keeps the fastest: every engine cuDNN offers, not torch's default of the
+heuristic's first ten (`AUTOTUNE_BENCHMARK_LIMIT`, recorded in env.json). torch caches the
+chosen plan per thread, keyed without the benchmark flag, so on one thread whichever mode ran a
+shape first would silently decide the plan of the other. Each mode therefore runs on its own worker thread: a hand-off of some tens
 of microseconds per call, paid by both modes alike.
 
 Precisions: fp32 runs with TF32 off for cuDNN and cuBLAS, tf32 with it allowed (both set around
@@ -25,9 +26,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..problem import ConvProblem
 from ..registry import Implementation, register
-from ._aten import aten_pass, torch_view
+from ._aten import PHASES, Views, aten_phased
 
 _TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+#: `torch.backends.cudnn.benchmark_limit` of cudnn-autotune: 0 tries every engine (torch's
+#: default, 10, tries only the heuristic's first ten, which need not hold the fastest).
+AUTOTUNE_BENCHMARK_LIMIT = 0
 
 # --- which kernel ran ------------------------------------------------------------------------
 
@@ -35,7 +39,9 @@ _TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16"
 #: GEMM launches im2col then a GEMM, so the first family with a matching kernel names the pass.
 #: Patterns follow cuDNN's kernel names: legacy `cudnn::detail::*_convolve_sgemm`, the SASS
 #: kernels `<arch>_scudnn_*` (implicit precomputed GEMM), `winograd_nonfused::winograd*4x4`,
-#: `fft2d_r2c_*`, xmma `sm80_xmma_fprop_implicit_gemm_*` and CUTLASS `*_s1688fprop_*`.
+#: `fft2d_r2c_*`, xmma `sm80_xmma_fprop_implicit_gemm_*` and CUTLASS `*_s1688fprop_*`; on Hopper,
+#: `sm90_xmma_{fprop,dgrad,wgrad}_implicit_gemm_*`, CUTLASS 3's `cutlass3x_sm90_*fprop*` and
+#: cuBLAS 12's `nvjet_*` GEMMs. A name no family matches is "unknown", with the kernel named.
 _FAMILIES = (
     ("Winograd nonfused", r"winograd_nonfused|winograd(Forward|Backward|Wgrad)(Data|Filter|Output)"),
     ("Winograd", r"winograd"),
@@ -45,7 +51,7 @@ _FAMILIES = (
     ("implicit precomputed GEMM", (r"precomputed_convolve|computeOffsets|implicit_gemm_indexed"
                                    r"|\b(maxwell|pascal|volta|turing|ampere)_[a-z0-9]*cudnn")),
     ("implicit GEMM", r"implicit_convolve|implicit_gem|fprop|dgrad|wgrad"),
-    ("GEMM", r"gemm|gemv"),
+    ("GEMM", r"gemm|gemv|nvjet"),
 )
 #: Kernels that prepare or finish another's work (and torch's own fills and copies): never the
 #: one a result row names.
@@ -122,6 +128,20 @@ def _math(precision: str, autotune: bool):
     import torch
 
     cudnn, matmul, tf32 = torch.backends.cudnn, torch.backends.cuda.matmul, precision == "tf32"
+    limit = cudnn.benchmark_limit
+    if autotune:
+        cudnn.benchmark_limit = AUTOTUNE_BENCHMARK_LIMIT
+    try:
+        with _tf32(cudnn, matmul, tf32, autotune):
+            yield
+    finally:
+        cudnn.benchmark_limit = limit
+
+
+@contextlib.contextmanager
+def _tf32(cudnn, matmul, tf32: bool, autotune: bool):
+    """cuDNN on, the mode's benchmark flag, TF32 as asked, through whichever API this torch has
+    (see `_math`)."""
     if hasattr(cudnn, "conv") and hasattr(matmul, "fp32_precision"):
         names = ("enabled", "benchmark", "deterministic")
         saved = ([getattr(cudnn, n) for n in names], cudnn.conv.fp32_precision,
@@ -190,34 +210,35 @@ class CuDNN(Implementation):
             return f"{precision} needs compute capability 8.0 or newer, this GPU is sm_{cc[0]}{cc[1]}"
         return None
 
+    def phases(self, problem, pass_, layout, precision) -> list[str]:
+        return PHASES
+
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         import cupy
         import torch
 
         if self._worker is None:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix=self.algo)
-        op, autotune = aten_pass(problem, pass_), self.autotune
+        device = torch.device("cuda", cupy.cuda.Device().id)
 
-        def work(ta, tb, tout, ptr):
-            with _math(precision, autotune), torch.no_grad(), _stream(ptr, tout.device):
-                tout.copy_(op(ta, tb, tout))
+        def in_mode(work, ptr: int) -> None:
+            with _math(precision, self.autotune), _stream(ptr, device):
+                work()
 
-        last: list = [(), ()]  # (the arrays of the last call, their torch views)
+        def run_in_mode(work) -> None:
+            self._worker.submit(in_mode, work, cupy.cuda.get_current_stream().ptr).result()
 
-        def run(a, b, out):
-            # The harness repeats a call on the same arrays: their views are made once, so the
-            # timed call spends no host time on DLPack.
-            if len(last[0]) != 3 or any(x is not y for x, y in zip(last[0], (a, b, out))):
-                last[:] = [(a, b, out), [torch_view(v, layout) for v in (a, b, out)]]
-            self._worker.submit(work, *last[1], cupy.cuda.get_current_stream().ptr).result()
-
+        views = Views(layout)
+        run = aten_phased(problem, pass_, views, run_in_mode)
         # One call on scratch operands: cuDNN's plan (and for autotune, its search) is made
-        # here, not in the first timed call.
+        # here, not in the first timed call. The scratch operands are dropped with their views
+        # before the harness reads the memory the prepared pass holds.
         dtype = getattr(torch, _TORCH_DTYPES[precision])
-        scratch = [torch.randn(s, dtype=dtype, device="cuda")
-                   for s in problem.operand_shapes(pass_, layout)]
-        run(*scratch)
+        run(*(torch.randn(s, dtype=dtype, device=device)
+              for s in problem.operand_shapes(pass_, layout)))
         torch.cuda.synchronize()
+        views.clear()
+        run.forget()
         return run
 
     def describe(self, problem: ConvProblem, pass_: str, layout: str, precision: str) -> str:

@@ -129,18 +129,18 @@ class DirectKernels(kernels.KernelImplementation):
         dims = (p.n, p.c, p.h, p.w, p.k, p.r, p.s, p.p, p.q, p.stride, p.pad, p.dilation,
                 p.groups)
         if isinstance(geo, _GatherGeometry):
-            kernel = launch.kernel(f"direct_{pass_}")
-            args = (*dims, geo.patch_h, geo.patch_w, geo.chunk)
-            return lambda a, b, out: kernel(geo.grid, THREADS, (a, b, out, *args),
-                                            shared_mem=geo.smem)
-        reduce = launch.kernel("direct_bwd_filter")
+            return launch.kernel(f"direct_{pass_}").bind(
+                geo.grid, THREADS, (*dims, geo.patch_h, geo.patch_w, geo.chunk), geo.smem)
+        reduce = launch.kernel("direct_bwd_filter").bind(geo.grid, THREADS,
+                                                         (*dims, geo.splits))
         if geo.splits == 1:
-            return lambda a, b, out: reduce(geo.grid, THREADS, (a, b, out, *dims, 1))
-        add = launch.kernel("direct_sum_splits")
+            return reduce
+        add = launch.kernel("direct_sum_splits").bind(ceil_div(geo.dw_size, THREADS), THREADS,
+                                                      (geo.dw_size, geo.splits))
         part = launch.xp.empty(geo.partial_elements, dtype=launch.xp.float32)
 
         def run(a, b, out):
-            reduce(geo.grid, THREADS, (a, b, part, *dims, geo.splits))
-            add(ceil_div(geo.dw_size, THREADS), THREADS, (part, out, geo.dw_size, geo.splits))
+            reduce(a, b, part)
+            add(part, out)
 
         return run

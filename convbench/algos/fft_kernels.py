@@ -376,8 +376,6 @@ class FFTKernels(kernels.KernelImplementation):
         geo = _geometry(problem, pass_, self.tile)
         launch = kernels.launcher(self.backend, "fft", CONFIGURATIONS[layout])
         xp, fft = launch.xp, _TRANSFORMS[self.backend]
-        pack, crop = launch.kernel("fft_pack"), launch.kernel("fft_crop")
-        product = launch.kernel("fft_product")
         flat_grid = xp.empty(geo.grid_elements, dtype=xp.float32)
         grids = [flat_grid[:p.items * geo.th * geo.tw].reshape(p.items, geo.th, geo.tw)
                  for p in geo.places]
@@ -387,32 +385,34 @@ class FFTKernels(kernels.KernelImplementation):
 
         def transform(i: int) -> Callable:
             blocks, args = geo.copy_launch(geo.places[i], to_grid=True)
+            pack = launch.kernel("fft_pack").bind(blocks, COPY_THREADS, args)
             execute = fft.forward(grids[i], spectra[i])
 
             def run(tensor) -> None:
-                pack(blocks, COPY_THREADS, (tensor, grids[i], *args))
+                pack(tensor, grids[i])
                 execute()
 
             return run
 
         def inverse() -> Callable:
             blocks, args = geo.copy_launch(geo.places[2], to_grid=False)
+            crop = launch.kernel("fft_crop").bind(blocks, COPY_THREADS, (*args, scale))
             execute = fft.inverse(spectra[2], grids[2])
 
             def run(tensor) -> None:
                 execute()
-                crop(blocks, COPY_THREADS, (grids[2], tensor, *args, scale))
+                crop(grids[2], tensor)
 
             return run
 
         lhs, rhs = spectra[:2] if geo.lhs_is_first else spectra[1::-1]
-        product_args = (lhs, rhs, spectra[2], *geo.product)
+        product = launch.kernel("fft_product").bind(geo.product_grid, PROD_THREADS, geo.product)
         first, second, out = transform(0), transform(1), inverse()
         names = phase_names(pass_)
         return Phased({
             names[0]: lambda a, b, y: first(a),
             names[1]: lambda a, b, y: second(b),
-            names[2]: lambda a, b, y: product(geo.product_grid, PROD_THREADS, product_args),
+            names[2]: lambda a, b, y: product(lhs, rhs, spectra[2]),
             names[3]: lambda a, b, y: out(y),
         })
 

@@ -175,23 +175,20 @@ def sgemm_runner(backend: str, geo: SgemmGeometry) -> Callable:
     reduction's partial results are allocated here, once."""
     launch = kernels.launcher(backend, "gemm", TILES[geo.tiles])
     p, block = geo.product, threads(geo.tiles)
-    multiply = launch.kernel(p.entry)
-
-    def args(a, b, c, c_split: int) -> tuple:
-        return (a, b, c, p.m, p.n, p.k, p.lda, p.ldb, p.ldc, p.groups, p.images,
-                geo.tiles_per_split, p.a_group, p.a_image, p.b_group, p.b_image, p.c_group,
-                c_split)
-
+    c_split = p.c_extent if geo.splits > 1 else 0 if p.reduce else p.c_image
+    multiply = launch.kernel(p.entry).bind(
+        geo.grid, block, (p.m, p.n, p.k, p.lda, p.ldb, p.ldc, p.groups, p.images,
+                          geo.tiles_per_split, p.a_group, p.a_image, p.b_group, p.b_image,
+                          p.c_group, c_split), geo.smem)
     if geo.splits == 1:
-        c_split = 0 if p.reduce else p.c_image
-        return lambda a, b, c: multiply(geo.grid, block, args(a, b, c, c_split),
-                                        shared_mem=geo.smem)
-    add = launch.kernel("gemm_sum_splits")
+        return multiply
+    add = launch.kernel("gemm_sum_splits").bind(ceil_div(p.c_extent, block), block,
+                                                (p.c_extent, geo.splits))
     part = launch.xp.empty(geo.partial_elements, dtype=launch.xp.float32)
 
     def run(a, b, c):
-        multiply(geo.grid, block, args(a, b, part, p.c_extent), shared_mem=geo.smem)
-        add(ceil_div(p.c_extent, block), block, (part, c, p.c_extent, geo.splits))
+        multiply(a, b, part)
+        add(part, c)
 
     return run
 
@@ -224,37 +221,70 @@ def _fp32_cublas(handle: int):
         cublas.setPointerMode(handle, pointer_mode)
 
 
+@dataclass(frozen=True)
+class CublasCall:
+    """One cublasSgemmStridedBatched of a product: the element offsets of A, B and C, the batch
+    and its (A, B, C) strides; C is the per-image partial results when `into_partial`."""
+
+    a: int
+    b: int
+    c: int
+    batch: int
+    strides: tuple[int, int, int]
+    into_partial: bool = False
+
+
+def cublas_partial_elements(product: Product) -> int:
+    """The per-image partial results a sum over images needs ([image][C]), else 0."""
+    p = product
+    return p.images * p.c_extent if p.reduce and p.images > 1 else 0
+
+
+def cublas_calls(product: Product) -> list[CublasCall]:
+    """The cuBLAS calls of a product, one strided-batched call per group. Separate products
+    per image are its batch. A sum over images (NCHW bwd_filter) is the same batch into per-image
+    partial results, which gemm.cu's `gemm_sum_splits` then adds into C: one launch and one
+    reduction, the shape of work of our own split-K kernel, not one small product per image."""
+    p = product
+    partial = cublas_partial_elements(p) > 0
+    if p.reduce and not partial:  # one image: the product is the sum
+        strides = (0, 0, 0)
+    else:
+        strides = (p.a_image, p.b_image, p.c_extent if partial else p.c_image)
+    return [CublasCall(g * p.a_group, g * p.b_group, g * p.c_group, p.images, strides, partial)
+            for g in range(p.groups)]
+
+
 def cublas_runner(product: Product) -> Callable:
-    """``run(a, b, c)``: the product by cuBLAS (CuPy arrays). cuBLAS is column-major, so the
-    row-major C = op(A)·op(B) is computed as Cᵀ = op(B)ᵀ·op(A)ᵀ: B goes first, and an operand
-    stored as is (row-major) is exactly the transpose cuBLAS reads. Separate products per image
-    are one strided-batched call per group; a sum over images is one call per image, each
-    accumulating into C (beta = 1), in image order."""
+    """``run(a, b, c)``: the product by cuBLAS (CuPy arrays), as `cublas_calls` plans it. cuBLAS
+    is column-major, so the row-major C = op(A)·op(B) is computed as Cᵀ = op(B)ᵀ·op(A)ᵀ: B goes
+    first, and an operand stored as is (row-major) is exactly the transpose cuBLAS reads. The
+    partial results of a sum over images are allocated here, once."""
     import cupy
     from cupy_backends.cuda.libs import cublas
 
-    p = product
+    p, calls = product, cublas_calls(product)
     handle = cupy.cuda.device.get_cublas_handle()
     one, zero = np.ones(1, np.float32), np.zeros(1, np.float32)
     op = {False: cublas.CUBLAS_OP_N, True: cublas.CUBLAS_OP_T}
-
-    def call(a: int, b: int, c: int, beta: np.ndarray, batch: int, strides: tuple[int, ...]):
-        cublas.sgemmStridedBatched(handle, op[p.trans_b], op[p.trans_a], p.n, p.m, p.k,
-                                   one.ctypes.data, b, p.ldb, strides[1], a, p.lda, strides[0],
-                                   beta.ctypes.data, c, p.ldc, strides[2], batch)
+    part, add = None, None
+    if cublas_partial_elements(p):
+        part = cupy.empty(cublas_partial_elements(p), dtype=cupy.float32)
+        block = threads("small")
+        add = kernels.launcher("cuda", "gemm", TILES["small"]).kernel("gemm_sum_splits").bind(
+            ceil_div(p.c_extent, block), block, (p.c_extent, p.images))
 
     def run(a, b, c):
         with _fp32_cublas(handle):
-            for g in range(p.groups):
-                pa = a.data.ptr + 4 * g * p.a_group
-                pb = b.data.ptr + 4 * g * p.b_group
-                pc = c.data.ptr + 4 * g * p.c_group
-                if not p.reduce:
-                    call(pa, pb, pc, zero, p.images, (p.a_image, p.b_image, p.c_image))
-                    continue
-                for n in range(p.images):
-                    call(pa + 4 * n * p.a_image, pb + 4 * n * p.b_image, pc,
-                         one if n else zero, 1, (0, 0, 0))
+            for call in calls:
+                target = part if call.into_partial else c
+                cublas.sgemmStridedBatched(
+                    handle, op[p.trans_b], op[p.trans_a], p.n, p.m, p.k, one.ctypes.data,
+                    b.data.ptr + 4 * call.b, p.ldb, call.strides[1],
+                    a.data.ptr + 4 * call.a, p.lda, call.strides[0], zero.ctypes.data,
+                    target.data.ptr + 4 * call.c, p.ldc, call.strides[2], call.batch)
+        if add is not None:
+            add(part, c)
 
     return run
 
@@ -338,21 +368,21 @@ class GemmKernels(kernels.KernelImplementation):
         p = problem
         dims = (p.n, p.c, p.h, p.w, p.r, p.s, p.p, p.q, p.stride, p.pad, p.dilation, p.groups)
         if pass_ == "bwd_data":
-            col2im = lowering.kernel("col2im")
-            grid = ceil_div(p.n * p.c * p.h * p.w, LOWERING_THREADS)
+            col2im = lowering.kernel("col2im").bind(
+                ceil_div(p.n * p.c * p.h * p.w, LOWERING_THREADS), LOWERING_THREADS, dims)
 
             def run(dy, w, dx):
                 operands = {"dy": dy, "w": w}
                 multiply(operands[a_name], operands[b_name], col)
-                col2im(grid, LOWERING_THREADS, (col, dx, *dims))
+                col2im(col, dx)
 
             return run
-        im2col = lowering.kernel("im2col")
-        grid = ceil_div(col.size, LOWERING_THREADS)
+        im2col = lowering.kernel("im2col").bind(ceil_div(col.size, LOWERING_THREADS),
+                                                LOWERING_THREADS, dims)
         second = "w" if pass_ == "fwd" else "dy"
 
         def run(x, b, out):
-            im2col(grid, LOWERING_THREADS, (x, col, *dims))
+            im2col(x, col)
             operands = {"col": col, second: b}
             multiply(operands[a_name], operands[b_name], out)
 
@@ -371,11 +401,19 @@ class GemmCublas(GemmKernels):
 
     def workspace_buffers(self, problem: ConvProblem, pass_: str, layout: str
                           ) -> dict[str, int]:
-        """The column matrix (cuBLAS's own workspace is not counted)."""
-        return {"the im2col workspace": col_elements(problem)}
+        """The column matrix, and the per-image partial results of an NCHW bwd_filter
+        (cuBLAS's own workspace is not counted)."""
+        product = conv_product(problem, pass_, layout)[0]
+        return {"the im2col workspace": col_elements(problem),
+                "cuBLAS's per-image partial results": cublas_partial_elements(product)}
 
     def describe(self, problem: ConvProblem, pass_: str, layout: str, precision: str) -> str:
-        return "cuBLAS sgemm (CUBLAS_DEFAULT_MATH: FP32, no TF32)"
+        product = conv_product(problem, pass_, layout)[0]
+        calls = cublas_calls(product)
+        summed = (f", {calls[0].batch} images' products summed by gemm_sum_splits"
+                  if calls[0].into_partial else "")
+        return (f"cuBLAS sgemm (CUBLAS_DEFAULT_MATH: FP32, no TF32), {len(calls)} strided-"
+                f"batched call(s) of {calls[0].batch}{summed}")
 
     def _multiplier(self, product: Product) -> Callable:
         return cublas_runner(product)

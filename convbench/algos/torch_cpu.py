@@ -2,14 +2,15 @@
 
 NHWC runs through `channels_last` tensors, which is how PyTorch asks oneDNN for that layout;
 the NumPy inputs are shared with torch without a copy. torch allocates its own result, which is
-copied into the caller's output buffer: one pass over the output, inside the timed call.
+copied into the caller's output buffer: a phase of its own (`_aten`), timed apart and left out
+of the pass's time.
 """
 
 from __future__ import annotations
 
 from ..problem import ConvProblem
 from ..registry import Implementation, register
-from ._aten import aten_pass, torch_view
+from ._aten import PHASES, Views, aten_phased
 
 
 @register("torch-cpu", "numpy")
@@ -24,14 +25,8 @@ class TorchCPU(Implementation):
 
         return f"torch {torch.__version__}, {torch.get_num_threads()} threads"
 
+    def phases(self, problem, pass_, layout, precision) -> list[str]:
+        return PHASES
+
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
-        import torch
-
-        op = aten_pass(problem, pass_)
-
-        def run(a, b, out):
-            ta, tb, tout = (torch_view(v, layout) for v in (a, b, out))
-            with torch.no_grad():
-                tout.copy_(op(ta, tb, tout))
-
-        return run
+        return aten_phased(problem, pass_, Views(layout))

@@ -203,14 +203,12 @@ def _steps(p: ConvProblem, pass_: str, geo: _Geometry, launch: kernels.Launcher,
 
     def transform(name: str, count: int, *sizes: int) -> Callable:
         """Kernel `name`, one thread per element of `count`, as a callable of its two arrays."""
-        kernel, grid = launch.kernel(name), ceil_div(count, THREADS)
-        return lambda src, dst: kernel(grid, THREADS, (src, dst, *sizes))
+        return launch.kernel(name).bind(ceil_div(count, THREADS), THREADS, sizes)
 
-    gemm = launch.kernel("wino_gemm")
-    gemm_args = (buf[g.a], buf[g.b], buf["M"], *g.args)
+    gemm = launch.kernel("wino_gemm").bind(g.grid, GEMM["GEMM_THREADS"], g.args)
 
     def product(a, b, out) -> None:
-        gemm(g.grid, GEMM["GEMM_THREADS"], gemm_args)
+        gemm(buf[g.a], buf[g.b], buf["M"])
 
     if pass_ == "bwd_filter":
         first = transform("wgrad_input_transform", p.c * tiles, p.n, p.c, p.h, p.w, th, tw,
@@ -319,15 +317,17 @@ class _FusedWinogradKernels(_WinogradKernels):
         launch = kernels.launcher(self.backend, "winograd", CONFIGURATIONS[self.m, layout])
         geometry = _fused_geometry(problem, pass_, self.m)
         u = launch.xp.empty(geometry["filters"], dtype=launch.xp.float32)
-        filters, fused = launch.kernel("wino_filter_transform"), launch.kernel("wino_fused")
         p, bwd = problem, int(pass_ == "bwd_data")
-        filter_grid = ceil_div(p.k * p.c, THREADS)
+        filters = launch.kernel("wino_filter_transform").bind(
+            ceil_div(p.k * p.c, THREADS), THREADS, (p.k, p.c, bwd))
+        fused = launch.kernel("wino_fused").bind(geometry["grid"], geometry["threads"],
+                                                 geometry["args"])
 
         def transform(a, w, out) -> None:
-            filters(filter_grid, THREADS, (w, u, p.k, p.c, bwd))
+            filters(w, u)
 
         def run(a, w, out) -> None:
-            fused(geometry["grid"], geometry["threads"], (a, u, out, *geometry["args"]))
+            fused(a, u, out)
 
         names = self.phases(problem, pass_, layout, precision)
         return Phased(dict(zip(names, (transform, run))))

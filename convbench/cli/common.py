@@ -12,6 +12,7 @@ from pathlib import Path
 from .. import memory, results
 from ..problem import check_choice
 
+EXIT_FAULT = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 FORMATS = ("table", "csv", "json")
@@ -88,11 +89,17 @@ def emit(df, fmt: str, table_text: str) -> None:
            "json": lambda: results.to_json(df)}[fmt]())
 
 
-def exit_code(interrupted: bool, folder: Path | None) -> int:
-    """0, or after Ctrl-C a line saying what was kept and how to finish, and 130."""
-    if not interrupted:
-        return 0
+def exit_code(outcome, folder: Path | None) -> int:
+    """0; or after a GPU fault one line naming the case, and 1; or after Ctrl-C a line saying
+    what was kept and how to finish, and 130."""
     where = f"; finish with --resume --out {folder}" if folder else ""
+    if outcome.fault:
+        print(f"convbench: error: {outcome.fault}; the GPU is unusable in this process, the "
+              f"rows measured so far are kept{where.replace('finish', 'continue after it')}",
+              file=sys.stderr)
+        return EXIT_FAULT
+    if not outcome.interrupted:
+        return 0
     print(f"convbench: interrupted; the rows measured so far are kept{where}", file=sys.stderr)
     return EXIT_INTERRUPTED
 

@@ -83,7 +83,7 @@ def cmd_layer(args) -> int:
     folder = Path(args.out) if args.out else None
     outcome = _measure(args, args.layer, device(args.device), folder, _limit(args))
     emit(outcome.frame, args.format, report.layer_table(outcome.frame))
-    return exit_code(outcome.interrupted, folder)
+    return exit_code(outcome, folder)
 
 
 def cmd_bench(args) -> int:
@@ -92,7 +92,7 @@ def cmd_bench(args) -> int:
     specs = [f"{args.net}:{layer.name}" for layer in layers.net_layers(args.net)]
     outcome = _measure(args, specs, dev, folder, _limit(args))
     emit(outcome.frame, args.format, outcome.report)
-    return exit_code(outcome.interrupted, folder)
+    return exit_code(outcome, folder)
 
 
 def cmd_sweep(args) -> int:
@@ -111,7 +111,7 @@ def cmd_sweep(args) -> int:
     specs = [f"{args.net}:{name}" for name in chosen]
     outcome = _measure(args, specs, dev, folder, limit)
     emit(outcome.frame, args.format, outcome.report)
-    return exit_code(outcome.interrupted, folder)
+    return exit_code(outcome, folder)
 
 
 # --- the parsers ----------------------------------------------------------------------------
