@@ -9,14 +9,21 @@
 //   of output pixels of one image × TILE_O output channels of one group, and reduces over the
 //   input channels `chunk` at a time. For each chunk it stages in dynamic shared memory the
 //   input patch the tile's taps touch and the filter slice of those channels; each thread then
-//   accumulates one pixel × kOutPerThread channels in registers. In the forward pass output row
-//   oy reads input row oy·stride − pad + r·dil. The backward-data pass is the same gather with the
-//   relation turned around: dx row oy sums dy row (oy + pad − r·dil) / stride wherever that
-//   divides exactly, so every dx element is written by one thread, with no atomics.
+//   accumulates one pixel × kOutPerThread channels in registers, tap by tap with the channels
+//   innermost, so a tap's patch offset is worked out once per chunk, not once per channel. Each
+//   staged filter tap holds TILE_O channels and then FILT_PAD floats of padding: the staging
+//   writes one tap after another down a warp, which TILE_O (32) floats apart would all hit one
+//   shared-memory bank; 36 floats apart they spread over eight, and the float4 reads stay
+//   aligned. In the forward pass output row oy reads input row oy·stride − pad + r·dil. The
+//   backward-data pass is the same gather with the relation turned around: dx row oy sums dy
+//   row (oy + pad − r·dil) / stride wherever that divides exactly, so every dx element is
+//   written by one thread, with no atomics.
 // direct_bwd_filter: a block owns a BF_TILE_K × BF_TILE_CRS tile of dw (output channels × the
 //   flattened (c, r, s) of a filter row, in the layout's order, so writes are contiguous) and
 //   reduces over the N·P·Q output pixels BF_CHUNK at a time, staging x at the taps' positions
-//   and dy in shared memory; each thread accumulates kBfK × kBfCrs products in registers.
+//   and dy in shared memory; each thread accumulates kBfK × kBfCrs products in registers. (The
+//   (c, r, s) of the x elements a thread stages are the same in every chunk; kept in registers
+//   they make ptxas spill at this kernel's 64-register cap, so they are worked out per chunk.)
 //   When dw has too few tiles to fill the GPU the reduction is split into gridDim.z slices of
 //   N·P·Q; each slice writes its own partial dw and direct_sum_splits adds them in slice order.
 //
@@ -27,9 +34,13 @@
 #include "common.cuh"
 
 #if !defined(NHWC) || !defined(THREADS) || !defined(TILE_H) || !defined(TILE_W) || \
-    !defined(TILE_O) || !defined(BF_TILE_K) || !defined(BF_TILE_CRS) || !defined(BF_CHUNK)
-#error "direct.cu needs -D NHWC, THREADS, TILE_H, TILE_W, TILE_O, BF_TILE_K, BF_TILE_CRS, BF_CHUNK"
+    !defined(TILE_O) || !defined(FILT_PAD) || !defined(BF_TILE_K) || !defined(BF_TILE_CRS) || \
+    !defined(BF_CHUNK)
+#error "direct.cu needs -D NHWC THREADS TILE_H TILE_W TILE_O FILT_PAD BF_TILE_K BF_TILE_CRS BF_CHUNK"
 #endif
+
+constexpr int kFiltRow = TILE_O + FILT_PAD;  // floats from one staged filter tap to the next
+static_assert(FILT_PAD % 4 == 0, "staged filter rows stay 16-byte aligned for float4 reads");
 
 constexpr int kTilePixels = TILE_H * TILE_W;
 constexpr int kOutPerThread = TILE_O * kTilePixels / THREADS;  // a thread's channels, one pixel
@@ -58,6 +69,7 @@ __device__ __forceinline__ int patch_index(int o, int o0, int i0, int t, int str
                                            int dil) {
   if (!BWD_DATA) return (o - o0) * stride + t * dil;
   const int num = o + pad - t * dil;
+  if (stride == 1) return num - i0;  // the common case needs no division
   return num % stride == 0 ? num / stride - i0 : -1;
 }
 
@@ -83,7 +95,7 @@ __device__ __forceinline__ void direct_gather(const float* __restrict__ in,
   const int ix0 = patch_start<BWD_DATA>(ox0, S, stride, pad, dil);
 
   float* patch = smem;                                          // [chunk][patch_h][patch_w]
-  float* filt = smem + (chunk * patch_h * patch_w + 3) / 4 * 4;  // [chunk][R][S][TILE_O]
+  float* filt = smem + (chunk * patch_h * patch_w + 3) / 4 * 4;  // [chunk][R][S][kFiltRow]
 
   const int pixel = threadIdx.x % kTilePixels;
   const int oy = oy0 + pixel / TILE_W, ox = ox0 + pixel % TILE_W;
@@ -109,30 +121,32 @@ __device__ __forceinline__ void direct_gather(const float* __restrict__ in,
       const int o = BWD_DATA ? cc : kk, i = BWD_DATA ? kk : cc;
       const int k = g * (K / groups) + (BWD_DATA ? i0 + i : o0 + o);
       const int c = BWD_DATA ? o0 + o : i0 + i;
-      filt[((i * R + r) * S + s) * TILE_O + o] =
+      filt[((i * R + r) * S + s) * kFiltRow + o] =
           o0 + o < out_g ? w[filter_offset(k, c, r, s, C / groups, R, S)] : 0.f;
     }
     __syncthreads();
-    for (int i = 0; i < ni; ++i)
-      for (int r = 0; r < R; ++r) {
-        const int py = patch_index<BWD_DATA>(oy, oy0, iy0, r, stride, pad, dil);
-        if (py < 0) continue;
-        for (int s = 0; s < S; ++s) {
-          const int px = patch_index<BWD_DATA>(ox, ox0, ix0, s, stride, pad, dil);
-          if (px < 0) continue;
-          const float a = patch[(i * patch_h + py) * patch_w + px];
-          const float4* f =
-              reinterpret_cast<const float4*>(filt + ((i * R + r) * S + s) * TILE_O + oc);
+    const int patch_plane = patch_h * patch_w, filt_plane = R * S * kFiltRow;
+    for (int r = 0; r < R; ++r) {
+      const int py = patch_index<BWD_DATA>(oy, oy0, iy0, r, stride, pad, dil);
+      if (py < 0) continue;
+      for (int s = 0; s < S; ++s) {
+        const int px = patch_index<BWD_DATA>(ox, ox0, ix0, s, stride, pad, dil);
+        if (px < 0) continue;
+        const float* a = patch + py * patch_w + px;
+        const float* f = filt + (r * S + s) * kFiltRow + oc;
+        for (int i = 0; i < ni; ++i, a += patch_plane, f += filt_plane) {
+          const float4* f4 = reinterpret_cast<const float4*>(f);
 #pragma unroll
           for (int j = 0; j < kOutPerThread / 4; ++j) {
-            const float4 v = f[j];
-            acc[4 * j + 0] += a * v.x;
-            acc[4 * j + 1] += a * v.y;
-            acc[4 * j + 2] += a * v.z;
-            acc[4 * j + 3] += a * v.w;
+            const float4 v = f4[j];
+            acc[4 * j + 0] += *a * v.x;
+            acc[4 * j + 1] += *a * v.y;
+            acc[4 * j + 2] += *a * v.z;
+            acc[4 * j + 3] += *a * v.w;
           }
         }
       }
+    }
     __syncthreads();
   }
   if (oy < out_h && ox < out_w)

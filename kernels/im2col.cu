@@ -71,7 +71,9 @@ __device__ __forceinline__ ColIndex col_index(int e, const Conv& v) {
 // Output position along one axis whose tap t reads input coordinate i, or -1 when none does.
 __device__ __forceinline__ int reading_output(int i, int t, int out_size, const Conv& v) {
   const int num = i + v.pad - t * v.dil;
-  if (num < 0 || num % v.stride) return -1;
+  if (num < 0) return -1;
+  if (v.stride == 1) return num < out_size ? num : -1;  // the common case needs no division
+  if (num % v.stride) return -1;
   const int o = num / v.stride;
   return o < out_size ? o : -1;
 }

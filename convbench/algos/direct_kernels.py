@@ -14,7 +14,8 @@ from .. import kernels
 from ..kernels import ceil_div
 from ..problem import LAYOUTS, ConvProblem
 
-TILES = {"THREADS": 256, "TILE_H": 8, "TILE_W": 8, "TILE_O": 32,
+#: FILT_PAD: floats between the staged filter rows of TILE_O channels (direct.cu says why).
+TILES = {"THREADS": 256, "TILE_H": 8, "TILE_W": 8, "TILE_O": 32, "FILT_PAD": 4,
          "BF_TILE_K": 64, "BF_TILE_CRS": 64, "BF_CHUNK": 16}
 #: The defines direct.cu is compiled with, per layout: the compile gate covers exactly these.
 CONFIGURATIONS = {layout: {"NHWC": int(layout == "nhwc"), **TILES} for layout in LAYOUTS}
@@ -71,7 +72,7 @@ def _gather_geometry(p: ConvProblem, pass_: str) -> _GatherGeometry:
 
     def smem(chunk: int) -> int:  # must match the layout of `smem` in direct_gather
         patch = ceil_div(chunk * patch_h * patch_w, 4) * 4
-        return 4 * (patch + chunk * p.r * p.s * TILES["TILE_O"])
+        return 4 * (patch + chunk * p.r * p.s * (TILES["TILE_O"] + TILES["FILT_PAD"]))
 
     chunk = next((c for c in range(min(in_g, MAX_CHUNK), 0, -1)
                   if smem(c) <= kernels.DEFAULT_DYNAMIC_SHARED), 0)
