@@ -1,20 +1,30 @@
 # convbench: `make bench` measures, `make test` checks. Both set up .venv from nothing.
+# On a machine that already has its Python environment (a GPU machine with CUDA torch and CuPy
+# and no package registry), USE_ENV=1 runs in it instead: no .venv, nothing installed, e.g.
+#   make gpu-check USE_ENV=1
 PYTHON ?= python3
 VENV   := .venv
-PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
 # torch is pinned to the CPU build the CI machine carries; on a GPU machine install torch first.
 TORCH  ?= torch==2.13.0
 BENCH_ARGS ?=
+CHECK_ARGS ?=
 
-.PHONY: test bench lint clean install
+ifdef USE_ENV
+PY     := $(PYTHON)
+STAMP  :=
+else
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+endif
 
-$(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[dev,plot,cuda]"
-	touch $(STAMP)
+.PHONY: test bench gpu-check lint clean install
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --upgrade pip
+	$(VENV)/bin/python -m pip install -q "$(TORCH)"
+	$(VENV)/bin/python -m pip install -q -e ".[dev,plot,cuda]"
+	touch $@
 
 install: $(STAMP)
 
@@ -22,10 +32,15 @@ test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
 
 bench: $(STAMP)
-	$(VENV)/bin/convbench bench $(BENCH_ARGS)
+	$(PY) -m convbench bench $(BENCH_ARGS)
+
+# The first GPU check: env, every algo x pass x layout of AlexNet at batch 256, the ratios, the
+# gpu tests' log, all in results/<date>-<gpu>-alexnet-gpu-check/ (convbench gpu-check --help).
+gpu-check: $(STAMP)
+	$(PY) -m convbench gpu-check $(CHECK_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check convbench tests
+	$(PY) -m ruff check convbench tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
