@@ -66,7 +66,7 @@ def source_checkout() -> Path | None:
 
 
 def run_tests(log: Path, pytest_args: tuple[str, ...] = PYTEST_ARGS,
-              timeout_s: float = 300) -> Tests:
+              timeout_s: float = 240) -> Tests:
     """pytest with `pytest_args` in a process of its own, from the checkout, its output in
     `log`; the last line of its report."""
     root = source_checkout()
@@ -86,7 +86,7 @@ def run_tests(log: Path, pytest_args: tuple[str, ...] = PYTEST_ARGS,
 def check(folder: str | Path, device: Device, *, net: str = "alexnet",
           layers: list[str] | None = None, algos: str = "all", batch: int | None = None,
           budget_s: float | None = None, tests: bool = True, pytest_args=PYTEST_ARGS,
-          tests_timeout_s: float = 300, command: str = "") -> Check:
+          tests_timeout_s: float = 240, command: str = "") -> Check:
     """Run the check into `folder` (a resumed run if it has one); see the module docstring.
     ValueError for a bad net, layer or algo list, before anything runs."""
     folder = Path(folder)
@@ -100,12 +100,17 @@ def check(folder: str | Path, device: Device, *, net: str = "alexnet",
     (folder / ENV_JSON).write_text(json.dumps(env, indent=1) + "\n")
     started = time.monotonic()
     outcome = runs.Run(cases, budget, RunFolder.open(folder / RUN, env, resume=True)).measure()
-    measured_s = time.monotonic() - started
-    started = time.monotonic()
-    tested = (run_tests(folder / TESTS_LOG, tuple(pytest_args), tests_timeout_s) if tests
-              else Tests(None, "not run (--no-tests)", tuple(pytest_args)))
-    tests_s = time.monotonic() - started
-    text = markdown(env, outcome, tested, {"run": measured_s, "tests": tests_s})
+    seconds = {"run": time.monotonic() - started, "tests": 0.0}
+    if not tests:
+        tested = Tests(None, "not run (--no-tests)", tuple(pytest_args))
+    else:  # the summary first: a command cut short during the tests still leaves it
+        (folder / SUMMARY_MD).write_text(markdown(env, outcome, Tests(
+            None, "started, not finished (this line stays if the command was cut short then)",
+            tuple(pytest_args)), seconds))
+        started = time.monotonic()
+        tested = run_tests(folder / TESTS_LOG, tuple(pytest_args), tests_timeout_s)
+        seconds["tests"] = time.monotonic() - started
+    text = markdown(env, outcome, tested, seconds)
     (folder / SUMMARY_MD).write_text(text)
     return Check(folder, outcome, tested, text)
 

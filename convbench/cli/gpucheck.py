@@ -55,6 +55,6 @@ def add_parsers(sub) -> None:
     p.add_argument("--no-tests", action="store_true", help="skip the gpu tests")
     p.add_argument("--pytest-args", default=" ".join(gpucheck.PYTEST_ARGS),
                    help="what the tests are run with (default: %(default)s)")
-    p.add_argument("--tests-timeout", type=positive(float), default=300, metavar="S",
-                   help="seconds the tests may take (default 300)")
+    p.add_argument("--tests-timeout", type=positive(float), default=240, metavar="S",
+                   help="seconds the tests may take (default 240)")
     p.set_defaults(func=cmd_gpu_check)
