@@ -73,10 +73,12 @@ def parse_size(text: str) -> int:
 
 
 def format_size(nbytes: float) -> str:
-    """Bytes in the largest binary unit that keeps the number at least 1: `1.5 GiB`."""
+    """Bytes in the largest binary unit that keeps the number at least 1: `1.5 GiB`; three
+    significant digits, four from 1000 up (`1020 MiB`, never `1.02e+03 MiB`)."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(nbytes) >= scale:
-            return f"{nbytes / scale:.3g} {unit}"
+            value = nbytes / scale
+            return f"{value:.4g} {unit}" if abs(value) >= 1000 else f"{value:.3g} {unit}"
     return f"{int(nbytes)} B"
 
 

@@ -58,9 +58,19 @@ STEP_BUDGET_S = 6.0
 ROUNDS = 3
 
 
+def _whole(heavy, cheap, x):
+    """A stage run as it is: the heavy layer, then the cheap ones after it."""
+    return cheap(heavy(x))
+
+
 def build_model(net: str = "alexnet"):
     """The AlexNet-shaped model of `net`'s catalog: conv layers named as in the catalog, so a
-    plan from `convbench advise` of that net's run applies to it by name."""
+    plan from `convbench advise` of that net's run applies to it by name.
+
+    Its forward pass is a chain of stages, each a heavy layer (a convolution, a fully connected
+    layer) and the cheap ones after it (ReLU, pooling): `forward(x, run)` hands each stage to
+    `run(heavy, cheap, x)`, which is how `memplan`'s strategies recompute or offload what a
+    stage keeps for backward without a second copy of the network."""
     import torch
     from torch import nn
 
@@ -79,13 +89,20 @@ def build_model(net: str = "alexnet"):
             self.fc7 = nn.Linear(4096, 4096)
             self.fc8 = nn.Linear(4096, CLASSES)
 
-        def forward(self, x):
-            for name in self.names:
-                x = torch.relu(getattr(self, name)(x))
-                if name in POOLED:
-                    x = self.pool(x)
-            x = torch.relu(self.fc6(torch.flatten(x, 1)))
-            return self.fc8(torch.relu(self.fc7(x)))
+        def stages(self) -> list[tuple]:
+            """(heavy layer, the cheap layers after it) in order."""
+            def relu_pool(t):
+                return self.pool(torch.relu(t))
+
+            convs = [(getattr(self, name), relu_pool if name in POOLED else torch.relu)
+                     for name in self.names]
+            return [*convs, (lambda t: self.fc6(torch.flatten(t, 1)), torch.relu),
+                    (self.fc7, torch.relu), (self.fc8, lambda t: t)]
+
+        def forward(self, x, run=_whole):
+            for heavy, cheap in self.stages():
+                x = run(heavy, cheap, x)
+            return x
 
     return AlexNetShaped()
 

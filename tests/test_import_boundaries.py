@@ -39,7 +39,8 @@ LAYERS = {
     "harness": ["timing", "runner", "results", "opcount", "memory", "envinfo", "devices",
                 "batchsweep"],
     "analysis": ["report", "advice", "layoutplan", "plan", "runs", "summary", "gpucheck"],
-    "torch integration": ["tune", "apply", "nn", "trainstep", "memprofile", "advisor"],
+    "torch integration": ["tune", "apply", "nn", "trainstep", "memprofile", "memplan",
+                          "advisor"],
     "cli": ["cli", "cli.*", "__main__"],
 }
 #: What a module must not reach, directly or through others, though its layer would allow it.

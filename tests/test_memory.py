@@ -41,6 +41,7 @@ def test_parse_size_refuses(text):
 def test_format_size():
     assert memory.format_size(3 * 2**30 / 2) == "1.5 GiB"
     assert memory.format_size(512) == "512 B"
+    assert memory.format_size(1020.4 * 2**20) == "1020 MiB"  # no 1.02e+03
 
 
 # --- traces ---------------------------------------------------------------------------------

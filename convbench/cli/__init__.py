@@ -11,6 +11,7 @@ one line on stderr and exit code 2. Nothing in the library imports it.
     convbench advise RUN [--workspace-budget 256MiB]                    (cli.advise)
     convbench train-step                                                (cli.trainstep)
     convbench gpu-check [--out DIR]   the first GPU check, one command  (cli.gpucheck)
+    convbench memplan --budget 8GiB   batch and speed per memory strategy (cli.memplan)
 
 Bad input — an unknown layer, net, algo, pass, layout or precision, a malformed layer spec, a
 device this machine lacks — is one line on stderr naming what is wrong and what is valid, and
@@ -26,13 +27,24 @@ sleep_idle_threads()  # before NumPy or torch loads: see convbench.threads
 
 import sys  # after the thread settings above
 
-from . import advise, gpucheck, kernels, listing, measure, memprofile, report, trainstep
+from . import (
+    advise,
+    gpucheck,
+    kernels,
+    listing,
+    measure,
+    memplan,
+    memprofile,
+    report,
+    trainstep,
+)
 from .common import EXIT_USAGE, Parser, Progress, UsageError
 
 __all__ = ["Progress", "UsageError", "build_parser", "main"]
 
 #: The subcommands, in the order `convbench --help` lists them.
-_COMMANDS = (measure, report, memprofile, listing, kernels, advise, trainstep, gpucheck)
+_COMMANDS = (measure, report, memprofile, memplan, listing, kernels, advise, trainstep,
+             gpucheck)
 
 
 def build_parser() -> Parser:

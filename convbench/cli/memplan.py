@@ -1,0 +1,68 @@
+"""`convbench memplan`: the largest batch each memory strategy trains under a budget, and its
+images/s (`convbench.memplan`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from .. import envinfo, memory, memplan, results, runs, trainstep
+from .common import FORMATS, UsageError, positive, size, usage_errors
+from .measure import device as resolve_device
+
+
+def cmd_memplan(args) -> int:
+    device = resolve_device(args.device)
+    with usage_errors("--strategies: "):
+        strategies = memplan.parse_strategies(args.strategies)
+    budget = args.budget or memory.capacity(device.backend)
+    log = (lambda line: print(f"convbench: {line}", file=sys.stderr))
+    try:
+        found, common = memplan.plan(args.net, device.name, budget, strategies,
+                                     time_s=args.time_budget, common_batch=args.batch,
+                                     max_batch=args.max_batch, log=log)
+    except ValueError as exc:  # a budget too small for batch 1
+        raise UsageError(f"--budget {memory.format_size(budget)}: {exc}") from None
+    env = envinfo.collect(device.backend)
+    env["run"] = {"net": args.net, "device": device.name, "budget_bytes": budget,
+                  "strategies": strategies, "common_batch": common,
+                  "command": " ".join(["convbench", *getattr(args, "argv", [])])}
+    text = memplan.markdown(args.net, device.name, budget, found, common, env)
+    folder = Path(args.out) if args.out else runs.default_folder(args.net, device.backend,
+                                                                 "-memplan")
+    written = memplan.write(folder, text, found, env,
+                            f"{args.net} on {env['device']}, {memory.format_size(budget)}")
+    print(f"convbench: {', '.join(written)} in {folder}", file=sys.stderr)
+    rows = memplan.rows(found)
+    print({"table": lambda: text.rstrip("\n"),
+           "csv": lambda: results.to_csv(pd.DataFrame(rows)).rstrip("\n"),
+           "json": lambda: json.dumps(rows, indent=1)}[args.format]())
+    return 0
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("memplan", help="the largest batch each memory strategy (recompute, "
+                       "offload) trains under a budget, and its images/s")
+    p.add_argument("--net", default="alexnet", choices=trainstep.NETS)
+    p.add_argument("--device", choices=("cpu", "cuda"),
+                   help="default cuda where a GPU is, else cpu")
+    p.add_argument("--budget", type=size, metavar="SIZE",
+                   help="memory the whole training step may use, e.g. 8GiB (default: the "
+                        "GPU's memory, or the host memory available)")
+    p.add_argument("--strategies", default=",".join(memplan.STRATEGIES),
+                   help="comma list of " + ", ".join(memplan.STRATEGIES) + " and their "
+                        "combinations with + (default: %(default)s)")
+    p.add_argument("--batch", type=positive(int),
+                   help="the common batch every strategy is also timed at (default: the "
+                        "largest batch all of them fit)")
+    p.add_argument("--time-budget", type=positive(float), default=1.0, metavar="S",
+                   help="seconds of timed steps per probe (at least 3 steps; default 1.0)")
+    p.add_argument("--max-batch", type=positive(int), default=memplan.MAX_BATCH,
+                   help="largest batch the search tries (default %(default)s)")
+    p.add_argument("--out", help="folder for memplan.md, memplan.csv, memplan.png, env.json "
+                   "(default results/<date>-<device>-<net>-memplan)")
+    p.add_argument("--format", choices=FORMATS, default="table")
+    p.set_defaults(func=cmd_memplan)

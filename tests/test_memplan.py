@@ -1,0 +1,111 @@
+"""Memory strategies: gradients unchanged, the batch search exact and within the budget, the
+output, and bad input."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from test_cli import run_cli
+
+from convbench import memplan
+
+
+def affine(a: int, b: int, seen: list):
+    """A footprint known exactly: a + b·batch bytes, every probe recorded."""
+    def measure(batch: int) -> memplan.Probe:
+        seen.append(batch)
+        return memplan.Probe(batch, a + b * batch, [10.0 * batch])
+
+    return measure
+
+
+@given(a=st.integers(0, 10**9), b=st.integers(1, 10**7), extra=st.integers(0, 10**9),
+       margin=st.floats(1.0, 4.0))
+def test_the_search_never_probes_beyond_the_budget_and_ends_near_the_limit(a, b, extra,
+                                                                            margin):
+    """With a bound on the growth per image `margin` times the true one, no probe goes beyond
+    the budget, and the search ends fewer than `margin` batches below the true limit."""
+    budget = a + b + extra  # batch 1 fits
+    seen = []
+    found = memplan.largest_batch(affine(a, b, seen), budget, slope_bound=b * margin)
+    true = min((budget - a) // b, memplan.MAX_BATCH)
+    assert all(a + b * n <= budget for n in seen), seen
+    assert true - margin < found.batch <= true and found.peak == a + b * found.batch
+
+
+@pytest.mark.parametrize("a, b, budget", [(100, 7, 1000), (780_000_000, 4_600_000, 1 << 30),
+                                          (0, 1, 65536), (5, 3, 8)])
+def test_with_the_true_growth_as_the_bound_the_search_finds_the_true_limit(a, b, budget):
+    """A footprint known exactly, and a bound equal to its growth: one probe at batch 1, one at
+    the limit."""
+    seen = []
+    found = memplan.largest_batch(affine(a, b, seen), budget, slope_bound=b)
+    assert found.batch == min((budget - a) // b, memplan.MAX_BATCH)
+    assert seen == sorted(set(seen)) and len(seen) <= 2
+
+
+def test_a_peak_that_bends_is_closed_in_on_from_below():
+    """Where the peak grows faster than the line through the probes said, the overshooting
+    probe is recorded and the search halves its way down to the largest batch that fits."""
+    seen = []
+
+    def bent(batch):
+        seen.append(batch)
+        return memplan.Probe(batch, 100 + 10 * batch + (500 if batch > 40 else 0))
+
+    found = memplan.largest_batch(bent, 1000, slope_bound=10)
+    assert found.batch == 40 and max(found.probes) > 40
+    assert [n for n in seen if 100 + 10 * n + (500 if n > 40 else 0) > 1000] != []
+
+
+def test_batch_one_over_the_budget_is_refused():
+    with pytest.raises(ValueError, match="even batch 1 needs 110 B, over the budget of 100 B"):
+        memplan.largest_batch(affine(100, 10, []), 100, 10)
+
+
+@pytest.mark.parametrize("strategy", ["checkpoint", "recompute-cheap"])
+def test_recomputation_leaves_the_gradients_as_they_were(strategy):
+    assert memplan.gradient_error("alexnet", strategy, "cpu") <= memplan.GRADIENT_TOLERANCE
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("strategy", ["offload", "checkpoint+offload", "recompute-cheap+offload"])
+def test_offloading_leaves_the_gradients_as_they_were(strategy):
+    assert memplan.gradient_error("alexnet", strategy, "cuda") <= memplan.GRADIENT_TOLERANCE
+
+
+def test_strategies_are_checked_where_they_are_named():
+    assert memplan.parse_strategies("none, checkpoint,recompute-cheap+offload,none") == [
+        "none", "checkpoint", "recompute-cheap+offload"]
+    for text, words in (("magic", "unknown strategy 'magic'"),
+                        ("checkpoint+recompute-cheap", "recomputes the cheap layers already"),
+                        ("none+offload", "combines none"), ("", "no strategy given")):
+        with pytest.raises(ValueError, match=words):
+            memplan.parse_strategies(text)
+    assert "on the CPU they are there already" in memplan.unsupported("checkpoint+offload",
+                                                                      "cpu")
+    assert memplan.unsupported("offload", "cuda") is None
+    assert memplan.unsupported("checkpoint", "cpu") is None
+
+
+def test_the_report_table_and_rows(tmp_path):
+    pytest.importorskip("matplotlib")
+    seen = []
+    plain = memplan.Result("none", search=memplan.largest_batch(affine(100, 10, seen), 1000, 10),
+                           gradient_error=0.0)
+    plain.timed = {b: affine(100, 10, [])(b) for b in memplan.curve(plain.search.batch, 1)}
+    assert sorted(plain.timed) == [1, 45, 90]
+    off = memplan.Result("offload", reason="no second memory here")
+    text = memplan.markdown("alexnet", "cpu", 1000, [plain, off], 1, {"device": "a CPU"})
+    assert "| none " in text and "| 90 " in text and "| offload    | unsupported" in text
+    names = memplan.write(tmp_path, text, [plain, off], {}, "title")
+    assert names == ["memplan.md", "memplan.csv", "env.json", "memplan.png"]
+    rows = memplan.rows([plain, off])
+    assert [r["batch"] for r in rows if r["status"] == "ok"] == [1, 45, 90]
+    assert next(r for r in rows if r["largest"] is True)["batch"] == 90
+    assert [r["search_probe"] for r in rows if r["status"] == "ok"] == [True, False, True]
+
+
+def test_a_budget_too_small_for_batch_one_is_one_line(capsys):
+    code, out, err = run_cli(capsys, "memplan", "--device", "cpu", "--budget", "64MiB")
+    assert code == 2 and err.count("\n") == 1 and out == ""
+    assert "training step at batch 1 needs about" in err and "over the budget of 64 MiB" in err
