@@ -82,6 +82,16 @@ def choices(text: str, kind: str, valid: tuple[str, ...]) -> list[str]:
     return [check_choice(kind, t, valid) for t in dict.fromkeys(items)]
 
 
+def step_options(p, net_help: str | None = None) -> None:
+    """--net and --device of the commands that run a training step (train-step, memprofile,
+    memplan): trainstep's nets, on the CPU or a GPU."""
+    from .. import trainstep
+
+    p.add_argument("--net", default="alexnet", choices=trainstep.NETS, help=net_help)
+    p.add_argument("--device", choices=("cpu", "cuda"),
+                   help="default cuda where a GPU is, else cpu")
+
+
 # --- output ---------------------------------------------------------------------------------
 def emit(df, fmt: str, table_text: str) -> None:
     """The results as the table given, or as CSV or JSON rows."""

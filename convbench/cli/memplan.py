@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import envinfo, memory, memplan, results, runs, trainstep
-from .common import FORMATS, UsageError, positive, size, usage_errors
+from .. import envinfo, memory, memplan, results, runs
+from .common import FORMATS, UsageError, positive, size, step_options, usage_errors
 from .measure import device as resolve_device
 
 
@@ -46,9 +46,7 @@ def cmd_memplan(args) -> int:
 def add_parsers(sub) -> None:
     p = sub.add_parser("memplan", help="the largest batch each memory strategy (recompute, "
                        "offload) trains under a budget, and its images/s")
-    p.add_argument("--net", default="alexnet", choices=trainstep.NETS)
-    p.add_argument("--device", choices=("cpu", "cuda"),
-                   help="default cuda where a GPU is, else cpu")
+    step_options(p)
     p.add_argument("--budget", type=size, metavar="SIZE",
                    help="memory the whole training step may use, e.g. 8GiB (default: the "
                         "GPU's memory, or the host memory available)")

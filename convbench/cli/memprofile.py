@@ -12,7 +12,7 @@ import pandas as pd
 from .. import layers, memory, memprofile, results, trainstep
 from ..plan import Constraints
 from ..tune import advise_run
-from .common import FORMATS, UsageError, positive, size, usage_errors
+from .common import FORMATS, UsageError, positive, size, step_options, usage_errors
 from .measure import device as resolve_device
 
 
@@ -62,9 +62,7 @@ def cmd_memprofile(args) -> int:
 def add_parsers(sub) -> None:
     p = sub.add_parser("memprofile", help="memory timeline of a training step by layer, and "
                        "the largest batch that fits a budget")
-    p.add_argument("--net", default="alexnet", choices=trainstep.NETS)
-    p.add_argument("--device", choices=("cpu", "cuda"),
-                   help="default cuda where a GPU is, else cpu")
+    step_options(p)
     p.add_argument("--batch", type=positive(int),
                    help=f"images in the profiled step (default {trainstep.CPU_STEP_BATCH} on cpu, "
                         "the catalog's on cuda)")

@@ -8,7 +8,7 @@ import sys
 from .. import envinfo, layers, results, trainstep
 from ..devices import DEVICES, default_device
 from ..registry import available
-from .common import FORMATS, UsageError, positive, usage_errors
+from .common import FORMATS, UsageError, positive, step_options, usage_errors
 
 
 def cmd_train_step(args) -> int:
@@ -44,10 +44,7 @@ def cmd_train_step(args) -> int:
 def add_parsers(sub) -> None:
     p = sub.add_parser("train-step", help="time a training step of an AlexNet-shaped "
                        "model: defaults, cudnn.benchmark, the advisor's plan")
-    p.add_argument("--net", default="alexnet", choices=trainstep.NETS,
-                   help="catalog whose conv layers the model has (default alexnet)")
-    p.add_argument("--device", choices=("cpu", "cuda"),
-                   help="default cuda where a GPU is, else cpu")
+    step_options(p, "catalog whose conv layers the model has (default alexnet)")
     p.add_argument("--batch", type=positive(int),
                    help=f"images per step (default {trainstep.CPU_STEP_BATCH} on cpu, the "
                         "catalog's on cuda)")
