@@ -426,6 +426,24 @@ class KernelImplementation(registry.Implementation):
         return problem.flops // 2
 
 
+def split_sum(launch: Launcher, reduce: Callable, sum_kernel: str, size: int, splits: int,
+              threads: int) -> Callable:
+    """``run(a, b, out)`` of a reduction split over `splits` slices: `reduce(a, b, partials)`
+    writes one partial result of `size` elements per slice, then `sum_kernel(partials, out,
+    size, splits)` adds them in slice order (deterministic). The partials are allocated here,
+    once; with one slice `reduce` writes `out` itself."""
+    if splits == 1:
+        return reduce
+    add = launch.kernel(sum_kernel).bind(ceil_div(size, threads), threads, (size, splits))
+    part = launch.xp.empty(splits * size, dtype=launch.xp.float32)
+
+    def run(a, b, out) -> None:
+        reduce(a, b, part)
+        add(part, out)
+
+    return run
+
+
 def register_kernels(algo: str) -> Callable[[type], type]:
     """Class decorator: register a kernel wrapper as `algo` on both `cuda` and `emu`."""
     def deco(cls: type) -> type:

@@ -134,14 +134,5 @@ class DirectKernels(kernels.KernelImplementation):
                 geo.grid, THREADS, (*dims, geo.patch_h, geo.patch_w, geo.chunk), geo.smem)
         reduce = launch.kernel("direct_bwd_filter").bind(geo.grid, THREADS,
                                                          (*dims, geo.splits))
-        if geo.splits == 1:
-            return reduce
-        add = launch.kernel("direct_sum_splits").bind(ceil_div(geo.dw_size, THREADS), THREADS,
-                                                      (geo.dw_size, geo.splits))
-        part = launch.xp.empty(geo.partial_elements, dtype=launch.xp.float32)
-
-        def run(a, b, out):
-            reduce(a, b, part)
-            add(part, out)
-
-        return run
+        return kernels.split_sum(launch, reduce, "direct_sum_splits", geo.dw_size, geo.splits,
+                                 THREADS)

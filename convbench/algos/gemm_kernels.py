@@ -180,17 +180,7 @@ def sgemm_runner(backend: str, geo: SgemmGeometry) -> Callable:
         geo.grid, block, (p.m, p.n, p.k, p.lda, p.ldb, p.ldc, p.groups, p.images,
                           geo.tiles_per_split, p.a_group, p.a_image, p.b_group, p.b_image,
                           p.c_group, c_split), geo.smem)
-    if geo.splits == 1:
-        return multiply
-    add = launch.kernel("gemm_sum_splits").bind(ceil_div(p.c_extent, block), block,
-                                                (p.c_extent, geo.splits))
-    part = launch.xp.empty(geo.partial_elements, dtype=launch.xp.float32)
-
-    def run(a, b, c):
-        multiply(a, b, part)
-        add(part, c)
-
-    return run
+    return kernels.split_sum(launch, multiply, "gemm_sum_splits", p.c_extent, geo.splits, block)
 
 
 def cublas_available() -> str | None:
@@ -267,26 +257,20 @@ def cublas_runner(product: Product) -> Callable:
     handle = cupy.cuda.device.get_cublas_handle()
     one, zero = np.ones(1, np.float32), np.zeros(1, np.float32)
     op = {False: cublas.CUBLAS_OP_N, True: cublas.CUBLAS_OP_T}
-    part, add = None, None
-    if cublas_partial_elements(p):
-        part = cupy.empty(cublas_partial_elements(p), dtype=cupy.float32)
-        block = threads("small")
-        add = kernels.launcher("cuda", "gemm", TILES["small"]).kernel("gemm_sum_splits").bind(
-            ceil_div(p.c_extent, block), block, (p.c_extent, p.images))
 
-    def run(a, b, c):
+    def products(a, b, c):  # into C, or into the per-image partials (then C is those)
         with _fp32_cublas(handle):
             for call in calls:
-                target = part if call.into_partial else c
                 cublas.sgemmStridedBatched(
                     handle, op[p.trans_b], op[p.trans_a], p.n, p.m, p.k, one.ctypes.data,
                     b.data.ptr + 4 * call.b, p.ldb, call.strides[1],
                     a.data.ptr + 4 * call.a, p.lda, call.strides[0], zero.ctypes.data,
-                    target.data.ptr + 4 * call.c, p.ldc, call.strides[2], call.batch)
-        if add is not None:
-            add(part, c)
+                    c.data.ptr + 4 * call.c, p.ldc, call.strides[2], call.batch)
 
-    return run
+    if not cublas_partial_elements(p):
+        return products
+    return kernels.split_sum(kernels.launcher("cuda", "gemm", TILES["small"]), products,
+                             "gemm_sum_splits", p.c_extent, p.images, threads("small"))
 
 
 # --- the convolution ----------------------------------------------------------------------------
