@@ -41,7 +41,7 @@ from pathlib import Path
 
 from . import memory, memprofile, timing, trainstep
 from .devices import backend_of
-from .threads import CPU_THREAD_ENV
+from .measurement import Measurement
 
 STRATEGIES = ("none", "checkpoint", "recompute-cheap", "offload")
 #: Relative gradient error a strategy may introduce (it reorders nothing: recomputation repeats
@@ -165,7 +165,7 @@ class Probe:
     def images_per_s(self) -> float | None:
         if not self.times_ms:
             return None
-        return self.batch / (sorted(self.times_ms)[len(self.times_ms) // 2] / 1e3)
+        return self.batch / (Measurement(tuple(self.times_ms)).median / 1e3)
 
 
 def probe_here(net: str, strategy: str, batch: int, device: str, budget: int,
@@ -199,19 +199,12 @@ def probe(net: str, strategy: str, batch: int, device: str, budget: int,
            "budget": budget, "time_s": time_s}
     proc = subprocess.run([sys.executable, "-m", "convbench.memplan", json.dumps(job)],
                           capture_output=True, text=True, check=False,
-                          env=_environment(device))
+                          env=trainstep.worker_environment(device))
     if proc.returncode:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"memplan probe {strategy} at batch {batch} exited with "
                            f"{proc.returncode}: {tail}")
     return Probe(**json.loads(proc.stdout.strip().splitlines()[-1]))
-
-
-def _environment(device: str) -> dict | None:
-    """Probes on the CPU run with idle threads sleeping, as every convbench process does."""
-    import os
-
-    return {**CPU_THREAD_ENV, **os.environ} if backend_of(device) == "numpy" else None
 
 
 # --- the search -----------------------------------------------------------------------------

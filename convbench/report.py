@@ -394,7 +394,7 @@ def markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = ()) -> str:
                  "(Python, the launches) as the GPU took to run (`host_ms` >= `median_ms` in "
                  f"{RESULTS_CSV}): the GPU may have waited for the host, so these times are upper "
                  f"bounds of the kernels' own. Marked `{HOST_BOUND}` in the time tables."), "",
-                md_table(host_bound_table(df)), ""]
+                md_table(host_bound), ""]
     out += ["## Plots", ""]
     out += [plots] if isinstance(plots, str) else [f"![{Path(p).stem}]({p})" for p in plots]
     return "\n".join(out) + "\n"

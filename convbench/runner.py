@@ -166,11 +166,10 @@ class DeviceFault(Exception):
         self.row = row
 
 
-def _not_measured(exc: Exception, backend: str) -> NotMeasured:
+def _not_measured(exc: Exception) -> NotMeasured:
     lines = str(exc).strip().splitlines()
     reason = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-    if _is_oom(exc):
-        memory.release_device_memory(backend)
+    if _is_oom(exc):  # the next case starts by giving the pools' blocks back
         return NotMeasured("oom", reason)
     return NotMeasured("failed", reason, fatal=is_sticky_fault(exc))
 
@@ -182,10 +181,10 @@ def _phase_fns(impl, fn, args: tuple) -> dict[str, Callable[[], None]] | None:
     names = impl.phases(*args)
     if names is None:
         return None
-    if sorted(names) != sorted(getattr(fn, "phase_fns", {})):
-        raise ValueError(f"phases() names {names} but the prepared pass has "
-                         f"{list(getattr(fn, 'phase_fns', {}))}")
-    return {name: fn.phase_fns[name] for name in names}
+    fns = getattr(fn, "phase_fns", {})
+    if sorted(names) != sorted(fns):
+        raise ValueError(f"phases() names {names} but the prepared pass has {list(fns)}")
+    return {name: fns[name] for name in names}
 
 
 def prepare(case: Case, operands: Operands, impl=None,
@@ -202,6 +201,9 @@ def prepare(case: Case, operands: Operands, impl=None,
         raise NotMeasured("unsupported", f"no {case.precision} array type in NumPy or CuPy")
     xp = array_module(case.backend)
     footprint = memory.operand_bytes(p, case.pass_, DTYPES[case.precision])
+    # An empty GPU for every case, before its operands: the last case's cached blocks (in
+    # either pool, an out-of-memory's included) and plans are given back.
+    memory.release_device_memory(case.backend)
     try:
         workspace = opcount.workspace_bytes(impl, *args)
         if limit is not None:
@@ -209,7 +211,6 @@ def prepare(case: Case, operands: Operands, impl=None,
                         "predicted footprint (operands and workspace)")
         a, b, ref = operands.get(case, xp)
         out = reference.nan_output(p, case.pass_, case.layout, DTYPES[case.precision], xp)
-        memory.release_device_memory(case.backend)
         with memory.trace(case.backend) as trace:
             fn = impl.prepare(*args)
             trace.mark()
@@ -221,7 +222,7 @@ def prepare(case: Case, operands: Operands, impl=None,
             limit.check(case.backend, footprint + peak, "measured footprint (operands and peak)")
         phase_fns = _phase_fns(impl, fn, args)
     except Exception as exc:
-        raise _not_measured(exc, case.backend) from exc
+        raise _not_measured(exc) from exc
     chk = verify.check(out, ref, case.algo, case.precision, p, case.pass_)
     if not chk.ok:
         raise NotMeasured("failed", chk.reason, chk)
@@ -254,7 +255,7 @@ def measure(case: Case, operands: Operands, budget_s: float, impl=None,
             phases = (phase_timer_for(case.backend)(ready.phase_fns, budget_s)
                       if ready.phase_fns else None)
         except Exception as exc:
-            raise _not_measured(exc, case.backend) from exc
+            raise _not_measured(exc) from exc
         note = _describe(ready.impl, args)
         if copies:
             m = _without_copy(phases)

@@ -38,18 +38,13 @@ def default_folder(net: str, backend: str, kind: str = "") -> Path:
     return Path("results") / f"{date}-{envinfo.device_slug(backend)}-{net}{kind}"
 
 
-def layers_at(specs: Iterable[str], net: str, batch: int | None,
-              device: Device) -> list[layers.Layer]:
-    """Layers by name, `net:layer` or text spec (`layers.resolve`); a catalog layer takes
+def layer_at(spec: str, net: str, batch: int | None, device: Device) -> layers.Layer:
+    """A layer by name, `net:layer` or text spec (`layers.resolve`); a catalog layer takes
     `batch` or the device's default batch, a text spec keeps its own n unless `batch` is
     given."""
-    out = []
-    for spec in specs:
-        layer = layers.resolve(spec, net)
-        n = batch or (None if layer.net == "custom" else device.batch)
-        out.append(layers.Layer(layer.net, layer.name, layer.problem.with_batch(n))
-                   if n else layer)
-    return out
+    layer = layers.resolve(spec, net)
+    n = batch or (None if layer.net == "custom" else device.batch)
+    return layers.Layer(layer.net, layer.name, layer.problem.with_batch(n)) if n else layer
 
 
 def sweep_cases(specs: Iterable[str], net: str, batches: Iterable[int | None], device: Device,
@@ -57,8 +52,7 @@ def sweep_cases(specs: Iterable[str], net: str, batches: Iterable[int | None], d
                 precisions: Iterable[str]) -> list[runner.Case]:
     """Every case of the sweep, each layer at each batch in the order given (smallest first
     is the order `SkipLarger` relies on); ValueError naming the first bad layer."""
-    chosen = [layer for spec in specs for n in batches
-              for layer in layers_at([spec], net, n, device)]
+    chosen = [layer_at(spec, net, n, device) for spec in specs for n in batches]
     return runner.sweep(chosen, algos, device.backend, passes, layouts, precisions)
 
 

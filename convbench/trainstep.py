@@ -159,7 +159,7 @@ class Worker:
         self.config, self.log = config, log
         self.proc = subprocess.Popen(_command("train", job), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, text=True,
-                                     env=_environment(device))
+                                     env=worker_environment(device))
         self.ready = self._answer()
 
     def _answer(self) -> dict:
@@ -190,9 +190,9 @@ def _command(kind: str, job: dict) -> list[str]:
     return [sys.executable, "-m", "convbench.trainstep", kind, json.dumps(job)]
 
 
-def _environment(device: str) -> dict | None:
-    """The environment of the processes that tune and train: on the CPU, idle threads sleep
-    (`threads.CPU_THREAD_ENV`, unless set otherwise), else this one's."""
+def worker_environment(device: str) -> dict | None:
+    """The environment of the worker processes (tuning, training, memplan's probes): on the CPU,
+    idle threads sleep (`threads.CPU_THREAD_ENV`, unless set otherwise), else this one's."""
     return {**CPU_THREAD_ENV, **os.environ} if backend_of(device) == "numpy" else None
 
 
@@ -253,7 +253,7 @@ def compare(net: str, batch: int, device: str, *, budget_s: float = STEP_BUDGET_
         job = {"net": net, "batch": batch, "device": device, "plan_file": plan_file,
                "budget_s": tune_budget_s, "algos": algos,
                "store": None if store is None else str(store)}
-        tuned = subprocess.run(_command("tune", job), env=_environment(device), check=False)
+        tuned = subprocess.run(_command("tune", job), env=worker_environment(device), check=False)
         if tuned.returncode:
             raise RuntimeError(f"train-step: tuning exited with {tuned.returncode} (its "
                                "error is above)")

@@ -2,7 +2,7 @@
 
 PyTorch picks the library from where the tensors live; the call, and how a layout becomes a
 memory format (an NHWC array viewed with NCHW indexing is a `channels_last` tensor), is the same.
-torch allocates the result itself, so a prepared pass is two phases (`convolution.phases`): the
+torch allocates the result itself, so a prepared pass is two phases (`convbench.phases`): the
 call, and the copy of its result into the harness's output, which the pass's time leaves out.
 """
 
