@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .problem import LAYOUTS, PASSES, PRECISIONS, ConvProblem
+from .problem import AXIS_FIELDS, LAYOUTS, PASSES, PRECISIONS, ConvProblem
 from .registry import ALGOS, BACKENDS
 from .results import ENTRY_NUMBERS, PROBLEM_FIELDS, STATUSES
 
@@ -361,6 +361,20 @@ def _integer(minimum: int = 0) -> Validator:
     return check
 
 
+def _axis_value(minimum: int) -> Validator:
+    """Stride, pad or dilation: one integer, or [height, width]."""
+    whole = _integer(minimum)
+
+    def check(v, path):
+        if isinstance(v, list):
+            if len(v) != 2:
+                raise _Invalid(path, f"expected an integer or [height, width], got {_describe(v)}")
+            return tuple(whole(x, f"{path}[{i}]") for i, x in enumerate(v))
+        return whole(v, path)
+
+    return check
+
+
 def _number(v, path):
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise _Invalid(path, f"expected a number, got {_describe(v)}")
@@ -413,7 +427,8 @@ def _obj(fields: dict[str, Validator], build: Callable = dict, partial: bool = F
 
 
 def _problem_field(v, path):
-    fields = _obj({f: _integer(0 if f == "pad" else 1) for f in PROBLEM_FIELDS})(v, path)
+    fields = _obj({f: _axis_value(AXIS_FIELDS[f]) if f in AXIS_FIELDS else _integer(1)
+                   for f in PROBLEM_FIELDS})(v, path)
     try:
         return ConvProblem(**fields)
     except ValueError as exc:

@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from .measurement import Measurement
-from .problem import ConvProblem
+from .problem import AXIS_FIELDS, ConvProblem, axis_pair, pair_text
 
 PROBLEM_FIELDS = tuple(f.name for f in dataclasses.fields(ConvProblem))
 #: What identifies a row: a second row with the same key is the same measurement.
@@ -39,11 +39,13 @@ COLUMNS = (*KEY, "status", "reason", "median_ms", "iqr_ms", "reps", "gflops", "r
            "workspace_bytes", "peak_bytes", "memory_method", "net", "min_ms", "noisy",
            "times_ms", "phases_ms", "algo_ops", "max_abs_error", "tolerance", "note", "host_ms")
 STATUSES = ("ok", "unsupported", "failed", "oom")
-#: Numeric columns, and those of them that count whole things.
-NUMERIC = (*PROBLEM_FIELDS, "median_ms", "iqr_ms", "reps", "gflops", "rel_error",
+#: Numeric columns, and those of them that count whole things. Stride, pad and dilation are
+#: apart: an integer where the two axes agree, else text `HxW` (`ConvProblem.axis_fields`).
+_WHOLE_FIELDS = tuple(f for f in PROBLEM_FIELDS if f not in AXIS_FIELDS)
+NUMERIC = (*_WHOLE_FIELDS, "median_ms", "iqr_ms", "reps", "gflops", "rel_error",
            "workspace_bytes", "peak_bytes", "min_ms", "algo_ops", "max_abs_error", "tolerance",
            "host_ms")
-INTEGER = (*PROBLEM_FIELDS, "reps", "workspace_bytes", "peak_bytes", "algo_ops")
+INTEGER = (*_WHOLE_FIELDS, "reps", "workspace_bytes", "peak_bytes", "algo_ops")
 #: Text columns: empty, not missing, where they do not apply.
 TEXT = ("reason", "note", "times_ms", "phases_ms", "memory_method")
 
@@ -72,7 +74,15 @@ def parse_phases(text: str | None) -> dict[str, float]:
 
 def problem_from_row(row) -> ConvProblem:
     """The problem of a row (a dict, a record or a DataFrame row; numbers or CSV strings)."""
-    return ConvProblem(**{f: int(row[f]) for f in PROBLEM_FIELDS})
+    return ConvProblem(**{f: _axis_cell(f, row[f]) if f in AXIS_FIELDS else int(row[f])
+                          for f in PROBLEM_FIELDS})
+
+
+def _axis_cell(field: str, v):
+    """A stride, pad or dilation cell (2, "2", "2.0" or "2x1") in its one form."""
+    if isinstance(v, float) or (isinstance(v, str) and "." in v):
+        v = int(float(v))
+    return axis_pair(field, v)
 
 
 def row_key(row) -> tuple[str, ...]:
@@ -146,10 +156,21 @@ def frame(rows: list[dict]) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=list(COLUMNS))
     for col in NUMERIC:
         df[col] = pd.to_numeric(df[col], errors="coerce")
+    for col in AXIS_FIELDS:
+        df[col] = [_cell_form(col, v) for v in df[col]]
     df["noisy"] = df["noisy"].map({True: True, False: False, "True": True, "False": False})
     for col in TEXT:
         df[col] = df[col].astype(object).fillna("")
     return df
+
+
+def _cell_form(field: str, v):
+    """A per-axis cell as a table holds it: an int, or `HxW` text where the axes differ;
+    a missing one stays missing."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return v
+    value = _axis_cell(field, v)
+    return pair_text(value) if isinstance(value, tuple) else value
 
 
 def to_csv(df: pd.DataFrame) -> str:
@@ -211,7 +232,7 @@ def row_from_entry(entry: dict, layer: str, net: str, precision: str) -> dict:
     """A measurement entry as a results row of `layer` (the columns it has; `frame` fills in
     the rest)."""
     out = {"layer": layer, "net": net, "precision": precision,
-           **dataclasses.asdict(entry["problem"]),
+           **entry["problem"].axis_fields(),
            **{k: v for k, v in entry.items() if k not in ("problem", "times_ms")}}
     out["times_ms"] = " ".join(f"{t:.6g}" for t in entry["times_ms"])
     return out

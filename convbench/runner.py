@@ -32,7 +32,6 @@ what the copy took.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -61,7 +60,7 @@ class Case:
 
     def fields(self) -> dict:
         """The case's part of its row: the key's columns and the net."""
-        return {"layer": self.layer, "net": self.net, **dataclasses.asdict(self.problem),
+        return {"layer": self.layer, "net": self.net, **self.problem.axis_fields(),
                 "algo": self.algo, "backend": self.backend, "pass": self.pass_,
                 "layout": self.layout, "precision": self.precision}
 

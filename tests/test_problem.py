@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from convbench.problem import ConvProblem, parse_spec
@@ -74,3 +76,52 @@ def test_spec_round_trip():
 def test_malformed_specs(text, msg):
     with pytest.raises(ValueError, match=msg):
         parse_spec(text)
+
+
+# --- per-axis geometry ---------------------------------------------------------------------
+def test_per_axis_fields_have_one_form():
+    a = ConvProblem(n=1, c=3, h=9, w=20, k=4, r=1, s=7, stride=(2, 1), pad=(0, 3))
+    assert a == ConvProblem(n=1, c=3, h=9, w=20, k=4, r=1, s=7, stride=[2, 1], pad=(0, 3),
+                            dilation=(1, 1))
+    assert a.dilation == 1 and a.stride == (2, 1) and a.per_axis
+    assert (a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.dil_h, a.dil_w) == (2, 1, 0, 3, 1, 1)
+    assert (a.p, a.q) == (5, 20)  # (9 - 1) // 2 + 1 and 20 + 6 - 7 + 1
+    assert ConvProblem(n=1, c=1, h=5, w=5, k=1, r=3, s=3, stride=(2, 2)).stride == 2
+    assert not ConvProblem(n=1, c=1, h=5, w=5, k=1, r=3, s=3, stride=(2, 2)).per_axis
+    d = ConvProblem(n=1, c=1, h=9, w=9, k=1, r=3, s=3, dilation=(2, 3))
+    assert (d.eff_r, d.eff_s, d.p, d.q) == (5, 7, 5, 3)
+
+
+@pytest.mark.parametrize("text", [
+    "n=1,c=3,h=9,w=20,k=4,r=1,s=7,stride=2x1,pad=0x3",
+    "n=1,c=3,h=9,w=20,k=4,r=1,s=7,stride_h=2,stride_w=1,pad_h=0,padding_w=3",
+])
+def test_per_axis_specs_read_back_in_the_shortest_form(text):
+    p = parse_spec(text)
+    assert p.stride == (2, 1) and p.pad == (0, 3)
+    assert p.spec() == "n=1,c=3,h=9,w=20,k=4,r=1,s=7,stride=2x1,pad=0x3"
+    assert parse_spec(p.spec()) == p
+    assert parse_spec("n=1,c=1,h=5,w=5,k=1,r=3,s=3,stride_h=2,stride_w=2").spec() == \
+        "n=1,c=1,h=5,w=5,k=1,r=3,s=3,stride=2"
+
+
+@pytest.mark.parametrize("text, msg", [
+    ("n=1,c=1,h=5,w=5,k=1,r=3,s=3,stride=2x", "stride='2x' is not an integer or HxW"),
+    ("n=1,c=1,h=5,w=5,k=1,r=3,s=3,stride=2x1x1", "stride='2x1x1' is not an integer or HxW"),
+    ("n=1,c=1,h=5,w=5,k=1,r=3,s=3,stride_h=2", "stride_h and stride_w go together"),
+    ("n=1,c=1,h=5,w=5,k=1,r=3,s=3,stride_h=2,stride_w=1,stride=2", "given both whole and per axis"),
+    ("n=1,c=1,h=5,w=5,k=1,r=3,s=3,pad_h=1,pad_h=2", "pad_h given twice"),
+    ("n=1,c=1,h=5,w=5,k=1,r=3,s=3,stride=0x1", "stride must be >= 1, got 0x1"),
+    ("n=1,c=1,h=5,w=5,k=1,r=3,s=3,pad=-1x0", "pad must be >= 0, got -1x0"),
+    ("n=1,c=1,h=5,w=5,k=1,r=3,s=3,pad=-1", "pad must be >= 0, got -1"),
+    ("n=1,c=1,h=2,w=5,k=1,r=3,s=3,pad=0x1", "filter extent 3 is larger than the padded input h=2+2*0"),
+    ("n=4294967296,c=1,h=5,w=5,k=1,r=3,s=3", "n must be at most 2147483647"),
+])
+def test_malformed_per_axis_specs(text, msg):
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        parse_spec(text)
+
+
+def test_a_problem_larger_than_any_machine_is_still_a_problem():
+    p = parse_spec("n=99999999,c=99999,h=9999,w=9999,k=64,r=3,s=3,pad=1")
+    assert p.x_shape() == (99999999, 99999, 9999, 9999)
