@@ -36,6 +36,7 @@ capacity fails while the other pool sits on gigabytes it no longer uses.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import sys
@@ -67,7 +68,7 @@ def parse_size(text: str) -> int:
     """`2GiB`, `256MiB`, `1.5 GB`, `4096` -> bytes; ValueError naming the units otherwise."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
     unit = m and m.group(2).lower()
-    if not m or unit not in _UNITS or float(m.group(1)) <= 0:
+    if not m or unit not in _UNITS or float(m.group(1)) * _UNITS[unit] < 1:
         raise ValueError(f"{text!r} is not a positive size such as 512MiB, 2GiB or 1.5GB")
     return int(float(m.group(1)) * _UNITS[unit])
 
@@ -75,7 +76,8 @@ def parse_size(text: str) -> int:
 def format_size(nbytes: float) -> str:
     """Bytes in the largest binary unit that keeps the number at least 1: `1.5 GiB`; three
     significant digits, four from 1000 up (`1020 MiB`, never `1.02e+03 MiB`)."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    for unit, scale in (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30),
+                        ("MiB", 2**20), ("KiB", 2**10)):
         if abs(nbytes) >= scale:
             value = nbytes / scale
             return f"{value:.4g} {unit}" if abs(value) >= 1000 else f"{value:.3g} {unit}"
@@ -84,7 +86,7 @@ def format_size(nbytes: float) -> str:
 
 def operand_bytes(problem: ConvProblem, pass_: str, dtype) -> int:
     """Bytes of a pass's two inputs and its output."""
-    elements = sum(int(np.prod(s)) for s in problem.operand_shapes(pass_))
+    elements = sum(math.prod(s) for s in problem.operand_shapes(pass_))
     return elements * np.dtype(dtype).itemsize
 
 
@@ -319,6 +321,16 @@ def capacity(backend: str) -> int:
 
         return cupy.cuda.Device().mem_info[1]
     return available_host_bytes()
+
+
+def total_bytes(backend: str) -> int:
+    """All the memory `backend` has, free or not: the GPU's, or the host's physical memory. A
+    pass whose operands alone need more can never run there."""
+    if backend == "cuda":
+        import cupy
+
+        return cupy.cuda.Device().mem_info[1]
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def available_host_bytes() -> int:

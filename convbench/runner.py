@@ -200,6 +200,10 @@ def prepare(case: Case, operands: Operands, impl=None,
         raise NotMeasured("unsupported", f"no {case.precision} array type in NumPy or CuPy")
     xp = array_module(case.backend)
     footprint = memory.operand_bytes(p, case.pass_, DTYPES[case.precision])
+    total = memory.total_bytes(case.backend)
+    if footprint > total:  # before anything is sized or allocated for it
+        raise NotMeasured("oom", f"its operands need {memory.format_size(footprint)}, more than "
+                          f"the {memory.format_size(total)} this device has")
     # An empty GPU for every case, before its operands: the last case's cached blocks (in
     # either pool, an out-of-memory's included) and plans are given back.
     memory.release_device_memory(case.backend)

@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +34,12 @@ def run_cli(capsys, *argv):
     (["layer", "n=1,c=2,h=6"], "malformed layer spec"),
     (["layer", "n=1,c=2,h=6,w=6,k=3,r=9,s=3"], "larger than the padded input"),
     (["layer", "conv2", "--batch", "0"], "'0' is not positive"),
+    (["layer", "conv2", "--budget", "nan"], "'nan' is not a finite number"),
+    (["layer", "conv2", "--budget", "inf"], "'inf' is not a finite number"),
+    (["layer", "conv2", "--batch", "99999999999"], "is larger than 2147483647"),
+    (["layer", "n=1,c=1,h=5,w=5,k=1,r=3,s=3,stride=1x0"], "stride must be >= 1, got 1x0"),
+    (["sweep", "--batch", "1,4294967296"], "batch 4294967296 is larger than 2147483647"),
+    (["bench", "--memory-limit", "0.5B"], "'0.5B' is not a positive size"),
     (["layer", "conv2", "--resume"], "--resume needs the run folder"),
     (["report", "/nonexistent/run"], "is not a run folder"),
     (["bench", "--device", "tpu"], "invalid choice: 'tpu'"),
@@ -229,3 +236,37 @@ def test_every_subcommand_has_working_help(capsys):
             cli.main([command, "--help"])
         assert exc.value.code == 0, command
         assert "usage:" in capsys.readouterr().out
+
+
+def _numeric_options():
+    """(command, option, its type) of every option that parses a number or a size."""
+    sub = next(a for a in cli.build_parser()._actions if a.choices and "layer" in a.choices)
+    for command, parser in sub.choices.items():
+        for action in parser._actions:
+            if action.type is not None and action.type not in (str, Path) \
+                    and action.option_strings:
+                yield command, action.option_strings[0], action.type
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf", "-1", "0", "1e999", "", "x"])
+def test_every_numeric_option_refuses_what_is_no_count_size_or_time(text):
+    """The class of `--budget nan`: every numeric option of every command is checked where it
+    is parsed, so nothing absurd reaches a measurement."""
+    import argparse
+
+    options = list(_numeric_options())
+    assert len(options) >= 15  # --budget, --batch, --memory-limit, ... of every command
+    for command, option, kind in options:
+        with pytest.raises(argparse.ArgumentTypeError):
+            kind(text)
+            pytest.fail(f"{command} {option} took {text!r}")
+
+
+def test_a_problem_larger_than_any_machine_is_an_oom_row_saying_what_it_needs(capsys):
+    code, out, _ = run_cli(capsys, "layer", "n=99999999,c=99999,h=9999,w=9999,k=64,r=3,s=3",
+                             "--algos", "all", "--passes", "fwd", "--layouts", "nchw",
+                             "--format", "json")
+    rows = json.loads(out)
+    assert code == 0 and rows and {r["status"] for r in rows} == {"oom"}
+    assert all(r["reason"].startswith("its operands need 3") and " EiB, more than the " in
+               r["reason"] and r["reason"].endswith("this device has") for r in rows)

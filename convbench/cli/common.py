@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import shutil
 import sys
 import time
 from pathlib import Path
 
 from .. import memory, results
-from ..problem import check_choice
+from ..problem import FIELD_MAX, check_choice
 
 EXIT_FAULT = 1
 EXIT_USAGE = 2
@@ -42,13 +43,19 @@ def usage_errors(prefix: str = ""):
 
 # --- argument types -------------------------------------------------------------------------
 def positive(kind):
+    """A positive, finite number of `kind` (a count is also at most `FIELD_MAX`, the most a
+    problem field holds): `nan`, `inf`, `0` and `-1` are refused where they are parsed."""
     def parse(text: str):
         try:
             v = kind(text)
-        except ValueError:
+        except (ValueError, OverflowError):
             raise argparse.ArgumentTypeError(f"{text!r} is not a positive number") from None
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
         if v <= 0:
             raise argparse.ArgumentTypeError(f"{text!r} is not positive")
+        if kind is int and v > FIELD_MAX:
+            raise argparse.ArgumentTypeError(f"{text!r} is larger than {FIELD_MAX}")
         return v
 
     return parse
@@ -62,6 +69,8 @@ def batches(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of batch sizes") from None
     if not out or out[0] <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of positive batch sizes")
+    if out[-1] > FIELD_MAX:
+        raise argparse.ArgumentTypeError(f"batch {out[-1]} is larger than {FIELD_MAX}")
     return out
 
 
