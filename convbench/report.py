@@ -32,6 +32,7 @@ from . import memory, registry
 from .devices import DEVICES
 from .measurement import NOISE_THRESHOLD, Measurement, is_host_bound
 from .phases import CONVOLUTION, FUSED, OUTPUT_COPY
+from .problem import PASSES
 from .results import KEY, PROBLEM_FIELDS, RESULTS_CSV, parse_phases
 
 REPORT_MD = "report.md"
@@ -353,6 +354,85 @@ def _header(df: pd.DataFrame, env: dict) -> list[str]:
     return lines
 
 
+# --- a network's cost: layers weighted by how often they occur --------------------------------
+def _fastest(ok: pd.DataFrame) -> pd.DataFrame:
+    """The fastest verified row of each (layer, pass), any algo and layout."""
+    return ok.loc[ok.groupby(["layer", "pass"], sort=False)["median_ms"].idxmin()]
+
+
+def cost_table(df: pd.DataFrame, occurrences: dict[str, int]) -> pd.DataFrame:
+    """Per problem (layer): how often the network has it, its fastest algorithm and layout per
+    pass, and what it costs the network (time x occurrences, summed over the passes), the
+    costliest first."""
+    fastest = _fastest(df[df["status"] == "ok"])
+    rows = []
+    for layer, best in fastest.groupby("layer", sort=False):
+        count = occurrences.get(layer, 1)
+        cells = {r["pass"]: f"{fmt_ms(r['median_ms'])} {r['algo']} {r['layout']}"
+                 for _, r in best.iterrows()}
+        rows.append({"layer": layer, "occurrences": count,
+                     **{p_: cells.get(p_, "") for p_ in PASSES if p_ in set(df["pass"])},
+                     "network ms": best["median_ms"].sum() * count})
+    table = pd.DataFrame(rows).sort_values("network ms", ascending=False, kind="stable")
+    total = table["network ms"].sum()
+    table["share"] = (table["network ms"] / total).map(lambda v: f"{v:.0%}")
+    table["network ms"] = table["network ms"].map(fmt_ms)
+    return table.set_index("layer")
+
+
+def choice_totals(df: pd.DataFrame, occurrences: dict[str, int]) -> pd.DataFrame:
+    """The network's total (every measured pass of every problem, times its occurrences) for
+    each algorithm used throughout, each layer in its faster layout, and for the fastest choice
+    per layer and pass; an algorithm that cannot run some problem has no total, only a count
+    of what it lacks."""
+    ok = df[df["status"] == "ok"]
+    needed = df[["layer", "pass"]].drop_duplicates()
+    weight = needed["layer"].map(lambda layer: occurrences.get(layer, 1))
+    fastest = _fastest(ok)
+    best_total = float((fastest["median_ms"] * fastest["layer"].map(
+        lambda layer: occurrences.get(layer, 1))).sum())
+    rows = [{"choice": "fastest per layer and pass", "network ms": fmt_ms(best_total),
+             "x fastest": fmt_ratio(1.0), "covers": f"{len(fastest)} of {len(needed)}"}]
+    for algo in _algos(df):
+        own = ok[ok["algo"] == algo].groupby(["layer", "pass"], sort=False)["median_ms"].min()
+        covered = len(own)
+        if covered < len(needed):
+            rows.append({"choice": algo, "network ms": "", "x fastest": "",
+                         "covers": f"{covered} of {len(needed)}"})
+            continue
+        total = float(sum(own[layer, p_] * w for (layer, p_), w
+                          in zip(needed.itertuples(index=False), weight)))
+        rows.append({"choice": algo, "network ms": fmt_ms(total),
+                     "x fastest": fmt_ratio(total / best_total), "covers": f"{covered} of "
+                     f"{len(needed)}"})
+    return pd.DataFrame(rows).set_index("choice")
+
+
+def network_section(df: pd.DataFrame, env: dict) -> list[str]:
+    """The report of a model's or a problem file's run: its problems weighted by how often the
+    network has each (`occurrences` in env.json's run), and the network total per choice."""
+    occurrences = env.get("run", {}).get("occurrences")
+    if not occurrences or not (df["status"] == "ok").any():
+        return []
+    source = env["run"].get("model") or env["run"].get("problems") or "the network"
+    out = ["## Network cost", "",
+           (f"{source}: {sum(occurrences.values())} conv layers, {len(occurrences)} distinct "
+            "problems. Each problem's median ms per pass in its fastest verified algorithm and "
+            "layout, times how often the network has it; the costliest first. Layouts are each "
+            "pass's own best here: the conversions between them are not counted (`convbench "
+            "advise` weighs them)."), ""]
+    unmeasured = env["run"].get("unmeasured") or {}
+    if unmeasured:
+        out += ["Not measured (convbench cannot run them): " + "; ".join(
+            f"{layer} ({why})" for layer, why in unmeasured.items()) + ".", ""]
+    for precision, rows in df.groupby("precision", sort=False):
+        out += [f"### {precision}", "", md_table(cost_table(rows, occurrences)), "",
+                ("Network total per choice: one algorithm for every problem and pass, each in "
+                 "its faster layout; `covers` counts the problem-passes it ran verified."), "",
+                md_table(choice_totals(rows, occurrences)), ""]
+    return out
+
+
 def markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = ()) -> str:
     """report.md: the header, time tables per pass and layout, op counts, workspace, accuracy,
     the phase breakdown, what was not measured and why, noisy measurements, and the plots
@@ -367,6 +447,7 @@ def markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = ()) -> str:
     for (precision, pass_, layout), rows in df.groupby(["precision", "pass", "layout"],
                                                        sort=False):
         out += [f"### {pass_}, {layout}, {precision}", "", md_table(time_table(rows)), ""]
+    out += network_section(df, env)
     out += ["## Operation counts", "",
             ("Theoretical GFLOP per pass (`opcount.py`); n/a where the kernel is the library's "
              "choice or the algorithm does not apply."), "", md_table(op_table(df)), ""]

@@ -38,18 +38,20 @@ def default_folder(net: str, backend: str, kind: str = "") -> Path:
     return Path("results") / f"{date}-{envinfo.device_slug(backend)}-{net}{kind}"
 
 
-def layer_at(spec: str, net: str, batch: int | None, device: Device) -> layers.Layer:
-    """A layer by name, `net:layer` or text spec (`layers.resolve`); a catalog layer takes
-    `batch` or the device's default batch, a text spec keeps its own n unless `batch` is
-    given."""
-    layer = layers.resolve(spec, net)
-    n = batch or (None if layer.net == "custom" else device.batch)
+def layer_at(spec: str | layers.Layer, net: str, batch: int | None,
+             device: Device) -> layers.Layer:
+    """A layer by name, `net:layer` or text spec (`layers.resolve`), or a Layer as it is (a
+    model's, a problem file's); a catalog layer takes `batch` or the device's default batch,
+    the others keep their own n unless `batch` is given."""
+    layer = spec if isinstance(spec, layers.Layer) else layers.resolve(spec, net)
+    own_batch = isinstance(spec, layers.Layer) or layer.net == "custom"
+    n = batch or (None if own_batch else device.batch)
     return layers.Layer(layer.net, layer.name, layer.problem.with_batch(n)) if n else layer
 
 
-def sweep_cases(specs: Iterable[str], net: str, batches: Iterable[int | None], device: Device,
-                algos: Iterable[str], passes: Iterable[str], layouts: Iterable[str],
-                precisions: Iterable[str]) -> list[runner.Case]:
+def sweep_cases(specs: Iterable[str | layers.Layer], net: str, batches: Iterable[int | None],
+                device: Device, algos: Iterable[str], passes: Iterable[str],
+                layouts: Iterable[str], precisions: Iterable[str]) -> list[runner.Case]:
     """Every case of the sweep, each layer at each batch in the order given (smallest first
     is the order `SkipLarger` relies on); ValueError naming the first bad layer."""
     chosen = [layer_at(spec, net, n, device) for spec in specs for n in batches]
@@ -58,8 +60,10 @@ def sweep_cases(specs: Iterable[str], net: str, batches: Iterable[int | None], d
 
 def environment(device: Device, net: str, cases: list[runner.Case], budget_s: float, *,
                 batch: int | list[int] | None = None, limit: MemoryLimit | None = None,
-                command: str = "") -> dict:
-    """env.json: the machine (`envinfo.collect`), and how this run was asked for."""
+                command: str = "", source: dict | None = None) -> dict:
+    """env.json: the machine (`envinfo.collect`), and how this run was asked for; `source`
+    says where layers not from a catalog came from (a model and its input, a problem file)
+    and how often each occurs in the network (`occurrences`), which the report weighs by."""
     env = envinfo.collect(device.backend)
     env["run"] = {"net": net, "device": device.name, "backend": device.backend,
                   "batch": batch or device.batch or "catalog", "budget_s": budget_s,
@@ -68,7 +72,7 @@ def environment(device: Device, net: str, cases: list[runner.Case], budget_s: fl
                   "passes": list(dict.fromkeys(c.pass_ for c in cases)),
                   "layouts": list(dict.fromkeys(c.layout for c in cases)),
                   "precisions": list(dict.fromkeys(c.precision for c in cases)),
-                  "command": command}
+                  "command": command, **(source or {})}
     env["memory_method"] = memory.trace(device.backend).method
     return env
 

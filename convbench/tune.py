@@ -149,11 +149,20 @@ def _backend_precision(example_input) -> tuple[str, str]:
     return backend, PRECISION_OF_DTYPE[dtype]
 
 
-def tune(model, example_input, *, algos: str = "all", layouts: tuple[str, ...] = LAYOUTS,
-         budget_s: float | None = None, constraints: Constraints = NO_CONSTRAINTS,
-         store: PlanStore | str | Path | None = None, input_layout: str = "nchw",
-         output_layout: str = "nchw", log: Callable[[str], None] | None = None) -> Plan:
-    """Measure the conv layers of `model` as `example_input` exercises them, and plan them.
+def tune(model, example_input, **options) -> Plan:
+    """Measure the conv layers of `model` as `example_input` exercises them, and plan them
+    (`tune_advice`'s plan; its options are this one's)."""
+    return tune_advice(model, example_input, **options)[0]
+
+
+def tune_advice(model, example_input, *, algos: str = "all",
+                layouts: tuple[str, ...] = LAYOUTS, budget_s: float | None = None,
+                constraints: Constraints = NO_CONSTRAINTS,
+                store: PlanStore | str | Path | None = None, input_layout: str = "nchw",
+                output_layout: str = "nchw",
+                log: Callable[[str], None] | None = None) -> tuple[Plan, Advice]:
+    """Measure the conv layers of `model` as `example_input` exercises them, and plan them:
+    the plan, and the advice it was built from (what `convbench tune` prints).
 
     Measurements the plan store holds for this environment are reused; the rest are made by the
     runner on the input's device (`algos`: a comma list as on the command line; `budget_s`:
@@ -212,7 +221,7 @@ def tune(model, example_input, *, algos: str = "all", layouts: tuple[str, ...] =
                       measurements=[e for es in entries.values() for e in es],
                       unplanned=unplanned, input_layout=input_layout, output_layout=output_layout)
     log(f"plan saved to {store.save(plan)}")
-    return plan
+    return plan, advice
 
 
 def advise_run(folder: str | Path, constraints: Constraints = NO_CONSTRAINTS,

@@ -40,7 +40,7 @@ LAYERS = {
                 "batchsweep"],
     "analysis": ["report", "advice", "layoutplan", "plan", "runs", "summary", "gpucheck"],
     "torch integration": ["tune", "apply", "nn", "trainstep", "memprofile", "memplan",
-                          "advisor"],
+                          "advisor", "models"],
     "cli": ["cli", "cli.*", "__main__"],
 }
 #: What a module must not reach, directly or through others, though its layer would allow it.

@@ -316,3 +316,28 @@ def test_a_results_file_from_before_phases_still_renders(tmp_path):
     df, _ = results.load_run(tmp_path)
     text = report.markdown(df, {})
     assert "## Time per layer" in text and "## Phase breakdown" not in text
+
+
+def test_network_cost_weighs_each_problem_by_its_occurrences():
+    """conv3 x1, conv4 x3: fwd and bwd_data each, so conv4 (1.01 ms per pass in gemm) costs
+    the network 3 x 2 x 1.01 ms and comes first; gemm runs everything, winograd-2x2 and
+    torch-cpu lack conv4, so they have no network total."""
+    df = results.frame(rows(TIMES))
+    occurrences = {"conv3": 1, "conv4": 3}
+    cost = report.cost_table(df, occurrences)
+    assert list(cost.index) == ["conv4", "conv3"]
+    assert list(cost["occurrences"]) == [3, 1]
+    assert cost.loc["conv4", "fwd"] == "1.01 gemm nchw"
+    assert cost.loc["conv3", "bwd_data"] == "1.01 winograd-2x2 nchw"
+    assert list(cost["network ms"]) == ["6.06", "2.02"] and list(cost["share"]) == ["75%", "25%"]
+    totals = report.choice_totals(df, occurrences)
+    assert totals.loc["fastest per layer and pass", "network ms"] == "8.08"
+    assert totals.loc["gemm", "network ms"] == "12.26"  # 2 x 3.1 + 6 x 1.01
+    assert totals.loc["gemm", "covers"] == "4 of 4"
+    assert totals.loc["winograd-2x2", "network ms"] == ""
+    assert totals.loc["winograd-2x2", "covers"] == "2 of 4"
+    text = report.markdown(df, {"run": {"model": "m:net", "occurrences": occurrences,
+                                        "unmeasured": {"odd": "padding_mode 'reflect'"}}})
+    assert "## Network cost" in text and "m:net: 4 conv layers, 2 distinct problems" in text
+    assert "odd (padding_mode 'reflect')" in text
+    assert "## Network cost" not in report.markdown(df, {"run": {}})

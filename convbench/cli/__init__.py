@@ -2,6 +2,7 @@
 one line on stderr and exit code 2. Nothing in the library imports it.
 
     convbench layer conv2 --algos all --batch 2 --format json          (cli.measure)
+    convbench bench --model MODULE:CALLABLE --input N,C,H,W            (cli.measure)
     convbench bench [--net alexnet] [--device cpu|cuda|emu] [--out DIR] [--resume]
     convbench sweep [--net alexnet] [--layers conv2,conv3] [--batch 1,2,4,8] [--memory-limit 2GiB]
     convbench report RUN;  convbench compare RUN_A RUN_B                (cli.report)
@@ -9,6 +10,7 @@ one line on stderr and exit code 2. Nothing in the library imports it.
     convbench list                                                      (cli.listing)
     convbench kernels ...           the CUDA compile gate               (cli.kernels)
     convbench advise RUN [--workspace-budget 256MiB]                    (cli.advise)
+    convbench tune --model MODULE:CALLABLE --input N,C,H,W [--out plan.json] (cli.tune)
     convbench train-step                                                (cli.trainstep)
     convbench gpu-check [--out DIR]   the first GPU check, one command  (cli.gpucheck)
     convbench memplan --budget 8GiB   batch and speed per memory strategy (cli.memplan)
@@ -37,13 +39,14 @@ from . import (
     memprofile,
     report,
     trainstep,
+    tune,
 )
 from .common import EXIT_USAGE, Parser, Progress, UsageError
 
 __all__ = ["Progress", "UsageError", "build_parser", "main"]
 
 #: The subcommands, in the order `convbench --help` lists them.
-_COMMANDS = (measure, report, memprofile, memplan, listing, kernels, advise, trainstep,
+_COMMANDS = (measure, report, memprofile, memplan, listing, kernels, advise, tune, trainstep,
              gpucheck)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .. import batchsweep, devices, layers, memory, registry, report, runs
+from .. import batchsweep, devices, layers, memory, models, registry, report, runs
 from ..devices import DEVICES
 from ..problem import LAYOUTS, PASSES, PRECISIONS
 from ..results import FolderInUse, RunFolder
@@ -37,10 +37,11 @@ def device(name: str | None) -> devices.Device:
         return devices.resolve(name)
 
 
-def _measure(args, specs: list[str], device: devices.Device, folder: Path | None,
-             limit: memory.MemoryLimit | None = None):
-    """Sweep `specs` × the options, streaming the rows into `folder` when given, which also
-    gets env.json, report.md and plots. Returns the run's outcome (`runs.Outcome`)."""
+def _measure(args, specs: list, device: devices.Device, folder: Path | None,
+             limit: memory.MemoryLimit | None = None, source: dict | None = None):
+    """Sweep `specs` (layer specs, or Layers) × the options, streaming the rows into `folder`
+    when given, which also gets env.json, report.md and plots. Returns the run's outcome
+    (`runs.Outcome`)."""
     if args.resume and folder is None:
         raise UsageError("--resume needs the run folder to finish: --out DIR")
     with usage_errors():
@@ -53,7 +54,7 @@ def _measure(args, specs: list[str], device: devices.Device, folder: Path | None
     run_folder = None
     if folder is not None:
         env = runs.environment(device, args.net, cases, budget, batch=args.batch, limit=limit,
-                               command=" ".join(["convbench", *args.argv]))
+                               command=" ".join(["convbench", *args.argv]), source=source)
         try:
             run_folder = RunFolder.open(folder, env, args.resume)
         except FolderInUse as exc:
@@ -79,18 +80,51 @@ def _limit(args) -> memory.MemoryLimit | None:
     return memory.MemoryLimit(args.memory_limit) if args.memory_limit else None
 
 
+def network(args, dev: devices.Device) -> tuple[list, dict | None]:
+    """The layers of `--model` (with `--input`), or of `--net`: (specs or Layers, where they
+    came from for env.json, None for a catalog). Sets `args.net` to the model's name."""
+    if args.input and not args.model:
+        raise UsageError("--input goes with --model MODULE:CALLABLE")
+    if not args.model:
+        args.net = args.net or layers.NETS[0]
+        return [f"{args.net}:{layer.name}" for layer in layers.net_layers(args.net)], None
+    if args.net:
+        raise UsageError("--model and --net are two sources of layers: give one")
+    if not args.input:
+        raise UsageError("--model needs --input N,C,H,W (the shape of one input batch)")
+    with usage_errors():
+        shape = models.parse_input(args.input)
+        args.net = models.net_name(args.model)
+        found = models.conv_layers(models.load(args.model), shape, args.net,
+                                   "cuda" if dev.backend == "cuda" else "cpu")
+    for u in found.unplanned:
+        print(f"convbench: {u.layer} not measured: {u.reason}", file=sys.stderr)
+    print(f"convbench: {args.model}: {sum(found.occurrences.values())} conv layers, "
+          f"{len(found.layers)} distinct problems", file=sys.stderr)
+    return found.layers, {"model": args.model, "input": list(shape),
+                          "occurrences": found.occurrences,
+                          "unmeasured": {u.layer: u.reason for u in found.unplanned}}
+
+
 def cmd_layer(args) -> int:
     folder = Path(args.out) if args.out else None
-    outcome = _measure(args, args.layer, device(args.device), folder, _limit(args))
+    if args.model and args.layer:
+        raise UsageError("give layers or --model, not both")
+    dev = device(args.device)
+    specs, source = network(args, dev) if args.model else (args.layer, None)
+    if not specs:
+        raise UsageError("no layer given: name layers, specs, or --model")
+    args.net = args.net or layers.NETS[0]
+    outcome = _measure(args, specs, dev, folder, _limit(args), source)
     emit(outcome.frame, args.format, report.layer_table(outcome.frame))
     return exit_code(outcome, folder)
 
 
 def cmd_bench(args) -> int:
     dev = device(args.device)
+    specs, source = network(args, dev)
     folder = Path(args.out) if args.out else runs.default_folder(args.net, dev.backend)
-    specs = [f"{args.net}:{layer.name}" for layer in layers.net_layers(args.net)]
-    outcome = _measure(args, specs, dev, folder, _limit(args))
+    outcome = _measure(args, specs, dev, folder, _limit(args), source)
     emit(outcome.frame, args.format, outcome.report)
     return exit_code(outcome, folder)
 
@@ -99,6 +133,7 @@ def cmd_sweep(args) -> int:
     """`bench` over a list of batches: time per image and peak memory as the batch grows. On
     the host the memory limit defaults to a share of the memory available now."""
     dev = device(args.device)
+    args.net = args.net or layers.NETS[0]
     args.batch = args.batch or list(batchsweep.DEFAULT_BATCHES[dev.name])
     folder = (Path(args.out) if args.out
               else runs.default_folder(args.net, dev.backend, "-sweep"))
@@ -116,8 +151,15 @@ def cmd_sweep(args) -> int:
 
 # --- the parsers ----------------------------------------------------------------------------
 def _sweep_options(p, layer: bool, batch_list: bool = False) -> None:
-    p.add_argument("--net", default="alexnet", choices=layers.NETS,
+    p.add_argument("--net", choices=layers.NETS,
                    help="catalog the layers come from (default alexnet)")
+    if not batch_list:
+        p.add_argument("--model", metavar="MODULE:CALLABLE",
+                       help="measure this model's conv layers instead of a catalog's: the "
+                            "callable returns an nn.Module (e.g. torchvision.models:resnet18); "
+                            "each distinct problem once, named by its first module")
+        p.add_argument("--input", metavar="N,C,H,W",
+                       help="with --model: the input batch's shape (e.g. 8,3,224,224)")
     p.add_argument("--algos", default="all",
                    help="comma list of algos; `winograd` = both tiles, `winograd-fused` both "
                         "fused tiles; `all` (default)")
@@ -153,7 +195,7 @@ def _sweep_options(p, layer: bool, batch_list: bool = False) -> None:
 
 def add_parsers(sub) -> None:
     p = sub.add_parser("layer", help="measure one or more layers")
-    p.add_argument("layer", nargs="+", help="layer name in --net, NET:LAYER, or a spec "
+    p.add_argument("layer", nargs="*", help="layer name in --net, NET:LAYER, or a spec "
                    "n=..,c=..,h=..,w=..,k=..,r=..,s=..[,stride=..,pad=..,dilation=..,groups=..]")
     _sweep_options(p, layer=True)
     p.set_defaults(func=cmd_layer)

@@ -1,0 +1,73 @@
+"""`convbench tune --model MODULE:CALLABLE --input N,C,H,W`: the advisor's tune, from the shell.
+
+    convbench tune --model torchvision.models:resnet18 --input 8,3,224,224 --out plan.json
+
+Builds the model, finds its conv layers (forward hooks), looks each (problem, pass) up in the
+plan store, measures the rest, and prints the plan `advisor.apply` makes training code run;
+the plan goes to the store (unless --no-store) and to --out if given.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from .. import models
+from ..advice import plan_text
+from ..plan import Constraints
+from ..problem import LAYOUTS
+from ..tune import tune_advice
+from .common import UsageError, choices, positive, size, usage_errors
+
+
+def cmd_tune(args) -> int:
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: torch sees no GPU here; valid: cpu")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    started = time.monotonic()
+    with usage_errors():
+        shape = models.parse_input(args.input)
+        model = models.load(args.model).to(device)
+        layouts = tuple(choices(args.layouts, "layout", LAYOUTS))
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(0)).to(device)
+        models.conv_layers(model, shape, models.net_name(args.model), device)  # rejects early
+        plan, advice = tune_advice(
+            model, x, algos=args.algos, layouts=layouts, budget_s=args.budget,
+            constraints=Constraints(args.workspace_budget, args.deterministic, args.max_error),
+            store=args.store, log=lambda line: print(f"convbench: {line}", file=sys.stderr))
+        if args.out:
+            print(f"convbench: plan written to {plan.save(args.out)}", file=sys.stderr)
+    if args.format == "json":
+        print(plan.to_json(), end="")
+    else:
+        print(plan_text(plan, advice))
+    print(f"convbench: tuned in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    return 0
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("tune", help="measure a model's conv layers and plan them (the "
+                       "advisor's tune): --model MODULE:CALLABLE --input N,C,H,W")
+    p.add_argument("--model", required=True, metavar="MODULE:CALLABLE",
+                   help="a callable returning the nn.Module, e.g. torchvision.models:resnet18")
+    p.add_argument("--input", required=True, metavar="N,C,H,W",
+                   help="the shape of one input batch, e.g. 8,3,224,224")
+    p.add_argument("--device", choices=("cpu", "cuda"),
+                   help="default cuda where a GPU is, else cpu")
+    p.add_argument("--algos", default="all", help="comma list of algos to consider (all)")
+    p.add_argument("--layouts", default="all", help=f"comma list of {', '.join(LAYOUTS)}; all")
+    p.add_argument("--budget", type=positive(float),
+                   help="seconds of timed repetitions per measurement (the device's default)")
+    p.add_argument("--workspace-budget", type=size, metavar="SIZE",
+                   help="most workspace a pass may use: bytes, or 256MiB, 1GiB, 2GB")
+    p.add_argument("--deterministic", action="store_true",
+                   help="only algorithms with bitwise-reproducible results")
+    p.add_argument("--max-error", type=positive(float), metavar="REL",
+                   help="most relative error against the float64 reference")
+    p.add_argument("--out", help="also write the plan JSON to this file")
+    p.add_argument("--store", help="plan store folder (default $CONVBENCH_PLAN_DIR, else "
+                   "~/.cache/convbench/plans)")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.set_defaults(func=cmd_tune)

@@ -1,0 +1,115 @@
+"""Any model as a list of problems: `MODULE:CALLABLE` built, its conv layers found, deduplicated.
+
+    model = models.load("torchvision.models:resnet18")
+    net = models.conv_layers(model, (1, 3, 224, 224))
+    net.layers        # one Layer per distinct problem, named by the first module that has it
+    net.occurrences   # {layer name: how many conv modules of the model have its problem}
+
+This is the door of `convbench bench --model` and `convbench tune --model`: a user's own network
+measured like a catalog. The layers are found the way the advisor finds them (`tune.find_convs`:
+forward hooks on one forward pass), so whatever `advisor.tune` plans, `bench` measures. A
+problem that several modules share is measured once; its count lets a report weigh it by use.
+Optional dependencies stay optional: torchvision is imported only if the spec names it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .layers import Layer
+from .plan import Unplanned
+from .problem import FIELD_MAX
+from .tune import find_convs
+
+
+@dataclass
+class ModelLayers:
+    """A model's distinct conv problems as layers of `net`, how often each occurs, and the conv
+    modules no `ConvProblem` describes (with why)."""
+
+    net: str
+    layers: list[Layer]
+    occurrences: dict[str, int]
+    unplanned: list[Unplanned] = field(default_factory=list)
+
+
+def parse_input(text: str) -> tuple[int, int, int, int]:
+    """`N,C,H,W` -> the example input's shape; ValueError naming what is wrong."""
+    parts = [t.strip() for t in text.split(",")]
+    try:
+        dims = tuple(int(t) for t in parts)
+    except ValueError:
+        raise ValueError(f"--input {text!r} is not N,C,H,W (four integers)") from None
+    if len(dims) != 4:
+        raise ValueError(f"--input {text!r} has {len(dims)} dimensions; N,C,H,W has four")
+    if min(dims) <= 0 or max(dims) > FIELD_MAX:
+        raise ValueError(f"--input {text!r}: each of N,C,H,W must be in 1..{FIELD_MAX}")
+    return dims  # type: ignore[return-value]
+
+
+def load(spec: str):
+    """The `nn.Module` that `MODULE:CALLABLE` returns when called without arguments
+    (`torchvision.models:resnet18`, `mypkg.nets:Net`); ValueError with one line naming why
+    not: no colon, a module that does not import, no such callable, a call that fails, or a
+    result that is not an `nn.Module`."""
+    import torch
+
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"--model {spec!r} is not MODULE:CALLABLE (e.g. "
+                         "torchvision.models:resnet18)")
+    try:
+        target = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001  (any import error is the user's module's)
+        raise ValueError(f"--model {spec!r}: cannot import {module_name}: "
+                         f"{type(exc).__name__}: {_first_line(exc)}") from None
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise ValueError(f"--model {spec!r}: {module_name} has no {attr}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise ValueError(f"--model {spec!r}: {attr} is not callable")
+    try:
+        model = target()
+    except Exception as exc:  # noqa: BLE001  (the user's constructor)
+        raise ValueError(f"--model {spec!r}: {attr}() failed: {type(exc).__name__}: "
+                         f"{_first_line(exc)}") from None
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"--model {spec!r}: {attr}() returned a {type(model).__name__}, "
+                         "not an nn.Module")
+    return model
+
+
+def net_name(spec: str) -> str:
+    """The name a model's rows and run folder carry: its callable's (`resnet18`)."""
+    return spec.partition(":")[2].rsplit(".", 1)[-1]
+
+
+def conv_layers(model, input_shape: tuple[int, ...], net: str = "model",
+                device: str = "cpu") -> ModelLayers:
+    """The distinct conv problems of `model` run on a seeded input of `input_shape` (on
+    `device`), each named by the module path of its first occurrence; ValueError when the
+    model rejects the input or has no conv layer convbench can run."""
+    import torch
+
+    x = torch.randn(*input_shape, generator=torch.Generator().manual_seed(0)).to(device)
+    try:
+        sites, unplanned = find_convs(model.to(device), x)
+    except Exception as exc:  # noqa: BLE001  (the user's forward)
+        raise ValueError(f"the model rejects input {','.join(map(str, input_shape))}: "
+                         f"{type(exc).__name__}: {_first_line(exc)}") from None
+    counts = Counter(site.problem for site in sites)
+    first = {}
+    for site in sites:
+        first.setdefault(site.problem, site.name)
+    if not first:
+        why = f" ({unplanned[0].layer}: {unplanned[0].reason})" if unplanned else ""
+        raise ValueError(f"the model has no conv layer convbench can run{why}")
+    layers = [Layer(net, name, problem) for problem, name in first.items()]
+    return ModelLayers(net, layers, {first[p]: n for p, n in counts.items()}, unplanned)
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [""])[0]

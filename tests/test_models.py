@@ -1,0 +1,142 @@
+"""The `--model` door: any nn.Module from the command line, its conv layers found, deduplicated,
+counted, named by module path, and measured like a catalog; bad doors are one line, exit 2."""
+
+import json
+import textwrap
+
+import pytest
+
+from convbench import cli, models, results
+from convbench.problem import ConvProblem
+
+torch = pytest.importorskip("torch")
+
+#: A small network of the user's, in a module of its own: two identical 3x3 convs (one
+#: problem, two occurrences), a strided 1x1, and a module convbench cannot run (reflect pad).
+USER_MODULE = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+    class Small(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, 4, 3, padding=1)
+            self.body = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(),
+                                      nn.Conv2d(4, 4, 3, padding=1))
+            self.down = nn.Conv2d(4, 8, 1, stride=2)
+            self.odd = nn.Conv2d(8, 8, 3, padding=1, padding_mode="reflect")
+
+        def forward(self, x):
+            return self.odd(self.down(self.body(self.stem(x))))
+
+    def small():
+        return Small()
+
+    def not_a_module():
+        return 42
+
+    def broken():
+        raise RuntimeError("no weights here")
+''')
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    (tmp_path / "usernets.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "usernets"
+
+
+def test_layers_are_deduplicated_counted_and_named_by_module_path(user_module):
+    found = models.conv_layers(models.load(f"{user_module}:small"), (2, 3, 8, 8), "small")
+    assert [layer.name for layer in found.layers] == ["stem", "body.0", "down"]
+    assert found.occurrences == {"stem": 1, "body.0": 2, "down": 1}
+    assert found.layers[1].problem == ConvProblem(n=2, c=4, h=8, w=8, k=4, r=3, s=3, pad=1)
+    assert found.layers[2].problem == ConvProblem(n=2, c=4, h=8, w=8, k=8, r=1, s=1, stride=2)
+    assert [u.layer for u in found.unplanned] == ["odd"]
+    assert "reflect" in found.unplanned[0].reason
+
+
+@pytest.mark.parametrize("spec, input_, says", [
+    ("usernets", "1,3,8,8", "is not MODULE:CALLABLE"),
+    ("no_such_module_here:net", "1,3,8,8", ("cannot import no_such_module_here: "
+                                            "ModuleNotFoundError")),
+    ("usernets:nothing", "1,3,8,8", "usernets has no nothing"),
+    ("usernets:not_a_module", "1,3,8,8", "not_a_module() returned a int, not an nn.Module"),
+    ("usernets:broken", "1,3,8,8", "broken() failed: RuntimeError: no weights here"),
+    ("usernets:small", "1,5,8,8", "the model rejects input 1,5,8,8: RuntimeError"),
+    ("usernets:small", "1,3,8", "has 3 dimensions"),
+    ("usernets:small", "1,3,8,x", "is not N,C,H,W"),
+    ("usernets:small", "0,3,8,8", "must be in 1..2147483647"),
+])
+def test_a_bad_model_door_is_one_line_and_exit_2(user_module, capsys, spec, input_, says):
+    code = cli.main(["bench", "--model", spec, "--input", input_, "--device", "cpu"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and says in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["bench", "--model", "usernets:small"], "--model needs --input N,C,H,W"),
+    (["bench", "--input", "1,3,8,8"], "--input goes with --model"),
+    (["bench", "--model", "usernets:small", "--input", "1,3,8,8", "--net", "vgg16"],
+     "--model and --net are two sources of layers"),
+    (["layer"], "no layer given"),
+])
+def test_model_options_that_do_not_go_together(user_module, capsys, argv, says):
+    try:
+        code = cli.main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    _, err = capsys.readouterr()
+    assert code == 2 and says in err and err.count("\n") == 1
+
+
+def test_bench_model_sweeps_the_models_layers_into_a_run_folder(user_module, tmp_path, capsys):
+    out = tmp_path / "run"
+    code = cli.main(["bench", "--model", f"{user_module}:small", "--input", "2,3,8,8",
+                     "--device", "cpu", "--algos", "direct,gemm", "--passes", "fwd",
+                     "--layouts", "nchw", "--budget", "0.002", "--out", str(out)])
+    _, err = capsys.readouterr()
+    assert code == 0
+    assert "odd not measured: padding_mode 'reflect'" in err
+    assert "4 conv layers, 3 distinct problems" in err
+    df, env = results.load_run(out)
+    assert set(df["layer"]) == {"stem", "body.0", "down"} and set(df["net"]) == {"small"}
+    assert set(df["status"]) == {"ok"} and (df["n"] == 2).all()
+    assert env["run"]["model"] == f"{user_module}:small" and env["run"]["input"] == [2, 3, 8, 8]
+    assert env["run"]["occurrences"] == {"stem": 1, "body.0": 2, "down": 1}
+    report = (out / "report.md").read_text()
+    assert "## Network cost" in report
+
+
+def test_layer_model_takes_batch_and_prints_rows(user_module, capsys):
+    code = cli.main(["layer", "--model", f"{user_module}:small", "--input", "2,3,8,8",
+                     "--batch", "1", "--device", "cpu", "--algos", "gemm", "--passes", "fwd",
+                     "--layouts", "nhwc", "--budget", "0.002", "--format", "json"])
+    rows = json.loads(capsys.readouterr().out)
+    assert code == 0 and [r["layer"] for r in rows] == ["stem", "body.0", "down"]
+    assert {r["n"] for r in rows} == {1}
+
+
+def test_tune_cli_plans_the_model_and_writes_the_plan(user_module, tmp_path, capsys):
+    from convbench.plan import Plan
+
+    out = tmp_path / "plan.json"
+    code = cli.main(["tune", "--model", f"{user_module}:small", "--input", "2,3,8,8",
+                     "--device", "cpu", "--algos", "direct,gemm", "--layouts", "nchw",
+                     "--budget", "0.002", "--store", str(tmp_path / "store"), "--out", str(out)])
+    printed, err = capsys.readouterr()
+    assert code == 0 and f"plan written to {out}" in err
+    plan = Plan.load(out)
+    assert [lp.layer for lp in plan.layers] == ["stem", "body.0", "body.2", "down"]
+    assert [u.layer for u in plan.unplanned] == ["odd"]
+    assert "## Per-layer best" in printed and "body.2" in printed
+    assert list((tmp_path / "store").glob("*.json"))  # and in the store
+
+
+def test_tune_cli_bad_model_is_one_line(user_module, tmp_path, capsys):
+    code = cli.main(["tune", "--model", f"{user_module}:broken", "--input", "2,3,8,8",
+                     "--device", "cpu", "--store", str(tmp_path)])
+    _, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and "broken() failed" in err
