@@ -1,21 +1,30 @@
-"""Layer catalogs as data: the networks the study and its successors measured.
+"""Layer catalogs as data: the networks the study and its successors measured, and DeepBench's
+problem lists.
 
 Each catalog maps a layer name to a `ConvProblem` at the network's reference batch. VGG-16 and
 ResNet-50 list their distinct conv shapes only (a shape repeated in the network appears once).
+The DeepBench catalogs (`deepbench-train`, `deepbench-server`, `deepbench-device`) keep each
+problem's own batch, and a shape a list repeats once, with its `count` (see `deepbench`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import deepbench
 from .problem import ConvProblem, parse_spec
 
 
 @dataclass(frozen=True)
 class Layer:
+    """One named problem of a catalog or a problem list. `count` is how many times the list has
+    that shape (DeepBench's repeated rows, a `*4` at the end of a benchdnn name): a weight for
+    totals, never a reason to measure it twice."""
+
     net: str
     name: str
     problem: ConvProblem
+    count: int = 1
 
 
 def _net(name: str, batch: int, rows: list[tuple]) -> dict[str, Layer]:
@@ -83,6 +92,9 @@ CATALOGS: dict[str, dict[str, Layer]] = {
         ("res5_1x1r", 2048, 7, 512, 1, 1, 0),
     ]),
 }
+CATALOGS.update({net: {name: Layer(net, name, p, count)
+                       for name, p, count in deepbench.problems(rows)}
+                 for net, rows in deepbench.LISTS.items()})
 
 NETS = tuple(CATALOGS)
 

@@ -32,8 +32,8 @@ PACKAGE = Path(convbench.__file__).parent
 
 #: The layers of DESIGN.md §1, bottom up. A module imports only from its own layer or below.
 LAYERS = {
-    "core": ["convbench", "problem", "layers", "transforms", "measurement", "phases",
-             "threads"],
+    "core": ["convbench", "problem", "layers", "deepbench", "problemfile", "transforms",
+             "measurement", "phases", "threads"],
     "implementations": ["registry", "algos", "algos.*", "kernels", "emu", "emu.*", "reference",
                         "verify", "functional", "testing"],
     "harness": ["timing", "runner", "results", "opcount", "memory", "envinfo", "devices",

@@ -1,6 +1,9 @@
+import re
+
 import pytest
 
 from convbench.layers import CATALOGS, NETS, net_layers, resolve
+from convbench.problem import ConvProblem
 
 
 def test_alexnet_is_the_studys():
@@ -50,3 +53,48 @@ def test_resolve_by_name_net_layer_and_spec():
 def test_resolve_errors(spec, net, msg):
     with pytest.raises(ValueError, match=msg):
         resolve(spec, net)
+
+
+# --- DeepBench ------------------------------------------------------------------------------
+#: Rows in conv_problems.h's training_set, inference_server_set and inference_device_set, and
+#: the distinct shapes among them.
+DEEPBENCH = {"deepbench-train": (94, 90), "deepbench-server": (107, 103),
+             "deepbench-device": (16, 15)}
+
+
+@pytest.mark.parametrize("net, rows, distinct", [(k, *v) for k, v in DEEPBENCH.items()])
+def test_deepbench_lists_have_the_headers_rows(net, rows, distinct):
+    layers = net_layers(net)
+    assert sum(lay.count for lay in layers) == rows
+    assert len(layers) == len({lay.problem for lay in layers}) == distinct
+    assert all(re.fullmatch(r"(speech|ocr|face|vision|speaker|resnet)_\d\d", lay.name)
+               and lay.net == net for lay in layers)
+
+
+def test_deepbench_shapes_against_the_header():
+    train, server = CATALOGS["deepbench-train"], CATALOGS["deepbench-server"]
+    # (700, 161, 1, 4, 32, 20, 5, 0, 0, 2, 2): w, h, c, n, k, s, r, pad_w, pad_h, strides
+    speech = train["speech_01"].problem
+    assert speech == ConvProblem(n=4, c=1, h=161, w=700, k=32, r=5, s=20, stride=2)
+    assert (speech.p, speech.q) == (79, 341)  # the next row's input: (341, 79, 32, ...)
+    # (700, 161, 1, 16, 64, 5, 5, 1, 1, 2, 2)
+    assert train["speaker_01"].problem == ConvProblem(16, 1, 161, 700, 64, 5, 5, stride=2, pad=1)
+    # (224, 224, 3, 16, 64, 7, 7, 3, 3, 2, 2)
+    assert train["vision_13"].problem == ConvProblem(16, 3, 224, 224, 64, 7, 7, stride=2, pad=3)
+    # (7, 7, 2048, 8, 512, 1, 1, 3, 3, 2, 2): a 1x1 filter over 3 rows of padding, as written
+    assert train["face_14"].problem == ConvProblem(8, 2048, 7, 7, 512, 1, 1, stride=2, pad=3)
+    # (108, 108, 3, 1, 64, 3, 3, 1, 1, 2, 2)
+    assert server["face_01"].problem == ConvProblem(1, 3, 108, 108, 64, 3, 3, stride=2, pad=1)
+    # (14, 14, 256, 8, 1024, 1, 1, 0, 0, 1, 1) is the 8th and 11th Resnet row
+    assert train["resnet_08"].count == 2 and "resnet_11" not in train
+    # (7, 7, 512, 8, 512, 3, 3, 1, 1, 1, 1): a Vision row first, then a Resnet row
+    assert train["vision_06"].count == 2 and "resnet_29" not in train
+    assert {lay.count for lay in net_layers("alexnet")} == {1}
+
+
+def test_deepbench_device_is_the_servers_batch_one_resnet():
+    server = {lay.problem for lay in net_layers("deepbench-server")}
+    device = {lay.problem for lay in net_layers("deepbench-device")}
+    assert device <= server and {p.n for p in device} == {1}
+    assert resolve("deepbench-device:resnet_13").problem == \
+        ConvProblem(1, 512, 7, 7, 512, 3, 3, pad=1)
