@@ -97,6 +97,9 @@ CATALOGS.update({net: {name: Layer(net, name, p, count)
                  for net, rows in deepbench.LISTS.items()})
 
 NETS = tuple(CATALOGS)
+#: Catalogs whose problems each keep their own batch (a list of problems, not one network at
+#: one batch): a sweep's default batch does not replace it, `--batch` does.
+OWN_BATCH = tuple(deepbench.LISTS)
 
 
 def net_layers(net: str) -> list[Layer]:

@@ -26,13 +26,16 @@ from .tune import find_convs
 
 @dataclass
 class ModelLayers:
-    """A model's distinct conv problems as layers of `net`, how often each occurs, and the conv
-    modules no `ConvProblem` describes (with why)."""
+    """A model's distinct conv problems as layers of `net` (each layer's `count`: how many conv
+    modules have its problem), and the conv modules no `ConvProblem` describes (with why)."""
 
     net: str
     layers: list[Layer]
-    occurrences: dict[str, int]
     unplanned: list[Unplanned] = field(default_factory=list)
+
+    @property
+    def occurrences(self) -> dict[str, int]:
+        return {layer.name: layer.count for layer in self.layers}
 
 
 def parse_input(text: str) -> tuple[int, int, int, int]:
@@ -107,8 +110,8 @@ def conv_layers(model, input_shape: tuple[int, ...], net: str = "model",
     if not first:
         why = f" ({unplanned[0].layer}: {unplanned[0].reason})" if unplanned else ""
         raise ValueError(f"the model has no conv layer convbench can run{why}")
-    layers = [Layer(net, name, problem) for problem, name in first.items()]
-    return ModelLayers(net, layers, {first[p]: n for p, n in counts.items()}, unplanned)
+    layers = [Layer(net, name, problem, counts[problem]) for problem, name in first.items()]
+    return ModelLayers(net, layers, unplanned)
 
 
 def _first_line(exc: Exception) -> str:

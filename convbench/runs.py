@@ -18,6 +18,7 @@ faults the GPU (the device is unusable after it in this process), whose row is k
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -44,9 +45,10 @@ def layer_at(spec: str | layers.Layer, net: str, batch: int | None,
     model's, a problem file's); a catalog layer takes `batch` or the device's default batch,
     the others keep their own n unless `batch` is given."""
     layer = spec if isinstance(spec, layers.Layer) else layers.resolve(spec, net)
-    own_batch = isinstance(spec, layers.Layer) or layer.net == "custom"
+    own_batch = (isinstance(spec, layers.Layer) or layer.net == "custom"
+                 or layer.net in layers.OWN_BATCH)
     n = batch or (None if own_batch else device.batch)
-    return layers.Layer(layer.net, layer.name, layer.problem.with_batch(n)) if n else layer
+    return dataclasses.replace(layer, problem=layer.problem.with_batch(n)) if n else layer
 
 
 def sweep_cases(specs: Iterable[str | layers.Layer], net: str, batches: Iterable[int | None],

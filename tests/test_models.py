@@ -80,8 +80,10 @@ def test_a_bad_model_door_is_one_line_and_exit_2(user_module, capsys, spec, inpu
     (["bench", "--model", "usernets:small"], "--model needs --input N,C,H,W"),
     (["bench", "--input", "1,3,8,8"], "--input goes with --model"),
     (["bench", "--model", "usernets:small", "--input", "1,3,8,8", "--net", "vgg16"],
-     "--model and --net are two sources of layers"),
+     "--model and --net are sources of layers: give one"),
     (["layer"], "no layer given"),
+    (["layer", "conv2", "--problems", "x.csv"], "give layers, --model or --problems"),
+    (["bench", "--problems", "x.csv", "--net", "vgg16"], "--problems and --net are sources"),
 ])
 def test_model_options_that_do_not_go_together(user_module, capsys, argv, says):
     try:
@@ -140,3 +142,51 @@ def test_tune_cli_bad_model_is_one_line(user_module, tmp_path, capsys):
                      "--device", "cpu", "--store", str(tmp_path)])
     _, err = capsys.readouterr()
     assert code == 2 and err.count("\n") == 1 and "broken() failed" in err
+
+
+# --- the --problems door --------------------------------------------------------------------
+BENCHDNN = """# two of AlexNet's, in benchdnn's own words
+mb2ic3ih13oc4kh3ph1n"alexnet:conv3"
+--mb=1
+g2ic4ih9oc4kh3sh2n"grouped*3"
+"""
+
+
+def test_bench_problems_reads_benchdnn_lines_and_weighs_by_count(tmp_path, capsys):
+    problems = tmp_path / "shapes_small"
+    problems.write_text(BENCHDNN)
+    out = tmp_path / "run"
+    code = cli.main(["bench", "--problems", str(problems), "--device", "cpu", "--algos",
+                     "direct", "--passes", "fwd", "--layouts", "nchw", "--budget", "0.002",
+                     "--out", str(out)])
+    capsys.readouterr()
+    df, env = results.load_run(out)
+    assert code == 0 and list(df["layer"]) == ["alexnet:conv3", "grouped*3"]
+    assert list(df["n"]) == [2, 1] and list(df["groups"]) == [1, 2]
+    assert set(df["net"]) == {"shapes_small"} and set(df["status"]) == {"ok"}
+    assert env["run"]["occurrences"] == {"alexnet:conv3": 1, "grouped*3": 3}
+    text = (out / "report.md").read_text()
+    assert "## Network cost" in text and "| grouped*3 " in text
+
+
+def test_layer_problems_csv_with_per_axis_fields_and_batch(tmp_path, capsys):
+    problems = tmp_path / "mine.csv"
+    problems.write_text("name,n,c,h,w,k,r,s,stride,pad\na,4,3,9,9,4,3,3,2,1\n"
+                        "b,4,3,9,9,4,1,1,1,0\n")
+    code = cli.main(["layer", "--problems", str(problems), "--batch", "1", "--device", "cpu",
+                     "--algos", "gemm", "--passes", "fwd", "--layouts", "nchw", "--budget",
+                     "0.002", "--format", "json"])
+    rows = json.loads(capsys.readouterr().out)
+    assert code == 0 and [r["layer"] for r in rows] == ["a", "b"]
+    assert [r["n"] for r in rows] == [1, 1] and [r["stride"] for r in rows] == [2, 1]
+
+
+def test_a_malformed_problem_file_is_one_line_and_nothing_runs(tmp_path, capsys):
+    problems = tmp_path / "bad.csv"
+    problems.write_text("n,c,h,w,k,r,s\n1,3,9,9,4,3,3\n1,3,9,nine,4,3,3\n")
+    out = tmp_path / "run"
+    code = cli.main(["bench", "--problems", str(problems), "--device", "cpu", "--out",
+                     str(out)])
+    _, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and f"{problems}:3: w:" in err
+    assert not out.exists()

@@ -103,3 +103,16 @@ def test_a_gpu_fault_ends_the_run_with_its_row_kept(tmp_path, monkeypatch):
     assert (tmp_path / "run" / "report.md").exists()
     rest = runs.Run(cases, BUDGET, results.RunFolder.open(tmp_path / "run", {}, resume=True))
     assert [c.key() for c in rest.todo] == [c.key() for c in cases[2:]]
+
+
+def test_a_problem_list_keeps_each_problems_own_batch_unless_one_is_given():
+    from convbench import layers
+
+    cpu = devices.resolve("cpu")
+    first = layers.net_layers("deepbench-train")[0]
+    assert runs.layer_at(f"deepbench-train:{first.name}", "alexnet", None, cpu).problem == \
+        first.problem
+    assert runs.layer_at(f"deepbench-train:{first.name}", "alexnet", 3, cpu).problem.n == 3
+    assert runs.layer_at("alexnet:conv2", "alexnet", None, cpu).problem.n == cpu.batch
+    counted = runs.layer_at(layers.Layer("f", "x*4", first.problem, 4), "alexnet", 2, cpu)
+    assert counted.count == 4 and counted.problem.n == 2

@@ -13,7 +13,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .. import batchsweep, devices, layers, memory, models, registry, report, runs
+from .. import (
+    batchsweep,
+    devices,
+    layers,
+    memory,
+    models,
+    problemfile,
+    registry,
+    report,
+    runs,
+)
 from ..devices import DEVICES
 from ..problem import LAYOUTS, PASSES, PRECISIONS
 from ..results import FolderInUse, RunFolder
@@ -81,15 +91,34 @@ def _limit(args) -> memory.MemoryLimit | None:
 
 
 def network(args, dev: devices.Device) -> tuple[list, dict | None]:
-    """The layers of `--model` (with `--input`), or of `--net`: (specs or Layers, where they
-    came from for env.json, None for a catalog). Sets `args.net` to the model's name."""
+    """The layers of `--model` (with `--input`), of `--problems`, or of `--net`: (specs or
+    Layers, where they came from and how often each occurs, for env.json; None for a catalog of
+    one network). Sets `args.net` to the name the rows carry."""
     if args.input and not args.model:
         raise UsageError("--input goes with --model MODULE:CALLABLE")
-    if not args.model:
-        args.net = args.net or layers.NETS[0]
-        return [f"{args.net}:{layer.name}" for layer in layers.net_layers(args.net)], None
-    if args.net:
-        raise UsageError("--model and --net are two sources of layers: give one")
+    given = [o for o, v in (("--model", args.model), ("--problems", args.problems),
+                            ("--net", args.net)) if v]
+    if len(given) > 1:
+        raise UsageError(f"{' and '.join(given)} are sources of layers: give one")
+    if args.model:
+        return _model_layers(args, dev)
+    if args.problems:
+        with usage_errors():
+            found = problemfile.read(args.problems)
+        args.net = found[0].net
+        return found, {"problems": str(args.problems), "occurrences": _counts(found)}
+    args.net = args.net or layers.NETS[0]
+    catalog = layers.net_layers(args.net)
+    if args.net in layers.OWN_BATCH:  # a list of problems, weighed by how often each occurs
+        return catalog, {"occurrences": _counts(catalog)}
+    return [f"{args.net}:{layer.name}" for layer in catalog], None
+
+
+def _counts(found: list[layers.Layer]) -> dict[str, int]:
+    return {layer.name: layer.count for layer in found}
+
+
+def _model_layers(args, dev: devices.Device) -> tuple[list, dict]:
     if not args.input:
         raise UsageError("--model needs --input N,C,H,W (the shape of one input batch)")
     with usage_errors():
@@ -108,12 +137,12 @@ def network(args, dev: devices.Device) -> tuple[list, dict | None]:
 
 def cmd_layer(args) -> int:
     folder = Path(args.out) if args.out else None
-    if args.model and args.layer:
-        raise UsageError("give layers or --model, not both")
+    if args.layer and (args.model or args.problems):
+        raise UsageError("give layers, --model or --problems, not several")
+    if not (args.layer or args.model or args.problems):
+        raise UsageError("no layer given: name layers or specs, or give --model or --problems")
     dev = device(args.device)
-    specs, source = network(args, dev) if args.model else (args.layer, None)
-    if not specs:
-        raise UsageError("no layer given: name layers, specs, or --model")
+    specs, source = network(args, dev) if not args.layer else (args.layer, None)
     args.net = args.net or layers.NETS[0]
     outcome = _measure(args, specs, dev, folder, _limit(args), source)
     emit(outcome.frame, args.format, report.layer_table(outcome.frame))
@@ -160,6 +189,11 @@ def _sweep_options(p, layer: bool, batch_list: bool = False) -> None:
                             "each distinct problem once, named by its first module")
         p.add_argument("--input", metavar="N,C,H,W",
                        help="with --model: the input batch's shape (e.g. 8,3,224,224)")
+        p.add_argument("--problems", metavar="FILE",
+                       help="measure the problems of FILE: CSV with ConvProblem's fields "
+                            "(n,c,h,w,k,r,s[,stride,pad,dilation,groups,name,count]) or oneDNN "
+                            "benchdnn descriptors, one per line (g1mb8ic96ih27oc256kh5ph2"
+                            "n\"conv2\"); each keeps its own batch unless --batch")
     p.add_argument("--algos", default="all",
                    help="comma list of algos; `winograd` = both tiles, `winograd-fused` both "
                         "fused tiles; `all` (default)")
