@@ -15,7 +15,15 @@ it trains at, with what PyTorch provides:
   pooling) only: the heavy layers' outputs are kept, the cheap ones recomputed;
 - `offload`: `torch.autograd.graph.save_on_cpu(pin_memory=True)`: every tensor kept for backward
   waits in pinned host memory. On the CPU there is no second memory to move to: unsupported.
-- `A+B`: both, e.g. `recompute-cheap+offload`.
+- `workspace`: the SuperNeurons policy for convolutions, the fastest algorithms the memory left
+  allows. The model's conv passes are measured once (every algorithm and layout, verified,
+  at `REFERENCE_BATCH`); at each batch the step first runs without it (the base strategy: the
+  others named with it, or `none`), and what that step leaves of the budget is the workspace
+  left for algorithm choice. The advisor's plan (`advice.advise`, `apply`) takes the fastest
+  algorithms (as ranked at the reference batch) whose workspaces, as they declare them at this
+  batch, all fit in it together: convbench holds a planned pass's workspace from its first
+  call on, so it is their sum that must fit. The step then runs under that plan.
+- `A+B`: both, e.g. `recompute-cheap+offload` or `checkpoint+workspace`.
 
 Every probe is a real training step (forward, cross-entropy, backward, SGD with momentum; the
 second step, when the momentum buffers exist) in a process of its own, its peak read from the
@@ -35,15 +43,37 @@ import contextlib
 import json
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import memory, memprofile, timing, trainstep
+from . import (
+    apply,
+    devices,
+    memory,
+    memprofile,
+    opcount,
+    registry,
+    results,
+    runner,
+    timing,
+    trainstep,
+    tune,
+    verify,
+)
+from .advice import advise, build_plan
 from .devices import backend_of
 from .measurement import Measurement
+from .plan import Constraints, Plan, current_env_key
+from .problem import LAYOUTS
 
-STRATEGIES = ("none", "checkpoint", "recompute-cheap", "offload")
+STRATEGIES = ("none", "checkpoint", "recompute-cheap", "offload", "workspace")
+WORKSPACE = "workspace"
+#: The batch the conv passes are measured at for the `workspace` strategy's choices.
+REFERENCE_BATCH = 2
+#: A plan that overshoots the budget is chosen again for the room divided by this.
+ROOM_SHRINK = 4
 #: Relative gradient error a strategy may introduce (it reorders nothing: recomputation repeats
 #: the same arithmetic, offloading copies bits; this is fp32 rounding's room).
 GRADIENT_TOLERANCE = 1e-5
@@ -101,9 +131,17 @@ def _stage_runner(parts: set[str]) -> Callable:
     return lambda heavy, cheap, x: cheap(heavy(x))
 
 
+def base(strategy: str) -> str:
+    """The strategy without its workspace choice: what the step is when the plan is not
+    applied (`none` for `workspace` alone)."""
+    parts = [p for p in strategy.split("+") if p != WORKSPACE]
+    return "+".join(parts) or "none"
+
+
 def step_function(model, opt, x, target, strategy: str) -> Callable[[], object]:
     """One training step of `model` under `strategy`: zero the gradients, forward (recomputed
-    and offloaded as the strategy says), cross-entropy, backward, SGD update; returns the loss."""
+    and offloaded as the strategy says), cross-entropy, backward, SGD update; returns the loss.
+    The `workspace` part is the plan applied to the model beforehand (`_setup`)."""
     import torch
     import torch.nn.functional as F
 
@@ -122,25 +160,30 @@ def step_function(model, opt, x, target, strategy: str) -> Callable[[], object]:
     return step
 
 
-def _setup(net: str, batch: int, device: str):
-    """The model, its SGD optimizer and a batch, seeded as `trainstep` seeds them."""
+def _setup(net: str, batch: int, device: str, plan_file: str | None = None):
+    """The model (running `plan_file`'s plan, if given), its SGD optimizer and a batch, seeded
+    as `trainstep` seeds them."""
     import torch
 
     torch.manual_seed(0)
     model = trainstep.build_model(net).to(device)
+    if plan_file:
+        apply.apply(model, plan_file)
     x, target = trainstep.example_batch(net, batch, device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     return model, opt, x, target
 
 
-def gradient_error(net: str, strategy: str, device: str, batch: int = CHECK_BATCH) -> float:
+def gradient_error(net: str, strategy: str, device: str, batch: int = CHECK_BATCH,
+                   plan_file: str | None = None) -> float:
     """‖g − g_plain‖ / ‖g_plain‖ over all parameters' gradients after one step's backward,
-    from the same weights and data (in this process)."""
+    from the same weights and data (in this process); the strategy's step runs `plan_file`'s
+    plan if given."""
     import torch
 
     grads = []
-    for how in ("none", strategy):
-        model, opt, x, target = _setup(net, batch, device)
+    for how, plan in (("none", None), (strategy, plan_file)):
+        model, opt, x, target = _setup(net, batch, device, plan)
         step_function(model, opt, x, target, how)()
         grads.append(torch.cat([p.grad.flatten().double() for p in model.parameters()]))
     return float((grads[1] - grads[0]).norm() / grads[0].norm())
@@ -157,6 +200,7 @@ class Probe:
     peak: int
     times_ms: list[float] = field(default_factory=list)
     oom: bool = False
+    note: str = ""
 
     def fits(self, budget: int) -> bool:
         return not self.oom and self.peak <= budget
@@ -169,7 +213,7 @@ class Probe:
 
 
 def probe_here(net: str, strategy: str, batch: int, device: str, budget: int,
-               time_s: float) -> Probe:
+               time_s: float, plan_file: str | None = None) -> Probe:
     """The probe, in this process (`probe` runs it in a fresh one). On the GPU torch's
     allocator is held to the budget, so a step beyond it fails instead of taking more."""
     import torch
@@ -180,7 +224,7 @@ def probe_here(net: str, strategy: str, batch: int, device: str, budget: int,
         torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total))
     try:
         with memory.trace(backend) as trace:
-            model, opt, x, target = _setup(net, batch, device)
+            model, opt, x, target = _setup(net, batch, device, plan_file)
             step = step_function(model, opt, x, target, strategy)
             step()  # the momentum buffers appear here
             trace.mark()
@@ -193,10 +237,10 @@ def probe_here(net: str, strategy: str, batch: int, device: str, budget: int,
 
 
 def probe(net: str, strategy: str, batch: int, device: str, budget: int,
-          time_s: float = 0.0) -> Probe:
+          time_s: float = 0.0, plan_file: str | None = None) -> Probe:
     """One probe in a process of its own: a fresh allocator, nothing left from the last probe."""
     job = {"net": net, "strategy": strategy, "batch": batch, "device": device,
-           "budget": budget, "time_s": time_s}
+           "budget": budget, "time_s": time_s, "plan_file": plan_file}
     proc = subprocess.run([sys.executable, "-m", "convbench.memplan", json.dumps(job)],
                           capture_output=True, text=True, check=False,
                           env=trainstep.worker_environment(device))
@@ -205,6 +249,105 @@ def probe(net: str, strategy: str, batch: int, device: str, budget: int,
         raise RuntimeError(f"memplan probe {strategy} at batch {batch} exited with "
                            f"{proc.returncode}: {tail}")
     return Probe(**json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+# --- workspace choice -----------------------------------------------------------------------
+@dataclass
+class Choices:
+    """The rows of every algorithm and layout of the model's conv passes, measured and verified
+    at batch `reference` on `backend`: what the `workspace` strategy chooses from."""
+
+    rows: list[dict]
+    reference: int
+    backend: str
+
+
+def measure_choices(net: str, device: str, algos: str = "all", budget_s: float | None = None,
+                    log: Callable[[str], None] = lambda line: None) -> Choices:
+    """Every algorithm × layout of each conv pass the model's training step runs (`find_convs`:
+    no bwd_data for the first layer), measured by the runner at `REFERENCE_BATCH` (for
+    `budget_s` seconds each: by default the device's, on the CPU train-step's tuning budget,
+    so the ranking is made in seconds, not minutes)."""
+    backend = backend_of(device)
+    algo_list = registry.expand_algos(algos, backend)
+    model = trainstep.build_model(net).to(device)
+    x, _ = trainstep.example_batch(net, REFERENCE_BATCH, device)
+    sites, _ = tune.find_convs(model, x)
+    cases = [runner.Case(net, site.name, site.problem, algo, backend, pass_, layout, "fp32")
+             for site in sites for pass_ in site.passes for layout in LAYOUTS
+             for algo in algo_list]
+    log(f"workspace: measuring {len(cases)} conv passes at batch {REFERENCE_BATCH}")
+    rows: list[dict] = []
+    default = (trainstep.CPU_TUNE_BUDGET_S if backend == "numpy"
+               else devices.of_backend(backend).budget_s)
+    runner.run(cases, budget_s or default, on_row=rows.append)
+    return Choices(rows, REFERENCE_BATCH, backend)
+
+
+def _at_batch(row: dict, batch: int, choices: Choices) -> dict:
+    """A reference row as the choice at `batch` sees it: its problem at that batch, its
+    workspace as the implementation declares it there (a measured peak, for an algorithm that
+    declares none, grown in proportion to the batch); its time stays the reference's."""
+    problem = results.problem_from_row(row).with_batch(batch)
+    out = {**row, **problem.axis_fields()}
+    if row["status"] == "ok":
+        impl = registry.get(row["algo"], choices.backend)
+        out["workspace_bytes"] = opcount.workspace_bytes(impl, problem, row["pass"],
+                                                         row["layout"], row["precision"])
+        if out["workspace_bytes"] is None and row.get("peak_bytes") is not None:
+            out["peak_bytes"] = float(row["peak_bytes"]) * batch / choices.reference
+    return out
+
+
+def held_workspace(plan: Plan) -> int:
+    """Bytes of workspace the plan's convbench passes hold together (each from its first call
+    on: `functional.run` keeps a prepared pass with its buffers)."""
+    problems = {lp.layer: lp.problem for lp in plan.layers}
+    return sum(opcount.workspace_bytes(registry.get(algo, backend), problems[layer], pass_,
+                                       layout, plan.precision) or 0
+               for (layer, pass_), (algo, backend, layout)
+               in memprofile.plan_algos(plan).items())
+
+
+def budgeted_plan(choices: Choices, batch: int, room: int) -> tuple[Plan, int]:
+    """The advisor's plan at `batch` whose held workspace fits `room`: the largest per-pass
+    workspace limit (bisected over the workspaces the choices have) under which the plan's
+    passes fit together; (the plan, the bytes it holds). A limit of 0 always fits: every pass
+    then needs no workspace, or is left to torch."""
+    df = results.frame([_at_batch(r, batch, choices) for r in choices.rows])
+    used = df["workspace_bytes"].fillna(df["peak_bytes"]).dropna()
+    limits = sorted({0, *(int(v) for v in used)})
+    env = current_env_key(choices.backend)
+
+    def planned(limit: int) -> tuple[Plan, int]:
+        chosen = build_plan(advise(df, Constraints(limit, False, None), "fp32"), env, None,
+                            measurements=[])
+        return chosen, held_workspace(chosen)
+
+    lo, hi = 0, len(limits) - 1  # limits[lo] fits; find the largest that does
+    best = planned(limits[lo])
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        candidate = planned(limits[mid])
+        if candidate[1] <= room:
+            lo, best = mid, candidate
+        else:
+            hi = mid - 1
+    return best
+
+
+def plan_summary(plan: Plan) -> str:
+    """`conv1 nchw: gemm, -, direct; ...`: each layer's layout and its passes' algorithms."""
+    return "; ".join(f"{lp.layer} {lp.layout}: " + ", ".join(
+        c.algo if c else "torch" for c in lp.passes.values()) for lp in plan.layers)
+
+
+def plan_tolerance(plan: Plan) -> float:
+    """The loosest verification tolerance among the plan's passes: what its gradients may
+    differ by from the plain step's (FFT and Winograd round differently from direct sums)."""
+    return max([GRADIENT_TOLERANCE, *(verify.tolerance(c.algo, plan.precision, lp.problem, p)
+                                      for lp in plan.layers for p, c in lp.passes.items()
+                                      if c is not None)])
 
 
 # --- the search -----------------------------------------------------------------------------
@@ -265,6 +408,7 @@ class Result:
     search: Search | None = None
     gradient_error: float | None = None
     timed: dict[int, Probe] = field(default_factory=dict)
+    tolerance: float = GRADIENT_TOLERANCE
 
     @property
     def largest(self) -> Probe | None:
@@ -280,38 +424,87 @@ def curve(limit: int, common: int | None) -> list[int]:
     return sorted(points)
 
 
+def _prober(net: str, strategy: str, device: str, budget: int, choices: Choices | None,
+            folder: Path) -> Callable[..., Probe]:
+    """(batch, seconds to time) -> the strategy's probe. With `workspace`, more: the base
+    strategy's step says what it leaves of the budget, then the step runs under the plan
+    chosen for that room (saved in `folder`), its note saying what was chosen. Running a plan
+    takes more than its workspaces (convbench's passes convert between torch and their arrays),
+    so a plan that fills the room can overshoot the budget: then the plan for a quarter of the
+    room is tried, and last the plan for none (every pass left to torch: the base step)."""
+    if WORKSPACE not in strategy.split("+"):
+        return lambda b, time_s=0.0: probe(net, strategy, b, device, budget, time_s)
+
+    def run(b: int, time_s: float = 0.0) -> Probe:
+        before = probe(net, base(strategy), b, device, budget)
+        if not before.fits(budget):
+            return Probe(b, before.peak, oom=before.oom,
+                         note=f"{base(strategy)} alone does not fit")
+        left = budget - before.peak
+        for room in (left, left // ROOM_SHRINK, 0):
+            chosen, held = budgeted_plan(choices, b, room)
+            path = chosen.save(folder / f"{strategy}-{b}-{room}.json")
+            got = probe(net, strategy, b, device, budget, time_s, str(path))
+            if got.fits(budget):
+                break
+        got.note = (f"workspace left {memory.format_size(left)}, planned for "
+                    f"{memory.format_size(room)}, the plan holds {memory.format_size(held)}: "
+                    f"{plan_summary(chosen)}")
+        return got
+
+    return run
+
+
 def plan(net: str, device: str, budget: int, strategies: list[str], *, time_s: float = 1.0,
-         common_batch: int | None = None, max_batch: int = MAX_BATCH,
+         common_batch: int | None = None, max_batch: int = MAX_BATCH, algos: str = "all",
          log: Callable[[str], None] = lambda line: None) -> tuple[list[Result], int | None]:
     """Every strategy measured on `device` under `budget`; (their results, the common batch:
-    `common_batch`, else the largest batch every supported strategy fits)."""
+    `common_batch`, else the largest batch every supported strategy fits). `algos` are the
+    `workspace` strategy's candidates."""
     modelled = memprofile.modelled_peak(net, {})(1).total
     if modelled > budget:
         raise ValueError(f"{net}'s training step at batch 1 needs about "
                          f"{memory.format_size(modelled)} (weights, gradients, optimizer state, "
                          f"activations), over the budget of {memory.format_size(budget)}")
     bound = per_image_bound(net)
-    out = []
-    for strategy in strategies:
-        reason = unsupported(strategy, device)
-        if reason:
-            out.append(Result(strategy, reason))
-            log(f"{strategy}: unsupported ({reason})")
-            continue
-        log(f"{strategy}: searching the largest batch")
-        search = largest_batch(lambda b, s=strategy: probe(net, s, b, device, budget), budget,
-                               bound, max_batch)
-        error = gradient_error(net, strategy, device) if strategy != "none" else 0.0
-        out.append(Result(strategy, "", search, error))
-        log(f"{strategy}: batch {search.batch} ({memory.format_size(search.peak)}) after "
-            f"{len(search.probes)} probes")
-    ran = [r for r in out if r.search]
-    common = common_batch or (min(r.search.batch for r in ran) if ran else None)
-    for r in ran:
-        log(f"{r.strategy}: timing batches {', '.join(map(str, curve(r.search.batch, common)))}")
-        r.timed = {b: probe(net, r.strategy, b, device, budget, time_s)
-                   for b in curve(r.search.batch, common)}
+    choices = None
+    if any(WORKSPACE in s.split("+") and not unsupported(s, device) for s in strategies):
+        choices = measure_choices(net, device, algos, log=log)
+    out, probers = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for strategy in strategies:
+            reason = unsupported(strategy, device)
+            if reason:
+                out.append(Result(strategy, reason))
+                log(f"{strategy}: unsupported ({reason})")
+                continue
+            probers[strategy] = _prober(net, strategy, device, budget, choices, Path(tmp))
+            log(f"{strategy}: searching the largest batch")
+            search = largest_batch(probers[strategy], budget, bound, max_batch)
+            error, tolerance = _gradient_check(net, strategy, device, choices, Path(tmp))
+            out.append(Result(strategy, "", search, error, tolerance=tolerance))
+            log(f"{strategy}: batch {search.batch} ({memory.format_size(search.peak)}) after "
+                f"{len(search.probes)} probes")
+        ran = [r for r in out if r.search]
+        common = common_batch or (min(r.search.batch for r in ran) if ran else None)
+        for r in ran:
+            batches = curve(r.search.batch, common)
+            log(f"{r.strategy}: timing batches {', '.join(map(str, batches))}")
+            r.timed = {b: probers[r.strategy](b, time_s) for b in batches}
     return out, common
+
+
+def _gradient_check(net: str, strategy: str, device: str, choices: Choices | None,
+                    folder: Path) -> tuple[float, float]:
+    """(the gradients' error against the plain step's, what it may be): with `workspace`,
+    under the plan the whole budget allows at `CHECK_BATCH` (the fastest)."""
+    if strategy == "none":
+        return 0.0, GRADIENT_TOLERANCE
+    if WORKSPACE not in strategy.split("+"):
+        return gradient_error(net, strategy, device), GRADIENT_TOLERANCE
+    fastest, _ = budgeted_plan(choices, CHECK_BATCH, 1 << 62)
+    path = fastest.save(folder / f"{strategy}-check.json")
+    return gradient_error(net, strategy, device, plan_file=str(path)), plan_tolerance(fastest)
 
 
 # --- output ---------------------------------------------------------------------------------
@@ -329,7 +522,9 @@ def rows(results: list[Result]) -> list[dict]:
                         "images_per_s": p.images_per_s, "largest": batch == r.search.batch,
                         "search_probe": batch in r.search.probes,
                         "gradient_error": r.gradient_error,
-                        "times_ms": " ".join(f"{t:.6g}" for t in p.times_ms)})
+                        "gradient_tolerance": r.tolerance,
+                        "times_ms": " ".join(f"{t:.6g}" for t in p.times_ms),
+                        "note": p.note})
     return out
 
 
@@ -351,7 +546,8 @@ def table(results: list[Result], common: int | None) -> str:
             continue
         at = r.timed.get(common)
         body.append([r.strategy, r.search.batch, _mib(r.search.peak), _rate(r.largest),
-                     _mib(at.peak if at else None), _rate(at), f"{r.gradient_error:.1e}",
+                     _mib(at.peak if at else None), _rate(at),
+                     f"{r.gradient_error:.1e} (<= {r.tolerance:.0e})",
                      f"{len(r.search.probes)} search probes"])
     return tabulate(body, headers=["strategy", "largest batch", "peak MiB", "images/s",
                                    f"peak MiB at {common}", f"images/s at {common}",
@@ -367,13 +563,31 @@ def markdown(net: str, device: str, budget: int, results: list[Result], common: 
         (f"peaks read from the allocators ({memory.trace(backend_of(device)).method}) in a "
          "fresh process per probe, from before the model exists"),
         f"images/s: the median of timed steps at that batch; common batch {common}",
-        (f"gradient error: against the plain step's at batch {CHECK_BATCH} (tolerance "
-         f"{GRADIENT_TOLERANCE:g})"),
+        (f"gradient error: against the plain step's at batch {CHECK_BATCH}, and its tolerance: "
+         f"{GRADIENT_TOLERANCE:g} where the same arithmetic is repeated or copied, the loosest "
+         "of the chosen algorithms' verification tolerances under a plan"),
     ]
     lines = [f"# memplan: {net} on {env.get('device', device)}", "",
              *[f"- {f}" for f in facts], "", table(results, common), "",
-             "![images/s against batch size](memplan.png)"]
+             *_workspace_notes(results), "![images/s against batch size](memplan.png)"]
     return "\n".join(lines) + "\n"
+
+
+def _workspace_notes(results: list[Result]) -> list[str]:
+    """What the `workspace` strategies chose at their largest batch and at the smallest."""
+    out = []
+    for r in results:
+        if r.search is None or WORKSPACE not in r.strategy.split("+"):
+            continue
+        if not out:
+            out = ["## Workspace choice", "",
+                   (f"The conv passes were measured at batch {REFERENCE_BATCH}, every algorithm "
+                    "and layout; at each batch the plan takes the fastest whose workspaces fit "
+                    "together in what the step without it left of the budget."), ""]
+        for batch in (min(r.timed), r.search.batch):
+            out.append(f"- {r.strategy} at batch {batch}: {r.timed[batch].note}")
+        out.append("")
+    return out
 
 
 def plot(results: list[Result], path: Path, title: str) -> str | None:

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from test_cli import run_cli
 
 from convbench import memplan
+from convbench.problem import LAYOUTS, PASSES
 
 
 def affine(a: int, b: int, seen: list):
@@ -109,3 +110,70 @@ def test_a_budget_too_small_for_batch_one_is_one_line(capsys):
     code, out, err = run_cli(capsys, "memplan", "--device", "cpu", "--budget", "64MiB")
     assert code == 2 and err.count("\n") == 1 and out == ""
     assert "training step at batch 1 needs about" in err and "over the budget of 64 MiB" in err
+
+
+# --- the workspace strategy ------------------------------------------------------------------
+def synthetic_choices(times: dict[str, float]) -> memplan.Choices:
+    """AlexNet's conv passes at batch 2, each algo of `times` verified and timed at that many
+    ms (the same for every pass and layout) where it runs the pass, as `measure_choices` would
+    have measured them."""
+    from convbench import layers, registry, runner, verify
+    from convbench.measurement import Measurement
+
+    rows = []
+    for layer in layers.net_layers("alexnet"):
+        problem = layer.problem.with_batch(memplan.REFERENCE_BATCH)
+        passes = ("fwd", "bwd_filter") if layer.name == "conv1" else PASSES
+        for algo, ms in times.items():
+            for pass_ in passes:
+                for layout in LAYOUTS:
+                    case = runner.Case("alexnet", layer.name, problem, algo, "numpy", pass_,
+                                       layout, "fp32")
+                    why = registry.supports(registry.get(algo, "numpy"), problem, pass_, layout,
+                                            "fp32")
+                    ok = verify.Check(True, 1e-7, 1e-6, 1e-5)
+                    rows.append(runner.row(case, "unsupported", why) if why else
+                                runner.row(case, "ok", check=ok, m=Measurement((ms, ms, ms)),
+                                           peak_bytes=0))
+    return memplan.Choices(rows, memplan.REFERENCE_BATCH, "numpy")
+
+
+def test_the_workspace_strategy_is_named_and_combined():
+    assert memplan.parse_strategies("workspace,recompute-cheap+workspace") == [
+        "workspace", "recompute-cheap+workspace"]
+    assert memplan.base("workspace") == "none"
+    assert memplan.base("recompute-cheap+workspace") == "recompute-cheap"
+    with pytest.raises(ValueError, match="combines none"):
+        memplan.parse_strategies("none+workspace")
+
+
+def test_the_plan_takes_the_fastest_algorithms_whose_workspaces_fit_the_room():
+    """gemm (1 ms, im2col workspace) beats direct (2 ms, its planes) beats torch-cpu (3 ms,
+    none declared): with room for everything the plan is all gemm; as the room shrinks it
+    holds less, never more than the room, and at no room it leaves every pass to torch."""
+    choices = synthetic_choices({"gemm": 1.0, "direct": 2.0, "torch-cpu": 3.0})
+    fastest, held = memplan.budgeted_plan(choices, 16, 1 << 62)
+    assert {c.algo for lp in fastest.layers for c in lp.passes.values() if c} == {"gemm"}
+    assert held == memplan.held_workspace(fastest) > 0
+    previous = held
+    for room in (held - 1, held // 2, held // 8, 1 << 20, 0):
+        plan, got = memplan.budgeted_plan(choices, 16, room)
+        assert got <= room and got <= previous
+        previous = got
+    assert got == 0
+    assert {c.algo for lp in plan.layers for c in lp.passes.values() if c} <= {"torch-cpu"}
+    # the workspace grows with the batch: the same room holds less of the plan at a larger one
+    assert memplan.budgeted_plan(choices, 64, held)[1] <= held
+    assert memplan.budgeted_plan(choices, 64, 1 << 62)[1] > held
+
+
+def test_a_plan_leaves_the_gradients_within_its_algorithms_tolerance(tmp_path):
+    choices = synthetic_choices({"gemm": 1.0, "winograd-4x4": 0.5, "direct": 2.0})
+    plan, _ = memplan.budgeted_plan(choices, memplan.CHECK_BATCH, 1 << 62)
+    chosen = {c.algo for lp in plan.layers for c in lp.passes.values() if c}
+    assert "winograd-4x4" in chosen  # conv3-5's 3x3 passes
+    tolerance = memplan.plan_tolerance(plan)
+    assert tolerance > memplan.GRADIENT_TOLERANCE  # Winograd's looser rounding
+    error = memplan.gradient_error("alexnet", "workspace", "cpu",
+                                   plan_file=str(plan.save(tmp_path / "plan.json")))
+    assert 0 < error <= tolerance

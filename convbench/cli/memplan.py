@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import envinfo, memory, memplan, results, runs
+from .. import envinfo, memory, memplan, registry, results, runs
 from .common import FORMATS, UsageError, positive, size, step_options, usage_errors
 from .measure import device as resolve_device
 
@@ -18,12 +18,14 @@ def cmd_memplan(args) -> int:
     device = resolve_device(args.device)
     with usage_errors("--strategies: "):
         strategies = memplan.parse_strategies(args.strategies)
+    with usage_errors("--algos: "):
+        registry.expand_algos(args.algos, device.backend)
     budget = args.budget or memory.capacity(device.backend)
     log = (lambda line: print(f"convbench: {line}", file=sys.stderr))
     try:
         found, common = memplan.plan(args.net, device.name, budget, strategies,
                                      time_s=args.time_budget, common_batch=args.batch,
-                                     max_batch=args.max_batch, log=log)
+                                     max_batch=args.max_batch, algos=args.algos, log=log)
     except ValueError as exc:  # a budget too small for batch 1
         raise UsageError(f"--budget {memory.format_size(budget)}: {exc}") from None
     env = envinfo.collect(device.backend)
@@ -58,6 +60,8 @@ def add_parsers(sub) -> None:
                         "largest batch all of them fit)")
     p.add_argument("--time-budget", type=positive(float), default=1.0, metavar="S",
                    help="seconds of timed steps per probe (at least 3 steps; default 1.0)")
+    p.add_argument("--algos", default="all",
+                   help="the algorithms the workspace strategy chooses from (comma list; all)")
     p.add_argument("--max-batch", type=positive(int), default=memplan.MAX_BATCH,
                    help="largest batch the search tries (default %(default)s)")
     p.add_argument("--out", help="folder for memplan.md, memplan.csv, memplan.png, env.json "
