@@ -138,21 +138,52 @@ def base(strategy: str) -> str:
     return "+".join(parts) or "none"
 
 
+#: The layers SuperNeurons calls cheap to recompute (activations, pooling, normalisation), as
+#: `recompute-cheap` finds them in a user's model.
+CHEAP = ("ReLU", "ReLU6", "LeakyReLU", "SiLU", "GELU", "Hardswish", "Hardsigmoid", "Sigmoid",
+         "Tanh", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "AdaptiveMaxPool2d",
+         "BatchNorm2d", "GroupNorm", "LayerNorm", "LocalResponseNorm")
+
+
+def _wrap_modules(model, parts: set[str]) -> None:
+    """Recomputation for a user's model, whose forward has no stages: `checkpoint` around each
+    of its top-level children (the segments its author made), `recompute-cheap` around each
+    cheap leaf module (`CHEAP`; an in-place one made out-of-place, since a checkpoint recomputes
+    from the input it keeps, which an in-place op would have overwritten)."""
+    from torch.utils.checkpoint import checkpoint
+
+    if "checkpoint" in parts:
+        targets = [m for _, m in model.named_children()]
+    elif "recompute-cheap" in parts:
+        targets = [m for m in model.modules() if type(m).__name__ in CHEAP]
+    else:
+        return
+    for m in targets:
+        if getattr(m, "inplace", False):
+            m.inplace = False
+        m.forward = (lambda *a, _f=m.forward, **k:
+                     checkpoint(_f, *a, use_reentrant=False, **k))
+
+
 def step_function(model, opt, x, target, strategy: str) -> Callable[[], object]:
     """One training step of `model` under `strategy`: zero the gradients, forward (recomputed
-    and offloaded as the strategy says), cross-entropy, backward, SGD update; returns the loss.
-    The `workspace` part is the plan applied to the model beforehand (`_setup`)."""
+    and offloaded as the strategy says), the loss (`trainstep.loss`), backward, SGD update;
+    returns the loss. The `workspace` part is the plan applied to the model beforehand
+    (`_setup`). A catalog model runs its stages through the strategy; a user's model has its
+    modules wrapped (`_wrap_modules`)."""
     import torch
-    import torch.nn.functional as F
 
     parts = set(strategy.split("+"))
+    staged = hasattr(model, "stages")
     run = _stage_runner(parts)
+    if not staged:
+        _wrap_modules(model, parts)
 
     def step():
         opt.zero_grad(set_to_none=True)
         with (torch.autograd.graph.save_on_cpu(pin_memory=True) if "offload" in parts
               else contextlib.nullcontext()):
-            loss = F.cross_entropy(model(x, run), target)
+            loss = trainstep.loss(model(x, run) if staged else model(x), target)
         loss.backward()
         opt.step()
         return loss

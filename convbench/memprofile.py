@@ -117,10 +117,8 @@ class _Live:
 def train_step(model, opt, x, target, on_loss: Callable[[object], None] = lambda loss: None):
     """One step as `convbench train-step` times it: zero the gradients (freeing them),
     forward, cross-entropy, backward, SGD update."""
-    import torch.nn.functional as F
-
     opt.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(model(x), target)
+    loss = trainstep.loss(model(x), target)
     on_loss(loss)
     with warnings.catch_warnings():
         # conv1's input needs no gradient, so its full backward hook fires on its outputs.
@@ -140,8 +138,7 @@ def _model_and_batch(net: str, batch: int, device: str):
                                                                                device)
     with torch.device("meta"):
         model = trainstep.build_model(net)
-    first = layers.net_layers(net)[0].problem
-    return (model, torch.empty(batch, first.c, first.h, first.w, device="meta"),
+    return (model, torch.empty(batch, *trainstep.input_shape(net), device="meta"),
             torch.empty(batch, dtype=torch.long, device="meta"))
 
 
@@ -163,8 +160,9 @@ def profile_step(net: str, batch: int, device: str, workspace: Workspace | None 
     `measure`, the allocators are read at every event too."""
     import torch
 
+    held_bytes = (sum(workspace(*lp, batch) for lp in conv_passes(net))
+                  if held and workspace else 0)
     workspace = workspace or (lambda layer, pass_, n: 0)
-    held_bytes = sum(workspace(*lp, batch) for lp in conv_passes(net)) if held else 0
     model, x, target = _model_and_batch(net, batch, device)
     if plan is not None:
         apply(model, plan)
@@ -173,7 +171,7 @@ def profile_step(net: str, batch: int, device: str, workspace: Workspace | None 
     fixed = {_storage(t)[0] for t in (*params, x, target)}
     weights = sum(_storage(p)[1] for p in params)
     batch_bytes = sum(_storage(t)[1] for t in (x, target))
-    convs = {layer.name for layer in layers.net_layers(net)}
+    convs = {name for name, m in model.named_modules() if isinstance(m, torch.nn.Conv2d)}
     saved, seen, grad_ready = _Live(), _Live(), set()
     events: list[Event] = []
     trace = memory.trace(backend_of(device)) if measure else None
@@ -215,6 +213,9 @@ def profile_step(net: str, batch: int, device: str, workspace: Workspace | None 
         if trace is not None:
             trace.mark()  # the steady state the step starts from
         handles = []
+        for module in model.modules():  # a full backward hook forbids in-place ops on its
+            if getattr(module, "inplace", False):  # module's output: ReLU(inplace) keeps a
+                module.inplace = False  # copy here, so a user model's peak is over, not under
         for name, module in model.named_modules():
             if name and not any(module.children()):
                 handles.append(module.register_forward_hook(forward_hook(name)))
@@ -291,8 +292,8 @@ def declared_workspace(net: str, algos: Algos, precision: str = "fp32") -> Works
 
 def modelled_peak(net: str, algos: Algos, held: bool = True) -> Callable[[int], Event]:
     """batch -> the peak event of the step modelled on `meta`, workspaces as declared, held or
-    per pass."""
-    ws = declared_workspace(net, algos)
+    per pass (none without `algos`: torch's own convolutions)."""
+    ws = declared_workspace(net, algos) if algos else None
     return lambda n: peak(profile_step(net, n, "meta", workspace=ws, held=held))
 
 

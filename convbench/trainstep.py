@@ -36,7 +36,7 @@ from pathlib import Path
 import pandas as pd
 from tabulate import tabulate
 
-from . import apply, layers, registry, results, timing, tune
+from . import apply, layers, models, registry, results, timing, tune
 from .devices import backend_of
 from .measurement import Measurement
 from .plan import Plan
@@ -63,9 +63,60 @@ def _whole(heavy, cheap, x):
     return cheap(heavy(x))
 
 
+#: Separates a user's model from its input shape in a net name (`model_net`).
+_INPUT_SEP = "@"
+
+
+def model_net(spec: str, chw: tuple[int, int, int]) -> str:
+    """The net name of a user's model (`MODULE:CALLABLE`, `models.load`) trained on images of
+    `chw` (channels, height, width): `torchvision.models:resnet18@3,224,224`. Everything that
+    builds a step from a net name (`build_model`, `example_batch`, `memplan`, `memprofile`'s
+    model on `meta`) takes it beside the catalog's nets."""
+    return f"{spec}{_INPUT_SEP}{','.join(map(str, chw))}"
+
+
+def _user_model(net: str) -> tuple[str, tuple[int, ...]] | None:
+    spec, sep, chw = net.partition(_INPUT_SEP)
+    return (spec, tuple(int(t) for t in chw.split(","))) if sep else None
+
+
+def input_shape(net: str) -> tuple[int, ...]:
+    """(C, H, W) of one image of `net`."""
+    user = _user_model(net)
+    if user:
+        return user[1]
+    first = layers.net_layers(net)[0].problem
+    return first.c, first.h, first.w
+
+
+def loss(output, target):
+    """The step's loss: cross-entropy against the labels for a classifier's (N, classes)
+    output; for any other output (a user's model: a segmentation, features) the mean square,
+    so every output element gets a gradient."""
+    import torch.nn.functional as F
+
+    if output.dim() == 2:
+        return F.cross_entropy(output, target)
+    return output.float().pow(2).mean()
+
+
+def _classes(net: str) -> int:
+    """How many classes the labels are drawn from: the model's output width (found on `meta`,
+    so nothing is computed), 1 where the output is not (N, classes)."""
+    import torch
+
+    if not _user_model(net):
+        return CLASSES
+    with torch.device("meta"):
+        out = build_model(net)(torch.empty(1, *input_shape(net)))
+    return out.shape[1] if out.dim() == 2 else 1
+
+
 def build_model(net: str = "alexnet"):
     """The AlexNet-shaped model of `net`'s catalog: conv layers named as in the catalog, so a
-    plan from `convbench advise` of that net's run applies to it by name.
+    plan from `convbench advise` of that net's run applies to it by name; or a user's model
+    (`model_net`), as its callable returns it (whose forward has no stages: strategies wrap its
+    modules instead, `memplan`).
 
     Its forward pass is a chain of stages, each a heavy layer (a convolution, a fully connected
     layer) and the cheap ones after it (ReLU, pooling): `forward(x, run)` hands each stage to
@@ -73,6 +124,10 @@ def build_model(net: str = "alexnet"):
     stage keeps for backward without a second copy of the network."""
     import torch
     from torch import nn
+
+    user = _user_model(net)
+    if user:
+        return models.load(user[0])
 
     class AlexNetShaped(nn.Module):
         def __init__(self):
@@ -111,10 +166,9 @@ def example_batch(net: str, batch: int, device: str):
     """Seeded images and labels, the same in every process."""
     import torch
 
-    first = layers.net_layers(net)[0].problem
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(batch, first.c, first.h, first.w, generator=g)
-    return x.to(device), torch.randint(0, CLASSES, (batch,), generator=g).to(device)
+    x = torch.randn(batch, *input_shape(net), generator=g)
+    return x.to(device), torch.randint(0, _classes(net), (batch,), generator=g).to(device)
 
 
 class Trainer:

@@ -177,3 +177,62 @@ def test_a_plan_leaves_the_gradients_within_its_algorithms_tolerance(tmp_path):
     error = memplan.gradient_error("alexnet", "workspace", "cpu",
                                    plan_file=str(plan.save(tmp_path / "plan.json")))
     assert 0 < error <= tolerance
+
+
+# --- a user's model -----------------------------------------------------------------------
+USER_NET = '''
+from torch import nn
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8),
+                                      nn.ReLU(inplace=True), nn.MaxPool2d(2),
+                                      nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(inplace=True))
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+
+    def forward(self, x):
+        return self.head(self.features(x))
+
+def tiny():
+    return Tiny()
+'''
+
+
+@pytest.fixture
+def tiny_net(tmp_path, monkeypatch):
+    from convbench import trainstep
+
+    (tmp_path / "memplan_user_net.py").write_text(USER_NET)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return trainstep.model_net("memplan_user_net:tiny", (3, 16, 16))
+
+
+@pytest.mark.parametrize("strategy", ["checkpoint", "recompute-cheap"])
+def test_recomputation_of_a_users_model_leaves_the_gradients_as_they_were(tiny_net, strategy):
+    """Its top-level children checkpointed, or its cheap layers (in-place ReLUs made
+    out-of-place); batch norm's statistics are the batch's either way."""
+    assert memplan.gradient_error(tiny_net, strategy, "cpu") <= memplan.GRADIENT_TOLERANCE
+
+
+def test_a_users_model_is_modelled_and_stepped_like_a_catalog_net(tiny_net):
+    from convbench import memprofile, trainstep
+
+    assert trainstep.input_shape(tiny_net) == (3, 16, 16)
+    x, target = trainstep.example_batch(tiny_net, 4, "cpu")
+    assert x.shape == (4, 3, 16, 16) and int(target.max()) < 10  # the model's 10 classes
+    at = memprofile.modelled_peak(tiny_net, {})
+    assert 0 < at(1).total < at(8).total
+    probe = memplan.probe_here(tiny_net, "recompute-cheap", 4, "cpu", 1 << 30, 0.0)
+    assert probe.fits(1 << 30) and probe.peak > 0
+
+
+def test_memplan_model_door_is_checked_where_it_is_given(tiny_net, capsys):
+    for argv, says in ((["--model", "memplan_user_net:tiny"], "--model needs --input"),
+                       (["--model", "memplan_user_net:tiny", "--input", "2,3,16,16",
+                         "--net", "alexnet"], "--model and --net are sources"),
+                       (["--input", "2,3,16,16"], "--input goes with --model"),
+                       (["--model", "memplan_user_net:tiny", "--input", "2,5,16,16"],
+                        "the model rejects input 2,5,16,16")):
+        code, out, err = run_cli(capsys, "memplan", "--device", "cpu", *argv)
+        assert code == 2 and err.count("\n") == 1 and says in err and out == ""

@@ -91,12 +91,12 @@ def choices(text: str, kind: str, valid: tuple[str, ...]) -> list[str]:
     return [check_choice(kind, t, valid) for t in dict.fromkeys(items)]
 
 
-def step_options(p, net_help: str | None = None) -> None:
+def step_options(p, net_help: str | None = None, net_default: str | None = "alexnet") -> None:
     """--net and --device of the commands that run a training step (train-step, memprofile,
     memplan): trainstep's nets, on the CPU or a GPU."""
     from .. import trainstep
 
-    p.add_argument("--net", default="alexnet", choices=trainstep.NETS, help=net_help)
+    p.add_argument("--net", default=net_default, choices=trainstep.NETS, help=net_help)
     p.add_argument("--device", choices=("cpu", "cuda"),
                    help="default cuda where a GPU is, else cpu")
 

@@ -9,13 +9,34 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import envinfo, memory, memplan, registry, results, runs
+from .. import envinfo, memory, memplan, models, registry, results, runs, trainstep
 from .common import FORMATS, UsageError, positive, size, step_options, usage_errors
 from .measure import device as resolve_device
 
 
+def _network(args, device) -> str:
+    """The net the steps are built from: `--net`, or `--model` with `--input` (whose N is the
+    common batch unless --batch gives one)."""
+    if not args.model:
+        if args.input:
+            raise UsageError("--input goes with --model MODULE:CALLABLE")
+        return args.net or "alexnet"
+    if args.net:
+        raise UsageError("--model and --net are sources of the network: give one")
+    if not args.input:
+        raise UsageError("--model needs --input N,C,H,W (N: the common batch)")
+    with usage_errors():
+        shape = models.parse_input(args.input)
+        models.conv_layers(models.load(args.model), shape, device=(
+            "cuda" if device.backend == "cuda" else "cpu"))  # the model takes the input
+    args.batch = args.batch or shape[0]
+    return trainstep.model_net(args.model, shape[1:])
+
+
 def cmd_memplan(args) -> int:
     device = resolve_device(args.device)
+    net = _network(args, device)
+    name = models.net_name(args.model) if args.model else net
     with usage_errors("--strategies: "):
         strategies = memplan.parse_strategies(args.strategies)
     with usage_errors("--algos: "):
@@ -23,20 +44,20 @@ def cmd_memplan(args) -> int:
     budget = args.budget or memory.capacity(device.backend)
     log = (lambda line: print(f"convbench: {line}", file=sys.stderr))
     try:
-        found, common = memplan.plan(args.net, device.name, budget, strategies,
+        found, common = memplan.plan(net, device.name, budget, strategies,
                                      time_s=args.time_budget, common_batch=args.batch,
                                      max_batch=args.max_batch, algos=args.algos, log=log)
     except ValueError as exc:  # a budget too small for batch 1
         raise UsageError(f"--budget {memory.format_size(budget)}: {exc}") from None
     env = envinfo.collect(device.backend)
-    env["run"] = {"net": args.net, "device": device.name, "budget_bytes": budget,
+    env["run"] = {"net": net, "device": device.name, "budget_bytes": budget,
                   "strategies": strategies, "common_batch": common,
                   "command": " ".join(["convbench", *getattr(args, "argv", [])])}
-    text = memplan.markdown(args.net, device.name, budget, found, common, env)
-    folder = Path(args.out) if args.out else runs.default_folder(args.net, device.backend,
+    text = memplan.markdown(net, device.name, budget, found, common, env)
+    folder = Path(args.out) if args.out else runs.default_folder(name, device.backend,
                                                                  "-memplan")
     written = memplan.write(folder, text, found, env,
-                            f"{args.net} on {env['device']}, {memory.format_size(budget)}")
+                            f"{name} on {env['device']}, {memory.format_size(budget)}")
     print(f"convbench: {', '.join(written)} in {folder}", file=sys.stderr)
     rows = memplan.rows(found)
     print({"table": lambda: text.rstrip("\n"),
@@ -48,7 +69,13 @@ def cmd_memplan(args) -> int:
 def add_parsers(sub) -> None:
     p = sub.add_parser("memplan", help="the largest batch each memory strategy (recompute, "
                        "offload) trains under a budget, and its images/s")
-    step_options(p)
+    step_options(p, "the catalog net (default alexnet)", net_default=None)
+    p.add_argument("--model", metavar="MODULE:CALLABLE",
+                   help="a model of your own instead of --net: the callable returns the "
+                        "nn.Module (e.g. torchvision.models:resnet18); recomputation wraps its "
+                        "top-level children (checkpoint) or its cheap layers (recompute-cheap)")
+    p.add_argument("--input", metavar="N,C,H,W",
+                   help="with --model: one batch's shape; N is the common batch")
     p.add_argument("--budget", type=size, metavar="SIZE",
                    help="memory the whole training step may use, e.g. 8GiB (default: the "
                         "GPU's memory, or the host memory available)")
