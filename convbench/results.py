@@ -22,6 +22,7 @@ import dataclasses
 import json
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +52,8 @@ TEXT = ("reason", "note", "times_ms", "phases_ms", "memory_method")
 
 RESULTS_CSV = "measurements.csv"
 ENV_JSON = "env.json"
+#: A rank's rows in a sharded run (`convbench.shard`), until they are merged into RESULTS_CSV.
+PARTIAL_CSV = ".rank{rank}.csv"
 
 #: Separators of the `phases_ms` cell: phase names hold spaces but neither of these.
 _PHASE_SEP, _PHASE_VALUE = ";", "="
@@ -147,6 +150,56 @@ class CsvSink:
 
     def append(self, r: dict) -> None:
         self._write(r)
+
+
+# --- a sharded run's partial files -------------------------------------------------------------
+def partial_csv(folder: str | Path, rank: int) -> Path:
+    """Where rank `rank` of a sharded run appends its rows."""
+    return Path(folder) / PARTIAL_CSV.format(rank=rank)
+
+
+def partial_files(folder: str | Path) -> list[Path]:
+    """The partial files in `folder` (every rank's this process can see)."""
+    folder = Path(folder)
+    return sorted(folder.glob(PARTIAL_CSV.format(rank="*"))) if folder.is_dir() else []
+
+
+def partial_rows(folder: str | Path) -> list[dict]:
+    """Every complete row of the partial files in `folder`."""
+    return [r for path in partial_files(folder) for r in read_rows(path)]
+
+
+def drop_partials(folder: str | Path) -> None:
+    """Delete the partial files in `folder` (once their rows are in measurements.csv)."""
+    for path in partial_files(folder):
+        path.unlink(missing_ok=True)
+
+
+def merge_rows(folder: str | Path, rows: Sequence[dict] = (),
+               order: Sequence[tuple[str, ...]] = ()) -> None:
+    """Fold the partial files of `folder`, and `rows`, into its measurements.csv: one row per
+    key (the first seen: the file's, then the partials', then `rows`), the keys of `order`
+    first in its order, then the rest as seen; the file replaced whole, then the partials
+    deleted. Nothing to fold, nothing done. ValueError for a measurements.csv with other
+    columns (`CsvSink`)."""
+    folder = Path(folder)
+    extra = partial_rows(folder) + list(rows)
+    if not extra:
+        return
+    path = folder / RESULTS_CSV
+    CsvSink(path)  # refuses a file with other columns
+    merged: dict[tuple[str, ...], dict] = {}
+    for r in read_rows(path) + extra:
+        merged.setdefault(row_key(r), r)
+    rank = {key: i for i, key in enumerate(order)}
+    keys = sorted(merged, key=lambda k: rank.get(k, len(rank)))  # stable: the rest as seen
+    tmp = path.with_name(f".{RESULTS_CSV}.tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(merged[k] for k in keys)
+    os.replace(tmp, path)
+    drop_partials(folder)
 
 
 # --- the DataFrame and JSON forms -----------------------------------------------------------
@@ -268,8 +321,10 @@ class RunFolder:
     def open(cls, path: str | Path, env: dict, resume: bool = False) -> RunFolder:
         """Prepare `path` for a run described by `env`: FolderInUse if it holds results and
         `resume` is off; ValueError if its measurements.csv has other columns. A resumed run
-        keeps the env.json of its first start (what the run was asked to be)."""
+        keeps the env.json of its first start (what the run was asked to be). Rows a sharded
+        run left in partial files are merged in first, so they count as measured."""
         path = Path(path)
+        merge_rows(path)
         measured = read_rows(path / RESULTS_CSV)
         if measured and not resume:
             raise FolderInUse(f"{path} already holds results")

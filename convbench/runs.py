@@ -126,6 +126,11 @@ class Run:
             interrupted = True
         except runner.DeviceFault as exc:
             fault = str(exc)
+        return self.finish(rows, interrupted, fault)
+
+    def finish(self, rows: list[dict], interrupted: bool, fault: str | None) -> Outcome:
+        """The outcome of this run's `rows`: the folder's report from all its rows (or these
+        rows alone without a folder)."""
         if self.folder is None:
             return Outcome(frame(rows), None, interrupted, self._skip.skipped, fault)
         df, _ = load_run(self.folder.path)

@@ -112,11 +112,17 @@ def _classes(net: str) -> int:
     return out.shape[1] if out.dim() == 2 else 1
 
 
-def build_model(net: str = "alexnet"):
+def build_model(net: str = "alexnet", fc_free: bool = False):
     """The AlexNet-shaped model of `net`'s catalog: conv layers named as in the catalog, so a
     plan from `convbench advise` of that net's run applies to it by name; or a user's model
     (`model_net`), as its callable returns it (whose forward has no stages: strategies wrap its
     modules instead, `memplan`).
+
+    `fc_free` is the study's variant without fully connected layers: fc6-fc8 become 1x1
+    convolutions over the last pooled feature map, and the class scores are averaged over its
+    positions. fc6 then sees one position's channels instead of the whole map, which is most
+    of AlexNet's parameters (and of the gradient data-parallel training exchanges); fc7 and
+    fc8 run at every position, which costs compute.
 
     Its forward pass is a chain of stages, each a heavy layer (a convolution, a fully connected
     layer) and the cheap ones after it (ReLU, pooling): `forward(x, run)` hands each stage to
@@ -139,10 +145,15 @@ def build_model(net: str = "alexnet"):
             self.names = [layer.name for layer in convs]
             self.pool = nn.MaxPool2d(3, 2)
             last = convs[-1].problem
-            side = (last.p - 3) // 2 + 1
-            self.fc6 = nn.Linear(last.k * side * side, 4096)
-            self.fc7 = nn.Linear(4096, 4096)
-            self.fc8 = nn.Linear(4096, CLASSES)
+            if fc_free:
+                self.fc6 = nn.Conv2d(last.k, 4096, 1)
+                self.fc7 = nn.Conv2d(4096, 4096, 1)
+                self.fc8 = nn.Conv2d(4096, CLASSES, 1)
+            else:
+                side = (last.p - 3) // 2 + 1
+                self.fc6 = nn.Linear(last.k * side * side, 4096)
+                self.fc7 = nn.Linear(4096, 4096)
+                self.fc8 = nn.Linear(4096, CLASSES)
 
         def stages(self) -> list[tuple]:
             """(heavy layer, the cheap layers after it) in order."""
@@ -151,6 +162,9 @@ def build_model(net: str = "alexnet"):
 
             convs = [(getattr(self, name), relu_pool if name in POOLED else torch.relu)
                      for name in self.names]
+            if fc_free:
+                return [*convs, (self.fc6, torch.relu), (self.fc7, torch.relu),
+                        (self.fc8, lambda t: t.mean((2, 3)))]
             return [*convs, (lambda t: self.fc6(torch.flatten(t, 1)), torch.relu),
                     (self.fc7, torch.relu), (self.fc8, lambda t: t)]
 

@@ -38,9 +38,10 @@ LAYERS = {
                         "verify", "functional", "testing"],
     "harness": ["timing", "runner", "results", "opcount", "memory", "envinfo", "devices",
                 "batchsweep"],
-    "analysis": ["report", "advice", "layoutplan", "plan", "runs", "summary", "gpucheck"],
+    "analysis": ["report", "advice", "layoutplan", "plan", "runs", "shard", "summary",
+                 "gpucheck"],
     "torch integration": ["tune", "apply", "nn", "trainstep", "memprofile", "memplan",
-                          "advisor", "models"],
+                          "scale", "advisor", "models"],
     "cli": ["cli", "cli.*", "__main__"],
 }
 #: What a module must not reach, directly or through others, though its layer would allow it.

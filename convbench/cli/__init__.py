@@ -14,6 +14,7 @@ one line on stderr and exit code 2. Nothing in the library imports it.
     convbench train-step                                                (cli.trainstep)
     convbench gpu-check [--out DIR]   the first GPU check, one command  (cli.gpucheck)
     convbench memplan --budget 8GiB   batch and speed per memory strategy (cli.memplan)
+    convbench scale --world-sizes 1,2,4 --batch 128,256,512   data-parallel scaling (cli.scale)
 
 Bad input — an unknown layer, net, algo, pass, layout or precision, a malformed layer spec, a
 device this machine lacks — is one line on stderr naming what is wrong and what is valid, and
@@ -38,6 +39,7 @@ from . import (
     memplan,
     memprofile,
     report,
+    scale,
     trainstep,
     tune,
 )
@@ -46,8 +48,8 @@ from .common import EXIT_USAGE, Parser, Progress, UsageError
 __all__ = ["Progress", "UsageError", "build_parser", "main"]
 
 #: The subcommands, in the order `convbench --help` lists them.
-_COMMANDS = (measure, report, memprofile, memplan, listing, kernels, advise, tune, trainstep,
-             gpucheck)
+_COMMANDS = (measure, report, memprofile, memplan, scale, listing, kernels, advise, tune,
+             trainstep, gpucheck)
 
 
 def build_parser() -> Parser:

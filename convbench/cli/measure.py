@@ -10,6 +10,7 @@ Each parses its options into cases (`runs.sweep_cases`), opens the run folder
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from .. import (
     registry,
     report,
     runs,
+    shard,
 )
 from ..devices import DEVICES
 from ..problem import LAYOUTS, PASSES, PRECISIONS
@@ -61,18 +63,23 @@ def _measure(args, specs: list, device: devices.Device, folder: Path | None,
             choices(args.passes, "pass", PASSES), choices(args.layouts, "layout", LAYOUTS),
             choices(args.precision, "precision", PRECISIONS))
     budget = args.budget or device.budget_s
+    sharded = shard.from_env(device.backend)  # torchrun, several ranks: this rank's share
+    if sharded and sharded.rank:  # rank 0 prints the results; the other ranks' stdout is dropped
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process
     run_folder = None
     if folder is not None:
         env = runs.environment(device, args.net, cases, budget, batch=args.batch, limit=limit,
                                command=" ".join(["convbench", *args.argv]), source=source)
         try:
-            run_folder = RunFolder.open(folder, env, args.resume)
+            run_folder = (sharded.open(folder, env, args.resume) if sharded
+                          else RunFolder.open(folder, env, args.resume))
         except FolderInUse as exc:
             raise UsageError(f"{exc}; pass --resume to finish it or --out DIR to start "
                              "another run folder") from None
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-    run = runs.Run(cases, budget, run_folder, limit)
+    run = (shard.Run(sharded, cases, budget, run_folder, limit) if sharded
+           else runs.Run(cases, budget, run_folder, limit))
     progress = Progress(len(run.todo))
     try:
         outcome = run.measure(on_row=progress)

@@ -1,0 +1,111 @@
+"""`convbench scale`: the training step under DistributedDataParallel per world size, batch and
+communication hook (`convbench.scale`).
+
+    convbench scale --device cpu --world-sizes 1,2
+    convbench scale --device cuda --world-sizes 1,2,4 --batch 128,256,512
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:PORT \\
+        -m convbench scale --device cuda
+
+Under torchrun every rank runs this command; rank 0 alone writes the folder and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from .. import envinfo, results, runs, scale
+from ..devices import backend_of
+from .common import FORMATS, positive, usage_errors
+
+
+def _sizes(what: str):
+    """An argparse type: a comma list of distinct positive numbers of `what`, smallest first."""
+    def parse(text: str) -> list[int]:
+        try:
+            out = sorted({int(t) for t in text.split(",") if t.strip()})
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of {what}") from None
+        if not out or out[0] <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of positive {what}")
+        return out
+
+    return parse
+
+
+def job_from(args) -> scale.Job:
+    """The job the options ask for, checked here (`scale.check`); UsageError naming what is
+    wrong."""
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    with usage_errors():
+        hooks = scale.parse_hooks(args.hooks)
+        per_rank = args.per_rank_batch is not None
+        batches = args.per_rank_batch or args.batch or (
+            scale.GPU_BATCHES if device == "cuda" else scale.CPU_BATCHES)
+        job = scale.Job(scale.workload(args.net), device,
+                        tuple(args.world_sizes or scale.default_world_sizes(device)),
+                        tuple(batches), hooks, args.steps or scale.STEPS[device], args.warmup,
+                        args.powersgd_rank, per_rank)
+        scale.check(job)
+    return job
+
+
+def cmd_scale(args) -> int:
+    job = job_from(args)
+    result = scale.run(job)
+    if result is None:  # a rank of torchrun's other than 0: rank 0 writes and prints
+        return 0
+    backend = backend_of(job.device)
+    env = envinfo.collect(backend)
+    env["run"] = {**result.run_info(),
+                  "command": " ".join(["convbench", *getattr(args, "argv", [])])}
+    text = scale.markdown(result, env)
+    folder = Path(args.out) if args.out else runs.default_folder(args.net, backend, "-scale")
+    written = scale.write(folder, text, result, env, f"{args.net} on {env['device']}")
+    print(f"convbench: {', '.join(written)} in {folder}", file=sys.stderr)
+    print({"table": lambda: text.rstrip("\n"),
+           "csv": lambda: results.to_csv(pd.DataFrame(result.rows)).rstrip("\n"),
+           "json": lambda: json.dumps(result.rows, indent=1)}[args.format]())
+    return 0
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("scale", help="data-parallel training step (DDP on torch.distributed) "
+                       "per world size, batch and communication hook")
+    p.add_argument("--net", default="alexnet", choices=scale.NETS,
+                   help="the training-step model; -fcfree: fc6-fc8 as 1x1 convolutions "
+                        "(default alexnet)")
+    p.add_argument("--device", choices=("cpu", "cuda"),
+                   help="cuda: a GPU per rank, NCCL; cpu: a core per rank, gloo (default cuda "
+                        "where a GPU is, else cpu)")
+    p.add_argument("--world-sizes", type=_sizes("world sizes"),
+                   help="comma list of rank counts (default 1, 2, 4, ... up to the GPUs or "
+                        "cores here, or the ranks torchrun started)")
+    batch = p.add_mutually_exclusive_group()
+    batch.add_argument("--batch", type=_sizes("batch sizes"),
+                       help="comma list of global batches, split over the ranks (default "
+                            f"{','.join(map(str, scale.GPU_BATCHES))} on cuda, "
+                            f"{','.join(map(str, scale.CPU_BATCHES))} on cpu)")
+    batch.add_argument("--per-rank-batch", type=_sizes("batch sizes"),
+                       help="comma list of batches per rank instead (the global batch grows "
+                            "with the ranks)")
+    p.add_argument("--hooks", default=",".join(scale.HOOKS),
+                   help=f"comma list of {', '.join(scale.HOOKS)} (allreduce, the exact "
+                        "baseline, is always measured; default all)")
+    p.add_argument("--powersgd-rank", type=positive(int), default=scale.POWERSGD_RANK,
+                   help="rank of PowerSGD's approximation (default %(default)s)")
+    p.add_argument("--steps", type=positive(int),
+                   help=f"timed steps per measurement (default {scale.STEPS['cuda']} on cuda, "
+                        f"{scale.STEPS['cpu']} on cpu)")
+    p.add_argument("--warmup", type=positive(int), default=scale.WARMUP,
+                   help="untimed steps first (default %(default)s)")
+    p.add_argument("--out", help="folder for report.md, scale.csv, env.json, speedup.png, "
+                   "timeline.png (default results/<date>-<device>-<net>-scale)")
+    p.add_argument("--format", choices=FORMATS, default="table")
+    p.set_defaults(func=cmd_scale)

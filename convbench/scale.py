@@ -1,0 +1,846 @@
+"""`convbench scale`: data-parallel training on several GPUs or nodes, the study's slides 25-28.
+
+Kim et al. trained AlexNet data-parallel on up to four GPUs: the gradient exchange sits on the
+critical path, so small batches ran slower on several GPUs than on one and even batch 512
+reached only ~1.5x on four; overlapping each layer's transfer with the rest of the backward pass
+helped, and so did sending less (CNTK's 1-bit SGD; the fully connected layers hold ~90% of
+AlexNet's parameters). This measures the same on today's engine: the training step of
+`trainstep.build_model` (forward, cross-entropy, backward, SGD with momentum) under torch's
+`DistributedDataParallel`, over `torch.distributed` (NCCL between GPUs, gloo on CPUs), for each
+world size and global batch asked (each rank takes batch / world size of the same seeded images).
+
+Ranks: under `torchrun` (any number of nodes, its own rendezvous) this process is one rank of
+the group torchrun made; otherwise one node's ranks are started through torch's launcher API
+(`elastic_launch`, what `torchrun --standalone` runs). Every smaller world size is measured as
+the subgroup of the first ranks (the others wait), so one launch measures them all. On the CPU
+every rank computes on one thread (a rank is a core, as a GPU is on a GPU machine) with idle
+threads sleeping (`threads.CPU_THREAD_ENV`).
+
+Per world size, batch and communication hook, on a model of its own (the same seeded weights):
+
+- `step`: DDP's step as it runs, each bucket's exchange launched when its gradients are ready,
+  overlapping the rest of the backward pass;
+- `serial`: the same step with the hook waiting for each bucket's exchange before backward goes
+  on (and the GPU synchronized around it): nothing overlaps, as if the exchange ran after the
+  backward pass; the time between a bucket's ready and its exchange's end, summed over the
+  buckets, is `exchange`, the exchange alone;
+- `compute` (with the exact all-reduce only): the step under `no_sync()`, no exchange at all.
+
+A step's time is the slowest rank's (ranks meet at a barrier before each step), after warm-up
+steps; median and spread over the timed steps (`Measurement`). The share of the exchange the
+overlap hid is (compute + exchange - step) / exchange, clamped to [0, 1]: 1 when the step takes
+no longer than its compute, 0 when it takes as long as compute and exchange one after the
+other. Speedup is the one-rank step's time over the N-rank step's at the same global batch;
+efficiency is speedup / N.
+
+Hooks (`torch.distributed.algorithms.ddp_comm_hooks`): `allreduce`, the exact average
+(`default_hooks.allreduce_hook`); `fp16` and `bf16`, the gradient compressed to 16 bits for the
+exchange; `powersgd`, PowerSGD's low-rank approximation with error feedback, today's counterpart
+of 1-bit SGD (its first `POWERSGD_START` iterations are exact all-reduces, so the warm-up
+covers them). Each hook's gradient error is ‖g − g_exact‖ / ‖g_exact‖ of the averaged gradient
+of one step against the exact all-reduce's, on the same weights and data, at its first
+compressed step (PowerSGD's error feedback then holds nothing yet: what it carries into later
+steps is not counted). Gradient bytes are the model's parameters' (fp32); the fully connected
+share counts fc6-fc8, whether `nn.Linear` or the FC-free variant's 1x1 convolutions.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import gc
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from . import envinfo, layers, trainstep
+from .measurement import Measurement
+from .threads import CPU_THREAD_ENV
+
+#: The net options: the training-step nets, and each as the study's FC-free variant.
+FC_FREE = "-fcfree"
+NETS = (*trainstep.NETS, *(f"{net}{FC_FREE}" for net in trainstep.NETS))
+HOOKS = ("allreduce", "fp16", "bf16", "powersgd")
+KINDS = ("compute", "exchange", "serial", "step")
+#: The layers counted as fully connected, whichever form they take.
+FC_LAYERS = ("fc6", "fc7", "fc8")
+#: Global batches: the study's on a GPU; on the CPU so small that `convbench scale --device
+#: cpu --world-sizes 1,2` ends within about five minutes on 2 cores.
+GPU_BATCHES = (128, 256, 512)
+CPU_BATCHES = (2, 4)
+#: Timed steps per measurement and warm-up steps before them (the first builds DDP's buckets).
+STEPS = {"cpu": 5, "cuda": 20}
+WARMUP = 3
+#: PowerSGD: exact all-reduces before compressing (it refuses fewer than 2 with error
+#: feedback), and the rank of its approximation unless told otherwise.
+POWERSGD_START = 2
+POWERSGD_RANK = 4
+#: PowerSGD compresses a gradient only when that shrinks it at least this many times (its
+#: default `min_compression_rate`, which the hook is run with).
+POWERSGD_MIN_RATE = 2
+#: Instrumented steps per timeline; the one with the median time is drawn.
+TIMELINE_STEPS = 3
+#: How long a rank may wait for the others (idle ranks wait while a subgroup measures).
+TIMEOUT = datetime.timedelta(hours=2)
+
+
+# --- what is trained --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Workload:
+    """A model to train data-parallel and the seeded batches it trains on. `build` must pickle
+    (by reference): the ranks are other processes."""
+
+    name: str
+    build: Callable
+    image: tuple[int, int, int]
+    classes: int
+
+    def batch(self, n: int, device: str):
+        """n seeded images and labels, the same in every process (`trainstep.example_batch`'s
+        for the catalog nets)."""
+        import torch
+
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(n, *self.image, generator=g)
+        return x.to(device), torch.randint(0, self.classes, (n,), generator=g).to(device)
+
+
+def workload(net: str) -> Workload:
+    """The training-step model of `net` (`alexnet-fcfree`: fc6-fc8 as 1x1 convolutions);
+    ValueError for a net it does not know."""
+    if net not in NETS:
+        raise ValueError(f"unknown net {net!r}; valid: {', '.join(NETS)}")
+    base = net.removesuffix(FC_FREE)
+    first = layers.net_layers(base)[0].problem
+    return Workload(net, functools.partial(trainstep.build_model, base, net.endswith(FC_FREE)),
+                    (first.c, first.h, first.w), trainstep.CLASSES)
+
+
+def gradient_bytes(model) -> dict[str, int]:
+    """Bytes of fp32 gradient per step, split into the conv layers' and the fully connected
+    ones' (`FC_LAYERS`)."""
+    out = {"conv": 0, "fc": 0}
+    for name, p in model.named_parameters():
+        out["fc" if name.split(".")[0] in FC_LAYERS else "conv"] += p.numel() * 4
+    return out
+
+
+def exchanged_bytes(model, hook: str, powersgd_rank: int = POWERSGD_RANK) -> int:
+    """Bytes each rank hands the all-reduce per step under `hook`: the fp32 gradient, half of
+    it in 16 bits, or PowerSGD's factors (P and Q, n·r and m·r for each n×m gradient it finds
+    worth compressing, by its own `_should_compress`; the rest as is)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+    total = sum(p.numel() for p in model.parameters()) * 4
+    if hook != "powersgd":
+        return total // 2 if hook in ("fp16", "bf16") else total
+    out = 0
+    for p in model.parameters():
+        n = p.shape[0]
+        m = p.numel() // n
+        r = min(n, m, powersgd_rank)
+        compress, whole, factors = powerSGD_hook._should_compress(n, m, r, POWERSGD_MIN_RATE)
+        out += 4 * (factors if compress else whole)
+    return out
+
+
+def on_meta(load: Workload):
+    """The workload's model without storage: enough to count its parameters."""
+    import torch
+
+    with torch.device("meta"):
+        return load.build()
+
+
+# --- the job ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Job:
+    """What to measure: every world size × batch × hook. A batch is the global batch, split
+    over the ranks as in the study, or with `per_rank` each rank's."""
+
+    load: Workload
+    device: str
+    world_sizes: tuple[int, ...]
+    batches: tuple[int, ...]
+    hooks: tuple[str, ...] = HOOKS
+    steps: int = STEPS["cpu"]
+    warmup: int = WARMUP
+    powersgd_rank: int = POWERSGD_RANK
+    per_rank: bool = False
+
+    def global_batch(self, world: int, batch: int) -> int:
+        return batch * world if self.per_rank else batch
+
+    def hooks_at(self, world: int) -> tuple[str, ...]:
+        """One rank exchanges nothing: only the exact all-reduce, the baseline, is timed."""
+        return ("allreduce",) if world == 1 else self.hooks
+
+
+def parse_hooks(text: str) -> tuple[str, ...]:
+    """`allreduce,powersgd` -> the hooks, `allreduce` (the baseline) always first; ValueError
+    naming an unknown one."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    for item in items:
+        if item not in HOOKS:
+            raise ValueError(f"unknown hook {item!r}; valid: {', '.join(HOOKS)}")
+    return tuple(dict.fromkeys(["allreduce", *items]))
+
+
+def default_world_sizes(device: str) -> tuple[int, ...]:
+    """1, 2, 4, ... up to the ranks torchrun started, or the devices of this node."""
+    most = int(os.environ["WORLD_SIZE"]) if launched() else devices_here(device)
+    sizes = [1 << i for i in range(most.bit_length()) if 1 << i <= most]
+    return tuple(dict.fromkeys([*sizes, most]))
+
+
+def launched() -> bool:
+    """Whether this process is a rank torchrun started (its environment names the group)."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+
+
+def devices_here(device: str) -> int:
+    """How many ranks one node can give a device each: GPUs, or CPU cores."""
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.device_count()
+    return os.cpu_count() or 1
+
+
+def check(job: Job) -> None:
+    """ValueError, in one line, for a job that cannot run here: a world size beyond the ranks
+    torchrun started or the devices of this node, a global batch that does not split evenly."""
+    if job.device == "cuda" and devices_here("cuda") == 0:
+        raise ValueError("--device cuda: torch sees no GPU here")
+    largest = max(job.world_sizes)
+    if launched():
+        started = int(os.environ["WORLD_SIZE"])
+        if largest > started:
+            raise ValueError(f"world size {largest} is larger than the {started} ranks torchrun "
+                             "started")
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", started))
+        if job.device == "cuda" and local > devices_here("cuda"):
+            raise ValueError(f"torchrun started {local} ranks on this node, which has "
+                             f"{devices_here('cuda')} GPUs")
+    elif largest > devices_here(job.device):
+        what = "GPUs" if job.device == "cuda" else "CPU cores"
+        raise ValueError(f"world size {largest} is larger than the {devices_here(job.device)} "
+                         f"{what} here (several nodes: start it with torchrun)")
+    for batch in () if job.per_rank else job.batches:
+        for world in job.world_sizes:
+            if batch % world:
+                raise ValueError(f"global batch {batch} does not split evenly over "
+                                 f"{world} ranks")
+
+
+# --- one rank -----------------------------------------------------------------------------------
+class Clock:
+    """Time stamps where the work runs: the host's clock on the CPU, CUDA events on the GPU
+    (recorded on the current stream, read after a synchronize)."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+
+    def stamp(self):
+        if not self.cuda:
+            return time.perf_counter()
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def ms(self, a, b) -> float:
+        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
+
+    def sync(self) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+
+
+def one_at_a_time(hook: Callable) -> Callable:
+    """`hook`, each bucket's exchange starting when the previous one's has ended. PowerSGD
+    issues its second and third all-reduces from the completion callback of the one before;
+    gloo runs those callbacks on its own threads, so with two buckets in flight the ranks could
+    issue their collectives in different orders (gloo aborts: "collective mismatch"). NCCL runs
+    them where they were enqueued, and needs none of this."""
+    import torch
+
+    last = []
+
+    def settle(out, value: Callable) -> None:
+        """`out` takes `value()`, or what it raised: DDP waits on `out`, it must hear of it."""
+        try:
+            out.set_result(value())
+        except Exception as exc:  # noqa: BLE001 - handed on, not swallowed
+            out.set_exception(exc)
+
+    def call(state, bucket):
+        out = torch.futures.Future()
+
+        def start(_=None):  # on gloo's thread when the last bucket's exchange ends: no waiting
+            try:
+                hook(state, bucket).add_done_callback(lambda f: settle(out, f.value))
+            except Exception as exc:  # noqa: BLE001 - handed on, not swallowed
+                out.set_exception(exc)
+
+        if last:
+            last.pop().add_done_callback(start)
+        else:
+            start()
+        last.append(out)
+        return out
+
+    return call
+
+
+def comm_hook(name: str, group, powersgd_rank: int) -> tuple[Callable, object, int]:
+    """(the hook, its state, how many exact iterations it starts with)."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if name == "powersgd":
+        state = powerSGD_hook.PowerSGDState(process_group=group,
+                                            matrix_approximation_rank=powersgd_rank,
+                                            start_powerSGD_iter=POWERSGD_START)
+        hook = powerSGD_hook.powerSGD_hook
+        if dist.get_backend(group) == "gloo":
+            hook = one_at_a_time(hook)
+        return hook, state, POWERSGD_START
+    hooks = {"allreduce": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
+             "bf16": default_hooks.bf16_compress_hook}
+    return hooks[name], group, 0
+
+
+class Exchange:
+    """The comm hook DDP calls per bucket, wrapping the hook measured: as it is (`overlap`),
+    waited for before backward goes on and timed (`serial`), or with the bucket's ready and done
+    stamped (`timeline`)."""
+
+    def __init__(self, hook: Callable, clock: Clock):
+        self.mode, self.clock = "overlap", clock
+        self.spent: list[float] = []  # ms per bucket, serial mode
+        self.stamps: list[tuple] = []  # (ready, done) per bucket, timeline mode
+
+        def exchange(state, bucket):  # DDP asks for a function with a `bucket` parameter
+            if self.mode == "serial":
+                clock.sync()
+                t0 = time.perf_counter()
+                fut = hook(state, bucket)
+                fut.wait()
+                clock.sync()
+                self.spent.append((time.perf_counter() - t0) * 1e3)
+                return fut
+            if self.mode == "timeline":
+                ready = clock.stamp()
+
+                def done(f):
+                    self.stamps.append((ready, clock.stamp()))
+                    return f.value()
+
+                return hook(state, bucket).then(done)
+            return hook(state, bucket)
+
+        self.hook = exchange
+
+
+class Trainer:
+    """One rank's DDP model with one hook, its optimizer and its share of the batch."""
+
+    def __init__(self, job: Job, hook: str, group, x, y):
+        import torch
+        from torch.nn.parallel import DistributedDataParallel
+
+        cuda = job.device == "cuda"
+        torch.manual_seed(0)
+        module = job.load.build().to(job.device)
+        ids = [torch.cuda.current_device()] if cuda else None
+        self.ddp = DistributedDataParallel(module, device_ids=ids, process_group=group)
+        fn, state, self.exact_iters = comm_hook(hook, group, job.powersgd_rank)
+        self.clock = Clock(cuda)
+        self.exchange = Exchange(fn, self.clock)
+        self.ddp.register_comm_hook(state, self.exchange.hook)
+        self.opt = torch.optim.SGD(self.ddp.parameters(), lr=0.01, momentum=0.9)
+        self.group, self.x, self.y = group, x, y
+
+    def backward(self) -> None:
+        import torch.nn.functional as F
+
+        self.opt.zero_grad(set_to_none=True)
+        F.cross_entropy(self.ddp(self.x), self.y).backward()
+
+    def step(self) -> None:
+        self.backward()
+        self.opt.step()
+
+    def compute_step(self) -> None:
+        with self.ddp.no_sync():
+            self.step()
+
+    def gradient(self):
+        import torch
+
+        return torch.cat([p.grad.flatten().double() for p in self.ddp.parameters()])
+
+    def gradient_error(self) -> float:
+        """The averaged gradient of one backward pass through the hook against the exact
+        average of the same local gradients (no_sync, then one all-reduce), at the hook's first
+        compressed iteration; nothing is updated."""
+        import torch.distributed as dist
+
+        for _ in range(self.exact_iters):
+            self.backward()
+        with self.ddp.no_sync():
+            self.backward()
+        exact = self.gradient().float()
+        dist.all_reduce(exact, group=self.group)
+        exact = exact.double() / dist.get_world_size(self.group)
+        self.backward()
+        return float((self.gradient() - exact).norm() / exact.norm())
+
+    def against_one_process(self, load: Workload, x, y) -> float:
+        """The last backward pass's averaged gradient against one process's gradient of the
+        whole global batch (`x`, `y`) from the same initial weights: data parallelism with the
+        exact all-reduce computes the same gradient, to rounding."""
+        import torch
+        import torch.nn.functional as F
+
+        torch.manual_seed(0)
+        model = load.build().to(x.device)
+        F.cross_entropy(model(x), y).backward()
+        one = torch.cat([p.grad.flatten().double() for p in model.parameters()])
+        return float((self.gradient() - one).norm() / one.norm())
+
+    def times(self, step: Callable[[], None], steps: int, barrier: Callable[[], None]) -> list:
+        """ms of each of `steps` steps, every rank starting each at a barrier."""
+        out = []
+        for _ in range(steps):
+            self.clock.sync()
+            barrier()
+            t0 = time.perf_counter()
+            step()
+            self.clock.sync()
+            out.append((time.perf_counter() - t0) * 1e3)
+        return out
+
+    def timeline(self, barrier: Callable[[], None]) -> dict:
+        """One instrumented step (the median of `TIMELINE_STEPS`): when forward ended, when each
+        bucket was ready and its exchange done, when backward returned and the step ended, in
+        ms from its start."""
+        import torch.nn.functional as F
+
+        self.exchange.mode = "timeline"
+        seen = []
+        for _ in range(TIMELINE_STEPS):
+            self.exchange.stamps = []
+            self.clock.sync()
+            barrier()
+            start = self.clock.stamp()
+            self.opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(self.ddp(self.x), self.y)
+            forward = self.clock.stamp()
+            loss.backward()
+            backward = self.clock.stamp()
+            self.opt.step()
+            end = self.clock.stamp()
+            self.clock.sync()
+            ms = functools.partial(self.clock.ms, start)
+            seen.append({"forward": ms(forward), "backward": ms(backward), "end": ms(end),
+                         "buckets": sorted((ms(a), ms(b)) for a, b in self.exchange.stamps)})
+        self.exchange.mode = "overlap"
+        return sorted(seen, key=lambda t: t["end"])[len(seen) // 2]
+
+
+def measure_point(job: Job, world: int, batch: int, group, barrier, rank: int) -> list[dict]:
+    """This rank's records at one world size and global batch: per hook, the step's times in
+    each mode (and the exchange's), the gradient error; the compute alone and a timeline with
+    the exact all-reduce, and on rank 0 its gradient against one process's."""
+    whole = job.load.batch(batch, job.device)
+    share = batch // world
+    x, y = (t[rank * share:(rank + 1) * share] for t in whole)
+    at = {"world_size": world, "batch": batch, "rank": rank}
+    out = []
+    for hook in job.hooks_at(world):
+        trainer = Trainer(job, hook, group, x, y)
+        if world > 1:
+            out.append({**at, "hook": hook, "kind": "error",
+                        "value": trainer.gradient_error()})
+            if hook == "allreduce" and rank == 0:
+                out.append({**at, "hook": hook, "kind": "one_process",
+                            "value": trainer.against_one_process(job.load, *whole)})
+        for _ in range(job.warmup):
+            trainer.step()
+        out.append({**at, "hook": hook, "kind": "step",
+                    "times_ms": trainer.times(trainer.step, job.steps, barrier)})
+        trainer.exchange.mode = "serial"
+        serial, spent = [], []
+        for _ in range(job.steps):
+            trainer.exchange.spent = []
+            serial += trainer.times(trainer.step, 1, barrier)
+            spent.append(sum(trainer.exchange.spent))
+        trainer.exchange.mode = "overlap"
+        out += [{**at, "hook": hook, "kind": "serial", "times_ms": serial},
+                {**at, "hook": hook, "kind": "exchange", "times_ms": spent}]
+        if hook == "allreduce":
+            out.append({**at, "hook": "none", "kind": "compute",
+                        "times_ms": trainer.times(trainer.compute_step, job.steps, barrier)})
+            out.append({**at, "hook": hook, "kind": "timeline",
+                        "value": trainer.timeline(barrier)})
+        del trainer
+        gc.collect()  # DDP's reducer holds cycles: free this model's memory before the next
+    return out
+
+
+def rank_info(device: str) -> dict:
+    """Where this rank ran: host, local rank, device."""
+    import torch
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    name = (torch.cuda.get_device_name(local) if device == "cuda" else envinfo.cpu_model())
+    return {"host": socket.gethostname(), "local_rank": local, "device": name}
+
+
+def interconnect(backend: str) -> dict:
+    """What torch says about the links between ranks on this node."""
+    import torch
+
+    info = {"backend": backend,
+            "env": {k: v for k, v in sorted(os.environ.items())
+                    if k.startswith(("NCCL_", "GLOO_", "MASTER_", "TORCHELASTIC_RUN"))}}
+    if backend == "nccl":
+        count = torch.cuda.device_count()
+        info.update(cuda_devices=[torch.cuda.get_device_name(i) for i in range(count)],
+                    nccl=".".join(map(str, torch.cuda.nccl.version())),
+                    peer_access=[[i == j or torch.cuda.can_device_access_peer(i, j)
+                                  for j in range(count)] for i in range(count)])
+    return info
+
+
+def rank_main(job: Job, launcher: str) -> Result | None:
+    """One rank's whole run: join the group (torchrun's or the launcher's, from the
+    environment), measure every world size whose subgroup holds this rank, send the records to
+    rank 0; rank 0 returns the Result, the others None."""
+    import torch
+    import torch.distributed as dist
+
+    cuda = job.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+    else:
+        torch.set_num_threads(1)
+    backend = "nccl" if cuda else "gloo"
+    dist.init_process_group(backend, timeout=TIMEOUT)
+    try:
+        rank = dist.get_rank()
+        ctl = dist.new_group(backend="gloo", timeout=TIMEOUT) if cuda else dist.group.WORLD
+        records = []
+        for world in job.world_sizes:  # every rank creates every subgroup, in the same order
+            ranks = list(range(world))
+            group = dist.new_group(ranks, timeout=TIMEOUT)
+            sub = dist.new_group(ranks, backend="gloo", timeout=TIMEOUT) if cuda else group
+            if rank < world:
+                for batch in job.batches:
+                    records += measure_point(job, world, job.global_batch(world, batch), group,
+                                             functools.partial(dist.barrier, group=sub), rank)
+            dist.barrier(group=ctl)
+        gathered = [None] * dist.get_world_size() if rank == 0 else None
+        dist.gather_object((records, rank_info(job.device)), gathered, dst=0, group=ctl)
+        if rank:
+            return None
+        return Result(job, [r for recs, _ in gathered for r in recs],
+                      [info for _, info in gathered], interconnect(backend), launcher)
+    finally:
+        dist.destroy_process_group()
+
+
+def run(job: Job) -> Result | None:
+    """Measure `job`: as this rank of torchrun's group (None on every rank but 0), or on
+    max(world sizes) ranks of this node started through torch's launcher API."""
+    check(job)
+    if launched():
+        return rank_main(job, "torchrun")
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=max(job.world_sizes),
+                          run_id=str(uuid.uuid4()), rdzv_backend="c10d",
+                          rdzv_endpoint="127.0.0.1:0", max_restarts=0)
+    return elastic_launch(config, rank_main)(job, "torch's launcher API (elastic_launch), "
+                                             "one node")[0]
+
+
+# --- the records, summed up -------------------------------------------------------------------
+@dataclass
+class Result:
+    """Every rank's records, where each rank ran, the interconnect, how it was launched."""
+
+    job: Job
+    records: list[dict]
+    ranks: list[dict]
+    interconnect: dict
+    launcher: str
+    rows: list[dict] = field(init=False)
+
+    def __post_init__(self):
+        self.rows = summarize(self.job, self.records)
+
+    @property
+    def nodes(self) -> int:
+        return len({r["host"] for r in self.ranks})
+
+    def timelines(self) -> dict[tuple[int, int], dict]:
+        """Rank 0's timeline per (world size, batch)."""
+        return {(r["world_size"], r["batch"]): r["value"] for r in self.records
+                if r["kind"] == "timeline" and r["rank"] == 0}
+
+    def run_info(self) -> dict:
+        """env.json's "run": how the run was asked for and what it ran on."""
+        job = self.job
+        return {"net": job.load.name, "device": job.device, "world_sizes": list(job.world_sizes),
+                "batches": list(job.batches), "hooks": list(job.hooks), "steps": job.steps,
+                "warmup": job.warmup, "powersgd_rank": job.powersgd_rank,
+                "powersgd_start_iter": POWERSGD_START, "launcher": self.launcher,
+                "threads_per_rank": 1 if job.device == "cpu" else None,
+                "nodes": self.nodes, "hosts": sorted({r["host"] for r in self.ranks}),
+                "ranks": self.ranks, "interconnect": self.interconnect}
+
+
+def _slowest(records: list[dict]) -> list[float]:
+    """Per step, the slowest rank's time."""
+    return [max(steps) for steps in zip(*(r["times_ms"] for r in records))]
+
+
+def summarize(job: Job, records: list[dict]) -> list[dict]:
+    """One row per world size × batch × hook × kind: the slowest rank's times, and on `step`
+    rows images/s, speedup and efficiency against one rank, the share of the exchange hidden,
+    the bytes exchanged and the gradient error. Speedup is images/s over one rank's at the same
+    batch option: the same global batch (the study's strong scaling: the ratio of step times),
+    or with `per_rank` the same batch per rank."""
+    model = on_meta(job.load)
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        if "times_ms" in r:
+            groups.setdefault((r["world_size"], r["batch"], r["hook"], r["kind"]), []).append(r)
+    medians = {key: Measurement(tuple(_slowest(recs))) for key, recs in groups.items()}
+    errors = {(r["world_size"], r["batch"], r["hook"], r["kind"]): r["value"] for r in records
+              if r["kind"] in ("error", "one_process") and r["rank"] == 0}
+    rows = []
+    for (world, batch, hook, kind), m in medians.items():
+        row = {"net": job.load.name, "world_size": world, "batch": batch,
+               "rank_batch": batch // world, "hook": hook, "kind": kind,
+               "median_ms": m.median, "iqr_ms": m.iqr, "min_ms": m.min, "reps": m.reps,
+               "noisy": m.noisy, "images_per_s": None, "speedup": None, "efficiency": None,
+               "hidden_share": None, "exchanged_bytes": None, "gradient_error": None,
+               "one_process_error": None, "times_ms": m.times_text()}
+        if kind in ("exchange", "step"):
+            row["exchanged_bytes"] = exchanged_bytes(model, hook, job.powersgd_rank)
+        if kind == "step":
+            base = medians.get((1, batch // world if job.per_rank else batch, "allreduce",
+                                "step"))
+            compute = medians.get((world, batch, "none", "compute"))
+            exchange = medians.get((world, batch, hook, "exchange"))
+            row.update(images_per_s=batch / m.median * 1e3,
+                       gradient_error=errors.get((world, batch, hook, "error")),
+                       one_process_error=errors.get((world, batch, hook, "one_process")))
+            if base:
+                speedup = row["images_per_s"] / (row["batch"] // (world if job.per_rank else 1)
+                                                 / base.median * 1e3)
+                row.update(speedup=speedup, efficiency=speedup / world)
+            if world > 1 and compute and exchange and exchange.median > 0:
+                hidden = (compute.median + exchange.median - m.median) / exchange.median
+                row["hidden_share"] = min(1.0, max(0.0, hidden))
+        rows.append(row)
+    order = {k: i for i, k in enumerate(KINDS)}
+    hooks = {h: i for i, h in enumerate(("none", *HOOKS))}
+    return sorted(rows, key=lambda r: (r["world_size"], r["batch"], hooks[r["hook"]],
+                                       order[r["kind"]]))
+
+
+# --- output -------------------------------------------------------------------------------------
+def _pick(rows: list[dict], **want) -> dict | None:
+    return next((r for r in rows if all(r[k] == v for k, v in want.items())), None)
+
+
+def _num(v, fmt: str) -> str:
+    return "" if v is None else format(v, fmt)
+
+
+def _ms(row: dict | None) -> str:
+    if row is None:
+        return ""
+    return ("~" if row["noisy"] else "") + f"{row['median_ms']:.4g}"
+
+
+def bytes_table(load: Workload) -> str:
+    """Gradient bytes per step of the model and, for a catalog net, of its counterpart with or
+    without FC layers."""
+    from tabulate import tabulate
+
+    loads = [load]
+    if load.name in NETS:
+        net = load.name
+        loads.append(workload(net.removesuffix(FC_FREE) if net.endswith(FC_FREE)
+                              else f"{net}{FC_FREE}"))
+    body = []
+    for each in loads:
+        split = gradient_bytes(on_meta(each))
+        total = sum(split.values())
+        body.append([each.name, f"{total / 4:,.0f}", f"{total / 2**20:.1f}",
+                     f"{split['conv'] / total:.1%}", f"{split['fc'] / total:.1%}"])
+    return tabulate(body, headers=["net", "parameters", "gradient MiB/step", "conv share",
+                                   "fc6-fc8 share"], tablefmt="github", disable_numparse=True)
+
+
+def scaling_table(rows: list[dict]) -> str:
+    """Per world size and batch, with the exact all-reduce: the step, its parts, the speedup."""
+    from tabulate import tabulate
+
+    body = []
+    for r in (r for r in rows if r["kind"] == "step" and r["hook"] == "allreduce"):
+        at = {"world_size": r["world_size"], "batch": r["batch"]}
+        body.append([r["world_size"], r["batch"], r["rank_batch"], _ms(r), _num(r["iqr_ms"], ".3g"),
+                     f"{r['images_per_s']:.3g}", _num(r["speedup"], ".2f"),
+                     _num(r["efficiency"], ".0%"),
+                     _ms(_pick(rows, **at, hook="none", kind="compute")),
+                     _ms(_pick(rows, **at, hook="allreduce", kind="exchange")),
+                     _ms(_pick(rows, **at, hook="allreduce", kind="serial")),
+                     _num(r["hidden_share"], ".0%"), _num(r["one_process_error"], ".1e")])
+    return tabulate(body, headers=["world", "batch", "per rank", "step ms", "IQR ms", "images/s",
+                                   "speedup", "efficiency", "compute ms", "exchange ms",
+                                   "serial ms", "hidden", "vs one process"],
+                    tablefmt="github", disable_numparse=True)
+
+
+def hooks_table(rows: list[dict]) -> str:
+    """Per world size above 1, batch and hook: what was sent, what it cost, what it changed."""
+    from tabulate import tabulate
+
+    body = []
+    for r in (r for r in rows if r["kind"] == "step" and r["world_size"] > 1):
+        at = {"world_size": r["world_size"], "batch": r["batch"], "hook": r["hook"]}
+        body.append([r["world_size"], r["batch"], r["hook"],
+                     f"{r['exchanged_bytes'] / 2**20:.1f}",
+                     _ms(_pick(rows, **at, kind="exchange")), _ms(r),
+                     _num(r["speedup"], ".2f"), _num(r["hidden_share"], ".0%"),
+                     _num(r["gradient_error"], ".1e")])
+    return tabulate(body, headers=["world", "batch", "hook", "MiB sent/step", "exchange ms",
+                                   "step ms", "speedup", "hidden", "gradient error"],
+                    tablefmt="github", disable_numparse=True)
+
+
+def markdown(result: Result, env: dict) -> str:
+    """The report: how it was measured, the gradient bytes, the scaling and the hooks."""
+    job, info = result.job, result.run_info()
+    threads = ("one compute thread per rank, idle threads sleeping "
+               f"({', '.join(f'{k}={os.environ.get(k, v)}' for k, v in CPU_THREAD_ENV.items())})"
+               if job.device == "cpu" else "one GPU per rank, fp32 (TF32 off)")
+    facts = [
+        (f"{info['nodes']} node(s), ranks launched by {info['launcher']}; backend "
+         f"{result.interconnect['backend']}; {threads}"),
+        (f"training step of {job.load.name}: forward, cross-entropy, backward, SGD (momentum "
+         "0.9) under DistributedDataParallel (default 25 MiB buckets); batch = the global "
+         "batch, split evenly over the ranks"),
+        (f"{job.steps} timed steps after {job.warmup} warm-up steps (PowerSGD: rank "
+         f"{job.powersgd_rank}, compressing from iteration {POWERSGD_START}); a step's time is "
+         "the slowest rank's, ranks meeting at a barrier before each; `~`: IQR/median > 0.1"),
+        ("compute: the step under no_sync() (no exchange); exchange: the hook's exchange alone, "
+         "each bucket waited for in turn; serial: the step with that wait, nothing overlapped; "
+         "hidden = (compute + exchange − step) / exchange, clamped to [0, 1]"),
+        ("speedup: images/s over one rank's at the same batch per rank (efficiency = speedup / "
+         "ranks)" if job.per_rank else "speedup: the one-rank step time over this one at the "
+         "same global batch (efficiency = speedup / ranks)"),
+        ("gradient error: ‖g − g_exact‖/‖g_exact‖ of one step's averaged gradient against the "
+         "exact all-reduce's, same weights and data, at the hook's first compressed step; vs "
+         "one process: the exact all-reduce's gradient against one process's gradient of the "
+         "whole global batch"),
+    ]
+    lines = [f"# scale: {job.load.name} on {env.get('device', job.device)}", "",
+             *[f"- {f}" for f in facts], "", "## Gradient exchanged per step", "",
+             bytes_table(job.load), "", "## Scaling with the exact all-reduce", "",
+             scaling_table(result.rows), ""]
+    if any(r["world_size"] > 1 for r in result.rows):
+        lines += ["## Sending less: communication hooks", "", hooks_table(result.rows), ""]
+    lines += ["![speedup against batch size](speedup.png)", "",
+              "![one step: compute and exchange](timeline.png)"]
+    return "\n".join(lines) + "\n"
+
+
+def plot_speedup(rows: list[dict], path, title: str, per_rank: bool = False) -> None:
+    """Speedup against the batch (global, or per rank), a line per world size (colour) and
+    hook (style)."""
+    from . import report
+
+    plt = report.pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5), layout="constrained")
+    styles = dict(zip(HOOKS, ("o-", "s--", "^-.", "D:")))
+    worlds = sorted({r["world_size"] for r in rows if r["world_size"] > 1})
+    colours = {w: f"C{i}" for i, w in enumerate(worlds)}
+    for world in worlds:
+        for hook in HOOKS:
+            points = [(r["rank_batch" if per_rank else "batch"], r["speedup"]) for r in rows
+                      if r["kind"] == "step" and r["world_size"] == world and r["hook"] == hook
+                      and r["speedup"] is not None]
+            if points:
+                ax.plot(*zip(*sorted(points)), styles[hook], color=colours[world],
+                        label=f"{world} ranks, {hook}")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch per rank" if per_rank else "global batch")
+    ax.set_ylabel("speedup over one rank")
+    ax.set_title(title)
+    report.save_figure(fig, path)
+
+
+def plot_timeline(timelines: dict[tuple[int, int], dict], path, title: str) -> None:
+    """Rank 0's step per world size above 1 (or 1 alone) and batch: forward, backward and the
+    optimizer on one lane, each bucket's exchange (ready to done) on the other."""
+    from . import report
+
+    plt = report.pyplot()
+    shown = {k: v for k, v in timelines.items() if k[0] > 1} or timelines
+    fig, axes = plt.subplots(len(shown), 1, figsize=(9, 1.6 * len(shown) + 0.8), squeeze=False,
+                             layout="constrained")
+    for ax, ((world, batch), t) in zip(axes[:, 0], sorted(shown.items())):
+        last_ready = max((a for a, _ in t["buckets"]), default=t["backward"])
+        parts = [("forward", 0.0, t["forward"], "C0"),
+                 ("backward", t["forward"], last_ready, "C1"),
+                 ("optimizer", t["backward"], t["end"], "C2")]
+        for label, a, b, colour in parts:
+            ax.barh(1, b - a, left=a, color=colour, label=label)
+        for i, (a, b) in enumerate(t["buckets"]):
+            ax.barh(0, b - a, left=a, color="C3", alpha=0.6, edgecolor="black",
+                    label="exchange (per bucket)" if i == 0 else None)
+        ax.set_yticks([0, 1], ["exchange", "compute"])
+        ax.set_title(f"{world} ranks, batch {batch}", fontsize="small", loc="left")
+    axes[-1, 0].set_xlabel("ms from the start of the step")
+    fig.suptitle(title)
+    report.save_figure(fig, path)
+
+
+def write(folder, text: str, result: Result, env: dict, title: str) -> list[str]:
+    """report.md, scale.csv, env.json and the plots in `folder`."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from . import report
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "report.md").write_text(text)
+    df = pd.DataFrame(result.rows).astype({"exchanged_bytes": "Int64"})  # None: not a float
+    df.to_csv(folder / "scale.csv", index=False)
+    (folder / "env.json").write_text(json.dumps(env, indent=1) + "\n")
+    names = ["report.md", "scale.csv", "env.json"]
+    if report.pyplot() is None:
+        return names
+    plot_speedup(result.rows, folder / "speedup.png", title, result.job.per_rank)
+    plot_timeline(result.timelines(), folder / "timeline.png", title)
+    return [*names, "speedup.png", "timeline.png"]
