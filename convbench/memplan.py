@@ -456,18 +456,25 @@ def curve(limit: int, common: int | None) -> list[int]:
 
 
 def _prober(net: str, strategy: str, device: str, budget: int, choices: Choices | None,
-            folder: Path) -> Callable[..., Probe]:
+            folder: Path, peaks: dict[tuple[str, int], Probe]) -> Callable[..., Probe]:
     """(batch, seconds to time) -> the strategy's probe. With `workspace`, more: the base
     strategy's step says what it leaves of the budget, then the step runs under the plan
     chosen for that room (saved in `folder`), its note saying what was chosen. Running a plan
     takes more than its workspaces (convbench's passes convert between torch and their arrays),
     so a plan that fills the room can overshoot the budget: then the plan for a quarter of the
-    room is tried, and last the plan for none (every pass left to torch: the base step)."""
+    room is tried, and last the plan for none (every pass left to torch: the base step). A
+    step's peak is read once per strategy and batch (`peaks`, shared by the strategies): the
+    base step's at a batch its own search probed is not probed again."""
+    def plain(how: str, b: int, time_s: float = 0.0) -> Probe:
+        if time_s or (how, b) not in peaks:
+            peaks[how, b] = probe(net, how, b, device, budget, time_s)
+        return peaks[how, b]
+
     if WORKSPACE not in strategy.split("+"):
-        return lambda b, time_s=0.0: probe(net, strategy, b, device, budget, time_s)
+        return lambda b, time_s=0.0: plain(strategy, b, time_s)
 
     def run(b: int, time_s: float = 0.0) -> Probe:
-        before = probe(net, base(strategy), b, device, budget)
+        before = plain(base(strategy), b)
         if not before.fits(budget):
             return Probe(b, before.peak, oom=before.oom,
                          note=f"{base(strategy)} alone does not fit")
@@ -501,7 +508,7 @@ def plan(net: str, device: str, budget: int, strategies: list[str], *, time_s: f
     choices = None
     if any(WORKSPACE in s.split("+") and not unsupported(s, device) for s in strategies):
         choices = measure_choices(net, device, algos, log=log)
-    out, probers = [], {}
+    out, probers, peaks = [], {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for strategy in strategies:
             reason = unsupported(strategy, device)
@@ -509,7 +516,8 @@ def plan(net: str, device: str, budget: int, strategies: list[str], *, time_s: f
                 out.append(Result(strategy, reason))
                 log(f"{strategy}: unsupported ({reason})")
                 continue
-            probers[strategy] = _prober(net, strategy, device, budget, choices, Path(tmp))
+            probers[strategy] = _prober(net, strategy, device, budget, choices, Path(tmp),
+                                        peaks)
             log(f"{strategy}: searching the largest batch")
             search = largest_batch(probers[strategy], budget, bound, max_batch)
             error, tolerance = _gradient_check(net, strategy, device, choices, Path(tmp))
