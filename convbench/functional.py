@@ -20,13 +20,19 @@ class UnsupportedError(ValueError):
 
 
 def _as_int(name: str, v) -> int:
-    if isinstance(v, (tuple, list)):
-        if len(v) != 2 or v[0] != v[1]:
-            raise ValueError(f"{name} must be an int or an equal pair, got {v!r}")
-        v = v[0]
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
         raise ValueError(f"{name} must be an int, got {v!r}")
     return int(v)
+
+
+def _per_axis(name: str, v) -> int | tuple[int, int]:
+    """stride, padding or dilation as torch takes them: one int for both spatial axes, or an
+    (h, w) pair (which `ConvProblem` keeps as one int where the two agree)."""
+    if isinstance(v, (tuple, list)):
+        if len(v) != 2:
+            raise ValueError(f"{name} must be an int or an (h, w) pair, got {v!r}")
+        return (_as_int(name, v[0]), _as_int(name, v[1]))
+    return _as_int(name, v)
 
 
 def _nchw(shape, layout: str, what: str) -> tuple[int, int, int, int]:
@@ -52,8 +58,9 @@ def _problem_from_shapes(x_nchw, w_kcrs, stride, padding, dilation, groups) -> C
     if groups <= 0 or c % groups or cg * groups != c:
         raise ValueError(f"weight has {cg} input channels per group, input has {c} channels "
                          f"in {groups} group(s)")
-    return ConvProblem(n=n, c=c, h=h, w=w, k=k, r=r, s=s, stride=_as_int("stride", stride),
-                       pad=_as_int("padding", padding), dilation=_as_int("dilation", dilation),
+    return ConvProblem(n=n, c=c, h=h, w=w, k=k, r=r, s=s, stride=_per_axis("stride", stride),
+                       pad=_per_axis("padding", padding),
+                       dilation=_per_axis("dilation", dilation),
                        groups=groups)
 
 

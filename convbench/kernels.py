@@ -352,6 +352,12 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def axis_args(p: ConvProblem) -> tuple[int, int, int, int, int, int]:
+    """A problem's per-axis geometry as the kernels take it: stride_h, stride_w, pad_h, pad_w,
+    dil_h, dil_w (each axis apart, so a per-axis problem runs as any other)."""
+    return p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.dil_h, p.dil_w
+
+
 def check_grid(*grids: tuple[int, ...]) -> None:
     """Raises ValueError(reason) for the first grid past CUDA's limit in y or z."""
     for grid in grids:

@@ -25,39 +25,39 @@ from torch.autograd.function import once_differentiable
 
 from . import functional
 from .plan import TORCH_ALGOS
-from .problem import LAYOUTS, PASSES, ConvProblem, check_choice
+from .problem import LAYOUTS, PASSES, ConvProblem, Pair, axis_pair, check_choice, pair_text
 
 #: The memory format that stores a tensor in each layout.
 MEMORY_FORMAT = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
 
 
-def _same_pair(name: str, value) -> int:
-    if isinstance(value, tuple):
-        if len(set(value)) != 1:
-            raise ValueError(f"asymmetric {name} {value}: convbench problems have one {name} "
-                             "for both spatial axes")
-        value = value[0]
-    return int(value)
-
-
-def conv_geometry(conv: nn.Conv2d) -> dict[str, int]:
-    """stride, pad, dilation and groups of a conv module as a `ConvProblem` takes them;
-    ValueError with the reason for a module no `ConvProblem` describes."""
+def conv_geometry(conv: nn.Conv2d) -> dict[str, Pair]:
+    """stride, pad, dilation and groups of a conv module as a `ConvProblem` takes them (one int
+    where torch's two axes agree, else the (h, w) pair); ValueError with the reason for a module
+    no `ConvProblem` describes."""
     if conv.padding_mode != "zeros":
         raise ValueError(f"padding_mode {conv.padding_mode!r}: convbench pads with zeros only")
-    dilation = _same_pair("dilation", conv.dilation)
+    dilation = tuple(conv.dilation)
     padding = conv.padding
     if padding == "valid":
         padding = 0
     elif padding == "same":
-        totals = {dilation * (k - 1) for k in conv.kernel_size}
-        if len(totals) != 1 or totals.pop() % 2:
+        totals = [d * (k - 1) for d, k in zip(dilation, conv.kernel_size)]
+        if any(total % 2 for total in totals):
             raise ValueError(f"padding='same' with kernel {tuple(conv.kernel_size)} and "
-                             f"dilation {dilation} pads unequally: convbench pads all four "
-                             "sides alike")
-        padding = dilation * (conv.kernel_size[0] - 1) // 2
-    return {"stride": _same_pair("stride", conv.stride), "pad": _same_pair("padding", padding),
-            "dilation": dilation, "groups": conv.groups}
+                             f"dilation {pair_text(axis_pair('dilation', dilation))} pads one "
+                             "side of an axis more than the other: convbench pads both sides "
+                             "of an axis alike")
+        padding = tuple(total // 2 for total in totals)
+    return {"stride": axis_pair("stride", conv.stride), "pad": axis_pair("pad", padding),
+            "dilation": axis_pair("dilation", dilation), "groups": conv.groups}
+
+
+def torch_geometry(geometry: dict[str, Pair]) -> tuple[list[int], list[int], list[int]]:
+    """stride, padding and dilation of a `conv_geometry` as torch's convolutions take them:
+    [height, width] each."""
+    return tuple([v, v] if isinstance(v, int) else list(v)
+                 for v in (geometry["stride"], geometry["pad"], geometry["dilation"]))
 
 
 def problem_of(conv: nn.Conv2d, x_shape) -> ConvProblem:
@@ -122,7 +122,7 @@ class Dispatch:
     """How one layer runs its passes: the layout, and per pass `(algo, backend)` or None
     (torch's default)."""
 
-    def __init__(self, geometry: dict[str, int], layout: str,
+    def __init__(self, geometry: dict[str, Pair], layout: str,
                  algos: dict[str, tuple[str, str] | None]):
         check_choice("layout", layout, LAYOUTS)
         for pass_ in algos:
@@ -164,10 +164,9 @@ class Dispatch:
         """y from x and w, both already in the layer's layout."""
         in_torch, benchmark = self._torch_mode("fwd")
         if in_torch:
-            g = self.geometry
             with _cudnn_benchmark(benchmark):
-                return torch.nn.functional.conv2d(x, w, None, g["stride"], g["pad"],
-                                                  g["dilation"], g["groups"])
+                return torch.nn.functional.conv2d(x, w, None, *torch_geometry(self.geometry),
+                                                  self.geometry["groups"])
         problem = self.problem_from_shapes(x.shape, w.shape)
         return self._ours("fwd", problem, x, w, problem.y_shape())
 
@@ -188,12 +187,11 @@ class Dispatch:
                 grads[pass_] = self._ours(pass_, problem, dy, w, problem.x_shape())
             else:
                 grads[pass_] = self._ours(pass_, problem, x, dy, problem.w_shape())
-        g = self.geometry
         for benchmark, passes in by_mode.items():
             with _cudnn_benchmark(benchmark):
                 dx, dw, _ = torch.ops.aten.convolution_backward(
-                    dy, x, w, None, [g["stride"]] * 2, [g["pad"]] * 2, [g["dilation"]] * 2,
-                    False, [0, 0], g["groups"],
+                    dy, x, w, None, *torch_geometry(self.geometry), False, [0, 0],
+                    self.geometry["groups"],
                     ["bwd_data" in passes, "bwd_filter" in passes, False])
             grads.update({p: {"bwd_data": dx, "bwd_filter": dw}[p] for p in passes})
         return grads["bwd_data"], grads["bwd_filter"]

@@ -14,7 +14,7 @@ operations (a multiply-add is 2, a complex multiply-add 8), split into
   which costs GEMM time without being arithmetic.
 
 Algorithms whose kernel a library chooses (cuDNN, torch-cpu) have no count; Winograd counts exist
-where Winograd runs: 3×3 filters, stride 1, dilation 1, groups 1. All three passes are two
+where Winograd runs: 3×3 filters, stride 1, dilation 1, groups 1, one padding for both axes. All three passes are two
 inputs transformed and one output produced, so the formulas share their parts across passes.
 
 FFT's count depends on its transform grid, which is the implementation's choice and differs by
@@ -99,7 +99,8 @@ def _winograd_tile(algo: str) -> int:
 
 def _winograd_applies(p: ConvProblem) -> bool:
     """Where the Winograd implementations run (they refuse everything else)."""
-    return p.r == p.s == 3 and p.stride == 1 and p.dilation == 1 and p.groups == 1
+    return (p.r == p.s == 3 and p.stride == 1 and p.dilation == 1 and p.groups == 1
+            and not isinstance(p.pad, tuple))
 
 
 def _sandwich(out: int, inner: int) -> int:

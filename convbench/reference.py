@@ -82,7 +82,9 @@ def reference(problem: ConvProblem, pass_: str, layout: str, a, b) -> np.ndarray
     check_choice("pass", pass_, PASSES)
     ta, tb = (torch.from_numpy(np.asarray(_to_host(from_layout(v, layout)), dtype=np.float64))
               for v in (a, b))
-    kw = dict(stride=problem.stride, padding=problem.pad, dilation=problem.dilation,
+    p = problem
+    kw = dict(stride=(p.stride_h, p.stride_w), padding=(p.pad_h, p.pad_w),
+              dilation=(p.dil_h, p.dil_w),
               groups=problem.groups)
     if pass_ == "fwd":
         out = F.conv2d(ta, tb, **kw)

@@ -21,13 +21,36 @@ def small_catalog_problems(max_channels: int = 8, batch: int = 2,
     out = []
     for net in ("alexnet", "alexnet-owt", "vgg16", "resnet50"):
         for layer in net_layers(net):
-            p = layer.problem
-            hw = max(min(p.h, max_hw), p.eff_r - 2 * p.pad, p.stride + p.eff_r - 2 * p.pad)
-            small = ConvProblem(n=min(p.n, batch), c=min(p.c, max_channels), h=hw, w=hw,
-                                k=min(p.k, max_channels + 1), r=p.r, s=p.s, stride=p.stride,
-                                pad=p.pad)
-            out.append((f"{net}:{layer.name}", small))
+            out.append((f"{net}:{layer.name}", shrunk(layer.problem, max_channels, batch,
+                                                      max_hw)))
     return out
+
+
+def shrunk(p: ConvProblem, max_channels: int = 8, batch: int = 2,
+           max_hw: int = 20) -> ConvProblem:
+    """`p` cut down to run in milliseconds: batch, channels and each spatial axis shrunk (never
+    below the filter), the filter, stride, padding and dilation of each axis kept."""
+    h, w = (max(min(size, max_hw), eff - 2 * pad, stride + eff - 2 * pad)
+            for size, eff, pad, stride in ((p.h, p.eff_r, p.pad_h, p.stride_h),
+                                           (p.w, p.eff_s, p.pad_w, p.stride_w)))
+    return ConvProblem(n=min(p.n, batch), c=min(p.c, max_channels), h=h, w=w,
+                       k=min(p.k, max_channels + 1), r=p.r, s=p.s, stride=p.stride, pad=p.pad,
+                       dilation=p.dilation)
+
+
+#: Per-axis geometry every algorithm that takes it is tested on, small enough for the emulator:
+#: Inception's 1x7 and 7x1 filters with their one-sided padding, a 3x3 padded along the height
+#: only, a stride and a dilation that differ between the axes, and all three at once (with
+#: groups).
+PER_AXIS_PROBLEMS = (
+    ConvProblem(n=2, c=3, h=6, w=9, k=4, r=1, s=7, pad=(0, 3)),
+    ConvProblem(n=2, c=3, h=9, w=6, k=4, r=7, s=1, pad=(3, 0)),
+    ConvProblem(n=2, c=3, h=7, w=8, k=4, r=3, s=3, pad=(1, 0)),
+    ConvProblem(n=2, c=3, h=9, w=7, k=4, r=3, s=3, stride=(2, 1), pad=1),
+    ConvProblem(n=1, c=3, h=7, w=9, k=4, r=3, s=3, pad=(1, 2), dilation=(1, 2)),
+    ConvProblem(n=2, c=4, h=11, w=8, k=6, r=3, s=2, stride=(1, 3), pad=(2, 1),
+                dilation=(2, 1), groups=2),
+)
 
 
 def run_and_check(impl, problem: ConvProblem, pass_: str, layout: str, precision: str = "fp64",
@@ -58,23 +81,28 @@ def assert_matches_reference(algo: str, backend: str, problem: ConvProblem, pass
 
 
 def problem_strategy(max_stride: int = 4, max_pad: int = 3, max_dilation: int = 1,
-                     max_groups: int = 1, square_filter: bool = False):
-    """Hypothesis strategy for small valid problems: odd sizes, rectangular inputs and filters."""
+                     max_groups: int = 1, square_filter: bool = False, per_axis: bool = False):
+    """Hypothesis strategy for small valid problems: odd sizes, rectangular inputs and filters.
+    With `per_axis`, stride, padding and dilation are drawn for each axis apart."""
     from hypothesis import assume
     from hypothesis import strategies as st
 
     @st.composite
     def problems(draw):
+        def axis_value(least: int, most: int):
+            v = draw(st.integers(least, most))
+            return (v, draw(st.integers(least, most))) if per_axis else (v, v)
+
         groups = draw(st.integers(1, max_groups))
         r = draw(st.integers(1, 5))
         s = r if square_filter else draw(st.integers(1, 5))
-        d = draw(st.integers(1, max_dilation))
-        pad = draw(st.integers(0, max_pad))
-        h = draw(st.integers(max(1, (r - 1) * d + 1 - 2 * pad), 12))
-        w = draw(st.integers(max(1, (s - 1) * d + 1 - 2 * pad), 12))
+        d = axis_value(1, max_dilation)
+        pad = axis_value(0, max_pad)
+        h = draw(st.integers(max(1, (r - 1) * d[0] + 1 - 2 * pad[0]), 12))
+        w = draw(st.integers(max(1, (s - 1) * d[1] + 1 - 2 * pad[1]), 12))
         p = dict(n=draw(st.integers(1, 2)), c=groups * draw(st.integers(1, 4)), h=h, w=w,
                  k=groups * draw(st.integers(1, 4)), r=r, s=s,
-                 stride=draw(st.integers(1, max_stride)), pad=pad, dilation=d, groups=groups)
+                 stride=axis_value(1, max_stride), pad=pad, dilation=d, groups=groups)
         try:
             return ConvProblem(**p)
         except ValueError:

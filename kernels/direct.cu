@@ -2,8 +2,8 @@
 //
 // Compiled once per layout: -DNHWC=0 (x, y NCHW; w KCRS) or -DNHWC=1 (NHWC; KRSC). The tile
 // sizes are -D defines too, set in convbench/algos/direct_kernels.py, the one place that also
-// derives the launch grids and shared-memory sizes from them. Any stride, padding, dilation and
-// group count; FP32.
+// derives the launch grids and shared-memory sizes from them. Any stride, padding, dilation (each
+// per spatial axis: _h along the height, _w along the width) and group count; FP32.
 //
 // direct_fwd, direct_bwd_data (one body, direct_gather): a block computes a TILE_H × TILE_W tile
 //   of output pixels of one image × TILE_O output channels of one group, and reduces over the
@@ -14,9 +14,10 @@
 //   staged filter tap holds TILE_O channels and then FILT_PAD floats of padding: the staging
 //   writes one tap after another down a warp, which TILE_O (32) floats apart would all hit one
 //   shared-memory bank; 36 floats apart they spread over eight, and the float4 reads stay
-//   aligned. In the forward pass output row oy reads input row oy·stride − pad + r·dil. The
-//   backward-data pass is the same gather with the relation turned around: dx row oy sums dy
-//   row (oy + pad − r·dil) / stride wherever that divides exactly, so every dx element is
+//   aligned. In the forward pass output row oy reads input row oy·stride_h − pad_h + r·dil_h
+//   (columns likewise with the _w values). The backward-data pass is the same gather with the
+//   relation turned around: dx row oy sums dy row (oy + pad_h − r·dil_h) / stride_h wherever
+//   that divides exactly, so every dx element is
 //   written by one thread, with no atomics.
 // direct_bwd_filter: a block owns a BF_TILE_K × BF_TILE_CRS tile of dw (output channels × the
 //   flattened (c, r, s) of a filter row, in the layout's order, so writes are contiguous) and
@@ -79,8 +80,9 @@ template <bool BWD_DATA>
 __device__ __forceinline__ void direct_gather(const float* __restrict__ in,
                                               const float* __restrict__ w,
                                               float* __restrict__ out, int N, int C, int H, int W,
-                                              int K, int R, int S, int P, int Q, int stride,
-                                              int pad, int dil, int groups, int patch_h,
+                                              int K, int R, int S, int P, int Q,
+                                              int stride_h, int stride_w, int pad_h, int pad_w,
+                                              int dil_h, int dil_w, int groups, int patch_h,
                                               int patch_w, int chunk) {
   extern __shared__ __align__(16) float smem[];
   const int in_c = BWD_DATA ? K : C, in_h = BWD_DATA ? P : H, in_w = BWD_DATA ? Q : W;
@@ -91,8 +93,8 @@ __device__ __forceinline__ void direct_gather(const float* __restrict__ in,
   const int oy0 = blockIdx.x / tiles_w * TILE_H, ox0 = blockIdx.x % tiles_w * TILE_W;
   const int g = blockIdx.y / o_tiles, o0 = blockIdx.y % o_tiles * TILE_O;
   const int n = blockIdx.z;
-  const int iy0 = patch_start<BWD_DATA>(oy0, R, stride, pad, dil);
-  const int ix0 = patch_start<BWD_DATA>(ox0, S, stride, pad, dil);
+  const int iy0 = patch_start<BWD_DATA>(oy0, R, stride_h, pad_h, dil_h);
+  const int ix0 = patch_start<BWD_DATA>(ox0, S, stride_w, pad_w, dil_w);
 
   float* patch = smem;                                          // [chunk][patch_h][patch_w]
   float* filt = smem + (chunk * patch_h * patch_w + 3) / 4 * 4;  // [chunk][R][S][kFiltRow]
@@ -127,10 +129,10 @@ __device__ __forceinline__ void direct_gather(const float* __restrict__ in,
     __syncthreads();
     const int patch_plane = patch_h * patch_w, filt_plane = R * S * kFiltRow;
     for (int r = 0; r < R; ++r) {
-      const int py = patch_index<BWD_DATA>(oy, oy0, iy0, r, stride, pad, dil);
+      const int py = patch_index<BWD_DATA>(oy, oy0, iy0, r, stride_h, pad_h, dil_h);
       if (py < 0) continue;
       for (int s = 0; s < S; ++s) {
-        const int px = patch_index<BWD_DATA>(ox, ox0, ix0, s, stride, pad, dil);
+        const int px = patch_index<BWD_DATA>(ox, ox0, ix0, s, stride_w, pad_w, dil_w);
         if (px < 0) continue;
         const float* a = patch + py * patch_w + px;
         const float* f = filt + (r * S + s) * kFiltRow + oc;
@@ -158,19 +160,20 @@ __device__ __forceinline__ void direct_gather(const float* __restrict__ in,
 
 extern "C" __global__ void __launch_bounds__(THREADS, 4)
     direct_fwd(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
-               int N, int C, int H, int W, int K, int R, int S, int P, int Q, int stride,
-               int pad, int dil, int groups, int patch_h, int patch_w, int chunk) {
-  direct_gather<false>(x, w, y, N, C, H, W, K, R, S, P, Q, stride, pad, dil, groups, patch_h,
-                       patch_w, chunk);
+               int N, int C, int H, int W, int K, int R, int S, int P, int Q, int stride_h,
+               int stride_w, int pad_h, int pad_w, int dil_h, int dil_w, int groups,
+               int patch_h, int patch_w, int chunk) {
+  direct_gather<false>(x, w, y, N, C, H, W, K, R, S, P, Q, stride_h, stride_w, pad_h, pad_w,
+                       dil_h, dil_w, groups, patch_h, patch_w, chunk);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 4)
     direct_bwd_data(const float* __restrict__ dy, const float* __restrict__ w,
                     float* __restrict__ dx, int N, int C, int H, int W, int K, int R, int S, int P,
-                    int Q, int stride, int pad, int dil, int groups, int patch_h, int patch_w,
-                    int chunk) {
-  direct_gather<true>(dy, w, dx, N, C, H, W, K, R, S, P, Q, stride, pad, dil, groups, patch_h,
-                      patch_w, chunk);
+                    int Q, int stride_h, int stride_w, int pad_h, int pad_w, int dil_h,
+                    int dil_w, int groups, int patch_h, int patch_w, int chunk) {
+  direct_gather<true>(dy, w, dx, N, C, H, W, K, R, S, P, Q, stride_h, stride_w, pad_h, pad_w,
+                      dil_h, dil_w, groups, patch_h, patch_w, chunk);
 }
 
 // Position (pixel j, column u) of the e-th element of a BF_CHUNK × width staging tile, counted
@@ -186,7 +189,8 @@ __device__ __forceinline__ void chunk_box(int e, int width, int& j, int& u) {
 extern "C" __global__ void __launch_bounds__(THREADS, 4)
     direct_bwd_filter(const float* __restrict__ x, const float* __restrict__ dy,
                       float* __restrict__ dw_part, int N, int C, int H, int W, int K, int R,
-                      int S, int P, int Q, int stride, int pad, int dil, int groups, int splits) {
+                      int S, int P, int Q, int stride_h, int stride_w, int pad_h, int pad_w,
+                      int dil_h, int dil_w, int groups, int splits) {
   // One padding column: in NCHW order consecutive threads write down a column.
   __shared__ float xs[BF_CHUNK][BF_TILE_CRS + 1];
   __shared__ float ds[BF_CHUNK][BF_TILE_K + 1];
@@ -209,7 +213,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 4)
         const int q = pix % Q, p = pix / Q % P, n = pix / (P * Q);
         int k, c, r, s;
         filter_box(crs, cg, R, S, k, c, r, s);
-        const int iy = p * stride - pad + r * dil, ix = q * stride - pad + s * dil;
+        const int iy = p * stride_h - pad_h + r * dil_h, ix = q * stride_w - pad_w + s * dil_w;
         if (iy >= 0 && iy < H && ix >= 0 && ix < W)
           v = x[act_offset(n, g * cg + c, iy, ix, C, H, W)];
       }

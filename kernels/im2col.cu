@@ -7,14 +7,16 @@
 //   NHWC: col is [G][N·P·Q][R·S·C/g]: per group, rows (n, p, q) and columns (r, s, c) with c
 //         fastest -- the order of a KRSC filter row, as in implicit-GEMM NHWC kernels: y = col·Wᵀ
 //         lands in NPQK, and the copies move contiguous channel vectors.
-// Any stride, padding, dilation and group count.
+// Any stride, padding, dilation (each per spatial axis: _h along the height, _w along the
+// width) and group count.
 //
 // im2col: one thread per column-matrix element, in the order col is stored (coalesced writes),
 //   reading the input pixel its tap sees, or writing 0 in the padding: every element is written,
 //   so the workspace needs no clearing.
 // col2im: one thread per dx element, in the order dx is stored. It gathers: it sums the column
-//   entries of the taps (r, s) whose window covers it, output position p = (y + pad - r·dil) /
-//   stride wherever that divides exactly and lies in [0, P) (and q likewise), in a fixed order.
+//   entries of the taps (r, s) whose window covers it, output position
+//   p = (y + pad_h - r·dil_h) / stride_h wherever that divides exactly and lies in [0, P) (and q
+//   likewise with the _w values), in a fixed order.
 //   No atomics: the result is deterministic, run to run.
 //
 // Offsets are 32-bit: the wrapper refuses tensors and workspaces of 2^31 elements or more.
@@ -26,7 +28,7 @@
 
 // The convolution's geometry, as the kernels receive it.
 struct Conv {
-  int N, C, H, W, R, S, P, Q, stride, pad, dil, groups;
+  int N, C, H, W, R, S, P, Q, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups;
 };
 
 // A column-matrix element: image n, group g, channel c within the group, tap (r, s), output
@@ -68,33 +70,37 @@ __device__ __forceinline__ ColIndex col_index(int e, const Conv& v) {
   return i;
 }
 
-// Output position along one axis whose tap t reads input coordinate i, or -1 when none does.
-__device__ __forceinline__ int reading_output(int i, int t, int out_size, const Conv& v) {
-  const int num = i + v.pad - t * v.dil;
+// Output position along one axis (of that axis's stride, pad and dilation) whose tap t reads
+// input coordinate i, or -1 when none does.
+__device__ __forceinline__ int reading_output(int i, int t, int out_size, int stride, int pad,
+                                              int dil) {
+  const int num = i + pad - t * dil;
   if (num < 0) return -1;
-  if (v.stride == 1) return num < out_size ? num : -1;  // the common case needs no division
-  if (num % v.stride) return -1;
-  const int o = num / v.stride;
+  if (stride == 1) return num < out_size ? num : -1;  // the common case needs no division
+  if (num % stride) return -1;
+  const int o = num / stride;
   return o < out_size ? o : -1;
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
     im2col(const float* __restrict__ x, float* __restrict__ col, int N, int C, int H, int W,
-           int R, int S, int P, int Q, int stride, int pad, int dil, int groups) {
-  const Conv v{N, C, H, W, R, S, P, Q, stride, pad, dil, groups};
+           int R, int S, int P, int Q, int stride_h, int stride_w, int pad_h, int pad_w,
+           int dil_h, int dil_w, int groups) {
+  const Conv v{N, C, H, W, R, S, P, Q, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups};
   const int total = N * C * R * S * P * Q;
   const int e = blockIdx.x * THREADS + threadIdx.x;
   if (e >= total) return;
   const ColIndex i = col_index(e, v);
-  const int iy = i.p * stride - pad + i.r * dil, ix = i.q * stride - pad + i.s * dil;
+  const int iy = i.p * stride_h - pad_h + i.r * dil_h, ix = i.q * stride_w - pad_w + i.s * dil_w;
   const bool inside = iy >= 0 && iy < H && ix >= 0 && ix < W;
   col[e] = inside ? x[act_offset(i.n, i.g * (C / groups) + i.c, iy, ix, C, H, W)] : 0.f;
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
     col2im(const float* __restrict__ col, float* __restrict__ dx, int N, int C, int H, int W,
-           int R, int S, int P, int Q, int stride, int pad, int dil, int groups) {
-  const Conv v{N, C, H, W, R, S, P, Q, stride, pad, dil, groups};
+           int R, int S, int P, int Q, int stride_h, int stride_w, int pad_h, int pad_w,
+           int dil_h, int dil_w, int groups) {
+  const Conv v{N, C, H, W, R, S, P, Q, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups};
   const int per_image = C * H * W;
   const int e = blockIdx.x * THREADS + threadIdx.x;
   if (e >= N * per_image) return;
@@ -104,10 +110,10 @@ extern "C" __global__ void __launch_bounds__(THREADS)
   ColIndex i{e / per_image, ch / cg, ch % cg, 0, 0, 0, 0};
   float sum = 0.f;
   for (i.r = 0; i.r < R; ++i.r) {
-    i.p = reading_output(iy, i.r, P, v);
+    i.p = reading_output(iy, i.r, P, stride_h, pad_h, dil_h);
     if (i.p < 0) continue;
     for (i.s = 0; i.s < S; ++i.s) {
-      i.q = reading_output(ix, i.s, Q, v);
+      i.q = reading_output(ix, i.s, Q, stride_w, pad_w, dil_w);
       if (i.q >= 0) sum += col[col_offset(i, v)];
     }
   }

@@ -109,6 +109,60 @@ def test_apply_computes_the_first_data_gradient_only_when_asked(monkeypatch):
     assert calls.count("bwd_data") == 2
 
 
+class InceptionBlock(nn.Module):
+    """Inception-v3-style factorized convolutions: 1x7 then 7x1 with one-sided padding, and a
+    3x3 strided along the height only."""
+
+    def __init__(self):
+        super().__init__()
+        self.wide = nn.Conv2d(3, 4, (1, 7), padding=(0, 3))
+        self.tall = nn.Conv2d(4, 4, (7, 1), padding=(3, 0))
+        self.down = nn.Conv2d(4, 5, 3, stride=(2, 1), padding=(1, 0), bias=False)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.tall(torch.relu(self.wide(x)))))
+
+
+def test_the_advisor_plans_and_runs_per_axis_layers(store):
+    """Per-axis layers are planned and run as planned, not listed as unplanned; the applied
+    model computes what the original does, in fp32."""
+    from convbench import advisor
+
+    torch.manual_seed(0)
+    model, x = InceptionBlock(), torch.randn(2, 3, 9, 10)
+    ref = copy.deepcopy(model)
+    plan = advisor.tune(model, x, algos="direct,gemm,fft", budget_s=0.001)
+    assert plan.unplanned == []
+    assert [(lp.layer, lp.problem.pad, lp.problem.stride) for lp in plan.layers] == [
+        ("wide", (0, 3), 1), ("tall", (3, 0), 1), ("down", (1, 0), (2, 1))]
+    assert {c.algo for lp in plan.layers for c in lp.passes.values() if c} <= {
+        "direct", "gemm", "fft"}
+    assert not any(c and c.algo == "fft" for c in plan.layers[2].passes.values())  # stride 2x1
+    summary = advisor.apply(model, plan)
+    assert [c.action for c in summary.changes] == ["replaced"] * 3
+    xi, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y, y_ref = model(xi), ref(xr)
+    torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-5)
+    y.sum().backward()
+    y_ref.sum().backward()
+    torch.testing.assert_close(xi.grad, xr.grad, rtol=1e-4, atol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_a_plan_for_other_per_axis_geometry_is_skipped():
+    """apply compares stride, padding and dilation per axis: the plan's 1x7 padded 0x3 does not
+    fit a layer padded 3x0."""
+    x = torch.randn(1, 3, 9, 10, dtype=torch.float64)
+    plan = hand_plan(InceptionBlock().double(), x, ["nchw"] * 3,
+                     [{"fwd": "gemm"}] * 3)
+    model = InceptionBlock().double()
+    model.wide = nn.Conv2d(3, 4, (1, 7), padding=(3, 0)).double()
+    summary = apply.apply(model, plan)
+    assert (summary.changes[0].layer, summary.changes[0].action) == ("wide", "skipped")
+    assert "geometry differ" in summary.changes[0].reason
+
+
 def test_the_readme_recipe_on_the_cpu(store):
     torch.manual_seed(0)
     model, x = SmallCNN(), torch.randn(2, 3, 10, 10)

@@ -8,6 +8,7 @@ import pytest
 from convbench import reference, registry, verify
 from convbench.algos.cudnn import classify_kernels
 from convbench.problem import LAYOUTS, PASSES, ConvProblem
+from convbench.testing import PER_AXIS_PROBLEMS
 
 CUDNN = ("cudnn", "cudnn-autotune")
 
@@ -162,7 +163,7 @@ def _check_on_gpu(impl, problem, pass_, layout, precision):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("problem", _GPU_PROBLEMS, ids=str)
+@pytest.mark.parametrize("problem", [*_GPU_PROBLEMS, *PER_AXIS_PROBLEMS], ids=str)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("pass_", PASSES)
 @pytest.mark.parametrize("algo", CUDNN)

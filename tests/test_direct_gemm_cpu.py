@@ -9,6 +9,7 @@ from convbench import memory, reference, registry
 from convbench.algos import direct
 from convbench.problem import LAYOUTS, PASSES, ConvProblem
 from convbench.testing import (
+    PER_AXIS_PROBLEMS,
     assert_matches_reference,
     matmul_dtypes,
     problem_strategy,
@@ -31,11 +32,25 @@ def test_catalog_layers_match_reference(algo, pass_, layout, precision):
 
 @pytest.mark.parametrize("algo", ALGOS)
 @settings(max_examples=50, deadline=None)
-@given(problem=problem_strategy(max_stride=4, max_pad=3, max_dilation=2, max_groups=2),
+@given(problem=problem_strategy(max_stride=4, max_pad=3, max_dilation=2, max_groups=2,
+                                per_axis=True),
        pass_=st.sampled_from(PASSES), layout=st.sampled_from(LAYOUTS),
        precision=st.sampled_from(PRECISIONS))
 def test_random_problems_match_reference(algo, problem, pass_, layout, precision):
     assert_matches_reference(algo, "numpy", problem, pass_, layout, precision)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("problem", PER_AXIS_PROBLEMS, ids=str)
+@pytest.mark.parametrize("algo", ALGOS)
+def test_per_axis_problems_match_reference(algo, problem, precision):
+    """Stride, padding and dilation that differ between the axes (Inception's 1x7 and 7x1):
+    every pass, both layouts."""
+    for pass_ in PASSES:
+        for layout in LAYOUTS:
+            assert registry.supports(registry.get(algo, "numpy"), problem, pass_, layout,
+                                     precision) is None
+            assert_matches_reference(algo, "numpy", problem, pass_, layout, precision)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -71,22 +86,26 @@ def test_workspaces():
 #: copy, a sum buffer) is far outside the slack, which is NumPy's ufunc buffers and Python
 #: objects (about 100 KiB at most).
 _TRACED = ConvProblem(n=3, c=128, h=15, w=15, k=256, r=3, s=3, stride=2, pad=1, groups=2)
+#: The same, strided, padded and dilated per axis (direct's phase planes are sh x sw).
+_TRACED_PER_AXIS = ConvProblem(n=3, c=128, h=15, w=17, k=256, r=3, s=3, stride=(2, 3),
+                               pad=(1, 2), dilation=(1, 2), groups=2)
 
 
+@pytest.mark.parametrize("problem", [_TRACED, _TRACED_PER_AXIS], ids=["square", "per-axis"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("pass_", PASSES)
 @pytest.mark.parametrize("algo", ALGOS)
-def test_workspace_is_what_the_pass_allocates(algo, pass_, layout):
+def test_workspace_is_what_the_pass_allocates(algo, pass_, layout, problem):
     """`workspace_bytes` (computed from the geometry) is every byte a prepared pass and one
     call allocate beyond the operands, as tracemalloc sees NumPy's buffers."""
     impl = registry.get(algo, "numpy")
-    a, b = (o.astype(np.float32) for o in reference.random_operands(_TRACED, pass_, layout))
-    out = reference.nan_output(_TRACED, pass_, layout, np.float32)
+    a, b = (o.astype(np.float32) for o in reference.random_operands(problem, pass_, layout))
+    out = reference.nan_output(problem, pass_, layout, np.float32)
     with memory.Tracemalloc() as trace:
-        run = impl.prepare(_TRACED, pass_, layout, "fp32")
+        run = impl.prepare(problem, pass_, layout, "fp32")
         trace.mark()
         run(a, b, out)
-    declared = impl.workspace_bytes(_TRACED, pass_, layout, "fp32")
+    declared = impl.workspace_bytes(problem, pass_, layout, "fp32")
     assert memory.pass_peak(trace.points) == pytest.approx(declared, abs=192 << 10)
 
 

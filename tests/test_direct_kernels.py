@@ -20,6 +20,7 @@ PROBLEMS = [
     ConvProblem(n=2, c=6, h=9, w=11, k=4, r=3, s=3, pad=1, groups=2),
     ConvProblem(n=1, c=40, h=9, w=9, k=40, r=3, s=3, pad=1),
     ConvProblem(n=1, c=3, h=23, w=23, k=5, r=11, s=11, stride=4),
+    *testing.PER_AXIS_PROBLEMS,  # stride, padding, dilation per axis: Inception's 1x7, 7x1
 ]
 
 
@@ -37,7 +38,8 @@ def test_emu_matches_reference(problem, pass_, layout):
 
 
 @settings(max_examples=12, deadline=None)
-@given(testing.problem_strategy(max_stride=3, max_dilation=2, max_groups=2))
+@given(testing.problem_strategy(max_stride=3, max_dilation=2, max_groups=2,
+                                per_axis=True))
 def test_emu_matches_reference_on_random_problems(problem):
     _impl("emu")
     for pass_ in PASSES:

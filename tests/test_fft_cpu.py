@@ -8,6 +8,7 @@ problems cover the shapes the benchmark runs.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import tracemalloc
 
@@ -46,7 +47,7 @@ def test_catalog_problems_match_reference(problem, layout):
 
 
 @settings(max_examples=60, deadline=None)
-@given(problem=testing.problem_strategy(max_stride=1))
+@given(problem=testing.problem_strategy(max_stride=1, per_axis=True))
 def test_drawn_problems_match_reference(problem):
     for pass_ in PASSES:
         for layout in LAYOUTS:
@@ -102,6 +103,31 @@ def test_unsupported_combinations_give_a_reason(field):
     reason = registry.supports(IMPL, p, "fwd", "nchw", "fp32")
     assert reason and field in reason and "\n" not in reason
     testing.assert_matches_reference("fft", "numpy", p, "fwd", "nchw")  # skips, never raises
+
+
+#: Per-axis padding is zeros on the grid, so FFT runs it; per-axis stride or dilation it refuses.
+PER_AXIS_PAD = [p for p in testing.PER_AXIS_PROBLEMS if p.stride == p.dilation == p.groups == 1]
+
+
+@pytest.mark.parametrize("problem", PER_AXIS_PAD, ids=str)
+def test_per_axis_padding_matches_reference(problem):
+    assert isinstance(problem.pad, tuple)
+    for pass_ in PASSES:
+        for layout in LAYOUTS:
+            assert registry.supports(IMPL, problem, pass_, layout, "fp32") is None
+            testing.assert_matches_reference("fft", "numpy", problem, pass_, layout, "fp32")
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"stride": (2, 1)}, "stride 2x1: fft supports stride 1 only, like cuDNN's FFT"),
+    ({"stride": (1, 3)}, "stride 1x3: fft supports stride 1 only, like cuDNN's FFT"),
+    ({"dilation": (1, 2), "pad": (1, 2)},
+     "dilation 1x2: fft supports dilation 1 only, like cuDNN's FFT"),
+])
+def test_per_axis_stride_and_dilation_are_refused(change, reason):
+    p = dataclasses.replace(ConvProblem(n=1, c=4, h=9, w=9, k=4, r=3, s=3, pad=1), **change)
+    for pass_ in PASSES:
+        assert registry.supports(IMPL, p, pass_, "nhwc", "fp32") == reason
 
 
 def test_functional_api_runs_fft_and_refuses_stride_2():

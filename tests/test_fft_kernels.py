@@ -28,6 +28,8 @@ PROBLEMS = [
     ConvProblem(n=3, c=40, h=9, w=6, k=37, r=3, s=2, pad=2),
     ConvProblem(n=1, c=2, h=3, w=35, k=3, r=3, s=2, pad=1),
     ConvProblem(n=9, c=3, h=5, w=6, k=2, r=3, s=3),
+    # per-axis padding (zeros on the grid): Inception's 1x7 and 7x1, a 3x3 padded 1x0
+    *(p for p in testing.PER_AXIS_PROBLEMS if p.stride == p.dilation == p.groups == 1),
 ]
 #: `fft-tiled` beyond one 32×32 tile: 2×2 tiles with the last ones partly outside, 3×2 with a
 #: 5×5 filter, padding larger than the filter (bwd_data's dy window starts before the tile), a
@@ -37,6 +39,7 @@ TILED_PROBLEMS = [
     ConvProblem(n=2, c=2, h=70, w=35, k=3, r=5, s=5),
     ConvProblem(n=1, c=2, h=45, w=50, k=3, r=3, s=3, pad=5),
     ConvProblem(n=1, c=1, h=40, w=40, k=2, r=17, s=3),
+    ConvProblem(n=1, c=2, h=37, w=40, k=3, r=1, s=7, pad=(0, 3)),  # per-axis padding, tiled
     PROBLEMS[0],
     PROBLEMS[4],
 ]
@@ -57,7 +60,7 @@ def test_emu_matches_reference(algo, problem, pass_, layout):
 
 
 @settings(max_examples=10, deadline=None)
-@given(testing.problem_strategy(max_stride=1))
+@given(testing.problem_strategy(max_stride=1, per_axis=True))
 def test_emu_matches_reference_on_random_problems(problem):
     _impl("emu")
     for pass_ in PASSES:
@@ -65,7 +68,7 @@ def test_emu_matches_reference_on_random_problems(problem):
 
 
 @settings(max_examples=10, deadline=None)
-@given(testing.problem_strategy(max_stride=1, max_pad=4))
+@given(testing.problem_strategy(max_stride=1, max_pad=4, per_axis=True))
 def test_emu_tiled_matches_reference_on_random_problems_with_8x8_tiles(problem):
     """Tiles of 8 (filters up to 4 wide) put many tiles, and partial ones, on small problems."""
     impl = _impl("emu", "fft-tiled")
@@ -118,6 +121,12 @@ def test_emu_buffers_are_reused_across_calls():
     ("cuda", ConvProblem(n=1, c=4, h=9, w=9, k=4, r=3, s=3, dilation=2), "fp32",
      "dilation 1 only"),
     ("cuda", ConvProblem(n=1, c=4, h=9, w=9, k=4, r=3, s=3, groups=2), "fp32", "groups 1 only"),
+    ("emu", ConvProblem(n=1, c=4, h=9, w=9, k=4, r=3, s=3, stride=(2, 1)), "fp32",
+     "stride 2x1: "),
+    ("cuda", ConvProblem(n=1, c=4, h=9, w=9, k=4, r=3, s=3, stride=(1, 2)), "fp32",
+     "stride 1x2: "),
+    ("emu", ConvProblem(n=1, c=4, h=9, w=9, k=4, r=3, s=3, pad=(1, 2), dilation=(1, 2)), "fp32",
+     "dilation 1x2: "),
     ("emu", PROBLEMS[0], "fp64", "runs fp32"),
     ("emu", net_layers("alexnet")[1].problem.with_batch(2), "fp32", "emulator"),
     ("cuda", net_layers("vgg16")[1].problem.with_batch(2048), "fp32", "32-bit"),

@@ -7,19 +7,30 @@ import torch
 import convbench
 from convbench import registry
 from convbench.problem import LAYOUTS, PASSES
-from convbench.testing import assert_matches_reference, small_catalog_problems
+from convbench.testing import (
+    PER_AXIS_PROBLEMS,
+    assert_matches_reference,
+    small_catalog_problems,
+)
 
 
 def _t(a):
     return torch.from_numpy(a)
 
 
+#: One geometry for both axes, and torch's per-axis pairs (stride, padding, dilation (h, w)).
+GEOMETRIES = [dict(stride=2, padding=1, dilation=1, groups=2),
+              dict(stride=(2, 1), padding=(1, 0), dilation=(1, 2), groups=2),
+              dict(stride=[1, 3], padding=[0, 2], dilation=1, groups=1)]
+
+
+@pytest.mark.parametrize("algo", ["torch-cpu", "direct", "gemm"])
+@pytest.mark.parametrize("kw", GEOMETRIES, ids=str)
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_conv2d_and_gradients_match_torch_autograd(layout):
+def test_conv2d_and_gradients_match_torch_autograd(layout, kw, algo):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 4, 9, 8))
-    w = rng.standard_normal((6, 2, 3, 2))
-    kw = dict(stride=2, padding=1, dilation=1, groups=2)
+    w = rng.standard_normal((6, 4 // kw["groups"], 3, 2))
     tx, tw = _t(x).requires_grad_(), _t(w).requires_grad_()
     ty = torch.nn.functional.conv2d(tx, tw, **kw)
     dy = rng.standard_normal(ty.shape)
@@ -31,7 +42,7 @@ def test_conv2d_and_gradients_match_torch_autograd(layout):
     def unlay(a):
         return a.transpose(0, 3, 1, 2) if layout == "nhwc" else a
 
-    api = dict(algo="torch-cpu", layout=layout, **kw)
+    api = dict(algo=algo, layout=layout, **kw)
     y = convbench.conv2d(lay(x), lay(w), **api)
     dx = convbench.conv2d_backward_data(lay(dy), lay(w), lay(x).shape, **api)
     dw = convbench.conv2d_backward_filter(lay(x), lay(dy), lay(w).shape, **api)
@@ -46,6 +57,13 @@ def test_torch_cpu_on_every_catalog_layer(name, problem):
         for layout in LAYOUTS:
             for precision in ("fp64", "fp32"):
                 assert_matches_reference("torch-cpu", "numpy", problem, pass_, layout, precision)
+
+
+@pytest.mark.parametrize("problem", PER_AXIS_PROBLEMS, ids=str)
+def test_torch_cpu_on_per_axis_problems(problem):
+    for pass_ in PASSES:
+        for layout in LAYOUTS:
+            assert_matches_reference("torch-cpu", "numpy", problem, pass_, layout, "fp32")
 
 
 def test_out_buffer_is_written_in_place():
@@ -68,8 +86,12 @@ def test_out_buffer_is_written_in_place():
      "operands must share one dtype"),
     (lambda x, w: convbench.conv2d(x.astype(int), w.astype(int), algo="torch-cpu"),
      "dtype int64 is not supported"),
-    (lambda x, w: convbench.conv2d(x, w, stride=(1, 2), algo="torch-cpu"),
-     "stride must be an int or an equal pair"),
+    (lambda x, w: convbench.conv2d(x, w, stride=(1, 2, 1), algo="torch-cpu"),
+     r"stride must be an int or an \(h, w\) pair"),
+    (lambda x, w: convbench.conv2d(x, w, padding=(1, 0.5), algo="torch-cpu"),
+     "padding must be an int, got 0.5"),
+    (lambda x, w: convbench.conv2d(x, w, padding=(-1, 0), algo="torch-cpu"),
+     "pad must be >= 0, got -1x0"),
     (lambda x, w: convbench.conv2d(x, w, padding=-1, algo="torch-cpu"), "pad must be >= 0"),
     (lambda x, w: convbench.conv2d_backward_data(np.ones((1, 3, 4, 4), np.float32), w,
                                                  (1, 2, 5, 5), algo="torch-cpu"),

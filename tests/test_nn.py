@@ -53,6 +53,13 @@ GEOMETRIES = [
     {"in_channels": 4, "out_channels": 6, "kernel_size": 3, "stride": 2, "padding": 1, "bias": False},
     {"in_channels": 4, "out_channels": 6, "kernel_size": (3, 2), "dilation": 2, "groups": 2},
     {"in_channels": 2, "out_channels": 3, "kernel_size": 5, "padding": "same"},
+    # per axis: Inception's 1x7 / 7x1 pairs, a stride, a dilation and a 'same' per axis
+    {"in_channels": 3, "out_channels": 4, "kernel_size": (1, 7), "padding": (0, 3)},
+    {"in_channels": 3, "out_channels": 4, "kernel_size": (7, 1), "padding": (3, 0)},
+    {"in_channels": 4, "out_channels": 6, "kernel_size": 3, "stride": (2, 1), "padding": (1, 2),
+     "dilation": (1, 2), "groups": 2},
+    {"in_channels": 2, "out_channels": 3, "kernel_size": (3, 5), "dilation": (2, 1),
+     "padding": "same"},
 ]
 
 
@@ -130,10 +137,9 @@ def test_an_optimizer_built_before_the_swap_still_trains_the_layer():
 
 
 @pytest.mark.parametrize("kw, reason", [
-    ({"padding": (0, 1)}, "asymmetric padding (0, 1)"),
-    ({"stride": (1, 2)}, "asymmetric stride"),
     ({"padding": 1, "padding_mode": "reflect"}, "padding_mode 'reflect'"),
     ({"kernel_size": 4, "padding": "same"}, "padding='same' with kernel (4, 4)"),
+    ({"kernel_size": (3, 4), "padding": "same"}, "padding='same' with kernel (3, 4)"),
 ])
 def test_geometry_no_problem_describes_is_refused(kw, reason):
     conv = nn.Conv2d(2, 3, **{"kernel_size": 3, **kw})
@@ -147,6 +153,25 @@ def test_problem_of():
     assert (p.n, p.c, p.h, p.k, p.r, p.stride, p.pad, p.groups) == (2, 4, 9, 6, 3, 2, 0, 2)
     with pytest.raises(ValueError, match="4-D"):
         cbnn.problem_of(conv, (4, 9, 9))
+
+
+@pytest.mark.parametrize("kw, geometry", [
+    ({"kernel_size": (1, 7), "padding": (0, 3)}, {"stride": 1, "pad": (0, 3), "dilation": 1}),
+    ({"kernel_size": 3, "stride": (2, 1), "padding": (1, 1), "dilation": (1, 2)},
+     {"stride": (2, 1), "pad": 1, "dilation": (1, 2)}),
+    ({"kernel_size": (3, 5), "padding": "same"}, {"stride": 1, "pad": (1, 2), "dilation": 1}),
+    ({"kernel_size": 3, "dilation": (1, 3), "padding": "same"},
+     {"stride": 1, "pad": (1, 3), "dilation": (1, 3)}),
+])
+def test_per_axis_geometry_is_the_problems(kw, geometry):
+    """torch's per-axis stride, padding and dilation become the problem's, one int where the
+    axes agree."""
+    conv = nn.Conv2d(2, 3, **kw)
+    assert cbnn.conv_geometry(conv) == {**geometry, "groups": 1}
+    p = cbnn.problem_of(conv, (1, 2, 9, 11))
+    assert (p.stride, p.pad, p.dilation) == (geometry["stride"], geometry["pad"],
+                                             geometry["dilation"])
+    assert p.y_shape() == tuple(conv(torch.zeros(1, 2, 9, 11)).shape)
 
 
 def test_double_backward_is_refused():

@@ -204,3 +204,34 @@ def test_fused_winograd_counts_like_its_twin_and_keeps_only_the_filters():
         assert opcount.theoretical_workspace(fused, p, "bwd_filter") is None
         assert registry.get(fused, "emu").workspace_bytes(p, "fwd", "nchw", "fp32") == \
             opcount.theoretical_workspace(fused, p, "fwd")
+
+
+#: Inception-v3's 1x7 at 17x17 (pad 0x3) and a 3x3 strided 2x1, dilated 1x2.
+INCEPTION_1X7 = ConvProblem(n=1, c=128, h=17, w=17, k=128, r=1, s=7, pad=(0, 3))
+STRIDED = ConvProblem(n=1, c=8, h=17, w=20, k=16, r=3, s=3, stride=(2, 1), pad=(1, 2),
+                      dilation=(1, 2))
+
+
+def test_per_axis_counts_and_workspace_follow_each_axis():
+    for p, (out_h, out_w) in ((INCEPTION_1X7, (17, 17)), (STRIDED, (9, 20))):
+        assert (p.p, p.q) == (out_h, out_w)
+        direct = opcount.op_count("direct", p, "fwd")
+        assert direct.products == 2 * p.n * p.k * out_h * out_w * p.c * p.r * p.s
+        cols = p.n * out_h * out_w * p.c * p.r * p.s
+        assert opcount.op_count("gemm", p, "bwd_data").transforms == cols
+        assert opcount.theoretical_workspace("gemm", p, "fwd", "fp32") == cols * 4
+        assert registry.get("gemm", "numpy").workspace_bytes(p, "fwd", "nhwc", "fp32") == cols * 4
+
+
+def test_per_axis_fft_grid_pads_each_axis_and_winograd_has_no_count():
+    # 17 + 0 rows and 17 + 3 columns, each on FFTW's fast sizes
+    th, tw, _ = opcount._fft_grid(INCEPTION_1X7, "fwd", "fft", "numpy")
+    assert (th, tw) == (18, 20)
+    assert opcount.op_count("fft", INCEPTION_1X7, "fwd") is not None
+    padded_3x3 = ConvProblem(n=1, c=4, h=8, w=8, k=4, r=3, s=3, pad=(1, 0))
+    for p in (padded_3x3, ConvProblem(n=1, c=4, h=8, w=8, k=4, r=3, s=3, stride=(1, 2))):
+        for algo in ("winograd-2x2", "winograd-fused-4x4"):
+            assert registry.supports(registry.get(algo, "numpy" if "fused" not in algo
+                                                  else "emu"), p, "fwd", "nchw", "fp32")
+            assert opcount.op_count(algo, p, "fwd") is None
+            assert opcount.theoretical_workspace(algo, p, "fwd") is None

@@ -217,3 +217,50 @@ def test_a_corrupt_store_file_names_the_file(tmp_path):
     (tmp_path / "broken.json").write_text('{"format": "convbench-plan", "version": 1')
     with pytest.raises(PlanError, match=r"broken\.json: not valid JSON"):
         store.lookup(ENV, "numpy", "fp32")
+
+
+#: Inception's 7x1 padded along the height only, and a stride and dilation per axis.
+PER_AXIS = [ConvProblem(n=2, c=4, h=9, w=9, k=4, r=7, s=1, pad=(3, 0)),
+            ConvProblem(n=2, c=4, h=9, w=9, k=4, r=3, s=3, stride=(2, 1), pad=1,
+                        dilation=(1, 2))]
+
+
+def test_a_per_axis_plan_round_trips_through_a_file(tmp_path):
+    plan = make_plan()
+    choice = Choice("direct", "numpy", 1.0, 0.1)
+    plan.layers = [LayerPlan(f"inc.{i}", p, "nchw", {"fwd": choice, "bwd_data": choice,
+                                                     "bwd_filter": None})
+                   for i, p in enumerate(PER_AXIS)]
+    plan.network = dataclasses.replace(plan.network, per_layer_best_layouts=["nchw"] * 2)
+    plan.measurements = [entry_from_row(measured_row(p, algo="direct")) for p in PER_AXIS]
+    path = plan.save(tmp_path / "plan.json")
+    data = json.loads(path.read_text())
+    assert [(lp["problem"]["stride"], lp["problem"]["pad"], lp["problem"]["dilation"])
+            for lp in data["layers"]] == [(1, [3, 0], 1), ([2, 1], 1, [1, 2])]
+    back = Plan.load(path)
+    assert back == plan and [lp.problem for lp in back.layers] == PER_AXIS
+    assert [results.problem_from_row(row_from_entry(e, "x", "net", "fp32"))
+            for e in back.measurements] == PER_AXIS
+
+
+def test_an_old_plan_file_with_integer_geometry_still_loads(tmp_path):
+    """Plans written before per-axis geometry hold one integer per field; they load as before."""
+    path = make_plan().save(tmp_path / "old.json")
+    data = json.loads(path.read_text())
+    assert {type(lp["problem"][f]) for lp in data["layers"]
+            for f in ("stride", "pad", "dilation")} == {int}
+    assert [lp.problem for lp in Plan.load(path).layers] == [P1, P2]
+
+
+@pytest.mark.parametrize("value, message", [
+    ([2, 1, 1], "expected an integer or \\[height, width\\]"),
+    ([2, "1"], "expected an integer"),
+    ([0, 1], r"stride\[0\]: expected an integer >= 1, got 0"),
+])
+def test_a_bad_per_axis_value_is_one_clear_error(tmp_path, value, message):
+    path = make_plan().save(tmp_path / "plan.json")
+    data = json.loads(path.read_text())
+    data["layers"][0]["problem"]["stride"] = value
+    path.write_text(json.dumps(data))
+    with pytest.raises(PlanError, match=message):
+        Plan.load(path)

@@ -351,3 +351,34 @@ def test_a_results_file_without_the_phases_column_is_refused(tmp_path):
     path.write_text(",".join(older) + "\n")
     with pytest.raises(ValueError, match="other columns"):
         results.CsvSink(path)
+
+
+#: Inception's 1x7, strided along the height only.
+PER_AXIS = ConvProblem(n=2, c=3, h=9, w=10, k=4, r=1, s=7, stride=(2, 1), pad=(0, 3))
+
+
+def test_a_per_axis_problem_round_trips_through_the_csv_and_resumes(tmp_path):
+    """Real CPU measurements of a per-axis problem: the CSV spells it `2x1`, reads it back as
+    the same problem, and a resumed run finds every case done."""
+    todo = runner.sweep([Layer("custom", "inception", PER_AXIS)], ["direct", "gemm"], "numpy",
+                        ("fwd", "bwd_data", "bwd_filter"), ("nchw", "nhwc"), ["fp32"])
+    path = tmp_path / results.RESULTS_CSV
+    rows = runner.run(todo, BUDGET, on_row=results.CsvSink(path).append)
+    assert [r["status"] for r in rows] == ["ok"] * len(todo)
+    assert "stride,pad,dilation" in path.read_text().splitlines()[0]
+    back = results.read_rows(path)
+    assert {(r["stride"], r["pad"], r["dilation"]) for r in back} == {("2x1", "0x3", "1")}
+    assert {results.problem_from_row(r) for r in back} == {PER_AXIS}
+    assert results.done_keys(path) == {c.key() for c in todo}
+    df = results.frame(back)
+    assert {results.problem_from_row(r) for _, r in df.iterrows()} == {PER_AXIS}
+
+
+def test_a_committed_run_with_integer_geometry_still_loads():
+    from pathlib import Path
+
+    folder = Path(__file__).parent.parent / "results" / "2026-11-21-cpu-2core-alexnet"
+    df, _ = results.load_run(folder)
+    problems = {results.problem_from_row(r) for _, r in df.iterrows()}
+    assert problems and not any(p.per_axis for p in problems)
+    assert all(isinstance(p.stride, int) and isinstance(p.pad, int) for p in problems)

@@ -63,7 +63,7 @@ class SmallCNN(nn.Module):
         self.body = nn.Sequential(nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 6, 3, stride=2,
                                                                           padding=1),
                                   nn.ReLU(), nn.Conv2d(6, 6, 1, bias=False))
-        self.odd = nn.Conv2d(6, 6, (1, 3), padding=(0, 1))
+        self.odd = nn.Conv2d(6, 6, (1, 3), padding=(0, 1), padding_mode="reflect")
         self.head = nn.Linear(6 * 5 * 5, 3)
 
     def forward(self, x):
@@ -97,7 +97,7 @@ def test_find_convs_in_call_order_with_refusals():
     assert sites[0].passes == ("fwd", "bwd_filter")  # the input needs no gradient
     assert sites[1].passes == ("fwd", "bwd_data", "bwd_filter")
     assert sites[1].problem == ConvProblem(n=2, c=4, h=10, w=10, k=6, r=3, s=3, stride=2, pad=1)
-    assert [(u.layer, u.reason[:19]) for u in refused] == [("odd", "asymmetric padding ")]
+    assert [(u.layer, u.reason[:22]) for u in refused] == [("odd", "padding_mode 'reflect'")]
     assert model.training and bn.training and torch.equal(bn.running_mean, stats)
 
 

@@ -69,6 +69,10 @@ def test_random_3x3_problems_match_reference(algo, pass_, layout, problem, preci
     ({"s": 1, "pad": 1}, "needs 3x3 filters (got 3x1)"),
     ({"stride": 2}, "needs stride 1 (got 2)"),
     ({"dilation": 2, "pad": 2}, "needs dilation 1 (got 2)"),
+    ({"stride": (2, 1)}, "needs stride 1 (got 2x1)"),
+    ({"dilation": (1, 2), "pad": (1, 2)}, "needs dilation 1 (got 1x2)"),
+    ({"pad": (1, 0)}, "needs one padding for both axes (got pad 1x0)"),
+    ({"pad": (0, 1)}, "needs one padding for both axes (got pad 0x1)"),
     ({"groups": 2}, "needs groups 1 (got 2)"),
 ])
 @pytest.mark.parametrize("algo", ALGOS)

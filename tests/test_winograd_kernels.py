@@ -84,6 +84,10 @@ def test_fp32_error_of_4x4_above_2x2(pass_):
     ({"r": 5, "s": 5, "pad": 2}, "needs 3x3 filters (got 5x5)"),
     ({"stride": 2}, "needs stride 1 (got 2)"),
     ({"dilation": 2, "pad": 2}, "needs dilation 1 (got 2)"),
+    ({"stride": (2, 1)}, "needs stride 1 (got 2x1)"),
+    ({"dilation": (1, 2), "pad": (1, 2)}, "needs dilation 1 (got 1x2)"),
+    ({"pad": (1, 0)}, "needs one padding for both axes (got pad 1x0)"),
+    ({"pad": (0, 1)}, "needs one padding for both axes (got pad 0x1)"),
     ({"groups": 2}, "needs groups 1 (got 2)"),
 ])
 @pytest.mark.parametrize("backend", ("cuda", "emu"))
@@ -202,6 +206,8 @@ def test_fused_refuses_the_weight_gradient(algo, backend):
 @pytest.mark.parametrize("change, reason", [
     ({"r": 5, "s": 5, "pad": 2}, "needs 3x3 filters (got 5x5)"),
     ({"stride": 2}, "needs stride 1 (got 2)"),
+    ({"stride": (1, 2)}, "needs stride 1 (got 1x2)"),
+    ({"pad": (1, 0)}, "needs one padding for both axes (got pad 1x0)"),
     ({"groups": 2}, "needs groups 1 (got 2)"),
 ])
 @pytest.mark.parametrize("algo", FUSED_ALGOS)

@@ -85,8 +85,9 @@ def aten_pass(problem: ConvProblem, pass_: str):
     """
     import torch
 
-    kw = {"stride": [problem.stride] * 2, "padding": [problem.pad] * 2,
-          "dilation": [problem.dilation] * 2, "transposed": False, "output_padding": [0, 0],
+    p = problem
+    kw = {"stride": [p.stride_h, p.stride_w], "padding": [p.pad_h, p.pad_w],
+          "dilation": [p.dil_h, p.dil_w], "transposed": False, "output_padding": [0, 0],
           "groups": problem.groups}
     conv, backward = torch.ops.aten.convolution, torch.ops.aten.convolution_backward
     if pass_ == "fwd":

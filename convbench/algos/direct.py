@@ -8,10 +8,10 @@ A window of a padded, strided input is not a matrix BLAS can read (its pixels ar
 spaced in memory). Two rearrangements make it one, each costing one copy of an activation per
 call:
 
-- phase planes: the padded input is split into stride × stride planes, plane (a, b) holding the
-  padded rows a, a+st, ... and columns b, b+st, ..., so a tap of stride st becomes a tap of
-  stride 1 at offset (r·d // st, s·d // st) of plane (r·d % st, s·d % st). For stride 1 this is
-  just the padded copy of x.
+- phase planes: the padded input is split into sh × sw planes (the stride per axis), plane
+  (a, b) holding the padded rows a, a+sh, ... and columns b, b+sw, ..., so a tap becomes a tap
+  of stride 1 at offset (r·dh // sh, s·dw // sw) of plane (r·dh % sh, s·dw % sw). For stride 1
+  this is just the padded copy of x.
 - wide rows: the output is computed `ws` (the plane width) columns wide instead of Q, so each
   tap's window in a flattened plane is one contiguous range, a (C/g) × (P·ws) matrix with unit
   stride. The ws − Q extra columns are discarded (fwd) or zero (bwd: dy is widened with zeros);
@@ -65,7 +65,7 @@ class _Geometry:
     """Phase planes and wide rows of one problem in one layout.
 
     nhwc folds the images into the wide rows too: its planes are stored image after image
-    within each phase, (st, st, N, hs, ws, C), so one window of N·hs·ws rows (less the tail no
+    within each phase, (sh, sw, N, hs, ws, C), so one window of N·hs·ws rows (less the tail no
     output needs) spans the batch and a tap is one matrix product with M = N·hs·ws rows, as in
     an implicit-GEMM kernel (cut into cache-sized blocks of rows). In nchw the channels separate
     the images, so a tap is one product per image, as in Caffe: many more, smaller BLAS calls
@@ -74,31 +74,31 @@ class _Geometry:
     """
 
     def __init__(self, problem: ConvProblem, layout: str):
-        p, st = problem, problem.stride
+        p, sh, sw = problem, problem.stride_h, problem.stride_w
         self.problem, self.layout = p, layout
         # One spare row: the wide window of the bottom tap runs up to ws - 1 elements past the
         # last row it needs (only into columns that are discarded).
-        self.hs = -(-(p.h + 2 * p.pad) // st) + 1
-        self.ws = -(-(p.w + 2 * p.pad) // st)
+        self.hs = -(-(p.h + 2 * p.pad_h) // sh) + 1
+        self.ws = -(-(p.w + 2 * p.pad_w) // sw)
         folded = layout == "nhwc"
         self.batch = 1 if folded else p.n
         self.length = (p.n - 1) * self.hs * self.ws * folded + p.p * self.ws
-        self.windows = windows(axis_pairs(st, 1, self.hs, p.h, st, p.pad),
-                               axis_pairs(st, 1, self.ws, p.w, st, p.pad), layout,
+        self.windows = windows(axis_pairs(sh, 1, self.hs, p.h, sh, p.pad_h),
+                               axis_pairs(sw, 1, self.ws, p.w, sw, p.pad_w), layout,
                                taps_first=True)
         self.taps = []
         for r in range(p.r):
-            i0, a = divmod(r * p.dilation, st)
+            i0, a = divmod(r * p.dil_h, sh)
             for s in range(p.s):
-                j0, b = divmod(s * p.dilation, st)
+                j0, b = divmod(s * p.dil_w, sw)
                 self.taps.append(_Tap(r, s, a, b, i0 * self.ws + j0))
         self.crop = spatial(layout, slice(0, p.p), slice(0, p.q))
 
     def plane_shape(self, channels: int) -> tuple[int, ...]:
-        p, st = self.problem, self.problem.stride
+        p, sh, sw = self.problem, self.problem.stride_h, self.problem.stride_w
         if self.layout == "nchw":
-            return (p.n, channels, st, st, self.hs, self.ws)
-        return (st, st, p.n, self.hs, self.ws, channels)
+            return (p.n, channels, sh, sw, self.hs, self.ws)
+        return (sh, sw, p.n, self.hs, self.ws, channels)
 
     def wide_shape(self, channels: int) -> tuple[int, ...]:
         """Output-shaped, with rows ws wide (and, nhwc, hs rows per image)."""
@@ -114,12 +114,12 @@ class _Geometry:
         return buf, buf if self.layout == "nchw" else buf.transpose(2, 0, 1, 3, 4, 5)
 
     def plane_matrices(self, buf: np.ndarray) -> np.ndarray:
-        """(batch, st, st, channels, flat plane) view of a phase-plane buffer: the window of a
+        """(batch, sh, sw, channels, flat plane) view of a phase-plane buffer: the window of a
         tap is [:, a, b, channels, offset:offset + length]."""
-        st = self.problem.stride
+        sh, sw = self.problem.stride_h, self.problem.stride_w
         if self.layout == "nchw":
-            return buf.reshape(self.batch, buf.shape[1], st, st, -1).transpose(0, 2, 3, 1, 4)
-        return channel_major(buf.reshape(1, st, st, -1, buf.shape[-1]), self.layout)
+            return buf.reshape(self.batch, buf.shape[1], sh, sw, -1).transpose(0, 2, 3, 1, 4)
+        return channel_major(buf.reshape(1, sh, sw, -1, buf.shape[-1]), self.layout)
 
     def wide_matrices(self, buf: np.ndarray) -> np.ndarray:
         """(batch, channels, length) view of a wide buffer."""
@@ -195,8 +195,8 @@ def _buffers(problem: ConvProblem, pass_: str, layout: str, dtype
         shapes["scratch"] = geo.scratch_shape(blocks, kg)
     else:
         # Each tap adds into its own window of the planes: a block's accumulator is about its
-        # rows of all st² planes.
-        blocks = geo.blocks(p.c * p.stride ** 2, dtype)
+        # rows of all sh·sw planes.
+        blocks = geo.blocks(p.c * p.stride_h * p.stride_w, dtype)
         shapes["scratch"] = geo.scratch_shape(blocks, p.cg)
     return geo, blocks, shapes
 

@@ -63,12 +63,14 @@ def _gather_geometry(p: ConvProblem, pass_: str) -> _GatherGeometry:
     in_g, out_g = (p.k // p.groups, p.cg) if bwd else (p.cg, p.k // p.groups)
     out_h, out_w = (p.h, p.w) if bwd else (p.p, p.q)
 
-    def extent(tile: int, taps: int) -> int:  # input rows (columns) a tile's taps touch
+    def extent(tile: int, taps: int, stride: int, dil: int) -> int:
+        """Input rows (columns) a tile's taps touch along one axis."""
         if bwd:
-            return (tile - 1 + (taps - 1) * p.dilation) // p.stride + 1
-        return (tile - 1) * p.stride + (taps - 1) * p.dilation + 1
+            return (tile - 1 + (taps - 1) * dil) // stride + 1
+        return (tile - 1) * stride + (taps - 1) * dil + 1
 
-    patch_h, patch_w = extent(TILES["TILE_H"], p.r), extent(TILES["TILE_W"], p.s)
+    patch_h = extent(TILES["TILE_H"], p.r, p.stride_h, p.dil_h)
+    patch_w = extent(TILES["TILE_W"], p.s, p.stride_w, p.dil_w)
 
     def smem(chunk: int) -> int:  # must match the layout of `smem` in direct_gather
         patch = ceil_div(chunk * patch_h * patch_w, 4) * 4
@@ -127,8 +129,7 @@ class DirectKernels(kernels.KernelImplementation):
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         launch = kernels.launcher(self.backend, "direct", CONFIGURATIONS[layout])
         p, geo = problem, _geometry(problem, pass_)
-        dims = (p.n, p.c, p.h, p.w, p.k, p.r, p.s, p.p, p.q, p.stride, p.pad, p.dilation,
-                p.groups)
+        dims = (p.n, p.c, p.h, p.w, p.k, p.r, p.s, p.p, p.q, *kernels.axis_args(p), p.groups)
         if isinstance(geo, _GatherGeometry):
             return launch.kernel(f"direct_{pass_}").bind(
                 geo.grid, THREADS, (*dims, geo.patch_h, geo.patch_w, geo.chunk), geo.smem)

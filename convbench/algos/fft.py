@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..problem import ConvProblem
+from ..problem import ConvProblem, pair_text
 from ..registry import Implementation, register
 
 #: FFTW planner effort: FFTW_MEASURE's plans for these strided batches run up to 5x faster than
@@ -87,6 +87,17 @@ def _fast_len(n: int) -> int:
         return m in (1, 11, 13)
 
     return next(m for m in itertools.count(n) if smooth(m))
+
+
+def fft_refusal(algo: str, problem: ConvProblem) -> str | None:
+    """Why FFT convolution (CPU and kernels alike) does not run `problem`: it multiplies whole
+    spectra, so it has no stride, dilation or groups; padding, per axis too, is zeros on the
+    grid."""
+    for field in ("stride", "dilation", "groups"):
+        value = getattr(problem, field)
+        if value != 1:
+            return f"{field} {pair_text(value)}: {algo} supports {field} 1 only, like cuDNN's FFT"
+    return None
 
 
 def _axis(pass_: str, n: int, r: int, pad: int) -> tuple[int, tuple[int, int, int]]:
@@ -210,8 +221,8 @@ class _Geometry:
 
 
 def _geometry(problem: ConvProblem, pass_: str, layout: str, precision: str) -> _Geometry:
-    th, (ah, bh, oh) = _axis(pass_, problem.h, problem.r, problem.pad)
-    tw, (aw, bw, ow) = _axis(pass_, problem.w, problem.s, problem.pad)
+    th, (ah, bh, oh) = _axis(pass_, problem.h, problem.r, problem.pad_h)
+    tw, (aw, bw, ow) = _axis(pass_, problem.w, problem.s, problem.pad_w)
     a_shape, b_shape, out_shape = problem.operand_shapes(pass_, layout)
     real, cplx = _DTYPES[precision]
     return _Geometry(layout, (th, tw), real, cplx, _Window(a_shape, (ah, aw)),
@@ -375,15 +386,13 @@ def _side(mats: dict[str, np.ndarray], side: tuple[str, bool]) -> np.ndarray:
 
 @register("fft", "numpy")
 class FFTConv(Implementation):
-    """FFT convolution, stride 1, any padding, all three passes, both layouts natively."""
+    """FFT convolution, stride 1, any padding (per axis too), all three passes, both layouts
+    natively."""
 
     precisions = ("fp64", "fp32")
 
     def supports(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
-        for field in ("stride", "dilation", "groups"):
-            if getattr(problem, field) > 1:
-                return f"fft supports {field} 1 only, like cuDNN's FFT"
-        return None
+        return fft_refusal(self.algo, problem)
 
     def describe(self, problem, pass_, layout, precision) -> str:
         th, tw = _geometry(problem, pass_, layout, precision).size
@@ -392,8 +401,9 @@ class FFTConv(Implementation):
     def transform_grid(self, problem: ConvProblem, pass_: str) -> tuple[int, int, int]:
         """(transform height, width, tiles per image): one whole-image grid, on FFTW's fast
         sizes (`opcount` counts the transforms on it)."""
-        (th, _), (tw, _) = (_axis(pass_, n, r, problem.pad)
-                            for n, r in ((problem.h, problem.r), (problem.w, problem.s)))
+        (th, _), (tw, _) = (_axis(pass_, n, r, pad) for n, r, pad in
+                            ((problem.h, problem.r, problem.pad_h),
+                             (problem.w, problem.s, problem.pad_w)))
         return th, tw, 1
 
     def workspace_bytes(self, problem, pass_, layout, precision) -> int:

@@ -54,6 +54,7 @@ from .. import kernels, registry
 from ..kernels import ceil_div
 from ..phases import OPERAND_NAMES, Phased, phase_names
 from ..problem import LAYOUTS, ConvProblem
+from .fft import fft_refusal
 
 #: PROD_MIN_BLOCKS: the product kernel's blocks per SM in its launch bounds (fft.cu says why 1).
 TILES = {"COPY_TILE": 32, "COPY_THREADS": 256,
@@ -228,7 +229,7 @@ class _Geometry:
 
 def _geometry(problem: ConvProblem, pass_: str, tile: int | None) -> _Geometry:
     p, recipe = problem, _RECIPES[pass_]
-    axes = (_axis(recipe, p.h, p.r, p.pad, tile), _axis(recipe, p.w, p.s, p.pad, tile))
+    axes = (_axis(recipe, p.h, p.r, p.pad_h, tile), _axis(recipe, p.w, p.s, p.pad_w, tile))
     tiles = (axes[0].tiles, axes[1].tiles)
     # An image tensor's tiles are more images to the product: its items are (n, tile, channel).
     sizes = {"n": p.n * tiles[0] * tiles[1], "c": p.c, "k": p.k}
@@ -334,10 +335,7 @@ class FFTKernels(kernels.KernelImplementation):
 
     def refuses(self, problem: ConvProblem, pass_: str, layout: str,
                 precision: str) -> str | None:
-        for field in ("stride", "dilation", "groups"):
-            if getattr(problem, field) > 1:
-                return f"{self.algo} supports {field} 1 only, like cuDNN's FFT"
-        return None
+        return fft_refusal(self.algo, problem)
 
     def check_launch(self, problem: ConvProblem, pass_: str, layout: str) -> None:
         kernels.check_grid(*_geometry(problem, pass_, self.tile).launch_grids())

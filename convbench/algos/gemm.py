@@ -46,8 +46,8 @@ class _Lowered:
     def __init__(self, problem: ConvProblem, layout: str, dtype):
         p = problem
         self.layout, self.problem = layout, p
-        rows = axis_pairs(p.r, p.dilation, p.p, p.h, p.stride, p.pad)
-        cols = axis_pairs(p.s, p.dilation, p.q, p.w, p.stride, p.pad)
+        rows = axis_pairs(p.r, p.dil_h, p.p, p.h, p.stride_h, p.pad_h)
+        cols = axis_pairs(p.s, p.dil_w, p.q, p.w, p.stride_w, p.pad_w)
         self.windows = windows(rows, cols, layout, taps_first=layout == "nchw")
         if layout == "nchw":
             self.col = np.zeros((p.n, p.c, p.r, p.s, p.p, p.q), dtype)

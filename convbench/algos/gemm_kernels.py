@@ -350,7 +350,7 @@ class GemmKernels(kernels.KernelImplementation):
         lowering = kernels.launcher(self.backend, "im2col", LOWERING[layout])
         col = lowering.xp.empty(col_elements(problem), dtype=lowering.xp.float32)
         p = problem
-        dims = (p.n, p.c, p.h, p.w, p.r, p.s, p.p, p.q, p.stride, p.pad, p.dilation, p.groups)
+        dims = (p.n, p.c, p.h, p.w, p.r, p.s, p.p, p.q, *kernels.axis_args(p), p.groups)
         if pass_ == "bwd_data":
             col2im = lowering.kernel("col2im").bind(
                 ceil_div(p.n * p.c * p.h * p.w, LOWERING_THREADS), LOWERING_THREADS, dims)

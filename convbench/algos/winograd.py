@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..problem import FILTER_LAYOUT, ConvProblem
+from ..problem import FILTER_LAYOUT, ConvProblem, pair_text
 from ..reference import DTYPES
 from ..registry import Implementation, register
 from ..transforms import winograd_matrices
@@ -239,7 +239,8 @@ class _WeightGradient:
 
 
 class Winograd(Implementation):
-    """F(m×m, 3×3) on NumPy for 3x3, stride-1, dense filters; subclasses set `m`. The GPU
+    """F(m×m, 3×3) on NumPy for 3x3, stride-1, dense filters, one padding for both axes;
+    subclasses set `m`. The GPU
     kernels (`winograd_kernels`) subclass it too, so both refuse the same problems alike."""
 
     m: int
@@ -248,8 +249,11 @@ class Winograd(Implementation):
     def supports(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         p = problem
         for ok, need, got in (((p.r, p.s) == (_R, _R), "3x3 filters", f"{p.r}x{p.s}"),
-                              (p.stride == 1, "stride 1", p.stride),
-                              (p.dilation == 1, "dilation 1", p.dilation),
+                              (p.stride == 1, "stride 1", pair_text(p.stride)),
+                              (p.dilation == 1, "dilation 1", pair_text(p.dilation)),
+                              # its tiles and kernels take one padding for both axes
+                              (not isinstance(p.pad, tuple), "one padding for both axes",
+                               f"pad {pair_text(p.pad)}"),
                               (p.groups == 1, "groups 1", p.groups)):
             if not ok:
                 return f"{self.algo} needs {need} (got {got})"
