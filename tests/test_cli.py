@@ -38,7 +38,7 @@ def run_cli(capsys, *argv):
     (["layer", "conv2", "--budget", "inf"], "'inf' is not a finite number"),
     (["layer", "conv2", "--batch", "99999999999"], "is larger than 2147483647"),
     (["layer", "n=1,c=1,h=5,w=5,k=1,r=3,s=3,stride=1x0"], "stride must be >= 1, got 1x0"),
-    (["sweep", "--batch", "1,4294967296"], "batch 4294967296 is larger than 2147483647"),
+    (["sweep", "--batch", "1,4294967296"], "4294967296 is larger than 2147483647"),
     (["bench", "--memory-limit", "0.5B"], "'0.5B' is not a positive size"),
     (["layer", "conv2", "--resume"], "--resume needs the run folder"),
     (["report", "/nonexistent/run"], "is not a run folder"),

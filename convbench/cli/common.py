@@ -61,17 +61,25 @@ def positive(kind):
     return parse
 
 
-def batches(text: str) -> list[int]:
-    """`1,2,4,8` -> the distinct positive batch sizes, smallest first."""
-    try:
-        out = sorted({int(t) for t in text.split(",") if t.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of batch sizes") from None
-    if not out or out[0] <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of positive batch sizes")
-    if out[-1] > FIELD_MAX:
-        raise argparse.ArgumentTypeError(f"batch {out[-1]} is larger than {FIELD_MAX}")
-    return out
+def counts(what: str):
+    """An argparse type: a comma list of distinct positive counts of `what` (batch sizes, world
+    sizes), smallest first, each at most `FIELD_MAX`."""
+    def parse(text: str) -> list[int]:
+        try:
+            out = sorted({int(t) for t in text.split(",") if t.strip()})
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of {what}") from None
+        if not out or out[0] <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of positive {what}")
+        if out[-1] > FIELD_MAX:
+            raise argparse.ArgumentTypeError(f"{out[-1]} is larger than {FIELD_MAX}")
+        return out
+
+    return parse
+
+
+#: `1,2,4,8` -> the distinct positive batch sizes, smallest first.
+batches = counts("batch sizes")
 
 
 def size(text: str) -> int:

@@ -11,7 +11,6 @@ Under torchrun every rank runs this command; rank 0 alone writes the folder and 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -20,21 +19,7 @@ import pandas as pd
 
 from .. import envinfo, results, runs, scale
 from ..devices import backend_of
-from .common import FORMATS, positive, usage_errors
-
-
-def _sizes(what: str):
-    """An argparse type: a comma list of distinct positive numbers of `what`, smallest first."""
-    def parse(text: str) -> list[int]:
-        try:
-            out = sorted({int(t) for t in text.split(",") if t.strip()})
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of {what}") from None
-        if not out or out[0] <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of positive {what}")
-        return out
-
-    return parse
+from .common import FORMATS, batches, counts, positive, usage_errors
 
 
 def job_from(args) -> scale.Job:
@@ -84,15 +69,15 @@ def add_parsers(sub) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"),
                    help="cuda: a GPU per rank, NCCL; cpu: a core per rank, gloo (default cuda "
                         "where a GPU is, else cpu)")
-    p.add_argument("--world-sizes", type=_sizes("world sizes"),
+    p.add_argument("--world-sizes", type=counts("world sizes"),
                    help="comma list of rank counts (default 1, 2, 4, ... up to the GPUs or "
                         "cores here, or the ranks torchrun started)")
     batch = p.add_mutually_exclusive_group()
-    batch.add_argument("--batch", type=_sizes("batch sizes"),
+    batch.add_argument("--batch", type=batches,
                        help="comma list of global batches, split over the ranks (default "
                             f"{','.join(map(str, scale.GPU_BATCHES))} on cuda, "
                             f"{','.join(map(str, scale.CPU_BATCHES))} on cpu)")
-    batch.add_argument("--per-rank-batch", type=_sizes("batch sizes"),
+    batch.add_argument("--per-rank-batch", type=batches,
                        help="comma list of batches per rank instead (the global batch grows "
                             "with the ranks)")
     p.add_argument("--hooks", default=",".join(scale.HOOKS),
