@@ -22,7 +22,9 @@ it trains at, with what PyTorch provides:
   left for algorithm choice. The advisor's plan (`advice.advise`, `apply`) takes the fastest
   algorithms (as ranked at the reference batch) whose workspaces, as they declare them at this
   batch, all fit in it together: convbench holds a planned pass's workspace from its first
-  call on, so it is their sum that must fit. The step then runs under that plan.
+  call on, so it is their sum that must fit. The step then runs under that plan; where the
+  plan overshoots (running convbench's passes takes more than their workspaces), under the
+  plan for a quarter of that room, then for none, and last as the base step.
 - `A+B`: both, e.g. `recompute-cheap+offload` or `checkpoint+workspace`.
 
 Every probe is a real training step (forward, cross-entropy, backward, SGD with momentum; the
@@ -462,7 +464,9 @@ def _prober(net: str, strategy: str, device: str, budget: int, choices: Choices 
     chosen for that room (saved in `folder`), its note saying what was chosen. Running a plan
     takes more than its workspaces (convbench's passes convert between torch and their arrays),
     so a plan that fills the room can overshoot the budget: then the plan for a quarter of the
-    room is tried, and last the plan for none (every pass left to torch: the base step). A
+    room is tried, then the plan for none (every pass left to torch, its layouts still the
+    plan's), and last the base step itself, which fits: the strategy never trains a smaller
+    batch than its base. A
     step's peak is read once per strategy and batch (`peaks`, shared by the strategies): the
     base step's at a batch its own search probed is not probed again."""
     def plain(how: str, b: int, time_s: float = 0.0) -> Probe:
@@ -484,11 +488,16 @@ def _prober(net: str, strategy: str, device: str, budget: int, choices: Choices 
             path = chosen.save(folder / f"{strategy}-{b}-{room}.json")
             got = probe(net, strategy, b, device, budget, time_s, str(path))
             if got.fits(budget):
-                break
-        got.note = (f"workspace left {memory.format_size(left)}, planned for "
-                    f"{memory.format_size(room)}, the plan holds {memory.format_size(held)}: "
-                    f"{plan_summary(chosen)}")
-        return got
+                got.note = (f"workspace left {memory.format_size(left)}, planned for "
+                            f"{memory.format_size(room)}, the plan holds "
+                            f"{memory.format_size(held)}: {plan_summary(chosen)}")
+                return got
+        # Even the plan for no workspace overshot (its layouts cost conversions): the base
+        # step, which fits, is what the strategy runs at this batch.
+        got = plain(base(strategy), b, time_s)
+        return Probe(got.batch, got.peak, got.times_ms, got.oom,
+                     f"workspace left {memory.format_size(left)}: no plan fits, the "
+                     f"{base(strategy)} step runs")
 
     return run
 

@@ -236,3 +236,27 @@ def test_memplan_model_door_is_checked_where_it_is_given(tiny_net, capsys):
                         "the model rejects input 2,5,16,16")):
         code, out, err = run_cli(capsys, "memplan", "--device", "cpu", *argv)
         assert code == 2 and err.count("\n") == 1 and says in err and out == ""
+
+
+def test_a_workspace_plan_that_overshoots_falls_back_to_smaller_rooms_then_the_base_step(
+        monkeypatch, tmp_path):
+    """The budget is 1000: the base step peaks at 600, leaving 400; every plan's step overshoots
+    but the one for no workspace at batch 2; at batch 3 none fits, so the base step runs."""
+    choices = synthetic_choices({"gemm": 1.0, "torch-cpu": 3.0})
+    tried = []
+
+    def fake_probe(net, strategy, batch, device, budget, time_s=0.0, plan_file=None):
+        tried.append((strategy, batch, plan_file is not None))
+        if plan_file is None:
+            return memplan.Probe(batch, 600, [1.0])
+        planned_for_none = plan_file.endswith("-0.json")  # the plan for a room of 0 bytes
+        return memplan.Probe(batch, 900 if planned_for_none and batch == 2 else 1100, [1.0])
+
+    monkeypatch.setattr(memplan, "probe", fake_probe)
+    run = memplan._prober("alexnet", "workspace", "cpu", 1000, choices, tmp_path, {})
+    fits = run(2)
+    assert fits.peak == 900 and "planned for 0 B" in fits.note
+    assert [t for t in tried if t[2]] == [("workspace", 2, True)] * 3  # room, room/4, none
+    base = run(3)
+    assert base.peak == 600 and "no plan fits, the none step runs" in base.note
+    assert tried.count(("none", 3, False)) == 1  # the base step's peak is read once
