@@ -499,6 +499,7 @@ def _prober(net: str, strategy: str, device: str, budget: int, choices: Choices 
                      f"workspace left {memory.format_size(left)}: no plan fits, the "
                      f"{base(strategy)} step runs")
 
+    run.base = lambda b: plain(base(strategy), b)
     return run
 
 
@@ -528,7 +529,7 @@ def plan(net: str, device: str, budget: int, strategies: list[str], *, time_s: f
             probers[strategy] = _prober(net, strategy, device, budget, choices, Path(tmp),
                                         peaks)
             log(f"{strategy}: searching the largest batch")
-            search = largest_batch(probers[strategy], budget, bound, max_batch)
+            search = _search(probers[strategy], budget, bound, max_batch)
             error, tolerance = _gradient_check(net, strategy, device, choices, Path(tmp))
             out.append(Result(strategy, "", search, error, tolerance=tolerance))
             log(f"{strategy}: batch {search.batch} ({memory.format_size(search.peak)}) after "
@@ -540,6 +541,18 @@ def plan(net: str, device: str, budget: int, strategies: list[str], *, time_s: f
             log(f"{r.strategy}: timing batches {', '.join(map(str, batches))}")
             r.timed = {b: probers[r.strategy](b, time_s) for b in batches}
     return out, common
+
+
+def _search(prober: Callable[..., Probe], budget: int, bound: float,
+            max_batch: int) -> Search:
+    """The strategy's largest batch. A `workspace` strategy fills whatever room its base step
+    leaves, so its own peak says nothing of the next batch: its limit is its base's (searched
+    on the base step's peaks, already read when the base was searched itself), where it always
+    fits (`_prober`), and its one probe is there."""
+    if not hasattr(prober, "base"):
+        return largest_batch(prober, budget, bound, max_batch)
+    limit = largest_batch(prober.base, budget, bound, max_batch).batch
+    return Search(limit, {limit: prober(limit)})
 
 
 def _gradient_check(net: str, strategy: str, device: str, choices: Choices | None,

@@ -260,3 +260,17 @@ def test_a_workspace_plan_that_overshoots_falls_back_to_smaller_rooms_then_the_b
     base = run(3)
     assert base.peak == 600 and "no plan fits, the none step runs" in base.note
     assert tried.count(("none", 3, False)) == 1  # the base step's peak is read once
+
+
+def test_the_workspace_strategys_limit_is_its_base_steps(monkeypatch, tmp_path):
+    """Its plan fills the room, so its peak is near the budget at every batch; the limit is
+    found on the base step's peaks (a + b·batch), and the strategy probed there."""
+    choices = synthetic_choices({"gemm": 1.0, "torch-cpu": 3.0})
+
+    def fake_probe(net, strategy, batch, device, budget, time_s=0.0, plan_file=None):
+        return memplan.Probe(batch, 990 if plan_file else 100 + 10 * batch, [1.0])
+
+    monkeypatch.setattr(memplan, "probe", fake_probe)
+    run = memplan._prober("alexnet", "workspace", "cpu", 1000, choices, tmp_path, {})
+    found = memplan._search(run, 1000, 10, memplan.MAX_BATCH)
+    assert found.batch == 90 and list(found.probes) == [90] and found.peak == 990
