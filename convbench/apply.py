@@ -20,7 +20,7 @@ from tabulate import tabulate
 
 from . import registry
 from .plan import TORCH_ALGOS, LayerPlan, Plan, PlanError, current_env_key, stale_fields
-from .problem import AXIS_FIELDS, PASSES, axis_pair
+from .problem import AXIS_FIELDS, PASSES
 from .threads import CPU_THREAD_ENV  # the environment a CPU plan with NumPy passes wants
 
 
@@ -97,12 +97,10 @@ def _why_not(model, lp: LayerPlan):
     except ValueError as exc:
         return None, str(exc)
     p = lp.problem
-    # Per axis: stride, pad and dilation each as (height, width), however either side spells it.
-    module_axes = [axis_pair(f, geometry[f]) for f in AXIS_FIELDS]
-    plan_axes = [(p.stride_h, p.stride_w), (p.pad_h, p.pad_w), (p.dil_h, p.dil_w)]
-    if (module.in_channels, module.out_channels, *module.kernel_size, geometry["groups"]) != \
-            (p.c, p.k, p.r, p.s, p.groups) or \
-            [v if isinstance(v, tuple) else (v, v) for v in module_axes] != plan_axes:
+    # conv_geometry and ConvProblem keep stride, pad and dilation in the same one form.
+    if (module.in_channels, module.out_channels, *module.kernel_size, geometry["groups"],
+            *(geometry[f] for f in AXIS_FIELDS)) != \
+            (p.c, p.k, p.r, p.s, p.groups, *(getattr(p, f) for f in AXIS_FIELDS)):
         return None, "its channels, filter or geometry differ from the plan's"
     return module, None
 

@@ -25,7 +25,16 @@ from torch.autograd.function import once_differentiable
 
 from . import functional
 from .plan import TORCH_ALGOS
-from .problem import LAYOUTS, PASSES, ConvProblem, Pair, axis_pair, check_choice, pair_text
+from .problem import (
+    LAYOUTS,
+    PASSES,
+    ConvProblem,
+    Pair,
+    axes,
+    axis_pair,
+    check_choice,
+    pair_text,
+)
 
 #: The memory format that stores a tensor in each layout.
 MEMORY_FORMAT = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
@@ -56,8 +65,7 @@ def conv_geometry(conv: nn.Conv2d) -> dict[str, Pair]:
 def torch_geometry(geometry: dict[str, Pair]) -> tuple[list[int], list[int], list[int]]:
     """stride, padding and dilation of a `conv_geometry` as torch's convolutions take them:
     [height, width] each."""
-    return tuple([v, v] if isinstance(v, int) else list(v)
-                 for v in (geometry["stride"], geometry["pad"], geometry["dilation"]))
+    return tuple(list(axes(geometry[f])) for f in ("stride", "pad", "dilation"))
 
 
 def problem_of(conv: nn.Conv2d, x_shape) -> ConvProblem:

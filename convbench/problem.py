@@ -67,7 +67,8 @@ def pair_text(value: Pair) -> str:
     return f"{value[0]}x{value[1]}" if isinstance(value, tuple) else str(value)
 
 
-def _axes(value: Pair) -> tuple[int, int]:
+def axes(value: Pair) -> tuple[int, int]:
+    """A per-axis value as its (height, width) pair, whichever form it is kept in."""
     return value if isinstance(value, tuple) else (value, value)
 
 
@@ -109,11 +110,11 @@ class ConvProblem:
             if getattr(self, name) <= 0:
                 raise ValueError(f"ConvProblem.{name} must be positive, got {getattr(self, name)}")
         for name, least in AXIS_FIELDS.items():
-            if min(_axes(getattr(self, name))) < least:
+            if min(axes(getattr(self, name))) < least:
                 raise ValueError(f"ConvProblem.{name} must be >= {least}, got "
                                  f"{pair_text(getattr(self, name))}")
         for f in dataclasses.fields(self):
-            if max(_axes(getattr(self, f.name))) > FIELD_MAX:
+            if max(axes(getattr(self, f.name))) > FIELD_MAX:
                 raise ValueError(f"ConvProblem.{f.name} must be at most {FIELD_MAX}, got "
                                  f"{pair_text(getattr(self, f.name))}")
         if self.c % self.groups:
@@ -130,12 +131,12 @@ class ConvProblem:
                 )
 
     # --- per axis -------------------------------------------------------------------------
-    stride_h = property(lambda self: _axes(self.stride)[0], doc="Stride along the height.")
-    stride_w = property(lambda self: _axes(self.stride)[1], doc="Stride along the width.")
-    pad_h = property(lambda self: _axes(self.pad)[0], doc="Zeros above and below the input.")
-    pad_w = property(lambda self: _axes(self.pad)[1], doc="Zeros left and right of the input.")
-    dil_h = property(lambda self: _axes(self.dilation)[0], doc="Dilation along the height.")
-    dil_w = property(lambda self: _axes(self.dilation)[1], doc="Dilation along the width.")
+    stride_h = property(lambda self: axes(self.stride)[0], doc="Stride along the height.")
+    stride_w = property(lambda self: axes(self.stride)[1], doc="Stride along the width.")
+    pad_h = property(lambda self: axes(self.pad)[0], doc="Zeros above and below the input.")
+    pad_w = property(lambda self: axes(self.pad)[1], doc="Zeros left and right of the input.")
+    dil_h = property(lambda self: axes(self.dilation)[0], doc="Dilation along the height.")
+    dil_w = property(lambda self: axes(self.dilation)[1], doc="Dilation along the width.")
 
     @property
     def per_axis(self) -> bool:

@@ -95,7 +95,8 @@ def find_convs(model, example_input) -> tuple[list[Site], list[Unplanned]]:
     """The `nn.Conv2d` layers of `model` in the order a forward pass on `example_input` calls
     them, found by forward hooks, and those no `ConvProblem` describes, with why. Runs the model
     once in eval mode (batch-norm statistics stay as they are), with autograd on so each layer
-    sees whether its input requires grad."""
+    sees whether its input requires grad; ValueError, in one line, when the forward pass fails
+    on that input."""
     import torch
 
     from . import nn as cbnn
@@ -131,6 +132,10 @@ def find_convs(model, example_input) -> tuple[list[Site], list[Unplanned]]:
         model.eval()
         with torch.enable_grad():
             model(example_input)
+    except Exception as exc:  # the user's forward, whatever it raises
+        line = (str(exc).strip().splitlines() or [""])[0]
+        raise ValueError(f"the model rejects input {','.join(map(str, example_input.shape))}: "
+                         f"{type(exc).__name__}: {line}") from exc
     finally:
         for h in handles:
             h.remove()

@@ -32,7 +32,6 @@ def cmd_tune(args) -> int:
         model = models.load(args.model).to(device)
         layouts = tuple(choices(args.layouts, "layout", LAYOUTS))
         x = torch.randn(*shape, generator=torch.Generator().manual_seed(0)).to(device)
-        models.conv_layers(model, shape, models.net_name(args.model), device)  # rejects early
         plan, advice = tune_advice(
             model, x, algos=args.algos, layouts=layouts, budget_s=args.budget,
             constraints=Constraints(args.workspace_budget, args.deterministic, args.max_error),
