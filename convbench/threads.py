@@ -1,13 +1,21 @@
-"""Idle threads must sleep, not spin, when NumPy's BLAS and torch share the CPU cores.
+"""One thread policy for every algorithm: how many threads, and idle ones sleep, not spin.
 
-The NumPy algorithms run on OpenBLAS's threads and `torch-cpu` on torch's OpenMP threads, on
-the same cores; by default each pool's threads spin after their work (OpenBLAS's for up to 2^28
-cycles), starving the other pool's next call. On 2 cores an AlexNet training step with a plan
-took 390 ms instead of 245 ms this way, while torch alone lost 2% (231 vs 226 ms), and in a sweep
-`torch-cpu` timed right after a NumPy algorithm measured 2-3x slow. Both variables are read when
-the libraries load, so they are set before NumPy or torch is imported, and never overridden.
+**How many.** A run uses `count()` threads in every library it times: NumPy's BLAS and OpenMP
+(through threadpoolctl), torch's intra-op pool, and the FFT's own workers. `use(n)` sets it
+(`--threads N`); the default is the cores this process may run on (`os.sched_getaffinity`), not
+the machine's count, so a process pinned to one core does not start two threads that wait on
+each other. Algorithms read `count()` when they run, never a count frozen at import.
 
-This module imports nothing heavy: `convbench.cli` calls `sleep_idle_threads()` first thing.
+**Idle threads sleep.** The NumPy algorithms run on OpenBLAS's threads and `torch-cpu` on
+torch's OpenMP threads, on the same cores; by default each pool's threads spin after their work
+(OpenBLAS's for up to 2^28 cycles), starving the other pool's next call. On 2 cores an AlexNet
+training step with a plan took 390 ms instead of 245 ms this way, while torch alone lost 2%
+(231 vs 226 ms), and in a sweep `torch-cpu` timed right after a NumPy algorithm measured 2-3x
+slow. Both variables are read when the libraries load, so they are set before NumPy or torch is
+imported, and never overridden.
+
+This module imports nothing heavy at import time: `convbench.cli` calls `sleep_idle_threads()`
+first thing; `use` loads the libraries it sets.
 """
 
 from __future__ import annotations
@@ -16,9 +24,68 @@ import os
 
 CPU_THREAD_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "OPENBLAS_THREAD_TIMEOUT": "4"}
 
+_count: int | None = None
+
 
 def sleep_idle_threads() -> dict[str, str]:
     """Set `CPU_THREAD_ENV` where the environment does not say otherwise; returns what is set."""
     for key, value in CPU_THREAD_ENV.items():
         os.environ.setdefault(key, value)
     return {key: os.environ[key] for key in CPU_THREAD_ENV}
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its affinity mask), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity on this platform
+        return max(1, os.cpu_count() or 1)
+
+
+def count() -> int:
+    """The threads an algorithm may use: what `use` set, else the cores this process may use."""
+    return _count or available_cores()
+
+
+def use(n: int | None = None) -> dict:
+    """Apply the policy: `n` threads (None: `available_cores()`) for NumPy's BLAS and OpenMP,
+    torch and the FFT's workers, in this process, from now on. Returns the record env.json
+    keeps (`policy()`). ValueError for a count below 1."""
+    global _count
+    if n is not None and n < 1:
+        raise ValueError(f"--threads {n}: a run needs at least 1 thread")
+    _count = n or available_cores()
+    try:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=_count)  # every BLAS and OpenMP pool loaded so far
+    except ImportError:  # threadpoolctl is a dependency; without it only torch is set
+        pass
+    try:
+        import torch
+
+        torch.set_num_threads(_count)
+    except ImportError:
+        pass
+    return policy()
+
+
+def policy() -> dict:
+    """What the policy is now: the count, the cores available, and what each library runs."""
+    out: dict = {"threads": count(), "available_cores": available_cores(),
+                 "set_by": "--threads" if _count else "default (cores available)",
+                 **{k: os.environ.get(k) for k in CPU_THREAD_ENV}}
+    try:
+        from threadpoolctl import threadpool_info
+
+        out["pools"] = {f"{p.get('internal_api')} ({p.get('user_api')})": p.get("num_threads")
+                        for p in threadpool_info()}
+    except ImportError:
+        pass
+    try:
+        import torch
+
+        out["torch"] = torch.get_num_threads()
+    except ImportError:
+        pass
+    return out
