@@ -25,6 +25,7 @@ import os
 CPU_THREAD_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "OPENBLAS_THREAD_TIMEOUT": "4"}
 
 _count: int | None = None
+_explicit = False
 
 
 def sleep_idle_threads() -> dict[str, str]:
@@ -51,10 +52,10 @@ def use(n: int | None = None) -> dict:
     """Apply the policy: `n` threads (None: `available_cores()`) for NumPy's BLAS and OpenMP,
     torch and the FFT's workers, in this process, from now on. Returns the record env.json
     keeps (`policy()`). ValueError for a count below 1."""
-    global _count
+    global _count, _explicit
     if n is not None and n < 1:
         raise ValueError(f"--threads {n}: a run needs at least 1 thread")
-    _count = n or available_cores()
+    _count, _explicit = n or available_cores(), n is not None
     try:
         from threadpoolctl import threadpool_limits
 
@@ -73,7 +74,7 @@ def use(n: int | None = None) -> dict:
 def policy() -> dict:
     """What the policy is now: the count, the cores available, and what each library runs."""
     out: dict = {"threads": count(), "available_cores": available_cores(),
-                 "set_by": "--threads" if _count else "default (cores available)",
+                 "set_by": "--threads" if _explicit else "default (the cores available)",
                  **{k: os.environ.get(k) for k in CPU_THREAD_ENV}}
     try:
         from threadpoolctl import threadpool_info
