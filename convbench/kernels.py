@@ -602,3 +602,31 @@ def render(rows: list[GateRow]) -> str:
                                                 "static smem B", "stack B", "spill B",
                                                 "status"]),
                       *notes])
+
+
+# --- the timer's head start -----------------------------------------------------------------------
+declare("timing", [{}])
+
+
+def head_start(backend: str = "cuda") -> Callable[[float], None]:
+    """``start(ms)``: queue a one-thread kernel that keeps the GPU busy for about `ms` (at the
+    GPU's base SM clock; longer if it runs slower), so the host can issue what follows before the
+    GPU reaches it (`timing`'s GPU rounds). On `emu`, `ms` of the host's clock."""
+    spin = launcher(backend, "timing").kernel("spin")
+    if backend == "cuda":
+        import cupy
+
+        cycles_per_ms = cupy.cuda.Device().attributes["ClockRate"]  # kHz
+    else:
+        cycles_per_ms = 1e6  # the emulator's clock64 counts ns
+    launch = {}
+
+    def start(ms: float) -> None:
+        cycles = max(1, int(ms * cycles_per_ms))
+        if cycles not in launch:
+            launch.clear()  # one size at a time: a slack rarely changes
+            launch[cycles] = spin.bind(1, 1, (cycles,))
+        launch[cycles]()
+
+    return start
+

@@ -1,8 +1,10 @@
 """One timed measurement: the raw times, with statistics derived when asked for.
 
 Like PyTorch's `torch.utils.benchmark.Measurement`, the raw repetition times are the record; the
-median, IQR, min and mean are computed from them lazily, and a measurement whose spread is large
-against its median is flagged noisy, so a report can say which numbers not to trust.
+median, IQR, min, mean and the median's interval (`stats.median_interval`) are computed from them
+lazily, and a measurement that may be wrong says so: noisy (its spread is large against its
+median), contended (on the host, its threads were kept off the cores they were ready to run on:
+another process had them), host-bound (on a GPU, the host may have set the pace).
 """
 
 from __future__ import annotations
@@ -12,13 +14,28 @@ from functools import cached_property
 
 import numpy as np
 
+from . import stats
+
 #: IQR / median above which a measurement is flagged noisy (DESIGN.md §5).
 NOISE_THRESHOLD = 0.1
+#: Below this share of the time its threads were ready to run spent on a core (median over the
+#: repetitions), a host measurement is contended: the machine did not give it the cores its
+#: threads need. Quiet, the share is 0.97-1.0 on this project's 2-core machine; with two busy
+#: processes beside a 2-thread pass it is about 0.5, with one about 0.67.
+CONTENDED_SHARE = 0.8
+
+
+#: Without a head start (below), a GPU time whose host took at least this share of it to issue
+#: may include idle gaps: the event pair brackets the host's work too when the queue runs dry.
+HOST_SHARE = 0.5
+#: Share of repetitions whose host outran the GPU's head start beyond which a time is host-bound.
+HOST_GAP_SHARE = 0.1
 
 
 def is_host_bound(host_ms: float | None, device_ms: float) -> bool:
-    """Whether issuing a call took the host at least as long as the device took to run it."""
-    return host_ms is not None and host_ms >= device_ms
+    """Whether issuing a call took the host a sizeable share (`HOST_SHARE`) of the time the
+    device took to run it: the rule for rows without a record of the GPU's head start."""
+    return host_ms is not None and host_ms >= HOST_SHARE * device_ms
 
 
 @dataclass(frozen=True)
@@ -34,12 +51,20 @@ class Measurement:
 
     times_ms: tuple[float, ...]
     host_ms: tuple[float, ...] = ()
+    #: per repetition on the host: the process's CPU time (all its threads), and the share of
+    #: the time its threads were ready to run that they spent on a core (`contention`); empty
+    #: where not read
+    cpu_ms: tuple[float, ...] = ()
+    cpu_share: tuple[float, ...] = ()
+    #: per repetition on a GPU: the head start the timer gave the GPU (a spin kernel queued
+    #: ahead of the first event) for the host to issue the pass before the GPU reached it
+    slack_ms: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.times_ms:
             raise ValueError("a Measurement needs at least one time")
-        object.__setattr__(self, "times_ms", tuple(float(t) for t in self.times_ms))
-        object.__setattr__(self, "host_ms", tuple(float(t) for t in self.host_ms))
+        for name in ("times_ms", "host_ms", "cpu_ms", "cpu_share", "slack_ms"):
+            object.__setattr__(self, name, tuple(float(t) for t in getattr(self, name)))
 
     @property
     def reps(self) -> int:
@@ -78,6 +103,30 @@ class Measurement:
     def noisy(self) -> bool:
         return self.median > 0 and self.iqr / self.median > NOISE_THRESHOLD
 
+    @cached_property
+    def interval(self) -> tuple[float, float] | None:
+        """The median's order-statistic interval (`stats.median_interval`), None with fewer
+        than `stats.MIN_REPS` repetitions."""
+        return stats.median_interval(self.times_ms)
+
+    @property
+    def half_width(self) -> float | None:
+        """Half the interval's width relative to the median (None without an interval)."""
+        return stats.half_width(self.times_ms)
+
+    @property
+    def cpu_ms_median(self) -> float | None:
+        return float(np.median(self.cpu_ms)) if self.cpu_ms else None
+
+    @property
+    def share(self) -> float | None:
+        """The median share of ready time on a core; None where it was not read."""
+        return float(np.median(self.cpu_share)) if self.cpu_share else None
+
+    @property
+    def contended(self) -> bool:
+        return self.share is not None and self.share < CONTENDED_SHARE
+
     @property
     def host_median(self) -> float | None:
         """Median host time to issue one call (None where none was recorded)."""
@@ -85,6 +134,12 @@ class Measurement:
 
     @property
     def host_bound(self) -> bool:
+        """Whether the GPU may have waited for the host inside the timed region: in more than
+        `HOST_GAP_SHARE` of the repetitions the host took longer to issue the pass than the head
+        start the GPU had; without a head start, `is_host_bound`."""
+        if self.slack_ms and len(self.slack_ms) == len(self.host_ms):
+            late = sum(h > s for h, s in zip(self.host_ms, self.slack_ms))
+            return late > HOST_GAP_SHARE * len(self.host_ms)
         return is_host_bound(self.host_median, self.median)
 
     # --- the raw times as one CSV cell ----------------------------------------------------

@@ -1,10 +1,11 @@
 import gc
+import random
 import sys
 import types
 
 import pytest
 
-from convbench import timing
+from convbench import contention, nvml, stats, timing
 from convbench.measurement import Measurement
 
 
@@ -28,37 +29,49 @@ def test_empty_measurement_is_refused():
 
 
 class FakeClock:
-    """A clock that only moves when the timed function runs: each call takes `dt` seconds."""
+    """A clock that only moves when the timed function runs: each call takes `dt` seconds, times
+    (1 + `noise` × a seeded uniform draw in [-1, 1])."""
 
-    def __init__(self, dt: float):
-        self.t, self.dt, self.calls = 0.0, dt, 0
+    def __init__(self, dt: float, noise: float = 0.0):
+        self.t, self.dt, self.noise, self.calls = 0.0, dt, noise, 0
+        self.rng = random.Random(1)
 
     def __call__(self) -> float:
         return self.t
 
     def fn(self) -> None:
         self.calls += 1
-        self.t += self.dt
+        self.t += self.dt * (1 + self.noise * self.rng.uniform(-1, 1))
 
 
-def test_slow_call_gets_the_minimum_reps_and_no_extra_warmup():
+def test_a_steady_call_stops_at_the_target_after_the_fewest_reps():
+    """Equal times: the median's interval has no width at the first chance to judge it."""
     clock = FakeClock(0.5)
-    m = timing.time_cpu(clock.fn, budget_s=1.0, clock=clock)
-    assert m.reps == timing.MIN_REPS
+    (t,) = timing.rounds_cpu([timing.Contender.call(clock.fn)], budget_s=1.0, clock=clock)
+    assert t.total.reps == timing.MIN_REPS == stats.MIN_REPS and t.stop == timing.STOP_TARGET
     assert clock.calls == 1 + timing.MIN_REPS  # the estimate doubles as the warm-up
-    assert m.times_ms == pytest.approx((500.0,) * timing.MIN_REPS)
+    assert t.total.times_ms == pytest.approx((500.0,) * timing.MIN_REPS)
 
 
-def test_fast_call_is_capped_and_warmed_up():
-    clock = FakeClock(0.001)
+def test_a_noisy_call_goes_on_until_the_budget():
+    clock = FakeClock(0.01, noise=0.3)  # a 30% spread never narrows to 2% in 0.1 s
+    (t,) = timing.rounds_cpu([timing.Contender.call(clock.fn)], budget_s=0.1, clock=clock)
+    assert t.stop == timing.STOP_BUDGET and 8 <= t.total.reps <= 12
+    assert t.total.half_width > timing.TARGET_NOISE
+
+
+def test_a_mildly_noisy_call_stops_once_its_median_is_known():
+    clock = FakeClock(0.001, noise=0.02)
+    (t,) = timing.rounds_cpu([timing.Contender.call(clock.fn)], budget_s=10.0, clock=clock)
+    assert t.stop == timing.STOP_TARGET and t.total.half_width <= timing.TARGET_NOISE
+    assert t.total.reps < timing.MAX_REPS_CPU
+
+
+def test_fast_noisy_call_is_capped_and_warmed_up():
+    clock = FakeClock(0.001, noise=0.3)
     m = timing.time_cpu(clock.fn, budget_s=1.0, max_reps=20, clock=clock)
     assert m.reps == 20
     assert clock.calls == 1 + 19 + 20  # estimate, warm-up up to max_reps calls, reps
-
-
-def test_reps_follow_the_budget():
-    clock = FakeClock(0.01)
-    assert timing.time_cpu(clock.fn, budget_s=0.1, clock=clock).reps == 10
 
 
 def test_gc_is_restored_after_timing():
@@ -70,9 +83,12 @@ def test_gc_is_restored_after_timing():
     assert gc.isenabled()
 
 
-def test_real_clock_times_something():
-    m = timing.time_cpu(lambda: sum(range(1000)), budget_s=0.01)
+def test_real_clock_times_something_and_reads_the_cores_it_got():
+    m = timing.time_cpu(lambda: sum(range(20000)), budget_s=0.01)
     assert m.reps >= timing.MIN_REPS and m.min > 0
+    assert len(m.cpu_ms) == m.reps and all(c >= 0 for c in m.cpu_ms)
+    if contention.available():
+        assert len(m.cpu_share) == m.reps and 0 < m.share <= 1
 
 
 def test_timer_for_backend():
@@ -87,9 +103,9 @@ def test_timer_for_backend():
 class FakePhases:
     """Phases on a fake clock: phase i takes `dts[i]` seconds; every call is logged."""
 
-    def __init__(self, *dts: float):
+    def __init__(self, *dts: float, name: str = "phase"):
         self.t, self.log = 0.0, []
-        self.fns = {f"phase {i}": self._phase(i, dt) for i, dt in enumerate(dts)}
+        self.fns = {f"{name} {i}": self._phase(i, dt) for i, dt in enumerate(dts)}
 
     def __call__(self) -> float:
         return self.t
@@ -106,7 +122,7 @@ def test_phases_are_timed_one_by_one_in_order():
     clock = FakePhases(0.01, 0.03, 0.06)  # a 0.1 s sequence
     got = timing.time_cpu_phases(clock.fns, budget_s=1.0, clock=clock)
     assert list(got) == ["phase 0", "phase 1", "phase 2"]
-    reps = 10  # sized by the whole sequence, as a plain call would be
+    reps = timing.MIN_REPS  # steady: the target is met as soon as it can be judged
     for m, ms in zip(got.values(), (10.0, 30.0, 60.0)):
         assert m.reps == reps and m.times_ms == pytest.approx((ms,) * reps)
     # whole sequences only, always in order: the estimate, one more warm-up (0.25 s with the
@@ -114,17 +130,93 @@ def test_phases_are_timed_one_by_one_in_order():
     assert clock.log == [0, 1, 2] * (1 + 1 + reps)
 
 
-def test_phase_sequence_and_a_plain_call_get_the_same_repetitions():
-    phases = FakePhases(0.02, 0.03)
-    whole = FakeClock(0.05)
-    assert timing.time_cpu(whole.fn, budget_s=0.5, clock=whole).reps == \
-        next(iter(timing.time_cpu_phases(phases.fns, budget_s=0.5, clock=phases).values())).reps
+def test_an_excluded_step_is_timed_but_not_counted():
+    clock = FakePhases(0.01, 0.002)
+    (t,) = timing.rounds_cpu([timing.Contender(clock.fns, frozenset({"phase 1"}))], 0.1,
+                             clock=clock)
+    assert t.steps["phase 1"].median == pytest.approx(2.0)
+    assert t.total.times_ms == pytest.approx((10.0,) * t.total.reps)
 
 
-def test_real_clock_times_each_phase():
-    got = timing.time_cpu_phases({"a": lambda: sum(range(1000)), "b": lambda: sorted(range(500))},
-                                 budget_s=0.01)
-    assert all(m.reps >= timing.MIN_REPS and m.min > 0 for m in got.values())
+class SharedClock:
+    """One fake clock for several contenders: contender i's call takes `dts[i]` seconds, times
+    `1 + drift × (time so far) / horizon` (a machine slowing down), times a seeded 1% jitter;
+    the order of calls is logged."""
+
+    def __init__(self, dts, drift: float = 0.0, horizon: float = 1.0):
+        self.t, self.dts, self.drift, self.horizon = 0.0, dts, drift, horizon
+        self.rng, self.log = random.Random(2), []
+
+    def __call__(self) -> float:
+        return self.t
+
+    def contender(self, i: int) -> timing.Contender:
+        def call() -> None:
+            self.log.append(i)
+            self.t += (self.dts[i] * (1 + self.drift * self.t / self.horizon)
+                       * (1 + 0.01 * self.rng.uniform(-1, 1)))
+
+        return timing.Contender.call(call)
+
+
+def test_rounds_interleave_every_contender_once_per_round_in_shuffled_orders():
+    clock = SharedClock([0.01, 0.01, 0.01])
+    timed = timing.rounds_cpu([clock.contender(i) for i in range(3)], 0.05, clock=clock,
+                              probe=None)
+    reps = timed[0].total.reps
+    assert all(t.total.reps == reps for t in timed)
+    rounds = [clock.log[-3 * reps:][3 * r:3 * r + 3] for r in range(reps)]
+    assert all(sorted(r) == [0, 1, 2] for r in rounds)
+    assert len({tuple(r) for r in rounds}) > 1  # not the same order every round
+
+
+def test_drift_is_a_tie_in_rounds_where_one_after_the_other_calls_it_a_win():
+    """Two equally fast calls on a machine slowing down steadily (by 5% in the time one of them
+    takes to be timed, 0.35 s: warm-up and repetitions): timed one after the other, the second
+    looks slower beyond noise; timed in rounds, their paired ratio is a tie. A real 20% gap is
+    a win either way."""
+    def sequential(dts):
+        clock = SharedClock(dts, drift=0.05, horizon=0.35)
+        return [timing.rounds_cpu([clock.contender(i)], 1.0, clock=clock, probe=None)[0]
+                for i in range(2)]
+
+    def interleaved(dts):
+        clock = SharedClock(dts, drift=0.05, horizon=0.35)
+        return timing.rounds_cpu([clock.contender(i) for i in range(2)], 1.0, clock=clock,
+                                 probe=None, target=0.001)
+
+    a, b = sequential([0.01, 0.01])
+    drifted = stats.ratio(b.total.times_ms, a.total.times_ms)
+    assert drifted.decided and drifted.value > 1.03  # a "win" made of drift
+    a, b = interleaved([0.01, 0.01])
+    fair = stats.ratio(b.total.times_ms, a.total.times_ms, paired=True)
+    assert not fair.decided and fair.low < 1 < fair.high
+    for timed in (sequential([0.01, 0.012]), interleaved([0.01, 0.012])):
+        gap = stats.ratio(timed[1].total.times_ms, timed[0].total.times_ms)
+        assert gap.decided and gap.low > 1.1
+
+
+def test_a_starved_repetition_is_read_as_contended():
+    """The probe's readings become each repetition's CPU time and share of ready time on a
+    core; a median share below CONTENDED_SHARE flags the measurement."""
+    def probe_with(share: float):
+        state = {"on": 0, "cpu": 0.0}
+
+        def probe() -> contention.Sample:
+            state["on"] += 1_000_000
+            state["cpu"] += 0.001
+            waiting = int(state["on"] * (1 - share) / share)
+            return contention.Sample({1: (state["on"], waiting)}, state["cpu"], 0)
+
+        return probe
+
+    clock = FakeClock(0.01)
+    for share, contended in ((0.5, True), (0.99, False)):
+        (t,) = timing.rounds_cpu([timing.Contender.call(clock.fn)], 0.1, clock=clock,
+                                 probe=probe_with(share))
+        assert t.total.share == pytest.approx(share, rel=0.05)
+        assert t.total.contended is contended
+        assert t.total.cpu_ms == pytest.approx((1.0,) * t.total.reps)
 
 
 @pytest.mark.gpu
@@ -192,15 +284,57 @@ class FakeDevice:
         self.host_t += self.host_ms
 
 
-@pytest.mark.parametrize("device_ms, host_ms, bound", [(2.0, 0.05, False), (0.02, 0.04, True)])
-def test_cuda_times_keep_the_host_s_time_to_issue_each_call(monkeypatch, device_ms, host_ms,
-                                                            bound):
-    """Beside the device's time, each repetition records how long the host took to issue the
-    call: where that is as long as the device's, the host may have set the pace."""
-    gpu = FakeDevice(device_ms, host_ms)
+def test_cuda_rounds_give_the_gpu_a_head_start_and_keep_the_host_s_time(monkeypatch):
+    """Before each repetition the GPU gets a head start twice the host's measured time to issue
+    it, so it never waits for the host between the events; each repetition keeps its host time
+    and head start, and none is host-bound."""
+    gpu = FakeDevice(device_ms=2.0, host_ms=0.05)
     monkeypatch.setitem(sys.modules, "cupy", gpu.module)
-    (m,) = timing._sequence_cuda([gpu.fn], 0.05, 100, clock=gpu.clock)
-    assert m.times_ms == pytest.approx((device_ms,) * m.reps)
-    assert m.host_ms == pytest.approx((host_ms,) * m.reps)
-    assert m.host_median == pytest.approx(host_ms) and m.host_bound is bound
+    given = []
+    (t,) = timing.rounds_cuda([timing.Contender.call(gpu.fn)], 0.05, clock=gpu.clock,
+                              head_start=given.append, gpu_probe=lambda: None)
+    m = t.total
+    assert m.times_ms == pytest.approx((2.0,) * m.reps)
+    assert m.host_ms == pytest.approx((0.05,) * m.reps)
+    assert m.slack_ms == pytest.approx((0.1,) * m.reps) and given == list(m.slack_ms)
+    assert not m.host_bound and t.throttled == ()
+
+
+def test_a_host_slower_than_its_head_start_is_flagged_and_the_head_start_grows(monkeypatch):
+    gpu = FakeDevice(device_ms=0.5, host_ms=0.01)
+    monkeypatch.setitem(sys.modules, "cupy", gpu.module)
+    slow = {"on": False}
+    real_fn = gpu.fn
+
+    def fn():
+        real_fn()
+        if slow["on"]:
+            gpu.host_t += 0.3  # the host issues slower once the rounds start
+
+    def head_start(ms):
+        slow["on"] = True
+
+    (t,) = timing.rounds_cuda([timing.Contender.call(fn)], 0.05, clock=gpu.clock,
+                              head_start=head_start, gpu_probe=lambda: None,
+                              target=-1.0)  # never met: rounds go on to the budget
+    m = t.total
+    late = [h > s for h, s in zip(m.host_ms, m.slack_ms)]
+    assert late[0] and not late[-1]  # the first chunk ran late; the head start then grew
+    assert m.slack_ms[-1] == pytest.approx(2 * 0.31)
+    assert m.host_bound is (sum(late) > 0.1 * m.reps)
+
+
+def test_host_bound_rule_without_a_head_start():
+    """Rows from before the head start: a host that took half the device's time is flagged."""
+    assert Measurement((1.0,), (0.5,)).host_bound and not Measurement((1.0,), (0.4,)).host_bound
     assert Measurement((1.0,)).host_median is None and not Measurement((1.0,)).host_bound
+
+
+def test_throttling_seen_by_nvml_flags_the_rounds(monkeypatch):
+    gpu = FakeDevice(device_ms=1.0, host_ms=0.01)
+    monkeypatch.setitem(sys.modules, "cupy", gpu.module)
+    samples = iter([nvml.Sample(1980, 0, {"power": 0, "thermal": 0})]
+                   + [nvml.Sample(1500, 0x4, {"power": 5_000_000, "thermal": 0})] * 1000)
+    (t,) = timing.rounds_cuda([timing.Contender.call(gpu.fn)], 0.02, clock=gpu.clock,
+                              gpu_probe=lambda: next(samples))
+    assert t.throttled == ("power limit (5 ms held down)", "sw power cap")

@@ -49,6 +49,16 @@
 #define __constant__
 #define __shared__ static __attribute__((section("emu_shared")))
 
+// --- clocks ------------------------------------------------------------------------------------
+// clock64(): the host's steady clock in ns stands in for the SM's cycle counter (only differences
+// mean anything, as on the GPU).
+#include <chrono>
+inline long long clock64() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 // --- vector types --------------------------------------------------------------------------------
 #define EMU_VECTOR2(T, V, ALIGN)                                                                  \
   struct alignas(ALIGN) V { T x, y; };                                                            \

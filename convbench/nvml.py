@@ -1,0 +1,177 @@
+"""The GPU's clocks, and whether they were held down while a measurement ran (NVML).
+
+The GPU half of contention: a kernel timed while the GPU lowered its clocks (power cap, heat, a
+hardware slowdown) is slower than the same kernel on the same GPU a minute later, and its
+spread need not show it. NVML (`nvidia-ml-py`, imported as `pynvml`) says why clocks are held
+down now (the clock-event reasons) and for how long they have been since the driver loaded (the
+power and thermal violation counters). The timer reads both before and after the rounds of each
+group of competing cases; a row timed while either moved is flagged `throttled`.
+
+`snapshot` is what env.json records of the GPU at the start and end of a run: clocks (current,
+application, maximum), power limit and draw, temperature, ECC, persistence mode, MIG mode and
+the other processes on the GPU.
+
+Everything is optional: without pynvml, or where NVML refuses a query (a MIG slice, an old
+driver), the readings are None and nothing is flagged; env.json says why.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+#: NVML's clock-event reason bits that mean clocks were lowered by a limit, not by choice: the
+#: GPU idling (0x1), application clocks (0x2), sync boost (0x10) and the display (0x100) are not
+#: throttling a measurement.
+THROTTLE_REASONS = {0x4: "sw power cap", 0x8: "hw slowdown", 0x20: "sw thermal slowdown",
+                    0x40: "hw thermal slowdown", 0x80: "hw power brake"}
+#: NVML_PERF_POLICY_POWER and NVML_PERF_POLICY_THERMAL: the violation counters read.
+_POLICIES = {"power": 0, "thermal": 1}
+_CLOCK_SM, _CLOCK_MEM, _TEMPERATURE_GPU = 1, 2, 0
+
+
+@functools.lru_cache(maxsize=1)
+def _library():
+    """pynvml, initialised once; or the reason it cannot be used (a str)."""
+    try:
+        import pynvml
+    except ImportError:
+        return "nvidia-ml-py is not installed (pip install nvidia-ml-py)"
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # noqa: BLE001  (NVMLError and its many subclasses)
+        return f"NVML did not start: {exc}"
+    return pynvml
+
+
+def unavailable() -> str | None:
+    """Why NVML cannot be read here, or None."""
+    lib = _library()
+    return lib if isinstance(lib, str) else None
+
+
+def _query(fn, *args):
+    """An NVML query's answer, or None where NVML refuses it (not supported, no permission)."""
+    try:
+        return fn(*args)
+    except Exception:  # noqa: BLE001  (NVMLError_NotSupported, NoPermission, ...)
+        return None
+
+
+def _handle(nv):
+    """The NVML handle of CuPy's current device, found by PCI bus id (NVML numbers devices in
+    PCI order, CUDA by speed unless CUDA_DEVICE_ORDER says otherwise), else by index 0."""
+    bus_id = _bus_id()
+    if bus_id:
+        handle = _query(nv.nvmlDeviceGetHandleByPciBusId, bus_id)
+        if handle is not None:
+            return handle
+    return _query(nv.nvmlDeviceGetHandleByIndex, 0)
+
+
+def _bus_id() -> str | None:
+    """CuPy's current device's PCI bus id; None without CuPy or a device."""
+    try:
+        import cupy
+
+        return cupy.cuda.Device().pci_bus_id
+    except Exception:  # noqa: BLE001  (no CuPy, no device, no driver)
+        return None
+
+
+def _text(v):
+    return v.decode() if isinstance(v, bytes) else v
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The GPU at one moment: its SM clock, the clock-event reason bits, and the power and
+    thermal violation counters (ns), each None where NVML does not say."""
+
+    sm_clock_mhz: int | None
+    reasons: int | None
+    violations: dict[str, int | None]
+
+
+def _reasons(nv, handle) -> int | None:
+    for name in ("nvmlDeviceGetCurrentClocksEventReasons",
+                 "nvmlDeviceGetCurrentClocksThrottleReasons"):
+        fn = getattr(nv, name, None)
+        if fn is not None:
+            value = _query(fn, handle)
+            if value is not None:
+                return int(value)
+    return None
+
+
+def _violation(nv, handle, policy: int) -> int | None:
+    status = _query(nv.nvmlDeviceGetViolationStatus, handle, policy)
+    return None if status is None else int(status.violationTime)
+
+
+def sample() -> Sample | None:
+    """The current GPU's clock and throttling state; None without NVML."""
+    nv = _library()
+    if isinstance(nv, str):
+        return None
+    handle = _handle(nv)
+    if handle is None:
+        return None
+    return Sample(_query(nv.nvmlDeviceGetClockInfo, handle, _CLOCK_SM), _reasons(nv, handle),
+                  {k: _violation(nv, handle, p) for k, p in _POLICIES.items()})
+
+
+def reason_names(bits: int | None) -> list[str]:
+    """The throttling reasons among clock-event reason bits."""
+    return [name for bit, name in THROTTLE_REASONS.items() if bits and bits & bit]
+
+
+def throttled(before: Sample | None, after: Sample | None) -> list[str]:
+    """Why clocks were held down between two samples: a violation counter that grew (power or
+    thermal), or a throttling reason active at either end; [] where nothing says so."""
+    if before is None or after is None:
+        return []
+    why = [f"{k} limit ({(after.violations[k] - before.violations[k]) / 1e6:.3g} ms held down)"
+           for k in _POLICIES
+           if None not in (before.violations.get(k), after.violations.get(k))
+           and after.violations[k] > before.violations[k]]
+    return why + [r for r in dict.fromkeys(reason_names(before.reasons)
+                                           + reason_names(after.reasons)) if r not in why]
+
+
+def snapshot() -> dict | None:
+    """env.json's record of the current GPU: clocks, power, temperature, ECC, persistence,
+    MIG, other processes; {"unavailable": why} without NVML; None off a GPU."""
+    nv = _library()
+    if isinstance(nv, str):
+        return {"unavailable": nv}
+    handle = _handle(nv)
+    if handle is None:
+        return {"unavailable": "NVML found no device"}
+    q = _query
+    ecc = q(nv.nvmlDeviceGetEccMode, handle)
+    mig = q(nv.nvmlDeviceGetMigMode, handle)
+    processes = q(nv.nvmlDeviceGetComputeRunningProcesses, handle) or []
+    power_limit = q(nv.nvmlDeviceGetPowerManagementLimit, handle)
+    power = q(nv.nvmlDeviceGetPowerUsage, handle)
+    reasons = _reasons(nv, handle)
+    return {
+        "driver": _text(q(nv.nvmlSystemGetDriverVersion)),
+        "name": _text(q(nv.nvmlDeviceGetName, handle)),
+        "sm_clock_mhz": q(nv.nvmlDeviceGetClockInfo, handle, _CLOCK_SM),
+        "memory_clock_mhz": q(nv.nvmlDeviceGetClockInfo, handle, _CLOCK_MEM),
+        "max_sm_clock_mhz": q(nv.nvmlDeviceGetMaxClockInfo, handle, _CLOCK_SM),
+        "application_sm_clock_mhz": q(nv.nvmlDeviceGetApplicationsClock, handle, _CLOCK_SM),
+        "power_limit_w": None if power_limit is None else power_limit / 1e3,
+        "power_w": None if power is None else power / 1e3,
+        "temperature_c": q(nv.nvmlDeviceGetTemperature, handle, _TEMPERATURE_GPU),
+        "ecc": None if ecc is None else bool(ecc[0]),
+        "persistence_mode": None if (pm := q(nv.nvmlDeviceGetPersistenceMode, handle)) is None
+        else bool(pm),
+        "mig_mode": None if mig is None else bool(mig[0]),
+        "clock_event_reasons": reasons,
+        "throttled_now": reason_names(reasons),
+        "violations_ns": {k: _violation(nv, handle, p) for k, p in _POLICIES.items()},
+        "processes": [{"pid": p.pid, "used_bytes": getattr(p, "usedGpuMemory", None)}
+                      for p in processes],
+    }

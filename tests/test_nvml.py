@@ -1,0 +1,106 @@
+"""NVML readings through a fake pynvml: clocks, throttling reasons and violation counters, the
+env.json snapshot, and graceful absence."""
+
+import sys
+import types
+
+import pytest
+
+from convbench import nvml
+
+
+class FakeNvml(types.SimpleNamespace):
+    """pynvml's calls as convbench uses them, on one pretend GPU whose state tests set."""
+
+    def __init__(self, reasons=0, power_ns=0, thermal_ns=0, refuse=()):
+        super().__init__()
+        self.state = {"reasons": reasons, "power": power_ns, "thermal": thermal_ns}
+        self.refuse = set(refuse)
+
+        class NVMLError(Exception):
+            pass
+
+        def call(name, value):
+            def fn(*args):
+                if name in self.refuse:
+                    raise NVMLError(f"{name}: Not Supported")
+                return value(*args) if callable(value) else value
+            return fn
+
+        handle = object()
+        violation = lambda h, policy: types.SimpleNamespace(
+            referenceTime=0, violationTime=self.state["power" if policy == 0 else "thermal"])
+        for name, value in {
+                "nvmlInit": None, "nvmlDeviceGetHandleByPciBusId": handle,
+                "nvmlDeviceGetHandleByIndex": handle,
+                "nvmlDeviceGetClockInfo": lambda h, clock: 1755 if clock == 1 else 2619,
+                "nvmlDeviceGetMaxClockInfo": 1980, "nvmlDeviceGetApplicationsClock": 1755,
+                "nvmlDeviceGetCurrentClocksEventReasons": lambda h: self.state["reasons"],
+                "nvmlDeviceGetViolationStatus": violation,
+                "nvmlDeviceGetPowerManagementLimit": 700000, "nvmlDeviceGetPowerUsage": 312000,
+                "nvmlDeviceGetTemperature": 41, "nvmlDeviceGetEccMode": (1, 1),
+                "nvmlDeviceGetPersistenceMode": 1, "nvmlDeviceGetMigMode": (0, 0),
+                "nvmlDeviceGetComputeRunningProcesses": [types.SimpleNamespace(
+                    pid=4242, usedGpuMemory=1 << 30)],
+                "nvmlSystemGetDriverVersion": b"580.65", "nvmlDeviceGetName": "NVIDIA H100"}.items():
+            setattr(self, name, call(name, value))
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    def install(**state) -> FakeNvml:
+        lib = FakeNvml(**state)
+        monkeypatch.setitem(sys.modules, "pynvml", lib)
+        monkeypatch.setitem(sys.modules, "cupy", None)  # no device to ask for its bus id
+        nvml._library.cache_clear()
+        return lib
+
+    yield install
+    nvml._library.cache_clear()
+
+
+def test_a_quiet_gpu_is_not_throttled(fake):
+    fake()
+    before, after = nvml.sample(), nvml.sample()
+    assert before.sm_clock_mhz == 1755 and before.violations == {"power": 0, "thermal": 0}
+    assert nvml.throttled(before, after) == []
+
+
+def test_violation_counters_and_reasons_say_why_clocks_were_held_down(fake):
+    lib = fake()
+    before = nvml.sample()
+    lib.state.update(power=2_500_000, reasons=0x4 | 0x1)  # power cap; idle is no throttle
+    assert nvml.throttled(before, nvml.sample()) == ["power limit (2.5 ms held down)",
+                                                    "sw power cap"]
+    lib.state.update(reasons=0x40)
+    assert "hw thermal slowdown" in nvml.throttled(nvml.sample(), nvml.sample())
+
+
+def test_the_snapshot_for_env_json(fake):
+    fake(reasons=0x1)
+    snap = nvml.snapshot()
+    assert snap["driver"] == "580.65" and snap["name"] == "NVIDIA H100"
+    assert (snap["sm_clock_mhz"], snap["max_sm_clock_mhz"], snap["memory_clock_mhz"]) == \
+        (1755, 1980, 2619)
+    assert snap["power_limit_w"] == 700 and snap["ecc"] is True and snap["mig_mode"] is False
+    assert snap["persistence_mode"] is True and snap["throttled_now"] == []
+    assert snap["processes"] == [{"pid": 4242, "used_bytes": 1 << 30}]
+
+
+def test_refused_queries_are_none_not_errors(fake):
+    fake(refuse={"nvmlDeviceGetViolationStatus", "nvmlDeviceGetEccMode",
+                 "nvmlDeviceGetCurrentClocksEventReasons"})
+    sample = nvml.sample()
+    assert sample.violations == {"power": None, "thermal": None} and sample.reasons is None
+    assert nvml.throttled(sample, sample) == [] and nvml.snapshot()["ecc"] is None
+
+
+def test_without_pynvml_nothing_is_read(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    nvml._library.cache_clear()
+    try:
+        assert nvml.sample() is None and nvml.throttled(None, None) == []
+        assert "nvidia-ml-py is not installed" in nvml.snapshot()["unavailable"]
+        assert nvml.unavailable()
+    finally:
+        nvml._library.cache_clear()
