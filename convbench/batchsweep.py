@@ -67,3 +67,12 @@ class SkipLarger:
                 self.skipped += 1
                 continue
             yield case
+
+    def pending_groups(self, groups: Iterable[list[Case]]) -> Iterator[list[Case]]:
+        """`pending` for groups of competing cases (`runner.competing`): each group's cases
+        decided when the group comes up, after the rows of the groups before it were seen;
+        a group left empty is not yielded."""
+        for group in groups:
+            kept = list(self.pending(group))
+            if kept:
+                yield kept

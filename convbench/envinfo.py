@@ -14,7 +14,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from . import __version__, registry
+from . import __version__, nvml, registry
 
 
 def _version(module: str) -> str | None:
@@ -159,10 +159,16 @@ def git_commit() -> str | None:
     return head.stdout.strip() + ("+dirty" if dirty.strip() else "")
 
 
+def device_name(backend: str) -> str:
+    """The device a run on `backend` measures: the GPU's name, or the CPU's model and cores."""
+    gpu = gpu_name() if backend == "cuda" else None
+    return gpu or f"{cpu_model()}, {os.cpu_count()} cores"
+
+
 def collect(backend: str) -> dict:
     """env.json's contents for a run on `backend`."""
     gpu = _gpu() if backend == "cuda" else None
-    device = gpu["name"] if gpu else f"{cpu_model()}, {os.cpu_count()} cores"
+    device = device_name(backend)
     return {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "convbench": __version__,
@@ -178,4 +184,5 @@ def collect(backend: str) -> dict:
         "torch": _torch(),
         "cupy": _version("cupy"),
         "pyfftw": _pyfftw(),
+        "nvml": nvml.snapshot() if backend == "cuda" else None,
     }

@@ -38,17 +38,22 @@ KEY = ("layer", *PROBLEM_FIELDS, "algo", "backend", "pass", "layout", "precision
 #: read beside the predicted workspace), then what the reports and compare use.
 COLUMNS = (*KEY, "status", "reason", "median_ms", "iqr_ms", "reps", "gflops", "rel_error",
            "workspace_bytes", "peak_bytes", "memory_method", "net", "min_ms", "noisy",
-           "times_ms", "phases_ms", "algo_ops", "max_abs_error", "tolerance", "note", "host_ms")
+           "times_ms", "phases_ms", "algo_ops", "max_abs_error", "tolerance", "note", "host_ms",
+           "ci_low_ms", "ci_high_ms", "stop", "round_group", "cpu_ms", "cpu_share", "contended",
+           "throttled", "host_bound")
 STATUSES = ("ok", "unsupported", "failed", "oom")
 #: Numeric columns, and those of them that count whole things. Stride, pad and dilation are
 #: apart: an integer where the two axes agree, else text `HxW` (`ConvProblem.axis_fields`).
 _WHOLE_FIELDS = tuple(f for f in PROBLEM_FIELDS if f not in AXIS_FIELDS)
 NUMERIC = (*_WHOLE_FIELDS, "median_ms", "iqr_ms", "reps", "gflops", "rel_error",
            "workspace_bytes", "peak_bytes", "min_ms", "algo_ops", "max_abs_error", "tolerance",
-           "host_ms")
+           "host_ms", "ci_low_ms", "ci_high_ms", "cpu_ms", "cpu_share")
 INTEGER = (*_WHOLE_FIELDS, "reps", "workspace_bytes", "peak_bytes", "algo_ops")
 #: Text columns: empty, not missing, where they do not apply.
-TEXT = ("reason", "note", "times_ms", "phases_ms", "memory_method")
+TEXT = ("reason", "note", "times_ms", "phases_ms", "memory_method", "stop", "round_group",
+        "throttled")
+#: Flags: True, False, or missing where they do not apply (a row not timed, a file before them).
+FLAGS = ("noisy", "contended", "host_bound")
 
 RESULTS_CSV = "measurements.csv"
 ENV_JSON = "env.json"
@@ -211,7 +216,8 @@ def frame(rows: list[dict]) -> pd.DataFrame:
         df[col] = pd.to_numeric(df[col], errors="coerce")
     for col in AXIS_FIELDS:
         df[col] = [_cell_form(col, v) for v in df[col]]
-    df["noisy"] = df["noisy"].map({True: True, False: False, "True": True, "False": False})
+    for col in FLAGS:
+        df[col] = df[col].map({True: True, False: False, "True": True, "False": False})
     for col in TEXT:
         df[col] = df[col].astype(object).fillna("")
     return df
@@ -256,6 +262,9 @@ def to_json(df: pd.DataFrame) -> str:
 # --- a plan's measurement entries -----------------------------------------------------------
 #: The numbers an entry keeps (None where the row has none, or not a finite one).
 ENTRY_NUMBERS = ("median_ms", "iqr_ms", "rel_error", "tolerance")
+#: The texts an entry keeps ("" where the row has none): the rounds it was timed in (entries
+#: with the same id pair up round by round) and why the GPU was throttled while it was.
+ENTRY_TEXTS = ("round_group", "throttled")
 
 
 def _finite(v) -> float | None:
@@ -278,7 +287,9 @@ def entry_from_row(row: dict) -> dict:
             **{k: _finite(row.get(k)) for k in ENTRY_NUMBERS},
             "workspace_bytes": None if workspace is None else int(workspace),
             "times_ms": [float(t) for t in times.split()] if isinstance(times, str) else
-            [float(t) for t in times]}
+            [float(t) for t in times],
+            **{k: row.get(k) if isinstance(row.get(k), str) else "" for k in ENTRY_TEXTS},
+            "contended": row.get("contended") in (True, "True")}
 
 
 def row_from_entry(entry: dict, layer: str, net: str, precision: str) -> dict:
@@ -331,9 +342,19 @@ class RunFolder:
         sink = CsvSink(path / RESULTS_CSV)
         env_path = path / ENV_JSON
         if resume and env_path.exists():
+            load = env.get("load", [])
             env = json.loads(env_path.read_text())
-        env_path.write_text(json.dumps(env, indent=1) + "\n")
-        return cls(path, env, measured, sink)
+            env["load"] = env.get("load", []) + [{**r, "when": f"resumed {r['when']}"}
+                                                 for r in load]
+        folder = cls(path, env, measured, sink)
+        folder.save_env()
+        return folder
 
     def append(self, row: dict) -> None:
         self.sink.append(row)
+
+    def save_env(self) -> None:
+        """Write `env` to env.json (whole, through a temporary file: never half written)."""
+        tmp = self.path / f".{ENV_JSON}.tmp"
+        tmp.write_text(json.dumps(self.env, indent=1) + "\n")
+        os.replace(tmp, self.path / ENV_JSON)

@@ -7,6 +7,14 @@ against the float64 reference; only a pass that checks out is timed. Whatever ha
 case — unsupported, a wrong answer, an exception, out of memory — becomes that case's row and
 the sweep goes on.
 
+Cases compete when they share (problem, pass, precision): every algorithm and layout of it.
+Such a group is prepared and verified case by case, then its verified cases are timed together
+in shuffled rounds (`timing.time_rounds`), so drift falls on all of them alike and their times
+pair up by round; each row carries its rounds' id (`round_group`) and why its rounds stopped.
+Where holding every prepared case at once would crowd the memory (on the GPU, or the host, with
+less than `HEADROOM` of it free), the group is timed in parts; under a `MemoryLimit` every case is
+timed alone (each must fit the limit by itself, as a batch sweep asks).
+
 The reference is computed once per (problem, pass, precision): operands are drawn in NCHW and
 transposed, so both layouts and every algorithm share the same numbers and the same reference.
 
@@ -16,33 +24,39 @@ costs its time anything. A `MemoryLimit` turns a footprint beyond it into `oom`:
 the predicted footprint is checked before anything is allocated, the measured one before timing.
 
 A pass with phases (`convbench.phases`: FFT's and Winograd's transforms, product and inverse) is
-timed twice: whole, for the row's time, then as its sequence of phases, for `phases_ms`, the
-median of each phase (`results.phases_text`), sized by the same budget. The whole pass stays
-the row's time: the phases' medians need not add up to it exactly (each is a median of its own,
-and the stamps between phases, and the replaying of each phase, cost a little). One exception:
-a library that returns its own result (torch's convolution) has the copy of that result into
-the harness's output as a phase (`phases.OUTPUT_COPY`), which the pass would not do in training
-code; its time is then the sum of its other phases, repetition by repetition, and the note says
-what the copy took.
+timed twice: whole, in the rounds, for the row's time, then alone as its sequence of phases, for
+`phases_ms`, the median of each phase (`results.phases_text`), sized by the same budget. The
+whole pass stays the row's time: the phases' medians need not add up to it exactly. One
+exception: a library that returns its own result (torch's convolution) has the copy of that
+result into the harness's output as a phase (`phases.OUTPUT_COPY`), which the pass would not do
+in training code; it is timed in the rounds as its phases, its time the sum of the others,
+repetition by repetition, and the note says what the copy took.
 
-`on_row` sees each row the moment it exists: `runs` streams it into a run folder
-(`results.RunFolder`), so an interrupted run keeps everything it measured.
+`on_row` sees each row the moment its group is done: `runs` streams it into a run folder
+(`results.RunFolder`), so an interrupted run keeps everything it measured (a group cut short by
+Ctrl-C is not written: a resumed run measures it whole).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+import itertools
+import secrets
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from . import memory, opcount, reference, registry, results, verify
+from . import kernels, memory, opcount, reference, registry, results, timing, verify
 from .layers import Layer
 from .measurement import Measurement
 from .memory import MemoryLimit
 from .phases import OUTPUT_COPY
 from .problem import ConvProblem
 from .reference import DTYPES, array_module
-from .timing import phase_timer_for, timer_for
+from .timing import Contender, Timed, phase_timer_for
+
+#: Below this share of the device's memory free, a group's prepared cases are timed before more
+#: are prepared (the rest of the group is timed as another part).
+HEADROOM = 0.25
 
 
 @dataclass(frozen=True)
@@ -163,6 +177,8 @@ class DeviceFault(Exception):
         super().__init__(f"{row['layer']} {row['algo']} {row['pass']} {row['layout']} faulted "
                          f"the GPU ({row['reason']})")
         self.row = row
+        #: rows of the same group finished before the fault (`measure_group` fills it in)
+        self.done: list[dict] = []
 
 
 def _not_measured(exc: Exception) -> NotMeasured:
@@ -204,10 +220,10 @@ def prepare(case: Case, operands: Operands, impl=None,
     if footprint > total:  # before anything is sized or allocated for it
         raise NotMeasured("oom", f"its operands need {memory.format_size(footprint)}, more than "
                           f"the {memory.format_size(total)} this device has")
-    # An empty GPU for every case, before its operands: the last case's cached blocks (in
-    # either pool, an out-of-memory's included) and plans are given back.
-    memory.release_device_memory(case.backend)
     try:
+        # An empty GPU for every case, before its operands: the last case's cached blocks (in
+        # either pool, an out-of-memory's included) and plans are given back.
+        memory.release_device_memory(case.backend)
         workspace = opcount.workspace_bytes(impl, *args)
         if limit is not None:
             limit.check(case.backend, footprint + (workspace or 0),
@@ -242,52 +258,167 @@ def _describe(impl, args: tuple) -> str:
         return f"(no description: {type(exc).__name__}: {line})"
 
 
-def measure(case: Case, operands: Operands, budget_s: float, impl=None,
-            limit: MemoryLimit | None = None) -> dict:
-    """One results row for `case`: verified, its memory read and timed (and its phases, when it
-    has them), or the reason it is not. Under `limit`, the GPU's allocators are held to it
-    while the pass is prepared and verified: timing repeats that call, adding only the timer's
-    L2-flush buffer, which is the harness's, not the pass's."""
-    try:
-        with limit.enforce(case.backend) if limit else contextlib.nullcontext():
-            ready = prepare(case, operands, impl, limit)
-        args = (case.problem, case.pass_, case.layout, case.precision)
-        copies = ready.phase_fns is not None and OUTPUT_COPY in ready.phase_fns
+def competing(cases: Iterable[Case]) -> Iterator[list[Case]]:
+    """Consecutive cases of one (problem, pass, precision), which compete, as lists. (It reads
+    one case ahead of the group it yields: group a list, not a generator that decides what
+    comes next from the rows seen.)"""
+    for _, group in itertools.groupby(cases, key=lambda c: (c.problem, c.pass_, c.precision)):
+        yield list(group)
+
+
+#: This process's prefix of `round_group` ids: rows timed in the same rounds share an id.
+_PROCESS = secrets.token_hex(3)
+_GROUPS = itertools.count(1)
+
+
+class _Blame(Exception):
+    """An exception raised by the call of contender `index` while a group was timed."""
+
+    def __init__(self, index: int):
+        super().__init__(index)
+        self.index = index
+
+
+def _guarded(index: int, fn: Callable[[], None]) -> Callable[[], None]:
+    def call() -> None:
         try:
-            m = None if copies else timer_for(case.backend)(ready.call, budget_s)
-            phases = (phase_timer_for(case.backend)(ready.phase_fns, budget_s)
-                      if ready.phase_fns else None)
+            fn()
         except Exception as exc:
-            raise _not_measured(exc) from exc
-        note = _describe(ready.impl, args)
-        if copies:
-            m = _without_copy(phases)
-            note += (f"{'; ' if note else ''}time without the {phases[OUTPUT_COPY].median:.4g} "
-                     "ms copy of the library's result into the output")
-    except NotMeasured as nm:
-        r = row(case, nm.status, nm.reason, nm.check)
+            raise _Blame(index) from exc
+
+    return call
+
+
+def _contender(index: int, ready: Ready) -> Contender:
+    """What the rounds time of a prepared case: the whole call, or, for a library that returns
+    its own result, its phases with the copy into the output left out of its time."""
+    if ready.phase_fns is not None and OUTPUT_COPY in ready.phase_fns:
+        return Contender({n: _guarded(index, f) for n, f in ready.phase_fns.items()},
+                         frozenset({OUTPUT_COPY}))
+    return Contender.call(_guarded(index, ready.call))
+
+
+def _head_start(backend: str) -> dict:
+    """The GPU timer's head start (`kernels.head_start`), where kernels compile here."""
+    if backend != "cuda" or kernels.available("cuda"):
+        return {}
+    return {"head_start": kernels.head_start("cuda")}
+
+
+def _crowded(backend: str) -> bool:
+    """Whether less than `HEADROOM` of the device's memory is free (the host's: available)."""
+    if backend == "cuda":
+        import cupy
+
+        free, total = cupy.cuda.Device().mem_info
+    else:
+        free, total = memory.available_host_bytes(), memory.total_bytes(backend)
+    return free < HEADROOM * total
+
+
+def _time_part(part: list[tuple[Case, Ready]], budget_s: float, target: float,
+               seed: int) -> list[dict]:
+    """Rows for prepared, verified cases timed together in rounds (see the module's docstring);
+    a case whose call raises while timed gets its row (`failed` or `oom`) and the others are
+    timed again without it. DeviceFault if the GPU faulted, naming the case where it can."""
+    if not part:
+        return []
+    backend, group = part[0][0].backend, f"{_PROCESS}-{next(_GROUPS)}"
+    try:
+        timed = timing.time_rounds([_contender(i, ready) for i, (_, ready) in enumerate(part)],
+                                   budget_s, backend, target=target, seed=seed,
+                                   **_head_start(backend))
+        phases = [phase_timer_for(backend)(ready.phase_fns, budget_s)
+                  if ready.phase_fns and OUTPUT_COPY not in ready.phase_fns else None
+                  for _, ready in part]
+    except _Blame as blame:
+        case = part[blame.index][0]
+        nm = _not_measured(blame.__cause__)
+        r = row(case, nm.status, f"{nm.reason} (while timed)", part[blame.index][1].check)
         if nm.fatal:
-            raise DeviceFault(r) from nm
-        return r
-    return row(case, "ok", "", ready.check, m, note, ready.workspace, ready.peak_bytes,
-               ready.memory_method, phases)
+            raise DeviceFault(r) from blame.__cause__
+        rest = iter(_time_part(part[:blame.index] + part[blame.index + 1:], budget_s, target,
+                               seed))
+        return [r if i == blame.index else next(rest) for i in range(len(part))]
+    except Exception as exc:  # outside any one case's call: the timer's, or a GPU fault seen
+        nm = _not_measured(exc)  # at a synchronize, which no one call can be blamed for
+        why = (f"{nm.reason} (while {len(part)} cases were timed together"
+               + (": which one faulted is unknown)" if nm.fatal else ")"))
+        rows = [row(c, nm.status, why, ready.check) for c, ready in part]
+        if nm.fatal:
+            fault = DeviceFault(rows[0])
+            fault.done = rows[1:]
+            raise fault from exc
+        return rows
+    return [_timed_row(case, ready, t, ph, group) for (case, ready), t, ph
+            in zip(part, timed, phases)]
 
 
-def _without_copy(phases: dict[str, Measurement]) -> Measurement:
-    """The pass's time from its phases, less `OUTPUT_COPY`: per repetition, the sum of the
-    others (and of their host times)."""
-    kept = [m for name, m in phases.items() if name != OUTPUT_COPY]
-    host = [sum(h) for h in zip(*(m.host_ms for m in kept))] if all(m.host_ms for m in kept) \
-        else ()
-    return Measurement(tuple(sum(t) for t in zip(*(m.times_ms for m in kept))), tuple(host))
+def _timed_row(case: Case, ready: Ready, t: Timed, phases: dict[str, Measurement] | None,
+               group: str) -> dict:
+    note = _describe(ready.impl, (case.problem, case.pass_, case.layout, case.precision))
+    if OUTPUT_COPY in t.steps:
+        phases = t.steps
+        note += (f"{'; ' if note else ''}time without the {t.steps[OUTPUT_COPY].median:.4g} "
+                 "ms copy of the library's result into the output")
+    return row(case, "ok", "", ready.check, t.total, note, ready.workspace, ready.peak_bytes,
+               ready.memory_method, phases, stop=t.stop, round_group=group,
+               throttled="; ".join(t.throttled))
+
+
+def measure_group(group: list[Case], operands: Operands, budget_s: float,
+                  impls: dict | None = None, limit: MemoryLimit | None = None,
+                  target: float = timing.TARGET_NOISE, seed: int = 0) -> list[dict]:
+    """Rows for a group of competing cases, in the group's order: each prepared and verified
+    (`prepare`), then the verified ones timed together (`_time_part`). Under `limit`, or where
+    memory runs short, prepared cases are timed before the next is prepared. A fault of the GPU
+    raises DeviceFault with the rows finished before it (`DeviceFault.done`)."""
+    rows: dict[int, dict] = {}
+    part: list[tuple[int, Case, Ready]] = []
+
+    def time_part() -> None:
+        done = _time_part([(c, r) for _, c, r in part], budget_s, target, seed)
+        rows.update(zip((i for i, _, _ in part), done))
+        part.clear()
+
+    try:
+        for i, case in enumerate(group):
+            try:
+                with limit.enforce(case.backend) if limit else contextlib.nullcontext():
+                    ready = prepare(case, operands, (impls or {}).get(case.algo), limit)
+            except NotMeasured as nm:
+                rows[i] = row(case, nm.status, nm.reason, nm.check)
+                if nm.fatal:
+                    raise DeviceFault(rows[i]) from nm
+                continue
+            part.append((i, case, ready))
+            if limit is not None or _crowded(case.backend):
+                time_part()
+        time_part()
+    except DeviceFault as fault:
+        fault.done = [rows[i] for i in sorted(rows) if rows[i] is not fault.row] + fault.done
+        raise
+    return [rows[i] for i in range(len(group))]
+
+
+def measure(case: Case, operands: Operands, budget_s: float, impl=None,
+            limit: MemoryLimit | None = None, target: float = timing.TARGET_NOISE) -> dict:
+    """One results row for `case` alone: verified, its memory read and timed (and its phases,
+    when it has them), or the reason it is not."""
+    (r,) = measure_group([case], operands, budget_s, {case.algo: impl} if impl else None, limit,
+                         target)
+    return r
 
 
 def row(case: Case, status: str, reason: str = "", check: verify.Check | None = None,
         m: Measurement | None = None, note: str = "", workspace: int | None = None,
         peak_bytes: int | None = None, memory_method: str | None = None,
-        phases: dict[str, Measurement] | None = None) -> dict:
+        phases: dict[str, Measurement] | None = None, *, stop: str = "",
+        round_group: str = "", throttled: str = "") -> dict:
     """A results row; columns that do not apply (a time for a failed case, phases for a pass
-    without them) are None."""
+    without them) are None. `stop`: why its rounds ended; `round_group`: the id its rounds
+    share with the cases timed beside it; `throttled`: why the GPU's clocks were held down while
+    it was timed (empty: they were not)."""
     ops = opcount.op_count(case.algo, case.problem, case.pass_, case.precision, case.backend)
     out = dict.fromkeys(results.COLUMNS)
     out.update(case.fields())
@@ -298,30 +429,44 @@ def row(case: Case, status: str, reason: str = "", check: verify.Check | None = 
         out.update(rel_error=check.rel_error, max_abs_error=check.max_abs_error,
                    tolerance=check.tolerance)
     if m is not None:
+        low, high = m.interval or (None, None)
         out.update(median_ms=m.median, iqr_ms=m.iqr, min_ms=m.min, reps=m.reps, noisy=m.noisy,
                    times_ms=m.times_text(), gflops=case.problem.flops / (m.median * 1e6),
-                   host_ms=m.host_median)
+                   host_ms=m.host_median, ci_low_ms=low, ci_high_ms=high, stop=stop,
+                   round_group=round_group, cpu_ms=m.cpu_ms_median, cpu_share=m.share,
+                   contended=m.contended, throttled=throttled,
+                   host_bound=m.host_bound if m.host_ms else None)
     if phases:
         out["phases_ms"] = results.phases_text(phases)
     return out
 
 
-def run(cases: Iterable[Case], budget_s: float, impls: dict | None = None,
-        on_row: Callable[[dict], None] | None = None,
-        limit: MemoryLimit | None = None) -> list[dict]:
-    """Measure each case in order; `on_row` sees each row as soon as it exists (to stream it).
-    `impls` maps algo names to implementation objects that replace the registry's. `cases` may
-    be a generator that decides what comes next from the rows `on_row` has seen (as the batch
-    sweep does)."""
+def run_groups(groups: Iterable[list[Case]], budget_s: float, impls: dict | None = None,
+               on_row: Callable[[dict], None] | None = None, limit: MemoryLimit | None = None,
+               target: float = timing.TARGET_NOISE, seed: int = 0) -> list[dict]:
+    """Measure each group of competing cases (`measure_group`) in order; `on_row` sees each row
+    as soon as its group is done (to stream it). `impls` maps algo names to implementation
+    objects that replace the registry's. `groups` may be a generator that decides what comes
+    next from the rows `on_row` has seen (as the batch sweep does)."""
     operands, rows = Operands(), []
-    for case in cases:
+    for group in groups:
         try:
-            r = measure(case, operands, budget_s, (impls or {}).get(case.algo), limit)
-        except DeviceFault as fault:  # its row is kept, then nothing more can run
-            if on_row is not None:
-                on_row(fault.row)
+            done = measure_group(group, operands, budget_s, impls, limit, target, seed)
+        except DeviceFault as fault:  # the rows before it are kept, then nothing more can run
+            for r in [*fault.done, fault.row]:
+                rows.append(r)
+                if on_row is not None:
+                    on_row(r)
             raise
-        rows.append(r)
-        if on_row is not None:
-            on_row(r)
+        for r in done:
+            rows.append(r)
+            if on_row is not None:
+                on_row(r)
     return rows
+
+
+def run(cases: Iterable[Case], budget_s: float, impls: dict | None = None,
+        on_row: Callable[[dict], None] | None = None, limit: MemoryLimit | None = None,
+        target: float = timing.TARGET_NOISE, seed: int = 0) -> list[dict]:
+    """`run_groups` of the competing groups of `cases` (`competing`), in their order."""
+    return run_groups(competing(cases), budget_s, impls, on_row, limit, target, seed)

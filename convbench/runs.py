@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from . import envinfo, layers, memory, report, runner
+from . import contention, envinfo, layers, memory, report, runner, stats, threads, timing
 from .batchsweep import SkipLarger
 from .devices import Device
+from .measurement import CONTENDED_SHARE
 from .memory import MemoryLimit
 from .results import RunFolder, frame, load_run, row_key
 
@@ -62,10 +64,12 @@ def sweep_cases(specs: Iterable[str | layers.Layer], net: str, batches: Iterable
 
 def environment(device: Device, net: str, cases: list[runner.Case], budget_s: float, *,
                 batch: int | list[int] | None = None, limit: MemoryLimit | None = None,
-                command: str = "", source: dict | None = None) -> dict:
-    """env.json: the machine (`envinfo.collect`), and how this run was asked for; `source`
-    says where layers not from a catalog came from (a model and its input, a problem file)
-    and how often each occurs in the network (`occurrences`), which the report weighs by."""
+                command: str = "", source: dict | None = None, argv: list[str] | None = None,
+                target: float = timing.TARGET_NOISE) -> dict:
+    """env.json: the machine (`envinfo.collect`), its load now, and how this run was asked for
+    (`argv`: the command's own arguments, which `--resume` reads back); `source` says where
+    layers not from a catalog came from (a model and its input, a problem file) and how often
+    each occurs in the network (`occurrences`), which the report weighs by."""
     env = envinfo.collect(device.backend)
     env["run"] = {"net": net, "device": device.name, "backend": device.backend,
                   "batch": batch or device.batch or "catalog", "budget_s": budget_s,
@@ -74,8 +78,21 @@ def environment(device: Device, net: str, cases: list[runner.Case], budget_s: fl
                   "passes": list(dict.fromkeys(c.pass_ for c in cases)),
                   "layouts": list(dict.fromkeys(c.layout for c in cases)),
                   "precisions": list(dict.fromkeys(c.precision for c in cases)),
-                  "command": command, **(source or {})}
+                  "threads": threads.count(), "target_noise": target,
+                  "command": command, "argv": list(argv or []), **(source or {})}
     env["memory_method"] = memory.trace(device.backend).method
+    env["threads"] = threads.policy()
+    env["statistics"] = {"median_interval": stats.MEDIAN_INTERVAL_METHOD,
+                         "ratio_interval": stats.RATIO_INTERVAL_METHOD,
+                         "timing": "competing cases (every algo and layout of a problem, pass "
+                                   "and precision) timed in shuffled interleaved rounds"}
+    env["contention"] = {
+        "method": ("per repetition, the share of its threads' ready time on a core "
+                   "(/proc/self/task/*/schedstat); contended below "
+                   f"{CONTENDED_SHARE}" if contention.available()
+                   else "unavailable: this kernel reports no per-thread schedstat"),
+    }
+    env["load"] = [{"when": "start", **contention.machine_load()}]
     return env
 
 
@@ -91,6 +108,9 @@ class Outcome:
     interrupted: bool
     skipped: int
     fault: str | None = None
+    #: this run's own rows (every rank's, on rank 0 of a sharded run), and its seconds
+    rows: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
 
 
 class Run:
@@ -98,8 +118,10 @@ class Run:
     a memory `limit` if given. `todo` is what is left once the folder's rows are skipped."""
 
     def __init__(self, cases: Iterable[runner.Case], budget_s: float,
-                 folder: RunFolder | None = None, limit: MemoryLimit | None = None):
-        self.budget_s, self.folder, self.limit = budget_s, folder, limit
+                 folder: RunFolder | None = None, limit: MemoryLimit | None = None,
+                 target: float = timing.TARGET_NOISE):
+        self.budget_s, self.folder, self.limit, self.target = budget_s, folder, limit, target
+        self.started = time.monotonic()
         measured = folder.measured if folder else []
         done = {row_key(r) for r in measured}
         self.todo = [c for c in cases if c.key() not in done]
@@ -120,19 +142,31 @@ class Run:
 
         interrupted, fault = False, None
         try:
-            runner.run(self._skip.pending(self.todo), self.budget_s, on_row=seen,
-                       limit=self.limit)
+            runner.run_groups(self._skip.pending_groups(runner.competing(self.todo)),
+                              self.budget_s, on_row=seen, limit=self.limit, target=self.target)
         except KeyboardInterrupt:
             interrupted = True
         except runner.DeviceFault as exc:
             fault = str(exc)
         return self.finish(rows, interrupted, fault)
 
+    def seconds(self) -> float:
+        return time.monotonic() - self.started
+
+    def note_load(self, when: str) -> None:
+        """Add the machine's load now to the folder's env.json (`when`: start, end)."""
+        if self.folder is not None:
+            self.folder.env.setdefault("load", []).append(
+                {"when": when, **contention.machine_load()})
+            self.folder.save_env()
+
     def finish(self, rows: list[dict], interrupted: bool, fault: str | None) -> Outcome:
         """The outcome of this run's `rows`: the folder's report from all its rows (or these
-        rows alone without a folder)."""
+        rows alone without a folder), after the machine's load at the end is noted."""
         if self.folder is None:
-            return Outcome(frame(rows), None, interrupted, self._skip.skipped, fault)
+            return Outcome(frame(rows), None, interrupted, self._skip.skipped, fault, rows,
+                           self.seconds())
+        self.note_load("end")
         df, _ = load_run(self.folder.path)
         text = report.write(self.folder.path, df, self.folder.env)
-        return Outcome(df, text, interrupted, self._skip.skipped, fault)
+        return Outcome(df, text, interrupted, self._skip.skipped, fault, rows, self.seconds())

@@ -30,7 +30,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import report, results, runs
+from . import report, results, runner, runs, timing
 from .results import CsvSink, RunFolder, frame, load_run, row_key
 
 #: How long a rank waits for the others: at the end, the fastest waits for the slowest.
@@ -117,10 +117,12 @@ class Run(runs.Run):
     `todo` is this rank's share; only rank 0 reports progress (`on_row`)."""
 
     def __init__(self, shard: Shard, cases: list, budget_s: float,
-                 folder: RunFolder | None = None, limit=None):
-        super().__init__(cases, budget_s, folder, limit)
+                 folder: RunFolder | None = None, limit=None,
+                 target: float = timing.TARGET_NOISE):
+        super().__init__(cases, budget_s, folder, limit, target)
         self.shard, self.order = shard, [c.key() for c in cases]
-        self.todo = shard.share(self.todo)
+        # competing cases stay together, so they are timed side by side on one rank
+        self.todo = [c for group in shard.share(list(runner.competing(self.todo))) for c in group]
 
     def measure(self, on_row=None) -> runs.Outcome:
         return super().measure(on_row if self.shard.rank == 0 else None)
@@ -130,12 +132,13 @@ class Run(runs.Run):
         report; the others keep their own rows. The process group ends here."""
         import torch.distributed as dist
 
-        mine = runs.Outcome(frame(rows), None, interrupted, self._skip.skipped, fault)
+        mine = runs.Outcome(frame(rows), None, interrupted, self._skip.skipped, fault,
+                            rows, self.seconds())
         outcomes = self.shard.gather((rows, interrupted, self._skip.skipped, fault))
         if self.shard.rank == 0:
             everything = [r for o in outcomes for r in o[0]]
             mine = dataclasses.replace(
-                mine, interrupted=any(o[1] for o in outcomes),
+                mine, rows=everything, interrupted=any(o[1] for o in outcomes),
                 skipped=sum(o[2] for o in outcomes),
                 fault="; ".join(o[3] for o in outcomes if o[3]) or None)
             if self.folder is None:
@@ -144,6 +147,7 @@ class Run(runs.Run):
             else:
                 results.merge_rows(self.folder.path, everything, self.order)
                 mine.frame, _ = load_run(self.folder.path)
+                self.note_load("end")
                 mine.report = report.write(self.folder.path, mine.frame, self.folder.env)
         self.shard.barrier()
         if self.folder is not None:

@@ -26,22 +26,22 @@ def store(tmp_path, monkeypatch):
 
 @pytest.fixture
 def interrupt(monkeypatch):
-    """`interrupt(n)`: Ctrl-C when the runner starts its case n + 1; returns the list of the
-    cases it measured before."""
+    """`interrupt(n)`: Ctrl-C when the runner starts preparing its case n + 1; returns the list
+    of the cases it prepared before (a group of competing cases cut short is not written)."""
     from convbench import runner
 
-    real = runner.measure
+    real = runner.prepare
 
     def after(n: int) -> list:
         seen = []
 
-        def measure(case, *args, **kw):
+        def prepare(case, *args, **kw):
             if len(seen) == n:
                 raise KeyboardInterrupt
             seen.append(case)
             return real(case, *args, **kw)
 
-        monkeypatch.setattr(runner, "measure", measure)
+        monkeypatch.setattr(runner, "prepare", prepare)
         return seen
 
     return after

@@ -49,7 +49,7 @@ def test_sweep_runs_until_oom_and_goes_on_with_the_others(tmp_path, capsys):
     assert statuses(folder) == {("gemm", 1): "ok", ("winograd-2x2", 1): "ok",
                                 ("gemm", 2): "ok", ("winograd-2x2", 2): "oom",
                                 ("gemm", 4): "ok"}  # winograd-2x2 not tried at 4
-    assert "1 cases not tried: their series ran out of memory" in err
+    assert "1 not tried (their series ran out of memory)" in err
     df, env = results.load_run(folder)
     assert env["run"]["batch"] == [1, 2, 4] and env["run"]["memory_limit_bytes"] == limit
     assert env["memory_method"] == "torch-profiler+tracemalloc"
@@ -72,7 +72,7 @@ def test_sweep_runs_until_oom_and_goes_on_with_the_others(tmp_path, capsys):
 def test_resumed_sweep_finishes_and_keeps_skipping_what_ran_out(tmp_path, capsys, monkeypatch):
     limit = limit_between_batches_1_and_2("winograd-2x2")
     folder = tmp_path / "sweep"
-    real, seen = runner.measure, []
+    real, seen = runner.prepare, []
 
     def interrupt_after_the_oom(case, *args, **kw):
         if len(seen) == 4:  # gemm 1, winograd 1, gemm 2, winograd 2 (oom) are done
@@ -80,18 +80,18 @@ def test_resumed_sweep_finishes_and_keeps_skipping_what_ran_out(tmp_path, capsys
         seen.append(case)
         return real(case, *args, **kw)
 
-    monkeypatch.setattr(runner, "measure", interrupt_after_the_oom)
+    monkeypatch.setattr(runner, "prepare", interrupt_after_the_oom)
     code, _, err = run_cli(capsys, *sweep_argv(folder, limit))
     assert code == 130 and "--resume" in err
     assert len(statuses(folder)) == 4
 
     measured = []
-    monkeypatch.setattr(runner, "measure",
+    monkeypatch.setattr(runner, "prepare",
                         lambda case, *a, **k: measured.append(case) or real(case, *a, **k))
     code, _, err = run_cli(capsys, *sweep_argv(folder, limit, "--resume"))
     assert code == 0
     assert [(c.algo, c.problem.n) for c in measured] == [("gemm", 4)]
-    assert "1 cases not tried" in err
+    assert "1 not tried (their series ran out of memory)" in err
     assert len(statuses(folder)) == 5
 
 

@@ -53,14 +53,14 @@ def test_a_run_folder_from_the_library(tmp_path):
 def test_an_interrupted_run_keeps_its_rows_and_writes_its_report(tmp_path, monkeypatch,
                                                                 interrupt):
     device, cases = tiny_cases()
-    real = runner.measure
+    real = runner.prepare
     interrupt(2)
     folder = results.RunFolder.open(tmp_path / "run", runs.environment(device, "alexnet",
                                                                       cases, BUDGET))
     outcome = runs.Run(cases, BUDGET, folder).measure()
     assert outcome.interrupted and len(outcome.frame) == 2
     assert "## Time per layer" in (tmp_path / "run" / "report.md").read_text()
-    monkeypatch.setattr(runner, "measure", real)
+    monkeypatch.setattr(runner, "prepare", real)
     rest = runs.Run(cases, BUDGET, results.RunFolder.open(tmp_path / "run", {}, resume=True))
     assert [c.key() for c in rest.todo] == [c.key() for c in cases[2:]]
 
@@ -83,26 +83,26 @@ def test_devices_say_what_is_wrong():
 
 def test_a_gpu_fault_ends_the_run_with_its_row_kept(tmp_path, monkeypatch):
     """A case that faults the GPU ends the run (nothing later could run in this process): its
-    row is kept as failed, the report is written, and a resumed run continues after it."""
+    row is kept as failed, the report is written, and a resumed run continues after it. Its
+    competitor, prepared but not yet timed beside it, is measured by the resumed run."""
     device, cases = tiny_cases()
-    real = runner.measure
+    real = runner.prepare
 
     def fault_at_2(case, *args, **kw):
         if case is cases[1]:
-            raise runner.DeviceFault(runner.row(
-                case, "failed", "CUDARuntimeError: cudaErrorIllegalAddress: an illegal memory "
-                "access was encountered"))
+            raise runner.NotMeasured("failed", "CUDARuntimeError: cudaErrorIllegalAddress: an "
+                                     "illegal memory access was encountered", fatal=True)
         return real(case, *args, **kw)
 
-    monkeypatch.setattr(runner, "measure", fault_at_2)
+    monkeypatch.setattr(runner, "prepare", fault_at_2)
     folder = results.RunFolder.open(tmp_path / "run", runs.environment(device, "alexnet",
                                                                       cases, BUDGET))
     outcome = runs.Run(cases, BUDGET, folder).measure()
     assert outcome.fault.startswith(f"{TINY} torch-cpu fwd nhwc faulted the GPU")
-    assert list(outcome.frame["status"]) == ["ok", "failed"]
+    assert list(outcome.frame["status"]) == ["failed"]
     assert (tmp_path / "run" / "report.md").exists()
     rest = runs.Run(cases, BUDGET, results.RunFolder.open(tmp_path / "run", {}, resume=True))
-    assert [c.key() for c in rest.todo] == [c.key() for c in cases[2:]]
+    assert [c.key() for c in rest.todo] == [c.key() for c in [cases[0], *cases[2:]]]
 
 
 def test_a_problem_list_keeps_each_problems_own_batch_unless_one_is_given():

@@ -1,0 +1,91 @@
+"""Contention seen and said: a CPU hog beside a small sweep flags its rows, a quiet run flags
+none; the machine's load is in env.json; the readings themselves."""
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from convbench import cli, contention, results
+from convbench.measurement import CONTENDED_SHARE, Measurement
+
+HOG_SECONDS = 60  # an upper bound: each test ends its hogs itself
+SWEEP = ["layer", "conv3", "--algos", "gemm", "--passes", "fwd", "--layouts", "nhwc",
+         "--batch", "2", "--budget", "0.2", "--threads", "2", "--quiet", "--format", "json"]
+
+pytestmark = pytest.mark.skipif(not contention.available(),
+                                reason="this kernel reports no per-thread schedstat")
+
+
+@contextlib.contextmanager
+def hogs(n: int):
+    """`n` processes spinning on the CPU, bounded in time, killed on the way out."""
+    code = f"import time\nend = time.monotonic() + {HOG_SECONDS}\nwhile time.monotonic() < end: pass"
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
+    try:
+        time.sleep(0.5)  # let them get going
+        yield [p.pid for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait(timeout=10)
+
+
+def measure(capsys, tmp_path, name: str) -> tuple[list[dict], dict, str]:
+    folder = tmp_path / name
+    code = cli.main([*SWEEP, "--out", str(folder)])
+    _, err = capsys.readouterr()
+    assert code == 0
+    df, env = results.load_run(folder)
+    return df.to_dict("records"), env, err
+
+
+def test_a_hog_beside_a_sweep_flags_its_rows_and_a_quiet_run_none(capsys, tmp_path):
+    quiet, env, err = measure(capsys, tmp_path, "quiet")
+    assert all(r["status"] == "ok" and r["contended"] is False for r in quiet)
+    assert all(r["cpu_share"] > CONTENDED_SHARE for r in quiet)
+    assert "warning" not in err
+    with hogs(2) as pids:
+        busy, env, err = measure(capsys, tmp_path, "busy")
+    assert all(r["contended"] is True and r["cpu_share"] < CONTENDED_SHARE for r in busy)
+    start, end = env["load"][0], env["load"][-1]
+    assert {p["pid"] for p in start["busy_processes"]} >= set(pids)
+    assert start["busy_cores"] > 1.5 and (start["when"], end["when"]) == ("start", "end")
+    lines = err.splitlines()
+    assert "1 contended" in lines[-2]
+    assert lines[-1].startswith("convbench: warning: of 1 times, 1 while other processes held "
+                                "the cores their threads needed (contended)")
+    report = (tmp_path / "busy" / "report.md").read_text()
+    assert "## Busy machine" in report and "#" in report.split("## Time per layer")[1]
+
+
+def test_samples_read_the_process_and_the_share_of_ready_time_on_a_core():
+    before = contention.sample()
+    sum(range(2_000_000))
+    after = contention.sample()
+    assert os.getpid() > 0 and contention.cpu_ms(before, after) > 0
+    assert 0 < contention.share(before, after) <= 1
+    # a thread that waited as long as it ran got half its ready time
+    a = contention.Sample({1: (100, 0), 2: (50, 50)}, 0.0, 0)
+    b = contention.Sample({1: (200, 100), 2: (50, 50), 3: (10, 10)}, 0.002, 1)
+    assert contention.share(a, b) == pytest.approx(110 / 220)
+    assert contention.cpu_ms(a, b) == pytest.approx(2.0)
+    assert contention.share(a, a) is None  # nobody was ready
+
+
+def test_a_measurement_is_contended_below_the_share():
+    assert Measurement((1.0,) * 3, cpu_share=(0.5, 0.6, 0.7)).contended
+    assert not Measurement((1.0,) * 3, cpu_share=(0.9, 0.95, 1.0)).contended
+    assert not Measurement((1.0,) * 3).contended  # not read: not flagged
+
+
+def test_machine_load_lists_other_busy_processes_by_name():
+    with hogs(1) as (pid,):
+        load = contention.machine_load(window_s=0.3)
+    assert pid in {p["pid"] for p in load["busy_processes"]}
+    assert os.getpid() not in {p["pid"] for p in load["busy_processes"]}
+    assert "other busy process" in contention.load_text(load) and len(load["loadavg"]) == 3
