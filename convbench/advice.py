@@ -1,10 +1,14 @@
 """Advice: a results table -> per layer and pass, the best (algo, layout), and a Plan.
 
 Advice reads results only (`results.frame` of a run folder, or of rows the tuner measured) and
-never times anything: per layer and pass, the fastest `ok` (algo, backend, layout) whose error
-is within its tolerance and the constraints; its margin over the runner-up and whether that
-margin is within noise (the two interquartile ranges overlap); and the heuristic regret — how
-much slower cuDNN's own heuristic pick (`cudnn`) is than the best. Layouts are then chosen for
+never times anything: per layer and pass, among the `ok` (algo, backend, layout) candidates
+whose error is within its tolerance and the constraints (and, unless asked, not measured on a
+busy machine), the fastest; the runner-up and the ratio of their medians with its interval
+(`stats.ratio`, paired by round where they were timed in the same rounds). The fastest wins only
+where that interval excludes 1; otherwise it is a tie within noise, and among the candidates
+tied with the fastest the advice takes the one the user's tie-break prefers (the least
+workspace by default). And the heuristic regret — how much slower cuDNN's own heuristic pick
+(`cudnn`) is than the best. Layouts are then chosen for
 the network as a whole (`layoutplan`), paying NCHW<->NHWC conversions between layers, from
 conversion times it is handed (`tune` measures them). The tables `convbench advise` prints
 are made here too.
@@ -18,11 +22,11 @@ from dataclasses import dataclass
 import pandas as pd
 from tabulate import tabulate
 
-from . import layoutplan
-from .measurement import Measurement
+from . import layoutplan, stats
 from .memory import format_size
-from .plan import TORCH_ALGOS, Choice, Constraints, LayerPlan, NetworkTotals, Plan, Unplanned
+from .plan import TORCH_ALGOS, Constraints, LayerPlan, NetworkTotals, Plan, Unplanned
 from .problem import LAYOUTS, PASSES, ConvProblem
+from .ranking import Candidate, busy_mask, preferred, tied
 from .report import fmt_ms
 from .results import PROBLEM_FIELDS, problem_from_row
 
@@ -44,58 +48,32 @@ def is_deterministic(algo: str, backend: str) -> bool:
 
 # --- advice from results --------------------------------------------------------------------
 @dataclass(frozen=True)
-class Candidate:
-    """One `ok` measurement, with the quartiles its noise is judged by."""
-
-    algo: str
-    backend: str
-    layout: str
-    median_ms: float
-    iqr_ms: float
-    q1: float
-    q3: float
-
-    @classmethod
-    def from_row(cls, r) -> Candidate:
-        if r["times_ms"]:
-            m = Measurement.from_text(r["times_ms"])
-            q1, q3 = m.q1, m.q3
-        else:  # no raw times: the IQR centred on the median
-            q1, q3 = r["median_ms"] - r["iqr_ms"] / 2, r["median_ms"] + r["iqr_ms"] / 2
-        return cls(r["algo"], r["backend"], r["layout"], float(r["median_ms"]),
-                   float(r["iqr_ms"]), q1, q3)
-
-    def choice(self) -> Choice:
-        return Choice(self.algo, self.backend, self.median_ms, self.iqr_ms)
-
-
-@dataclass(frozen=True)
 class PassAdvice:
     """The choice for one pass of one layer."""
 
     layer: str
     problem: ConvProblem
     pass_: str
-    by_layout: dict[str, Candidate]  # the fastest candidate in each layout
+    by_layout: dict[str, Candidate]  # the choice in each layout
     runner_up: Candidate | None  # the second fastest (algo, backend, layout) of all
     regret: float | None  # cudnn's median / the best's - 1, in the best's layout
-
-    @property
-    def best(self) -> Candidate:
-        return min(self.by_layout.values(), key=lambda c: c.median_ms)
+    best: Candidate  # the choice: the fastest, or the tie-break's among those tied with it
+    fastest: Candidate
+    ratio: stats.Ratio | None  # runner-up / fastest, with its interval
+    tied: tuple[Candidate, ...]  # the candidates tied with the fastest, it included
 
     @property
     def margin(self) -> float | None:
-        """How much slower the runner-up is, as a fraction of the best's time."""
+        """How much slower the runner-up is, as a fraction of the fastest's time."""
         if self.runner_up is None:
             return None
-        return self.runner_up.median_ms / self.best.median_ms - 1
+        return self.runner_up.median_ms / self.fastest.median_ms - 1
 
     @property
     def within_noise(self) -> bool | None:
-        """Whether the runner-up's interquartile range reaches the best's: the order of the two
-        may not hold on another run."""
-        return None if self.runner_up is None else self.runner_up.q1 <= self.best.q3
+        """Whether the fastest and the runner-up are a tie: the interval of their ratio
+        reaches 1 (or there are too few repetitions for one)."""
+        return None if self.ratio is None else not self.ratio.decided
 
 
 @dataclass
@@ -128,6 +106,9 @@ def _exclusions(ok: pd.DataFrame, c: Constraints) -> list[tuple[str, pd.Series]]
     if c.deterministic:
         fixed = [is_deterministic(a, b) for a, b in zip(ok["algo"], ok["backend"])]
         rules.append(("not deterministic", ~pd.Series(fixed, index=ok.index, dtype=bool)))
+    if not c.include_busy:
+        rules.append((("measured on a busy machine (contended or throttled: --include-busy to "
+                      "use them)"), busy_mask(ok)))
     return rules
 
 
@@ -171,19 +152,22 @@ def advise(df: pd.DataFrame, constraints: Constraints = NO_CONSTRAINTS,
                          "has one problem per layer: choose a batch")
     passes = {}
     for (layer, *_, pass_), rows in df.groupby([*key, "pass"], sort=False):
-        ranked = [Candidate.from_row(r)
-                  for _, r in rows[rows["candidate"]].sort_values("median_ms").iterrows()]
+        ranked = [Candidate.from_row(r) for r in rows[rows["candidate"]]
+                  .sort_values("median_ms", kind="stable").to_dict("records")]
         if not ranked:
             continue
-        by_layout: dict[str, Candidate] = {}
-        for cand in ranked:
-            by_layout.setdefault(cand.layout, cand)
-        best = ranked[0]
+        tie_break = constraints.tie_break
+        by_layout = {lay: preferred(tied([c for c in ranked if c.layout == lay]), tie_break)
+                     for lay in dict.fromkeys(c.layout for c in ranked)}
+        ties = tied(ranked)
+        best = preferred(ties, tie_break)
+        runner_up = ranked[1] if len(ranked) > 1 else None
         cudnn = rows[(rows["algo"] == "cudnn") & (rows["status"] == "ok")
                      & (rows["layout"] == best.layout)]
         regret = float(cudnn["median_ms"].min()) / best.median_ms - 1 if len(cudnn) else None
-        passes[layer, pass_] = PassAdvice(layer, problem_from_row(rows.iloc[0]), pass_, by_layout,
-                                          ranked[1] if len(ranked) > 1 else None, regret)
+        passes[layer, pass_] = PassAdvice(
+            layer, problem_from_row(rows.iloc[0]), pass_, by_layout, runner_up, regret, best,
+            ranked[0], runner_up.ratio_to(ranked[0]) if runner_up else None, tuple(ties))
     measured = set(zip(df["layer"], df["pass"]))
     return Advice(backends[0], precision, constraints, layers, passes, measured, excluded)
 
@@ -299,8 +283,20 @@ def _pct(x: float | None) -> str:
     return "" if x is None else f"+{100 * x:.0f}%" if x >= 0 else f"{100 * x:.0f}%"
 
 
+def verdict(a: PassAdvice, tie_break: str) -> str:
+    """Whether the fastest wins, and if not, which tie-break chose among whom."""
+    if a.runner_up is None:
+        return "only candidate"
+    if not a.within_noise:
+        return "wins"
+    others = [f"{c.algo} {c.layout}" for c in a.tied if c is not a.best]
+    how = "" if a.best is a.fastest else f", {tie_break} tie-break"
+    return f"tie within noise with {', '.join(others)}{how}"
+
+
 def advice_table(advice: Advice) -> str:
-    """Per layer and pass: the best, its runner-up and margin, noise, cuDNN's regret."""
+    """Per layer and pass: the choice, the runner-up and the ratio of their medians with its
+    interval, whether the fastest wins or ties, cuDNN's regret."""
     rows = []
     for layer, _ in advice.layers:
         for p in PASSES:
@@ -311,10 +307,11 @@ def advice_table(advice: Advice) -> str:
                 continue
             best, up = a.best, a.runner_up
             rows.append([layer, p, best.algo, best.layout, fmt_ms(best.median_ms),
-                         f"{up.algo} {up.layout}" if up else "", _pct(a.margin),
-                         "within noise" if a.within_noise else "", _pct(a.regret)])
+                         f"{up.algo} {up.layout}" if up else "",
+                         a.ratio.text() if a.ratio else "",
+                         verdict(a, advice.constraints.tie_break), _pct(a.regret)])
     return tabulate(rows, headers=["layer", "pass", "best", "layout", "median ms", "runner-up",
-                                   "margin", "noise", "cudnn regret"],
+                                   "runner-up / fastest", "verdict", "cudnn regret"],
                     tablefmt="github", disable_numparse=True)
 
 
@@ -335,9 +332,12 @@ def plan_table(plan: Plan) -> str:
 def plan_text(plan: Plan, advice: Advice) -> str:
     """What `convbench advise` prints: the advice, the plan, totals, exclusions."""
     out = [f"## Per-layer best ({advice.backend}, {advice.precision})", "", advice_table(advice),
-           "", ("margin: how much slower the runner-up is; within noise: their interquartile "
-                "ranges overlap; cudnn regret: how much slower cuDNN's heuristic pick is than "
-                "the best, in the same layout."), ""]
+           "", ("runner-up / fastest: the ratio of their medians with its 95% interval "
+                "(bootstrap, paired by round where they were timed side by side); the fastest "
+                "wins only where the interval excludes 1, else it is a tie within noise and the "
+                f"{advice.constraints.tie_break} tie-break chooses among the tied; cudnn regret: "
+                "how much slower cuDNN's heuristic pick is than the best, in the same layout."),
+           ""]
     dropped = [f"{n} {reason}" for reason, n in advice.excluded.items() if n]
     if dropped:
         out += ["Not candidates: " + "; ".join(dropped) + ".", ""]

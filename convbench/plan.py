@@ -31,7 +31,7 @@ from pathlib import Path
 
 from .problem import AXIS_FIELDS, LAYOUTS, PASSES, PRECISIONS, ConvProblem
 from .registry import ALGOS, BACKENDS
-from .results import ENTRY_NUMBERS, PROBLEM_FIELDS, STATUSES
+from .results import ENTRY_NUMBERS, ENTRY_TEXTS, PROBLEM_FIELDS, STATUSES
 
 PLAN_FORMAT = "convbench-plan"
 #: Bumped whenever a field changes meaning; a plan of another version is refused, not guessed.
@@ -41,6 +41,9 @@ ENV_FIELDS = ("device", "driver", "cuda", "cudnn", "torch", "cupy", "convbench")
 #: Algorithms that are torch's own convolution, and the `cudnn.benchmark` each runs with (None:
 #: whatever is set). A pass planned for one of them is left to torch when the plan is applied.
 TORCH_ALGOS = {"torch-cpu": None, "cudnn": False, "cudnn-autotune": True}
+#: How a tie within noise is broken (`Constraints.tie_break`): the least workspace (declared,
+#: else the measured peak), the lowest median, or the smallest error against float64.
+TIE_BREAKS = ("workspace", "time", "error")
 
 
 class PlanError(ValueError):
@@ -79,13 +82,22 @@ class Constraints:
     `workspace_budget`: most bytes of workspace a pass may use: what it declares
     (`workspace_bytes`), else the peak it was seen to allocate beyond its operands
     (`peak_bytes`); a row with neither does not fit a budget. `deterministic`: only algorithms
-    that give bitwise-equal results run to run (`advice.is_deterministic`). `max_error`: most relative error against
-    the float64 reference, beyond the algorithm's own tolerance.
+    that give bitwise-equal results run to run (`advice.is_deterministic`). `max_error`: most
+    relative error against the float64 reference, beyond the algorithm's own tolerance.
+    `tie_break`: among candidates whose times are a tie within noise with the fastest, the one
+    to prefer (`TIE_BREAKS`). `include_busy`: also consider times measured on a busy machine
+    (contended CPU, throttled GPU), which are left out by default.
     """
 
     workspace_budget: int | None = None
     deterministic: bool = False
     max_error: float | None = None
+    tie_break: str = "workspace"
+    include_busy: bool = False
+
+    def __post_init__(self) -> None:
+        if self.tie_break not in TIE_BREAKS:
+            raise ValueError(f"tie-break {self.tie_break!r}: valid: {', '.join(TIE_BREAKS)}")
 
     def describe(self) -> str:
         from .memory import format_size
@@ -409,19 +421,23 @@ def _list(item: Validator, length: int | None = None) -> Validator:
     return check
 
 
-def _obj(fields: dict[str, Validator], build: Callable = dict, partial: bool = False) -> Validator:
+def _obj(fields: dict[str, Validator], build: Callable = dict, partial: bool = False,
+         optional: Iterable[str] = ()) -> Validator:
     """An object with exactly `fields` (with `partial`, at least them), each validated, built
-    into `build(**values)`."""
+    into `build(**values)`; `optional` ones (added after a format version) may be missing, and
+    are then left to `build`'s default."""
+    optional = set(optional)
+
     def check(v, path):
         if not isinstance(v, dict):
             raise _Invalid(path, f"expected an object, got {_describe(v)}")
-        missing = [k for k in fields if k not in v]
+        missing = [k for k in fields if k not in v and k not in optional]
         if missing:
             raise _Invalid(path, f"missing key {missing[0]!r}")
         unknown = [k for k in v if k not in fields]
         if unknown and not partial:
             raise _Invalid(path, f"unknown key {unknown[0]!r}; expected: {', '.join(fields)}")
-        return build(**{k: fn(v[k], _join(path, k)) for k, fn in fields.items()})
+        return build(**{k: fn(v[k], _join(path, k)) for k, fn in fields.items() if k in v})
 
     return check
 
@@ -446,7 +462,9 @@ _MEASUREMENT = _obj({"problem": _problem_field, "pass": _PASS, "algo": _ALGO,
                      "backend": _BACKEND, "layout": _LAYOUT,
                      "status": _one_of(STATUSES, "status"), "reason": _text,
                      **{k: _OPT_NUMBER for k in ENTRY_NUMBERS},
-                     "workspace_bytes": _optional(_integer()), "times_ms": _list(_number)})
+                     "workspace_bytes": _optional(_integer()), "times_ms": _list(_number),
+                     **{k: _text for k in ENTRY_TEXTS}, "contended": _flag},
+                    optional=(*ENTRY_TEXTS, "contended"))
 _CHOICE = _obj({"algo": _ALGO, "backend": _BACKEND, "median_ms": _number, "iqr_ms": _number},
                Choice)
 _PLAN = _obj({
@@ -455,7 +473,9 @@ _PLAN = _obj({
     "backend": _BACKEND,
     "precision": _one_of(PRECISIONS, "precision"),
     "constraints": _obj({"workspace_budget": _optional(_integer()), "deterministic": _flag,
-                         "max_error": _OPT_NUMBER}, Constraints),
+                         "max_error": _OPT_NUMBER,
+                         "tie_break": _one_of(TIE_BREAKS, "tie-break"), "include_busy": _flag},
+                        Constraints, optional=("tie_break", "include_busy")),
     "cudnn": _obj({"benchmark": _flag, "deterministic": _flag}),
     "input_layout": _LAYOUT, "output_layout": _LAYOUT,
     "layers": _list(_obj({"layer": _text, "problem": _problem_field, "layout": _LAYOUT,

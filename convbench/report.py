@@ -1,9 +1,13 @@
-"""Results table -> what people read: markdown tables, CSV, JSON, plots, and run-to-run deltas.
+"""Results table -> what people read: markdown tables, CSV, JSON and plots (`compare` sets
+two runs side by side).
 
 The tables are the study's view of the data: for each pass and layout, rows are algorithms and
-columns are layers, the fastest in each column marked with `*` (as PyTorch's `Compare` marks
-the best); cases that did not run say why in one word (`unsupported`, `failed`, `oom`), with the
-reasons listed once below. Beside the times: the theoretical operation counts (the study's
+columns are layers, the fastest in each column marked with `*` where it wins beyond noise (as
+PyTorch's `Compare` marks the best; `ranking`'s rule: the interval of its ratio to the runner-up
+excludes 1), else `=` on it and on each time tied with it; a number that may be wrong carries
+its mark (`~` noisy, `!` host-bound, `#` busy machine); cases that did not run say why in one word
+(`unsupported`, `failed`, `oom`), with the reasons listed once below. First of all, which
+(algorithm, layout) wins each layer and pass, by how much, with the ratio's interval. Beside the times: the theoretical operation counts (the study's
 "kernel operation counts" figure), the workspace declared and the peak memory measured, the
 accuracy against the float64 reference (with the error ratios the algorithms' math predicts,
 such as Winograd F(4x4) against F(2x2), computed from the data), and, for the algorithms with
@@ -28,19 +32,23 @@ from pathlib import Path
 import pandas as pd
 from tabulate import tabulate
 
-from . import memory, registry
+from . import contention, memory, ranking, registry
 from .devices import DEVICES
-from .measurement import NOISE_THRESHOLD, Measurement, is_host_bound
+from .measurement import CONTENDED_SHARE, NOISE_THRESHOLD, Measurement, is_host_bound
 from .phases import CONVOLUTION, FUSED, OUTPUT_COPY
 from .problem import PASSES
-from .results import KEY, PROBLEM_FIELDS, RESULTS_CSV, parse_phases
+from .results import KEY, RESULTS_CSV, parse_phases
 
 REPORT_MD = "report.md"
-BEST = " *"
+#: Suffix of a column's fastest time where it wins beyond noise, and of every time tied with
+#: the fastest where it does not.
+BEST, TIED = " *", " ="
 #: Prefix of a noisy measurement's time (IQR/median above the threshold).
 NOISY = "~"
 #: Prefix of a GPU time the host may have set (`measurement.is_host_bound`).
 HOST_BOUND = "!"
+#: Prefix of a time measured on a busy machine (contended cores, throttled GPU clocks).
+BUSY = "#"
 
 
 # --- cells ----------------------------------------------------------------------------------
@@ -84,7 +92,10 @@ def _flag(v) -> bool:
 
 
 def _host_bound(r) -> bool:
-    """Whether a row's host took as long to issue the pass as the device to run it."""
+    """Whether a row's GPU may have waited for its host: its own flag, or for rows from before
+    it, the host took a sizeable share of the device's time to issue the pass."""
+    if pd.notna(r.get("host_bound")):
+        return bool(r["host_bound"])
     return is_host_bound(None if pd.isna(r["host_ms"]) else r["host_ms"], r["median_ms"])
 
 
@@ -107,21 +118,85 @@ def md_table(df: pd.DataFrame) -> str:
 
 
 # --- tables ---------------------------------------------------------------------------------
+def _marks(r) -> str:
+    """The prefix marks of a row's time: noisy, host-bound, busy machine."""
+    return ((NOISY if _flag(r["noisy"]) else "") + (HOST_BOUND if _host_bound(r) else "")
+            + (BUSY if ranking.busy(r) else ""))
+
+
+def _standing(ok: pd.DataFrame) -> dict:
+    """Row index -> BEST for a fastest that wins beyond noise, TIED for the fastest and each
+    time tied with it where it does not (rows measured on a busy machine do not compete)."""
+    fair = ok[~ranking.busy_mask(ok)]
+    if fair.empty:
+        return {}
+    order = fair.sort_values("median_ms", kind="stable")
+    ranked = ranking.rank(order)
+    if len(ranked) == 1:
+        return {order.index[0]: BEST}
+    tied = ranking.tied(ranked)
+    if len(tied) == 1:
+        return {order.index[0]: BEST}
+    ids = {id(c) for c in tied}
+    return {i: TIED for i, c in zip(order.index, ranked) if id(c) in ids}
+
+
 def time_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows algo, columns layer, cells the median ms, the fastest per column marked (and noisy
-    ones prefixed), for the rows of one pass, layout and precision."""
+    """Rows algo, columns layer, cells the median ms, the fastest per column marked as a win or
+    a tie, times that may be wrong prefixed, for the rows of one pass, layout and precision."""
     cells = pd.DataFrame("", index=pd.Index(_algos(df), name="algo"), columns=_layers(df))
     for layer, rows in df.groupby("layer", sort=False):
-        ok = rows[rows["status"] == "ok"]
-        best = ok["median_ms"].idxmin() if len(ok) else None
+        standing = _standing(rows[rows["status"] == "ok"])
         for i, r in rows.iterrows():
             if r["status"] != "ok":
                 cells.loc[r["algo"], layer] = r["status"]
                 continue
-            cells.loc[r["algo"], layer] = ((NOISY if _flag(r["noisy"]) else "")
-                                           + (HOST_BOUND if _host_bound(r) else "")
-                                           + fmt_ms(r["median_ms"]) + (BEST if i == best else ""))
+            cells.loc[r["algo"], layer] = (_marks(r) + fmt_ms(r["median_ms"])
+                                           + standing.get(i, ""))
     return cells
+
+
+def winner_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per layer and pass (of one precision), across algorithms and layouts: the fastest, its
+    median and interval, the runner-up, the ratio of their medians with its interval, whether
+    the fastest wins or ties (and with what), and its GFLOP/s (and share of the device's peak
+    where known). Rows measured on a busy machine do not compete."""
+    out = []
+    for (layer, pass_), rows in df.groupby(["layer", "pass"], sort=False):
+        ok = rows[rows["status"] == "ok"]
+        ok = ok[~ranking.busy_mask(ok)]
+        ranked = ranking.rank(ok)
+        if not ranked:
+            continue
+        first = ranked[0]
+        row = ok.sort_values("median_ms", kind="stable").iloc[0]
+        interval = Measurement(first.times).interval if len(first.times) else None
+        cell = {"layer": layer, "pass": pass_, "fastest": f"{first.algo} {first.layout}",
+                "median ms": fmt_ms(first.median_ms)
+                + (f" [{fmt_ms(interval[0])}, {fmt_ms(interval[1])}]" if interval else ""),
+                "GFLOP/s": "" if pd.isna(row["gflops"]) else f"{row['gflops']:.4g}",
+                "runner-up": "", "runner-up / fastest": "", "verdict": "only candidate"}
+        if len(ranked) > 1:
+            up = ranked[1]
+            tied = ranking.tied(ranked)
+            cell.update({"runner-up": f"{up.algo} {up.layout}",
+                         "runner-up / fastest": up.ratio_to(first).text(),
+                         "verdict": "wins" if len(tied) == 1 else "tie within noise with "
+                         + ", ".join(f"{c.algo} {c.layout}" for c in tied[1:])})
+        out.append(cell)
+    return pd.DataFrame(out).set_index(["layer", "pass"]) if out else pd.DataFrame()
+
+
+def busy_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows measured on a busy machine: their median, the share of their threads' ready
+    time they spent on a core (CPU), or why the GPU's clocks were held down."""
+    ok = df[df["status"] == "ok"]
+    rows = ok[ranking.busy_mask(ok)]
+    return pd.DataFrame({"median ms": rows["median_ms"].map(fmt_ms).values,
+                         "cpu share": rows["cpu_share"].map(
+                             lambda v: "" if pd.isna(v) else f"{v:.2f}").values,
+                         "throttled": rows["throttled"].values},
+                        index=pd.MultiIndex.from_frame(rows[["layer", "algo", "pass", "layout"]]))
 
 
 def _per_algo_pass(df: pd.DataFrame, value: str, fmt) -> pd.DataFrame:
@@ -229,7 +304,11 @@ def not_measured(df: pd.DataFrame) -> pd.DataFrame:
 
 def layer_table(df: pd.DataFrame) -> str:
     """One line per measurement, for `convbench layer`'s terminal output."""
-    cols = {"median ms": df["median_ms"].map(fmt_ms), "iqr ms": df["iqr_ms"].map(fmt_ms),
+    interval = [f"{fmt_ms(lo)}–{fmt_ms(hi)}" if pd.notna(lo) else ""
+                for lo, hi in zip(df["ci_low_ms"], df["ci_high_ms"])]
+    cols = {"median ms": [_marks(r) + fmt_ms(r["median_ms"]) if r["status"] == "ok" else ""
+                          for r in df.to_dict("records")],
+            "95% interval": interval,
             "GFLOP/s": df["gflops"].map(lambda v: "" if pd.isna(v) else f"{v:.4g}"),
             "rel error": df["rel_error"].map(fmt_error),
             "workspace MiB": df["workspace_bytes"].map(fmt_mib),
@@ -340,8 +419,13 @@ def _header(df: pd.DataFrame, env: dict) -> list[str]:
              ("precision", ", ".join(_order(df["precision"]))),
              ("timing budget", f"{run['budget_s']} s per measurement" if "budget_s" in run
               else None),
-             ("threads", f"torch {torch.get('threads')}, NumPy BLAS ({blas.get('name')}) "
-                         f"{blas.get('threads')}" if torch else None),
+             ("threads", _threads(env, torch, blas)),
+             ("timing", "competing cases (every algo and layout of a problem, pass and "
+                        "precision) timed in shuffled interleaved rounds, until each median is "
+                        f"known to within {run.get('target_noise', 0.02):.0%} or the budget "
+                        "is spent" if env.get("statistics") else None),
+             ("machine load", "; ".join(f"{r['when']}: {contention.load_text(r)}"
+                                        for r in env.get("load", [])) or None),
              ("versions", f"convbench {env.get('convbench')}, NumPy "
                           f"{env.get('numpy', {}).get('version')}, torch {torch.get('version')}"
               if env else None),
@@ -352,6 +436,15 @@ def _header(df: pd.DataFrame, env: dict) -> list[str]:
     counts = df["status"].value_counts()
     lines += ["- measurements: " + ", ".join(f"{counts[s]} {s}" for s in counts.index), ""]
     return lines
+
+
+def _threads(env: dict, torch: dict, blas: dict) -> str | None:
+    policy = env.get("threads")
+    if isinstance(policy, dict):
+        return (f"{policy['threads']} for every algorithm ({policy.get('set_by')}; "
+                f"{policy.get('available_cores')} cores available)")
+    return (f"torch {torch.get('threads')}, NumPy BLAS ({blas.get('name')}) "
+            f"{blas.get('threads')}" if torch else None)
 
 
 # --- a network's cost: layers weighted by how often they occur --------------------------------
@@ -439,11 +532,28 @@ def markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = ()) -> str:
     (`plots`: file names, or the note saying why there are none)."""
     out = _header(df, env)
     host_bound = host_bound_table(df)
+    busy = busy_table(df)
     host_note = (f", `{HOST_BOUND}` a time the host may have set (see Host-bound measurements)"
                  if len(host_bound) else "")
+    busy_note = (f", `{BUSY}` a time measured on a busy machine (see Busy machine)"
+                 if len(busy) else "")
+    for precision, rows in df.groupby("precision", sort=False):
+        winners = winner_table(rows)
+        if winners.empty:
+            continue
+        out += [f"## Which wins ({precision})", "",
+                ("Per layer and pass, across every algorithm and layout: the fastest, its median "
+                 "ms with the 95% interval of the median (order statistics), its GFLOP/s, the "
+                 "runner-up and the ratio of their medians with its 95% interval (bootstrap, "
+                 "paired by round: they were timed side by side). The fastest wins only where "
+                 "that interval excludes 1; otherwise it is a tie within noise with the times "
+                 "named (`convbench advise` then chooses by a tie-break)."
+                 + (" Times measured on a busy machine do not compete." if len(busy) else "")),
+                "", md_table(winners), ""]
     out += ["## Time per layer", "",
-            (f"Median ms per pass; `{BEST.strip()}` marks the fastest algorithm of each layer, "
-             f"`{NOISY}` a noisy measurement{host_note}."), ""]
+            (f"Median ms per pass; `{BEST.strip()}` marks the fastest algorithm of each layer "
+             f"where it wins beyond noise, `{TIED.strip()}` the fastest and the times tied with "
+             f"it where it does not; `{NOISY}` a noisy measurement{host_note}{busy_note}."), ""]
     for (precision, pass_, layout), rows in df.groupby(["precision", "pass", "layout"],
                                                        sort=False):
         out += [f"### {pass_}, {layout}, {precision}", "", md_table(time_table(rows)), ""]
@@ -469,12 +579,24 @@ def markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = ()) -> str:
                 (f"{noisy} of {(df['status'] == 'ok').sum()} measurements have IQR/median > "
                  f"{NOISE_THRESHOLD}: marked `{NOISY}` in the time tables, `noisy` in "
                  f"{RESULTS_CSV}."), ""]
+    if len(busy):
+        out += ["## Busy machine", "",
+                (f"{len(busy)} of {(df['status'] == 'ok').sum()} times were measured while the "
+                 "machine was busy: on the CPU, other processes kept the pass's threads off the "
+                 f"cores they were ready to run on (less than {CONTENDED_SHARE:.0%} of their "
+                 "ready time on a core, `cpu_share` in "
+                 f"{RESULTS_CSV}), on the GPU its clocks were held down (`throttled`). They "
+                 f"are marked `{BUSY}`, compete for no win here and are left out of advice "
+                 "(`--include-busy` takes them); measure them again on a quiet machine."), "",
+                md_table(busy), ""]
     if len(host_bound):
         out += ["## Host-bound measurements", "",
-                (f"{len(host_bound)} GPU measurements took the host at least as long to issue "
-                 "(Python, the launches) as the GPU took to run (`host_ms` >= `median_ms` in "
-                 f"{RESULTS_CSV}): the GPU may have waited for the host, so these times are upper "
-                 f"bounds of the kernels' own. Marked `{HOST_BOUND}` in the time tables."), "",
+                (f"{len(host_bound)} GPU measurements may hold time the GPU spent waiting for "
+                 "the host (Python, the launches): in more than a tenth of their repetitions "
+                 "the host took longer to issue the pass than the head start the GPU was given "
+                 f"(`host_bound` in {RESULTS_CSV}; for rows from before the head start, the host "
+                 "took half the GPU's time or more). These times are upper bounds of the "
+                 f"kernels' own. Marked `{HOST_BOUND}` in the time tables."), "",
                 md_table(host_bound), ""]
     out += ["## Plots", ""]
     out += [plots] if isinstance(plots, str) else [f"![{Path(p).stem}]({p})" for p in plots]
@@ -724,51 +846,4 @@ def write(folder: str | Path, df: pd.DataFrame, env: dict) -> str:
     else:
         text = markdown(df, env, plot(df, folder))
     (folder / REPORT_MD).write_text(text)
-    return text
-
-
-# --- compare --------------------------------------------------------------------------------
-def _quartiles(times: str) -> tuple[float, float]:
-    m = Measurement.from_text(times)
-    return m.q1, m.q3
-
-
-def compare(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
-    """Per row key: B's median over A's, and whether the change is beyond noise — the two
-    interquartile ranges do not overlap — or a change of status."""
-    key = [c for c in KEY if c not in PROBLEM_FIELDS or c == "n"]
-    cols = [*KEY, "status", "median_ms", "times_ms"]
-    both = a[cols].merge(b[cols], on=list(KEY), how="outer", suffixes=("_a", "_b"),
-                         indicator=True)
-    change = []
-    for _, r in both.iterrows():
-        if r["_merge"] != "both":
-            change.append("only in A" if r["_merge"] == "left_only" else "only in B")
-        elif r["status_a"] != r["status_b"]:
-            change.append(f"{r['status_a']} -> {r['status_b']}")
-        elif r["status_a"] != "ok":
-            change.append("")
-        else:
-            (q1a, q3a), (q1b, q3b) = _quartiles(r["times_ms_a"]), _quartiles(r["times_ms_b"])
-            change.append("faster" if q3b < q1a else "slower" if q1b > q3a else "")
-    both["ratio"] = both["median_ms_b"] / both["median_ms_a"]
-    both["change"] = change
-    return both[[*key, "median_ms_a", "median_ms_b", "ratio", "change"]]
-
-
-def compare_table(cmp: pd.DataFrame) -> str:
-    """The comparison as a table, with the geometric-mean ratio over rows timed in both."""
-    shown = cmp.assign(median_ms_a=cmp["median_ms_a"].map(fmt_ms),
-                       median_ms_b=cmp["median_ms_b"].map(fmt_ms),
-                       ratio=cmp["ratio"].map(lambda v: "" if pd.isna(v) else f"{v:.3f}"))
-    text = tabulate(shown, headers="keys", tablefmt="github", showindex=False,
-                    disable_numparse=True)
-    ratios = cmp["ratio"].dropna()
-    ratios = ratios[ratios > 0]
-    if len(ratios):
-        gmean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-        counts = cmp["change"].value_counts()
-        text += (f"\n\nB/A median ratio, geometric mean over {len(ratios)} rows: {gmean:.3f}; "
-                 f"beyond noise: {counts.get('faster', 0)} faster, {counts.get('slower', 0)} "
-                 "slower.")
     return text

@@ -154,6 +154,15 @@ def _backend_precision(example_input) -> tuple[str, str]:
     return backend, PRECISION_OF_DTYPE[dtype]
 
 
+class TuneInterrupted(KeyboardInterrupt):
+    """Ctrl-C while `tune` measured: the `made` measurements (of `planned`) are in the plan store
+    (`path`, None if none was made yet), and tuning again measures only the rest."""
+
+    def __init__(self, made: int, planned: int, path: Path | None):
+        super().__init__(f"{made} of {planned} measurements made")
+        self.made, self.planned, self.path = made, planned, path
+
+
 def tune(model, example_input, **options) -> Plan:
     """Measure the conv layers of `model` as `example_input` exercises them, and plan them
     (`tune_advice`'s plan; its options are this one's)."""
@@ -213,11 +222,25 @@ def tune_advice(model, example_input, *, algos: str = "all",
         if len(made) % 20 == 0:
             log(f"measured {len(made)} of {len(cases)}")
 
-    runner.run(cases, budget, on_row=measured)
-    rows = [row_from_entry(e, site.name, net, precision)
-            for site in sites for p in site.passes for e in entries[site.problem, p]]
-    advice = (advise(frame(rows), constraints, precision) if rows else
-              Advice(backend, precision, constraints, [], {}, set(), Counter()))
+    def advice_now() -> Advice:
+        rows = [row_from_entry(e, site.name, net, precision)
+                for site in sites for p in site.passes for e in entries[site.problem, p]]
+        return (advise(frame(rows), constraints, precision) if rows else
+                Advice(backend, precision, constraints, [], {}, set(), Counter()))
+
+    try:
+        runner.run(cases, budget, on_row=measured)
+    except KeyboardInterrupt:
+        # Keep what was measured: a plan of it (each layer in its own best layout, no
+        # conversions measured) in the store, whose measurements the next tune reuses.
+        path = None
+        if made:
+            path = store.save(build_plan(advice_now(), env, None,
+                                         measurements=[e for es in entries.values() for e in es],
+                                         unplanned=unplanned, input_layout=input_layout,
+                                         output_layout=output_layout))
+        raise TuneInterrupted(len(made), len(cases), path) from None
+    advice = advice_now()
     keys = needed_conversions(layer_costs(advice, input_layout), boundaries(advice),
                               input_layout, output_layout)
     conversions = [stored.conversions[k] for k in sorted(keys & stored.conversions.keys())]

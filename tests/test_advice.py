@@ -5,12 +5,14 @@ from convbench.measurement import Measurement
 from convbench.plan import Choice, Constraints
 from convbench.problem import ConvProblem
 
+BUSY = "measured on a busy machine (contended or throttled: --include-busy to use them)"
 P1 = ConvProblem(n=2, c=3, h=8, w=8, k=4, r=3, s=3, pad=1)
 P2 = ConvProblem(n=2, c=4, h=8, w=8, k=4, r=3, s=3, pad=1)
 
 
 def times(median: float, spread: float = 0.01) -> Measurement:
-    return Measurement((median * (1 - spread), median, median * (1 + spread)))
+    """Seven repetitions spread evenly ±`spread` around `median`: enough for intervals."""
+    return Measurement(tuple(median * (1 + spread * k / 3) for k in range(-3, 4)))
 
 
 def synthetic(table: dict, backend: str = "numpy", layers=(("l1", P1), ("l2", P2))) -> list:
@@ -51,7 +53,8 @@ def test_best_runner_up_margin_and_noise():
     assert b.best.algo == "gemm" and b.margin == pytest.approx(0.1) and b.within_noise is True
     assert adv.layers == [("l1", P1), ("l2", P2)]
     table = advice.advice_table(adv)
-    assert "within noise" in table and "+50%" in table and "(not measured)" in table
+    assert "tie within noise with winograd-2x2 nhwc" in table and "(not measured)" in table
+    assert "| wins " in table and "1.5× [" in table
 
 
 def test_heuristic_regret_compares_cudnn_with_the_best_in_its_layout():
@@ -88,7 +91,7 @@ def test_constraints_rule_out_candidates_and_say_how_many():
     excluded = advice.advise(df, strict).excluded
     assert excluded == {"above their tolerance": 1, "above --max-error 1e-06": 1,
                         "over the workspace budget of 1 MiB": 1,
-                        "not deterministic": 1}
+                        "not deterministic": 1, BUSY: 0}
     assert not advice.is_deterministic("cudnn", "cuda")
     assert advice.is_deterministic("direct", "cuda") and advice.is_deterministic("gemm", "numpy")
 
@@ -102,7 +105,7 @@ def test_a_row_that_declares_no_workspace_is_judged_by_its_measured_peak():
     adv = advice.advise(results.frame(rows), Constraints(workspace_budget=1 << 30))
     assert adv.passes["l1", "fwd"].best.algo == "direct"
     assert adv.excluded == {"above their tolerance": 0,
-                            "over the workspace budget of 1 GiB": 2}
+                            "over the workspace budget of 1 GiB": 2, BUSY: 0}
     rows[0]["peak_bytes"] = 1 << 20
     adv = advice.advise(results.frame(rows), Constraints(workspace_budget=1 << 30))
     assert adv.passes["l1", "fwd"].best.algo == "cudnn"
@@ -167,3 +170,57 @@ def test_build_plan_takes_the_network_layouts_and_the_majority_cudnn_mode():
     assert unmeasured.network is None
     assert [lp.layout for lp in unmeasured.layers] == ["nhwc", "nchw"]
 
+
+
+# --- ties within noise, and busy machines -----------------------------------------------------
+def test_a_tie_within_noise_goes_to_the_tie_break_and_a_real_gap_wins():
+    df = results.frame(synthetic({
+        ("l1", "fwd", "gemm", "nchw"): (times(1.0, spread=0.1), {"workspace": 1 << 20}),
+        ("l1", "fwd", "direct", "nchw"): (times(1.02, spread=0.1), {"workspace": 0}),
+        ("l1", "fwd", "fft", "nchw"): (times(1.04, spread=0.1), {"workspace": 1 << 10,
+                                                                  "rel_error": 1e-8}),
+        ("l2", "fwd", "gemm", "nchw"): (times(1.0), {"workspace": 1 << 20}),
+        ("l2", "fwd", "direct", "nchw"): (times(1.2), {"workspace": 0}),
+    }))
+    a = advice.advise(df).passes["l1", "fwd"]
+    assert a.fastest.algo == "gemm" and a.within_noise and a.best.algo == "direct"
+    assert {c.algo for c in a.tied} == {"gemm", "direct", "fft"}
+    assert advice.advise(df, Constraints(tie_break="time")).passes["l1", "fwd"].best.algo == "gemm"
+    assert advice.advise(df, Constraints(tie_break="error")).passes["l1", "fwd"].best.algo == "fft"
+    b = advice.advise(df).passes["l2", "fwd"]
+    assert b.best.algo == "gemm" and not b.within_noise and b.ratio.low > 1.1
+    table = advice.advice_table(advice.advise(df))
+    assert "tie within noise with gemm nchw, fft nchw, workspace tie-break" in table
+    with pytest.raises(ValueError, match="tie-break 'luck'"):
+        Constraints(tie_break="luck")
+
+
+def test_times_of_a_busy_machine_are_left_out_unless_asked():
+    rows = synthetic({("l1", "fwd", "gemm", "nchw"): times(1.0),
+                      ("l1", "fwd", "direct", "nchw"): times(2.0),
+                      ("l1", "fwd", "fft", "nchw"): times(3.0)})
+    rows[0]["contended"] = True
+    rows[1]["throttled"] = "power limit (3 ms held down)"
+    df = results.frame(rows)
+    adv = advice.advise(df)
+    assert adv.passes["l1", "fwd"].best.algo == "fft" and adv.excluded[BUSY] == 2
+    assert "2 " + BUSY in advice.plan_text(advice.build_plan(adv, {}, None, measurements=[]),
+                                            adv)
+    assert advice.advise(df, Constraints(include_busy=True)).passes["l1", "fwd"].best.algo == \
+        "gemm"
+
+
+def test_times_from_the_same_rounds_pair_up():
+    """Two algorithms timed in the same rounds, both slowed by the same drift: paired, their
+    ratio is decided; apart, the drift's spread hides it."""
+    drift = [1 + 0.3 * k / 6 for k in range(7)]
+    rows = synthetic({("l1", "fwd", "gemm", "nchw"): Measurement(tuple(d for d in drift)),
+                      ("l1", "fwd", "direct", "nchw"): Measurement(tuple(1.05 * d
+                                                                         for d in drift))})
+    for r in rows:
+        r["round_group"] = "run-1"
+    paired = advice.advise(results.frame(rows)).passes["l1", "fwd"]
+    assert paired.ratio.paired and paired.ratio.decided and not paired.within_noise
+    rows[1]["round_group"] = "run-2"
+    apart = advice.advise(results.frame(rows)).passes["l1", "fwd"]
+    assert not apart.ratio.paired and apart.within_noise

@@ -10,6 +10,7 @@ from convbench import cli, registry, results, runner
 from convbench.problem import PASSES
 
 TINY = "n=1,c=2,h=6,w=6,k=3,r=3,s=3,pad=1"
+REAL_PREPARE = runner.prepare
 FAST = ["--budget", "0.002"]
 
 
@@ -135,7 +136,7 @@ def test_bench_writes_a_run_folder_and_report_compare_work(tmp_path, capsys):
 def test_interrupted_bench_keeps_rows_and_resume_finishes(tmp_path, capsys, monkeypatch,
                                                           interrupt):
     folder = tmp_path / "run"
-    real = runner.measure
+    real = runner.prepare
     seen = interrupt(3)
     code, _, err = run_cli(capsys, *BENCH, "--out", str(folder))
     assert code == 130 and "--resume" in err
@@ -143,7 +144,7 @@ def test_interrupted_bench_keeps_rows_and_resume_finishes(tmp_path, capsys, monk
     assert (folder / "report.md").exists()  # the report of what exists
 
     measured = []
-    monkeypatch.setattr(runner, "measure", lambda case, *a, **k: measured.append(case) or
+    monkeypatch.setattr(runner, "prepare", lambda case, *a, **k: measured.append(case) or
                         real(case, *a, **k))
     code, _, _ = run_cli(capsys, *BENCH, "--out", str(folder), "--resume")
     assert code == 0 and len(measured) == 7
@@ -154,17 +155,19 @@ def test_interrupted_bench_keeps_rows_and_resume_finishes(tmp_path, capsys, monk
 def test_a_gpu_fault_is_one_line_naming_the_case_and_how_to_go_on(tmp_path, capsys,
                                                                 monkeypatch):
     folder = tmp_path / "run"
-    real = runner.measure
+    real = runner.prepare
 
     def fault_on_conv2(case, *args, **kw):
         if case.layer == "conv2":
-            raise runner.DeviceFault(runner.row(case, "failed", "CUDA error: an illegal memory "
-                                                "access was encountered"))
+            raise runner.NotMeasured("failed", "CUDA error: an illegal memory access was "
+                                     "encountered", fatal=True)
         return real(case, *args, **kw)
 
-    monkeypatch.setattr(runner, "measure", fault_on_conv2)
-    code, _, err = run_cli(capsys, *BENCH, "--out", str(folder))
-    assert code == 1 and err.count("\n") == 2  # the rows line, then the fault's
+    monkeypatch.setattr(runner, "prepare", fault_on_conv2)
+    code, _, err = run_cli(capsys, *BENCH, "--out", str(folder), "--quiet")
+    lines = [line for line in err.splitlines() if not line.startswith("convbench: warning:")]
+    assert code == 1 and len(lines) == 3  # the rows line, the summary, the fault's
+    assert lines[1].startswith("convbench: 3 cases in ")  # (and a warning if the machine is busy)
     line = err.splitlines()[-1]
     assert line.startswith("convbench: error: conv2 torch-cpu fwd nhwc faulted the GPU (")
     assert line.endswith(f"continue after it with --resume --out {folder}")
@@ -202,19 +205,25 @@ class Tty:
         pass
 
 
-def test_progress_bar_on_a_terminal_only():
-    row = {"layer": "conv2", "pass": "fwd", "layout": "nchw", "algo": "gemm", "status": "ok"}
-    for tty in (True, False):
+def test_progress_is_a_bar_on_a_terminal_and_a_line_per_case_elsewhere():
+    row = {"layer": "conv2", "pass": "fwd", "layout": "nchw", "algo": "gemm", "status": "ok",
+           "median_ms": 12.345, "noisy": True, "contended": False, "throttled": ""}
+    for tty, quiet in ((True, False), (False, False), (False, True)):
         stream = Tty(tty)
-        progress = cli.Progress(2, stream)
+        progress = cli.Progress(2, stream, quiet=quiet)
         progress(row)
-        progress(row)
+        progress({**row, "status": "unsupported"})
         progress.close()
-        if tty:
-            assert stream.text.startswith("\r[1/2] conv2 fwd nchw gemm: ok")
+        if quiet:
+            assert stream.text == ""
+        elif tty:
+            assert stream.text.startswith("\r[1/2] conv2 fwd nchw gemm: 12.35 ms (noisy)")
             assert "\r[2/2]" in stream.text and stream.text.endswith("\n")
         else:
-            assert stream.text == ""
+            lines = stream.text.splitlines()
+            assert len(lines) == 2 and "\r" not in stream.text
+            assert lines[0].startswith("[1/2] conv2 fwd nchw gemm: 12.35 ms (noisy)  elapsed")
+            assert lines[1].startswith("[2/2] conv2 fwd nchw gemm: unsupported  elapsed")
 
 
 def test_resume_refuses_a_results_file_with_other_columns(tmp_path, capsys):
@@ -270,3 +279,85 @@ def test_a_problem_larger_than_any_machine_is_an_oom_row_saying_what_it_needs(ca
     assert code == 0 and rows and {r["status"] for r in rows} == {"oom"}
     assert all(r["reason"].startswith("its operands need 3") and " EiB, more than the " in
                r["reason"] and r["reason"].endswith("this device has") for r in rows)
+
+
+# --- resuming with the run's own options ------------------------------------------------------
+SMALL = ["bench", "--algos", "torch-cpu", "--batch", "2", "--passes", "fwd", "--layouts",
+         "nhwc", "--quiet", *FAST]
+
+
+def interrupted_run(tmp_path, capsys, interrupt, after: int = 2) -> Path:
+    folder = tmp_path / "run"
+    interrupt(after)
+    code, _, err = run_cli(capsys, *SMALL, "--out", str(folder))
+    assert code == 130 and err.splitlines()[-1].endswith(f"--resume --out {folder}")
+    return folder
+
+
+def test_resume_without_options_finishes_the_run_as_it_was_asked(tmp_path, capsys, monkeypatch,
+                                                                 interrupt):
+    folder = interrupted_run(tmp_path, capsys, interrupt)
+    monkeypatch.setattr(runner, "prepare", REAL_PREPARE)
+    code, _, err = run_cli(capsys, "bench", "--resume", "--out", str(folder), "--quiet")
+    assert code == 0, err
+    df, env = results.load_run(folder)
+    assert len(df) == 5 and set(df["n"]) == {2}  # the run's batch 2, not the default 8
+    assert env["run"]["argv"][:2] == ["bench", "--algos"]
+    assert [r["when"] for r in env["load"]] == ["start", "end", "resumed start", "end"]
+
+
+def test_resume_with_a_contradicting_option_is_one_line_and_writes_nothing(tmp_path, capsys,
+                                                                          interrupt,
+                                                                          monkeypatch):
+    folder = interrupted_run(tmp_path, capsys, interrupt)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    for argv, expected in (
+            (["bench", "--batch", "8"], "--batch 8 contradicts the run in {f}, made with --batch 2"),
+            (["bench", "--algos", "gemm"], ("--algos gemm contradicts the run in {f}, made with "
+                                           "--algos torch-cpu")),
+            (["bench", "--threads", "9"], ("--threads 9 contradicts the run in {f}, made with "
+                                          "--threads")),
+            (["layer", TINY], "{f} was made by `convbench bench`, not `convbench layer`")):
+        code, out, err = run_cli(capsys, *argv, "--resume", "--out", str(folder))
+        line = expected.format(f=folder)
+        assert code == 2 and out == "" and err.count("\n") == 1, err
+        assert err.startswith("convbench: error: " + line), err
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    # the run's own options, given again, are no contradiction
+    monkeypatch.setattr(runner, "prepare", REAL_PREPARE)
+    code, _, err = run_cli(capsys, *SMALL, "--resume", "--out", str(folder))
+    assert code == 0, err
+
+
+def test_resume_of_a_folder_from_before_argv_reads_its_command(tmp_path, capsys, interrupt,
+                                                               monkeypatch):
+    folder = interrupted_run(tmp_path, capsys, interrupt)
+    env = json.loads((folder / "env.json").read_text())
+    del env["run"]["argv"]
+    (folder / "env.json").write_text(json.dumps(env))
+    code, _, err = run_cli(capsys, "bench", "--batch", "8", "--resume", "--out", str(folder))
+    assert code == 2 and "--batch 8 contradicts the run" in err
+
+
+def test_a_run_ends_on_a_summary_line(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "layer", TINY, "--algos", "torch-cpu,fft", "--passes", "fwd",
+                           "--layouts", "nhwc", "--quiet", *FAST)
+    last = err.splitlines()[-1]
+    assert code == 0 and last.startswith("convbench: 2 cases in 0m")
+    assert last.endswith("1 ok, 0 unsupported, 0 failed, 0 oom; 0 noisy, 0 contended, "
+                         "0 throttled, 0 host-bound") or "noisy" in last
+
+
+def test_threads_and_target_noise_are_recorded_and_checked(tmp_path, capsys):
+    folder = tmp_path / "run"
+    code, _, _ = run_cli(capsys, "layer", TINY, "--algos", "torch-cpu", "--passes", "fwd",
+                         "--layouts", "nhwc", "--threads", "1", "--target-noise", "5%",
+                         "--out", str(folder), "--quiet", *FAST)
+    env = json.loads((folder / "env.json").read_text())
+    assert code == 0 and env["run"]["threads"] == 1 and env["run"]["target_noise"] == 0.05
+    assert env["threads"]["threads"] == 1 and env["threads"]["set_by"] == "--threads"
+    assert env["threads"]["torch"] == 1
+    for bad in (["--threads", "0"], ["--target-noise", "0"], ["--target-noise", "150"],
+                ["--target-noise", "two"]):
+        code, _, err = run_cli(capsys, "layer", TINY, *bad)
+        assert code == 2 and err.count("\n") == 1, err

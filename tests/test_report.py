@@ -25,8 +25,9 @@ def rows(times: dict, algos=("gemm", "winograd-2x2", "torch-cpu")) -> list[dict]
     return out
 
 
-FAST, SLOW = Measurement((1.0, 1.01, 1.02)), Measurement((3.0, 3.1, 3.2))
-NOISY = Measurement((2.0, 3.1, 4.0))
+FAST = Measurement((0.99, 1.0, 1.005, 1.01, 1.015, 1.02, 1.03))
+SLOW = Measurement((3.0, 3.05, 3.08, 3.1, 3.12, 3.15, 3.2))
+NOISY = Measurement((2.0, 2.5, 2.9, 3.1, 3.5, 3.8, 4.0))
 TIMES = {("gemm", "conv3"): SLOW, ("winograd-2x2", "conv3"): FAST, ("torch-cpu", "conv3"): NOISY,
          ("gemm", "conv4"): FAST, ("winograd-2x2", "conv4"): "failed",
          ("torch-cpu", "conv4"): "oom"}
@@ -92,7 +93,7 @@ def test_csv_round_trip_and_json(tmp_path):
     assert df.loc[df["status"] == "ok", "noisy"].tolist() == [False, False, True] * 2 + [False] * 2
     records = json.loads(results.to_json(df))
     ok = [r for r in records if r["status"] == "ok"]
-    assert ok[0]["times_ms"] == [3.0, 3.1, 3.2] and ok[0]["reps"] == 3
+    assert ok[0]["times_ms"] == list(SLOW.times_ms) and ok[0]["reps"] == 7
     assert ok[0]["rel_error"] == 1e-7
     assert isinstance(ok[0]["workspace_bytes"], int)
     assert all(r["median_ms"] is None for r in records if r["status"] != "ok")
@@ -118,31 +119,6 @@ def test_plots_are_skipped_without_matplotlib(tmp_path, monkeypatch):
     assert "matplotlib is not installed" in note
     assert note in report.markdown(results.frame(rows(TIMES)), {}, note)
     assert not list(tmp_path.iterdir())
-
-
-def test_compare_flags_changes_beyond_noise():
-    a = results.frame(rows(TIMES))
-    b_times = dict(TIMES)
-    b_times[("gemm", "conv3")] = FAST  # 3x faster, IQRs apart
-    b_times[("torch-cpu", "conv3")] = Measurement((2.5, 3.0, 3.5))  # overlaps: noise
-    b_times[("winograd-2x2", "conv4")] = SLOW  # failed -> ok
-    b = results.frame(rows(b_times))
-    cmp = report.compare(a, b)
-    fwd = cmp[cmp["pass"] == "fwd"].set_index(["algo", "layer"])
-    assert fwd.loc[("gemm", "conv3"), "change"] == "faster"
-    assert fwd.loc[("gemm", "conv3"), "ratio"] == pytest.approx(1.01 / 3.1)
-    assert fwd.loc[("torch-cpu", "conv3"), "change"] == ""
-    assert fwd.loc[("winograd-2x2", "conv4"), "change"] == "failed -> ok"
-    text = report.compare_table(cmp)
-    assert "2 faster, 0 slower" in text  # gemm conv3, fwd and bwd_data
-    assert "geometric mean" in text
-
-
-def test_compare_rows_in_one_run_only():
-    a = results.frame(rows(TIMES))
-    b = results.frame(rows(TIMES, algos=("gemm",)))
-    cmp = report.compare(a, b)
-    assert (cmp["change"] == "only in A").sum() == 8
 
 
 def test_where_names_whole_layers_alone():

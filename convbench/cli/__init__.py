@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             return kernels.main(argv[1:])
         args = build_parser().parse_args(argv)
         args.argv = argv
+        args.build_parser = build_parser  # `--resume` reads a run's own options with it
         return args.func(args)
     except UsageError as exc:
         print(f"convbench: error: {str(exc).splitlines()[0]}", file=sys.stderr)

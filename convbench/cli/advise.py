@@ -5,19 +5,21 @@ from __future__ import annotations
 import sys
 import time
 
-from ..advice import NO_CONSTRAINTS, constraint_cost, plan_text
+from ..advice import constraint_cost, plan_text
 from ..plan import Constraints, PlanStore
 from ..tune import advise_run
-from .common import UsageError, positive, size
+from .common import UsageError, positive, size, tie_options
 
 
 def cmd_advise(args) -> int:
-    constraints = Constraints(args.workspace_budget, args.deterministic, args.max_error)
+    constraints = Constraints(args.workspace_budget, args.deterministic, args.max_error,
+                              args.tie_break, args.include_busy)
     started = time.monotonic()
     try:
         plan, advice, note = advise_run(args.run, constraints, args.precision, args.batch)
-        free = (None if constraints == NO_CONSTRAINTS
-                else advise_run(args.run, NO_CONSTRAINTS, args.precision, args.batch)[0])
+        unconstrained = Constraints(tie_break=args.tie_break, include_busy=args.include_busy)
+        free = (None if constraints == unconstrained
+                else advise_run(args.run, unconstrained, args.precision, args.batch)[0])
         written = [] if args.no_store else [PlanStore(args.store).save(plan)]
         if args.out:
             written.append(plan.save(args.out))
@@ -52,6 +54,7 @@ def add_parsers(sub) -> None:
                         "cudnn-autotune)")
     p.add_argument("--max-error", type=positive(float), metavar="REL",
                    help="most relative error against the float64 reference")
+    tie_options(p)
     p.add_argument("--out", help="also write the plan JSON to this file")
     p.add_argument("--store", help="plan store folder (default $CONVBENCH_PLAN_DIR, else "
                    "~/.cache/convbench/plans)")

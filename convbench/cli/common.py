@@ -109,6 +109,19 @@ def step_options(p, net_help: str | None = None, net_default: str | None = "alex
                    help="default cuda where a GPU is, else cpu")
 
 
+def tie_options(p) -> None:
+    """--tie-break and --include-busy of the commands that choose (advise, tune)."""
+    from ..plan import TIE_BREAKS
+
+    p.add_argument("--tie-break", choices=TIE_BREAKS, default="workspace",
+                   help="among candidates whose times are a tie within noise with the fastest, "
+                        "prefer the least workspace (default), the lowest median (time) or the "
+                        "smallest error against float64 (error)")
+    p.add_argument("--include-busy", action="store_true",
+                   help="also choose among times measured on a busy machine (contended CPU "
+                        "cores, throttled GPU clocks), left out by default")
+
+
 # --- output ---------------------------------------------------------------------------------
 def emit(df, fmt: str, table_text: str) -> None:
     """The results as the table given, or as CSV or JSON rows."""
@@ -116,27 +129,90 @@ def emit(df, fmt: str, table_text: str) -> None:
            "json": lambda: results.to_json(df)}[fmt]())
 
 
-def exit_code(outcome, folder: Path | None) -> int:
-    """0; or after a GPU fault one line naming the case, and 1; or after Ctrl-C a line saying
-    what was kept and how to finish, and 130."""
+def percent(text: str) -> float:
+    """An argparse type: a percentage (`2`, `2%`, `0.5`) as a fraction, above 0 and below 100."""
+    value = text.strip().removesuffix("%")
+    try:
+        v = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage such as 2 or 0.5%") \
+            from None
+    if not math.isfinite(v) or not 0 < v < 100:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage between 0 and 100")
+    return v / 100
+
+
+def summary_line(outcome) -> str:
+    """One line for the end of a run, benchdnn-style: what was measured and how it went, with
+    the rows whose numbers may be wrong counted (this run's rows, not a resumed run's older)."""
+    rows = outcome.rows
+    status = {s: sum(r["status"] == s for r in rows) for s in results.STATUSES}
+    ok = [r for r in rows if r["status"] == "ok"]
+    flags = {"noisy": sum(bool(r.get("noisy")) for r in ok),
+             "contended": sum(bool(r.get("contended")) for r in ok),
+             "throttled": sum(bool(r.get("throttled")) for r in ok),
+             "host-bound": sum(bool(r.get("host_bound")) for r in ok)}
+    line = (f"convbench: {len(rows)} cases in {_duration(outcome.seconds)}: "
+            + ", ".join(f"{n} {s}" for s, n in status.items())
+            + "; " + ", ".join(f"{n} {f}" for f, n in flags.items()))
+    if outcome.skipped:
+        line += f"; {outcome.skipped} not tried (their series ran out of memory)"
+    return line
+
+
+def busy_warning(outcome) -> str | None:
+    """The warning a run ends on when some of its times were taken on a busy machine."""
+    ok = [r for r in outcome.rows if r["status"] == "ok"]
+    contended = sum(bool(r.get("contended")) for r in ok)
+    throttled = sum(bool(r.get("throttled")) for r in ok)
+    if not contended and not throttled:
+        return None
+    what = " and ".join(
+        text for n, text in ((contended, (f"{contended} while other processes held the cores "
+                                          "their threads needed (contended)")),
+                             (throttled, (f"{throttled} while the GPU's clocks were held down "
+                                         "(throttled)"))) if n)
+    return (f"convbench: warning: of {len(ok)} times, {what}: they may be wrong, advice leaves "
+            "them out; the report lists them; measure them again on a quiet machine "
+            "(--resume after deleting their rows, or a new run)")
+
+
+def finish(outcome, folder: Path | None, quiet: bool = False) -> int:
+    """The lines a measuring command ends on (stderr, after its output): what was not tried,
+    where the rows are, the summary, a warning if the machine was busy; then 0, or after a GPU
+    fault one line naming the case and 1, or after Ctrl-C a line saying what was kept and how to
+    finish, and 130."""
+    err = sys.stderr
+    if folder is not None:
+        print(f"convbench: {len(outcome.frame)} rows in {folder}", file=err)
+    print(summary_line(outcome), file=err)
+    warning = busy_warning(outcome)
     where = f"; finish with --resume --out {folder}" if folder else ""
     if outcome.fault:
+        if warning:
+            print(warning, file=err)
         print(f"convbench: error: {outcome.fault}; the GPU is unusable in this process, the "
               f"rows measured so far are kept{where.replace('finish', 'continue after it')}",
-              file=sys.stderr)
+              file=err)
         return EXIT_FAULT
-    if not outcome.interrupted:
-        return 0
-    print(f"convbench: interrupted; the rows measured so far are kept{where}", file=sys.stderr)
-    return EXIT_INTERRUPTED
+    if outcome.interrupted:
+        if warning:
+            print(warning, file=err)
+        print(f"convbench: interrupted; the rows measured so far are kept{where}", file=err)
+        return EXIT_INTERRUPTED
+    if warning:
+        print(warning, file=err)
+    return 0
 
 
 class Progress:
-    """A one-line progress bar on a terminal (stderr), silent when stderr is piped."""
+    """Progress on stderr as cases finish: on a terminal one line, redrawn; elsewhere (a pipe,
+    a CI log) one line per finished case; nothing when `quiet`."""
 
-    def __init__(self, total: int, stream=None):
+    def __init__(self, total: int, stream=None, quiet: bool = False):
         self.stream = stream or sys.stderr
-        self.enabled = self.stream.isatty() and total > 0
+        self.tty = self.stream.isatty()
+        self.enabled = not quiet and total > 0
         self.total, self.done, self.start = total, 0, time.monotonic()
 
     def __call__(self, row: dict) -> None:
@@ -145,15 +221,22 @@ class Progress:
             return
         elapsed = time.monotonic() - self.start
         eta = elapsed / self.done * (self.total - self.done)
+        status = row["status"]
+        if status == "ok" and row.get("median_ms") is not None:
+            marks = [m for m, on in (("noisy", row.get("noisy")), ("contended",
+                     row.get("contended")), ("throttled", row.get("throttled"))) if on]
+            status = f"{row['median_ms']:.4g} ms" + (f" ({', '.join(marks)})" if marks else "")
         line = (f"[{self.done}/{self.total}] {row['layer']} {row['pass']} {row['layout']} "
-                f"{row['algo']}: {row['status']}  elapsed {_duration(elapsed)}, "
-                f"eta {_duration(eta)}")
-        width = shutil.get_terminal_size().columns - 1
-        self.stream.write("\r" + line[:width].ljust(width))
+                f"{row['algo']}: {status}  elapsed {_duration(elapsed)}, eta {_duration(eta)}")
+        if self.tty:
+            width = shutil.get_terminal_size().columns - 1
+            self.stream.write("\r" + line[:width].ljust(width))
+        else:
+            self.stream.write(line + "\n")
         self.stream.flush()
 
     def close(self) -> None:
-        if self.enabled and self.done:
+        if self.enabled and self.tty and self.done:
             self.stream.write("\n")
             self.stream.flush()
 

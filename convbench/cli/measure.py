@@ -10,13 +10,17 @@ Each parses its options into cases (`runs.sweep_cases`), opens the run folder
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
 from .. import (
     batchsweep,
     devices,
+    envinfo,
     layers,
     memory,
     models,
@@ -25,10 +29,12 @@ from .. import (
     report,
     runs,
     shard,
+    threads,
+    timing,
 )
 from ..devices import DEVICES
 from ..problem import LAYOUTS, PASSES, PRECISIONS
-from ..results import FolderInUse, RunFolder
+from ..results import ENV_JSON, FolderInUse, RunFolder
 from .common import (
     FORMATS,
     Progress,
@@ -36,7 +42,8 @@ from .common import (
     batches,
     choices,
     emit,
-    exit_code,
+    finish,
+    percent,
     positive,
     size,
     usage_errors,
@@ -63,13 +70,21 @@ def _measure(args, specs: list, device: devices.Device, folder: Path | None,
             choices(args.passes, "pass", PASSES), choices(args.layouts, "layout", LAYOUTS),
             choices(args.precision, "precision", PRECISIONS))
     budget = args.budget or device.budget_s
+    target = args.target_noise or timing.TARGET_NOISE
     sharded = shard.from_env(device.backend)  # torchrun, several ranks: this rank's share
     if sharded and sharded.rank:  # rank 0 prints the results; the other ranks' stdout is dropped
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process
+    count = args.threads
+    if count is None and sharded:  # the ranks on this machine share its cores
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", sharded.world))
+        count = max(1, threads.available_cores() // local)
+    with usage_errors():
+        threads.use(count)
     run_folder = None
     if folder is not None:
         env = runs.environment(device, args.net, cases, budget, batch=args.batch, limit=limit,
-                               command=" ".join(["convbench", *args.argv]), source=source)
+                               command=" ".join(["convbench", *map(shlex.quote, args.argv)]),
+                               source=source, argv=args.argv, target=target)
         try:
             run_folder = (sharded.open(folder, env, args.resume) if sharded
                           else RunFolder.open(folder, env, args.resume))
@@ -78,19 +93,117 @@ def _measure(args, specs: list, device: devices.Device, folder: Path | None,
                              "another run folder") from None
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-    run = (shard.Run(sharded, cases, budget, run_folder, limit) if sharded
-           else runs.Run(cases, budget, run_folder, limit))
-    progress = Progress(len(run.todo))
+    run = (shard.Run(sharded, cases, budget, run_folder, limit, target) if sharded
+           else runs.Run(cases, budget, run_folder, limit, target))
+    progress = Progress(len(run.todo), quiet=args.quiet)
     try:
         outcome = run.measure(on_row=progress)
     finally:
         progress.close()
-    if outcome.skipped:
-        print(f"convbench: {outcome.skipped} cases not tried: their series ran out of memory "
-              "at a smaller batch", file=sys.stderr)
-    if folder is not None:
-        print(f"convbench: {len(outcome.frame)} rows in {folder}", file=sys.stderr)
     return outcome
+
+
+# --- resuming: a run folder's own options ------------------------------------------------------
+#: Options that say how to show or where to write a run, not what it measures: a resumed run
+#: may give them anew.
+_PRESENTATION = {"resume", "out", "format", "quiet", "command", "func", "argv",
+                 "build_parser"}
+#: Options whose default a run resolved and recorded in env.json's run: an explicit value is
+#: compared with what the run used, not with "not given".
+_RESOLVED = {"net": "net", "device": "device", "batch": "batch", "budget": "budget_s",
+             "threads": "threads", "target_noise": "target_noise"}
+#: Comma lists whose order does not change what is measured.
+_LISTS = {"algos", "passes", "layouts", "precision", "layers"}
+
+
+def _explicit(build_parser, argv: list[str]) -> argparse.Namespace:
+    """`argv` parsed with every default suppressed: only the options it gives."""
+    parser = build_parser()
+    for sub in parser._subparsers._group_actions[0].choices.values():
+        for action in sub._actions:
+            if action.dest != "help":
+                action.default = argparse.SUPPRESS
+    return parser.parse_args(argv)
+
+
+def _same(dest: str, given, recorded) -> bool:
+    if dest in _LISTS and isinstance(given, str) and isinstance(recorded, str):
+        return set(given.split(",")) == set(recorded.split(","))
+    if dest in _RESOLVED and isinstance(recorded, list) and not isinstance(given, list):
+        return [given] == recorded
+    return given == recorded
+
+
+def _stored_argv(run: dict, folder: Path) -> list[str]:
+    if "argv" in run:
+        return list(run["argv"])
+    try:  # a run folder from before argv was recorded: its command line
+        return shlex.split(run.get("command", ""))[1:]
+    except ValueError:
+        raise UsageError(f"{folder / ENV_JSON}: cannot read the run's options from its command "
+                         f"{run.get('command')!r}; start another run folder") from None
+
+
+def _option(dest: str) -> str:
+    return "layers given" if dest == "layer" else "--" + dest.replace("_", "-")
+
+
+def resumed(args) -> argparse.Namespace:
+    """For `--resume --out DIR` on a run folder that has its env.json: the run's own options
+    (from env.json), with this command's presentation options; UsageError, before anything is
+    written, where this command contradicts them (another value for an option the run was made
+    with, another subcommand, another machine). Otherwise `args` as they are."""
+    env_path = Path(args.out) / ENV_JSON if args.out else None
+    if not (args.resume and env_path and env_path.is_file()):
+        return args
+    try:
+        env = json.loads(env_path.read_text())
+        run = env["run"]
+    except (ValueError, KeyError, TypeError):
+        raise UsageError(f"{env_path} is not a convbench env.json; start another run folder") \
+            from None
+    stored = _stored_argv(run, env_path.parent)
+    with usage_errors(f"{env_path}: "):
+        try:
+            original = _explicit(args.build_parser, stored)
+        except SystemExit:
+            raise ValueError(f"cannot parse the run's own options {' '.join(stored)!r}") \
+                from None
+    given = _explicit(args.build_parser, args.argv)
+    if original.command != given.command:
+        raise UsageError(f"{args.out} was made by `convbench {original.command}`, not "
+                         f"`convbench {given.command}`: resume it with `convbench "
+                         f"{original.command} --resume --out {args.out}`")
+    for dest, value in vars(given).items():
+        if dest in _PRESENTATION:
+            continue
+        recorded = getattr(original, dest, run.get(_RESOLVED.get(dest, ""), None))
+        if not _same(dest, value, recorded):
+            shown = " ".join(map(str, value)) if isinstance(value, list) else value
+            was = "not given" if recorded is None else (
+                " ".join(map(str, recorded)) if isinstance(recorded, list) else recorded)
+            raise UsageError(f"{_option(dest)} {shown} contradicts the run in {args.out}, made "
+                             f"with {_option(dest)} {was} ({ENV_JSON}): resume with its own "
+                             "options (give none), or start another run folder with --out")
+    _same_machine(env, args.out)
+    out = args.build_parser().parse_args(stored)
+    for dest in _PRESENTATION - {"command", "func"}:
+        if hasattr(args, dest):
+            setattr(out, dest, getattr(args, dest))
+    out.resume, out.out = True, args.out
+    return out
+
+
+def _same_machine(env: dict, folder) -> None:
+    """UsageError where this machine is not the one a run folder's rows were measured on."""
+    backend = env.get("backend") or env.get("run", {}).get("backend", "numpy")
+    now = {"device": envinfo.device_name(backend)}
+    was = {"device": env.get("device")}
+    if was["device"] and now["device"] != was["device"]:
+        raise UsageError(f"{folder} was measured on {was['device']}, this machine is "
+                         f"{now['device']}: its rows would mix two machines; start another run "
+                         "folder")
+
 
 
 def _limit(args) -> memory.MemoryLimit | None:
@@ -143,6 +256,7 @@ def _model_layers(args, dev: devices.Device) -> tuple[list, dict]:
 
 
 def cmd_layer(args) -> int:
+    args = resumed(args)
     folder = Path(args.out) if args.out else None
     if args.layer and (args.model or args.problems):
         raise UsageError("give layers, --model or --problems, not several")
@@ -153,21 +267,23 @@ def cmd_layer(args) -> int:
     args.net = args.net or layers.NETS[0]
     outcome = _measure(args, specs, dev, folder, _limit(args), source)
     emit(outcome.frame, args.format, report.layer_table(outcome.frame))
-    return exit_code(outcome, folder)
+    return finish(outcome, folder)
 
 
 def cmd_bench(args) -> int:
+    args = resumed(args)
     dev = device(args.device)
     specs, source = network(args, dev)
     folder = Path(args.out) if args.out else runs.default_folder(args.net, dev.backend)
     outcome = _measure(args, specs, dev, folder, _limit(args), source)
     emit(outcome.frame, args.format, outcome.report)
-    return exit_code(outcome, folder)
+    return finish(outcome, folder)
 
 
 def cmd_sweep(args) -> int:
     """`bench` over a list of batches: time per image and peak memory as the batch grows. On
     the host the memory limit defaults to a share of the memory available now."""
+    args = resumed(args)
     dev = device(args.device)
     args.net = args.net or layers.NETS[0]
     args.batch = args.batch or list(batchsweep.DEFAULT_BATCHES[dev.name])
@@ -182,7 +298,7 @@ def cmd_sweep(args) -> int:
     specs = [f"{args.net}:{name}" for name in chosen]
     outcome = _measure(args, specs, dev, folder, limit)
     emit(outcome.frame, args.format, outcome.report)
-    return exit_code(outcome, folder)
+    return finish(outcome, folder)
 
 
 # --- the parsers ----------------------------------------------------------------------------
@@ -226,12 +342,24 @@ def _sweep_options(p, layer: bool, batch_list: bool = False) -> None:
     p.add_argument("--budget", type=positive(float),
                    help="seconds of timed repetitions per measurement (default "
                         f"{DEVICES['cpu'].budget_s} on cpu, {DEVICES['cuda'].budget_s} on cuda)")
+    p.add_argument("--threads", type=positive(int), metavar="N",
+                   help="threads every algorithm may use (NumPy's BLAS, OpenMP, torch, the "
+                        "FFT's workers); default the cores this process may run on "
+                        f"(here {threads.available_cores()})")
+    p.add_argument("--target-noise", type=percent, metavar="PCT",
+                   help="repeat until each median is known to within PCT%% (the half-width of "
+                        "its 95%% interval) or the budget is spent (default "
+                        f"{timing.TARGET_NOISE * 100:g}%%)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress lines on stderr (the summary line stays)")
     p.add_argument("--format", choices=FORMATS, default="table")
     p.add_argument("--out", help="run folder to write (measurements.csv, env.json, report.md, "
                    "plots)" + ("" if layer else "; default results/<date>-<device>-<net>"
                                                    + ("-sweep" if batch_list else "")))
     p.add_argument("--resume", action="store_true",
-                   help="skip the measurements the run folder already holds")
+                   help="finish the run in --out with the options it was started with (from "
+                        "its env.json), skipping what it holds; an option that contradicts "
+                        "them is refused")
 
 
 def add_parsers(sub) -> None:

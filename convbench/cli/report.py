@@ -1,10 +1,13 @@
 """`convbench report RUN` and `convbench compare RUN_A RUN_B`: a run folder re-rendered, and
-two run folders' medians side by side."""
+two run folders' medians side by side (what differs between their machines first; runs of other
+problems or batches refused unless --force; --fail-above PCT exits 1 on a regression)."""
 
 from __future__ import annotations
 
-from .. import report, results
-from .common import FORMATS, emit, usage_errors
+import sys
+
+from .. import compare, report, results
+from .common import EXIT_FAULT, FORMATS, UsageError, emit, percent, usage_errors
 
 
 def _load(folder: str):
@@ -19,18 +22,48 @@ def cmd_report(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    (a, _), (b, _) = _load(args.run_a), _load(args.run_b)
-    cmp = report.compare(a, b)
-    emit(cmp, args.format, report.compare_table(cmp))
-    return 0
+    (a, env_a), (b, env_b) = _load(args.run_a), _load(args.run_b)
+    differences = compare.environment_differences(env_a, env_b, a, b)
+    lines = compare.header(env_a, env_b, differences)
+    if not args.force:
+        try:
+            compare.check_comparable(a, b)
+        except ValueError as exc:
+            for line in lines:
+                print(line, file=sys.stderr)
+            raise UsageError(str(exc)) from None
+    cmp = compare.compare(a, b)
+    if args.format == "table":
+        emit(cmp, args.format, "\n".join([*lines, "", compare.compare_table(cmp)]))
+    else:  # the data stays parseable: the environment goes to stderr
+        for line in lines:
+            print(line, file=sys.stderr)
+        emit(cmp, args.format, "")
+    if args.fail_above is None:
+        return 0
+    slower = compare.regressions(cmp, args.fail_above)
+    if slower.empty:
+        return 0
+    named = [f"{r['layer']} {r['pass']} {r['layout']} {r['algo']} (+{r['ratio'] - 1:.0%})"
+             for r in slower.to_dict("records")]
+    print(f"convbench: {len(slower)} rows of B slower than A beyond noise by more than "
+          f"{args.fail_above * 100:g}%: {', '.join(named[:5])}"
+          + (f" and {len(named) - 5} more" if len(named) > 5 else ""), file=sys.stderr)
+    return EXIT_FAULT
 
 
 def add_parsers(sub) -> None:
-    for name, func, runs, text in (("report", cmd_report, ["run"], "re-render a run folder"),
-                                   ("compare", cmd_compare, ["run_a", "run_b"],
-                                    "ratio of medians per row between two run folders")):
-        p = sub.add_parser(name, help=text)
-        for r in runs:
-            p.add_argument(r, metavar=r.upper())
-        p.add_argument("--format", choices=FORMATS, default="table")
-        p.set_defaults(func=func)
+    p = sub.add_parser("report", help="re-render a run folder")
+    p.add_argument("run", metavar="RUN")
+    p.add_argument("--format", choices=FORMATS, default="table")
+    p.set_defaults(func=cmd_report)
+    p = sub.add_parser("compare", help="ratio of medians per row between two run folders, "
+                       "with what differs between their machines")
+    p.add_argument("run_a", metavar="RUN_A")
+    p.add_argument("run_b", metavar="RUN_B")
+    p.add_argument("--force", action="store_true",
+                   help="compare runs of different problems or batches (the rows they share)")
+    p.add_argument("--fail-above", type=percent, metavar="PCT",
+                   help="exit 1 when a row of B is slower than A beyond noise by more than PCT%%")
+    p.add_argument("--format", choices=FORMATS, default="table")
+    p.set_defaults(func=cmd_compare)

@@ -16,8 +16,16 @@ from .. import models
 from ..advice import plan_text
 from ..plan import Constraints
 from ..problem import LAYOUTS
-from ..tune import tune_advice
-from .common import UsageError, choices, positive, size, usage_errors
+from ..tune import TuneInterrupted, tune_advice
+from .common import (
+    EXIT_INTERRUPTED,
+    UsageError,
+    choices,
+    positive,
+    size,
+    tie_options,
+    usage_errors,
+)
 
 
 def cmd_tune(args) -> int:
@@ -32,10 +40,18 @@ def cmd_tune(args) -> int:
         model = models.load(args.model).to(device)
         layouts = tuple(choices(args.layouts, "layout", LAYOUTS))
         x = torch.randn(*shape, generator=torch.Generator().manual_seed(0)).to(device)
-        plan, advice = tune_advice(
-            model, x, algos=args.algos, layouts=layouts, budget_s=args.budget,
-            constraints=Constraints(args.workspace_budget, args.deterministic, args.max_error),
-            store=args.store, log=lambda line: print(f"convbench: {line}", file=sys.stderr))
+        try:
+            plan, advice = tune_advice(
+                model, x, algos=args.algos, layouts=layouts, budget_s=args.budget,
+                constraints=Constraints(args.workspace_budget, args.deterministic,
+                                        args.max_error, args.tie_break, args.include_busy),
+                store=args.store, log=lambda line: print(f"convbench: {line}", file=sys.stderr))
+        except TuneInterrupted as stop:
+            kept = (f"{stop.made} of {stop.planned} measurements kept in the plan store "
+                    f"({stop.path})" if stop.path else "nothing was measured yet")
+            print(f"convbench: interrupted; {kept}; the same command measures the rest",
+                  file=sys.stderr)
+            return EXIT_INTERRUPTED
         if args.out:
             print(f"convbench: plan written to {plan.save(args.out)}", file=sys.stderr)
     if args.format == "json":
@@ -65,6 +81,7 @@ def add_parsers(sub) -> None:
                    help="only algorithms with bitwise-reproducible results")
     p.add_argument("--max-error", type=positive(float), metavar="REL",
                    help="most relative error against the float64 reference")
+    tie_options(p)
     p.add_argument("--out", help="also write the plan JSON to this file")
     p.add_argument("--store", help="plan store folder (default $CONVBENCH_PLAN_DIR, else "
                    "~/.cache/convbench/plans)")
