@@ -11,6 +11,7 @@ from convbench.problem import PASSES
 
 TINY = "n=1,c=2,h=6,w=6,k=3,r=3,s=3,pad=1"
 REAL_PREPARE = runner.prepare
+ROOT = Path(__file__).resolve().parent.parent
 FAST = ["--budget", "0.002"]
 
 
@@ -361,3 +362,23 @@ def test_threads_and_target_noise_are_recorded_and_checked(tmp_path, capsys):
                 ["--target-noise", "two"]):
         code, _, err = run_cli(capsys, "layer", TINY, *bad)
         assert code == 2 and err.count("\n") == 1, err
+
+
+def test_a_reader_that_leaves_the_pipe_ends_the_command_quietly(tmp_path):
+    """`convbench report RUN --format json | head -1`: no BrokenPipeError traceback."""
+    from convbench.layers import Layer
+    from convbench.measurement import Measurement
+    from convbench.problem import ConvProblem
+
+    folder = tmp_path / "run"  # more rows than a pipe buffers (64 KiB of JSON and more)
+    sink = results.CsvSink(folder / results.RESULTS_CSV)
+    layers = [Layer("t", f"l{i}", ConvProblem(n=1, c=2, h=6, w=6, k=3, r=3, s=3)) for i in range(40)]
+    for case in runner.sweep(layers, ["gemm"], "numpy", ["fwd"], ["nchw"], ["fp32"]):
+        sink.append(runner.row(case, "ok", m=Measurement(tuple(1 + i / 1000 for i in range(400)))))
+    proc = subprocess.Popen([sys.executable, "-m", "convbench", "report", str(folder),
+                             "--format", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout.readline() == b"[\n"
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and "Traceback" not in err, err

@@ -28,7 +28,8 @@ from ..threads import sleep_idle_threads
 
 sleep_idle_threads()  # before NumPy or torch loads: see convbench.threads
 
-import sys  # after the thread settings above
+import os  # after the thread settings above
+import sys
 
 from . import (
     advise,
@@ -43,7 +44,7 @@ from . import (
     trainstep,
     tune,
 )
-from .common import EXIT_USAGE, Parser, Progress, UsageError
+from .common import EXIT_PIPE, EXIT_USAGE, Parser, Progress, UsageError
 
 __all__ = ["Progress", "UsageError", "build_parser", "main"]
 
@@ -73,3 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"convbench: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # `convbench ... | head`: the reader left; so do we, quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit must not fail again
+        return EXIT_PIPE

@@ -16,6 +16,8 @@ from ..problem import FIELD_MAX, check_choice
 EXIT_FAULT = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+#: What a shell reports for a process its pipe's reader left (128 + SIGPIPE).
+EXIT_PIPE = 141
 FORMATS = ("table", "csv", "json")
 
 
