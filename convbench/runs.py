@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import contention, envinfo, layers, memory, report, runner, stats, threads, timing
+from . import contention, envinfo, layers, memory, nvml, report, runner, stats, threads, timing
 from .batchsweep import SkipLarger
 from .devices import Device
 from .measurement import CONTENDED_SHARE
@@ -92,8 +92,16 @@ def environment(device: Device, net: str, cases: list[runner.Case], budget_s: fl
                    f"{CONTENDED_SHARE}" if contention.available()
                    else "unavailable: this kernel reports no per-thread schedstat"),
     }
-    env["load"] = [{"when": "start", **contention.machine_load()}]
+    env["load"] = [load_reading("start", device.backend)]
     return env
+
+
+def load_reading(when: str, backend: str) -> dict:
+    """The machine's load now (`contention.machine_load`), and on a GPU its NVML snapshot."""
+    reading = {"when": when, **contention.machine_load()}
+    if backend == "cuda":
+        reading["gpu"] = nvml.snapshot()
+    return reading
 
 
 @dataclass
@@ -154,10 +162,11 @@ class Run:
         return time.monotonic() - self.started
 
     def note_load(self, when: str) -> None:
-        """Add the machine's load now to the folder's env.json (`when`: start, end)."""
+        """Add the machine's load now to the folder's env.json (`when`: start, end), and on a
+        GPU its clocks and state (NVML)."""
         if self.folder is not None:
-            self.folder.env.setdefault("load", []).append(
-                {"when": when, **contention.machine_load()})
+            self.folder.env.setdefault("load", []).append(load_reading(
+                when, self.folder.env.get("backend", "")))
             self.folder.save_env()
 
     def finish(self, rows: list[dict], interrupted: bool, fault: str | None) -> Outcome:

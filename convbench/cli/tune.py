@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 import time
 
-from .. import models
+from .. import models, threads
 from ..advice import plan_text
 from ..plan import Constraints
 from ..problem import LAYOUTS
@@ -34,6 +34,7 @@ def cmd_tune(args) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: torch sees no GPU here; valid: cpu")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    threads.use(args.threads)
     started = time.monotonic()
     with usage_errors():
         shape = models.parse_input(args.input)
@@ -82,6 +83,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--max-error", type=positive(float), metavar="REL",
                    help="most relative error against the float64 reference")
     tie_options(p)
+    p.add_argument("--threads", type=positive(int), metavar="N",
+                   help="threads every algorithm may use (default: the cores this process may "
+                        "run on)")
     p.add_argument("--out", help="also write the plan JSON to this file")
     p.add_argument("--store", help="plan store folder (default $CONVBENCH_PLAN_DIR, else "
                    "~/.cache/convbench/plans)")
