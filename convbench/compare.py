@@ -10,6 +10,12 @@ apart: two runs share no rounds); a change beyond noise is one whose interval ex
 `regressions` are the rows slower beyond noise by more than a given share, which
 `convbench compare --fail-above PCT` turns into exit code 1 (as pytest-benchmark's
 `--benchmark-compare-fail` does).
+
+Beside the rows, the runs' answers: per layer, pass and layout, whether the two name the same
+winner (`winners`: agree, one of them a tie within noise, or they disagree), and for every
+competitor's time relative to the fastest of its column in A, whether B's ratio falls in A's
+interval (`ratio_consistency`): two runs of one machine should agree on both, and where they do
+not, noise or a busy machine made the difference.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import math
 import pandas as pd
 from tabulate import tabulate
 
-from . import stats
+from . import ranking, stats
 from .report import fmt_ms
 from .results import KEY, PROBLEM_FIELDS
 
@@ -174,3 +180,82 @@ def header(env_a: dict, env_b: dict, differences: list[tuple[str, str, str]]) ->
     else:
         lines.append("Same machine, libraries and batches.")
     return lines
+
+
+# --- the runs' answers ---------------------------------------------------------------------------
+COLUMN = ["layer", "pass", "layout", "precision"]
+
+
+def _verdict(rows: pd.DataFrame) -> str:
+    """A column's answer: the winner's algo, `tie` (naming the tied), or `` with none ok."""
+    ok = rows[(rows["status"] == "ok") & ~ranking.busy_mask(rows)]
+    ranked = ranking.rank(ok)
+    if not ranked:
+        return ""
+    tied = ranking.tied(ranked)
+    return ranked[0].algo if len(tied) == 1 else "tie: " + ", ".join(c.algo for c in tied)
+
+
+def winners(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """Per layer, pass, layout and precision both runs have: each run's winner (or its tie) and
+    whether they agree (`same winner`, `same tie`), one is a tie (`tie in A`, `tie in B`), or
+    they name different winners (`disagree`). Times from a busy machine do not compete."""
+    out = []
+    ga = dict(list(a.groupby(COLUMN, sort=False)))
+    for key, rows_b in b.groupby(COLUMN, sort=False):
+        if key not in ga:
+            continue
+        va, vb = _verdict(ga[key]), _verdict(rows_b)
+        if not va or not vb:
+            continue
+        tie_a, tie_b = va.startswith("tie"), vb.startswith("tie")
+        answer = ("same tie" if tie_a and tie_b else "tie in A" if tie_a else "tie in B"
+                  if tie_b else "same winner" if va == vb else "disagree")
+        out.append({**dict(zip(COLUMN, key)), "A": va, "B": vb, "answer": answer})
+    return pd.DataFrame(out, columns=[*COLUMN, "A", "B", "answer"])
+
+
+def ratio_consistency(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """For each competitor of each column of A (every algo of a layer, pass, layout and
+    precision but the fastest): its ratio to A's fastest with A's interval, B's ratio of the
+    same two (where B measured both, not on a busy machine), and whether it lies in A's
+    interval."""
+    out = []
+    ga = dict(list(a.groupby(COLUMN, sort=False)))
+    for key, rows_b in b.groupby(COLUMN, sort=False):
+        if key not in ga:
+            continue
+        ranked = ranking.rank(ga[key][~ranking.busy_mask(ga[key])])
+        fair = rows_b[(rows_b["status"] == "ok") & ~ranking.busy_mask(rows_b)]
+        times_b = {r["algo"]: r["median_ms"] for r in fair.to_dict("records")}
+        if len(ranked) < 2 or ranked[0].algo not in times_b:
+            continue
+        for other in ranked[1:]:
+            if other.algo not in times_b:
+                continue
+            ra = other.ratio_to(ranked[0])
+            rb = times_b[other.algo] / times_b[ranked[0].algo]
+            inside = ra.low is not None and ra.low <= rb <= ra.high
+            out.append({**dict(zip(COLUMN, key)), "algo": other.algo,
+                        "vs": ranked[0].algo, "A": ra.text(), "B": f"{rb:.3g}×",
+                        "in A's interval": inside})
+    return pd.DataFrame(out, columns=[*COLUMN, "algo", "vs", "A", "B", "in A's interval"])
+
+
+def answers_text(a: pd.DataFrame, b: pd.DataFrame) -> str:
+    """The winners and the ratio consistency as markdown, with their counts."""
+    wins, ratios = winners(a, b), ratio_consistency(a, b)
+    lines = []
+    if len(wins):
+        counts = wins["answer"].value_counts()
+        lines += ["Winners per layer, pass and layout: " + ", ".join(
+            f"{counts.get(k, 0)} {k}" for k in ("same winner", "same tie", "tie in A",
+                                                 "tie in B", "disagree")) + ".", "",
+                  tabulate(wins, headers="keys", tablefmt="github", showindex=False,
+                           disable_numparse=True), ""]
+    if len(ratios):
+        inside = int(ratios["in A's interval"].sum())
+        lines += [(f"Ratios to each column's fastest: {inside} of {len(ratios)} of B's within "
+                  "A's 95% interval."), ""]
+    return "\n".join(lines)
+

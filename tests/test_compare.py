@@ -126,3 +126,17 @@ def test_compare_command_says_what_differs_refuses_and_fails_above(tmp_path, cap
     assert code == 0 and "only in A" in out
     code, _, err = run_cli(capsys, "compare", a, b, "--fail-above", "nan")
     assert code == 2 and err.count("\n") == 1
+
+
+def test_the_runs_answers_winners_and_ratios():
+    a = results.frame(rows({("gemm", "conv3"): spread(2.0), ("gemm", "conv4"): spread(1.01)}))
+    b = results.frame(rows({("gemm", "conv3"): spread(2.02), ("torch-cpu", "conv4"): spread(0.5)}))
+    wins = compare.winners(a, b).set_index("layer")
+    assert wins.loc["conv3", "answer"] == "same winner" and wins.loc["conv3", "A"] == "torch-cpu"
+    assert wins.loc["conv4", "answer"] == "tie in A" and wins.loc["conv4", "B"] == "torch-cpu"
+    ratios = compare.ratio_consistency(a, b).set_index("layer")
+    assert bool(ratios.loc["conv3", "in A's interval"]) is True  # 2.02 in A's [1.9x, 2.1x]
+    assert bool(ratios.loc["conv4", "in A's interval"]) is False  # 0.25 far from A's ~1.01
+    text = compare.answers_text(a, b)
+    assert "1 same winner, 0 same tie, 1 tie in A, 0 tie in B, 0 disagree" in text
+    assert "1 of 2 of B's within A's 95% interval" in text

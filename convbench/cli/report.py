@@ -34,7 +34,8 @@ def cmd_compare(args) -> int:
             raise UsageError(str(exc)) from None
     cmp = compare.compare(a, b)
     if args.format == "table":
-        emit(cmp, args.format, "\n".join([*lines, "", compare.compare_table(cmp)]))
+        emit(cmp, args.format, "\n".join([*lines, "", compare.compare_table(cmp), "",
+                                          compare.answers_text(a, b)]).rstrip())
     else:  # the data stays parseable: the environment goes to stderr
         for line in lines:
             print(line, file=sys.stderr)
