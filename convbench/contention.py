@@ -160,5 +160,6 @@ def load_text(load: dict) -> str:
         return text + ", no other busy process"
     names = ", ".join(f"{p['name']} ({p['cores']:.2g})" for p in others[:4])
     more = f" and {len(others) - 4} more" if len(others) > 4 else ""
+    cores = load["busy_cores"]
     return (f"{text}, {len(others)} other busy process{'es' if len(others) > 1 else ''} "
-            f"({load['busy_cores']:.2g} cores): {names}{more}")
+            f"({cores:.2g} core{'s' if cores > 1 else ''} busy): {names}{more}")

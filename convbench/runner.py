@@ -52,7 +52,7 @@ from .memory import MemoryLimit
 from .phases import OUTPUT_COPY
 from .problem import ConvProblem
 from .reference import DTYPES, array_module
-from .timing import Contender, Timed, phase_timer_for
+from .timing import Contender, Timed
 
 #: Below this share of the device's memory free, a group's prepared cases are timed before more
 #: are prepared (the rest of the group is timed as another part).
@@ -324,11 +324,12 @@ def _time_part(part: list[tuple[Case, Ready]], budget_s: float, target: float,
     if not part:
         return []
     backend, group = part[0][0].backend, f"{_PROCESS}-{next(_GROUPS)}"
+    options = {"target": target, "seed": seed, **_head_start(backend)}
     try:
         timed = timing.time_rounds([_contender(i, ready) for i, (_, ready) in enumerate(part)],
-                                   budget_s, backend, target=target, seed=seed,
-                                   **_head_start(backend))
-        phases = [phase_timer_for(backend)(ready.phase_fns, budget_s)
+                                   budget_s, backend, **options)
+        phases = [timing.time_rounds([Contender(ready.phase_fns)], budget_s, backend,
+                                     **options)[0].steps
                   if ready.phase_fns and OUTPUT_COPY not in ready.phase_fns else None
                   for _, ready in part]
     except _Blame as blame:
