@@ -1,8 +1,9 @@
 import json
 
 import pytest
+from test_cli import run_cli
 
-from convbench import cli, compare, results, runner, verify
+from convbench import compare, results, runner, verify
 from convbench.layers import Layer
 from convbench.measurement import Measurement
 from convbench.problem import ConvProblem
@@ -79,15 +80,6 @@ def test_regressions_are_slower_beyond_noise_by_more_than_the_share():
     cmp = compare.compare(a, b)
     slow = compare.regressions(cmp, 0.05)
     assert list(zip(slow["algo"], slow["layer"])) == [("gemm", "conv3")]  # not the 3%, not noise
-
-
-def run_cli(capsys, *argv):
-    try:
-        code = cli.main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def folder(path, times: dict, env: dict, **kw):
