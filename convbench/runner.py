@@ -329,7 +329,7 @@ def _time_part(part: list[tuple[Case, Ready]], budget_s: float, target: float,
         timed = timing.time_rounds([_contender(i, ready) for i, (_, ready) in enumerate(part)],
                                    budget_s, backend, **options)
         phases = [timing.time_rounds([Contender(ready.phase_fns)], budget_s, backend,
-                                     **options)[0].steps
+                                     min_reps=timing.MIN_REPS_ALONE, **options)[0].steps
                   if ready.phase_fns and OUTPUT_COPY not in ready.phase_fns else None
                   for _, ready in part]
     except _Blame as blame:

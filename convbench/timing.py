@@ -13,7 +13,9 @@ and it is warmed up for a share of the budget. Rounds then go on until every con
 is known to within `target` (the half-width of its order-statistic interval relative to the
 median, nvbench's relative-noise criterion: `stats.half_width`), or the budget is spent — `budget_s`
 per contender, so a group of 12 cases gets 12 budgets — or a contender has `max_reps`
-repetitions; never fewer than `stats.MIN_REPS`. `Timed.stop` says which ended it.
+repetitions; never fewer than `stats.MIN_REPS` (a time that is compared needs an interval;
+one that is not, a phase breakdown or a study's step, `MIN_REPS_ALONE`, and its spread judged by
+its IQR instead). `Timed.stop` says which ended it.
 
 **A contender** is a sequence of steps called in order each repetition with a timestamp between
 them (`Contender`): one step for a plain call, or a pass's phases (`convbench.phases`); a step
@@ -43,11 +45,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from . import contention, nvml, stats
 from .measurement import Measurement
 
-#: Fewest repetitions a measurement gets, however slow the call: enough for an interval.
+#: Fewest repetitions a row's measurement gets, however slow the call: enough for an interval.
 MIN_REPS = stats.MIN_REPS
+#: Fewest repetitions of a time that is not compared (a phase breakdown, a study's step): a
+#: median and an IQR, as before rows had intervals.
+MIN_REPS_ALONE = 3
 #: Most repetitions on the CPU, however fast the call.
 MAX_REPS_CPU = 50
 #: Most repetitions on the GPU, however fast the kernel.
@@ -95,15 +102,24 @@ def _warmup(estimate_s: float, budget_s: float) -> int:
 
 
 def _stop(rounds: int, elapsed_s: float, budget_s: float, max_reps: int,
-          totals: Sequence[Sequence[float]], target: float) -> str | None:
+          totals: Sequence[Sequence[float]], target: float, min_reps: int) -> str | None:
     """Why rounds end now, or None to go on."""
     if rounds >= max_reps:
         return STOP_MAX_REPS
-    if rounds < MIN_REPS:
+    if rounds < min_reps:
         return None
-    if all((hw := stats.half_width(t)) is not None and hw <= target for t in totals):
+    if all((hw := _half_width(t)) is not None and hw <= target for t in totals):
         return STOP_TARGET
     return STOP_BUDGET if elapsed_s >= budget_s else None
+
+
+def _half_width(times: Sequence[float]) -> float | None:
+    """`stats.half_width`; below `stats.MIN_REPS`, half the IQR over the median (a time that is
+    not compared needs no interval, only to be steady)."""
+    if len(times) >= stats.MIN_REPS:
+        return stats.half_width(times)
+    q1, median, q3 = np.quantile(times, (0.25, 0.5, 0.75))
+    return (q3 - q1) / 2 / median if median > 0 else None
 
 
 def _counted(c: Contender, step_ms: Sequence[float]) -> float:
@@ -123,7 +139,8 @@ def _timed(c: Contender, reps: list[list[float]], stop: str, *, hosts=(), cpu=()
 # --- the host ----------------------------------------------------------------------------------
 def rounds_cpu(contenders: Sequence[Contender], budget_s: float, *,
                target: float = TARGET_NOISE, max_reps: int = MAX_REPS_CPU,
-               clock: Callable[[], float] = time.perf_counter, seed: int = 0,
+               min_reps: int = MIN_REPS, clock: Callable[[], float] = time.perf_counter,
+               seed: int = 0,
                probe: Callable[[], contention.Sample] | None = contention.sample) -> list[Timed]:
     """Time `contenders` in shuffled rounds on the host (see the module's docstring); `probe`
     reads the process around each repetition (None: no contention readings)."""
@@ -159,7 +176,7 @@ def rounds_cpu(contenders: Sequence[Contender], budget_s: float, *,
             rounds += 1
             stop = _stop(rounds, clock() - start, budget_s * len(contenders), max_reps,
                          [[_counted(c, r) for r in rs] for c, rs in zip(contenders, reps)],
-                         target)
+                         target, min_reps)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -169,20 +186,21 @@ def rounds_cpu(contenders: Sequence[Contender], budget_s: float, *,
 
 def time_cpu(fn: Fn, budget_s: float, max_reps: int = MAX_REPS_CPU,
              clock: Callable[[], float] = time.perf_counter,
-             target: float = TARGET_NOISE) -> Measurement:
+             target: float = TARGET_NOISE, min_reps: int = MIN_REPS_ALONE) -> Measurement:
     """Time `fn()` alone on the host."""
     (timed,) = rounds_cpu([Contender.call(fn)], budget_s, target=target, max_reps=max_reps,
-                          clock=clock)
+                          min_reps=min_reps, clock=clock)
     return timed.total
 
 
 def time_cpu_phases(phase_fns: Mapping[str, Fn], budget_s: float,
                     max_reps: int = MAX_REPS_CPU,
                     clock: Callable[[], float] = time.perf_counter,
-                    target: float = TARGET_NOISE) -> dict[str, Measurement]:
+                    target: float = TARGET_NOISE,
+                    min_reps: int = MIN_REPS_ALONE) -> dict[str, Measurement]:
     """Time each phase of a sequence on the host: name -> Measurement, in the given order."""
     (timed,) = rounds_cpu([Contender(phase_fns)], budget_s, target=target, max_reps=max_reps,
-                          clock=clock)
+                          min_reps=min_reps, clock=clock)
     return timed.steps
 
 
@@ -202,7 +220,8 @@ def _no_head_start(ms: float) -> None:
 
 def rounds_cuda(contenders: Sequence[Contender], budget_s: float, *,
                 target: float = TARGET_NOISE, max_reps: int = MAX_REPS_GPU,
-                clock: Callable[[], float] = time.perf_counter, seed: int = 0,
+                min_reps: int = MIN_REPS, clock: Callable[[], float] = time.perf_counter,
+                seed: int = 0,
                 head_start: Callable[[float], None] = _no_head_start,
                 gpu_probe: Callable[[], nvml.Sample | None] = nvml.sample) -> list[Timed]:
     """Time `contenders` in shuffled rounds on the GPU with CUDA events (see the module's
@@ -268,23 +287,26 @@ def rounds_cuda(contenders: Sequence[Contender], budget_s: float, *,
         throttled += [r for r in nvml.throttled(before, after) if r not in throttled]
         before = after
         stop = _stop(rounds, clock() - started, budget_s * len(contenders), max_reps,
-                     [[_counted(c, r) for r in rs] for c, rs in zip(contenders, reps)], target)
+                     [[_counted(c, r) for r in rs] for c, rs in zip(contenders, reps)], target,
+                     min_reps)
     return [_timed(c, r, stop, hosts=h, slacks=s, throttled=throttled)
             for c, r, h, s in zip(contenders, reps, hosts, slacks)]
 
 
 def time_cuda(fn: Fn, budget_s: float, max_reps: int = MAX_REPS_GPU,
-              target: float = TARGET_NOISE) -> Measurement:
+              target: float = TARGET_NOISE, min_reps: int = MIN_REPS_ALONE) -> Measurement:
     """Time `fn()` alone on the GPU with CUDA events, flushing L2 before each repetition."""
-    (timed,) = rounds_cuda([Contender.call(fn)], budget_s, target=target, max_reps=max_reps)
+    (timed,) = rounds_cuda([Contender.call(fn)], budget_s, target=target, max_reps=max_reps,
+                           min_reps=min_reps)
     return timed.total
 
 
 def time_cuda_phases(phase_fns: Mapping[str, Fn], budget_s: float,
-                     max_reps: int = MAX_REPS_GPU,
-                     target: float = TARGET_NOISE) -> dict[str, Measurement]:
+                     max_reps: int = MAX_REPS_GPU, target: float = TARGET_NOISE,
+                     min_reps: int = MIN_REPS_ALONE) -> dict[str, Measurement]:
     """Time each phase of a sequence on the GPU: name -> Measurement, in the given order."""
-    (timed,) = rounds_cuda([Contender(phase_fns)], budget_s, target=target, max_reps=max_reps)
+    (timed,) = rounds_cuda([Contender(phase_fns)], budget_s, target=target, max_reps=max_reps,
+                           min_reps=min_reps)
     return timed.steps
 
 

@@ -45,6 +45,8 @@ def measure(capsys, tmp_path, name: str) -> tuple[list[dict], dict, str]:
 
 
 def test_a_hog_beside_a_sweep_flags_its_rows_and_a_quiet_run_none(capsys, tmp_path):
+    if contention.machine_load()["busy_cores"] > 0.2:  # another job: "quiet" cannot be tested
+        pytest.skip("the machine is not quiet: other processes keep its cores busy")
     quiet, env, err = measure(capsys, tmp_path, "quiet")
     assert all(r["status"] == "ok" and r["contended"] is False for r in quiet)
     assert all(r["cpu_share"] > CONTENDED_SHARE for r in quiet)

@@ -85,7 +85,7 @@ def test_gc_is_restored_after_timing():
 
 def test_real_clock_times_something_and_reads_the_cores_it_got():
     m = timing.time_cpu(lambda: sum(range(20000)), budget_s=0.01)
-    assert m.reps >= timing.MIN_REPS and m.min > 0
+    assert m.reps >= timing.MIN_REPS_ALONE and m.min > 0
     assert len(m.cpu_ms) == m.reps and all(c >= 0 for c in m.cpu_ms)
     if contention.available():
         assert len(m.cpu_share) == m.reps and 0 < m.share <= 1
@@ -122,7 +122,7 @@ def test_phases_are_timed_one_by_one_in_order():
     clock = FakePhases(0.01, 0.03, 0.06)  # a 0.1 s sequence
     got = timing.time_cpu_phases(clock.fns, budget_s=1.0, clock=clock)
     assert list(got) == ["phase 0", "phase 1", "phase 2"]
-    reps = timing.MIN_REPS  # steady: the target is met as soon as it can be judged
+    reps = timing.MIN_REPS_ALONE  # steady: the target is met as soon as it can be judged
     for m, ms in zip(got.values(), (10.0, 30.0, 60.0)):
         assert m.reps == reps and m.times_ms == pytest.approx((ms,) * reps)
     # whole sequences only, always in order: the estimate, one more warm-up (0.25 s with the
@@ -338,3 +338,10 @@ def test_throttling_seen_by_nvml_flags_the_rounds(monkeypatch):
     (t,) = timing.rounds_cuda([timing.Contender.call(gpu.fn)], 0.02, clock=gpu.clock,
                               gpu_probe=lambda: next(samples))
     assert t.throttled == ("power limit (5 ms held down)", "sw power cap")
+
+
+def test_a_time_that_is_not_compared_needs_fewer_repetitions():
+    clock = FakeClock(0.5)
+    assert timing.time_cpu(clock.fn, budget_s=1.0, clock=clock).reps == timing.MIN_REPS_ALONE
+    (t,) = timing.rounds_cpu([timing.Contender.call(clock.fn)], budget_s=1.0, clock=clock)
+    assert t.total.reps == timing.MIN_REPS and t.total.interval is not None
