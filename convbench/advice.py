@@ -23,11 +23,11 @@ import pandas as pd
 from tabulate import tabulate
 
 from . import layoutplan, stats
+from .fmt import fmt_ms
 from .memory import format_size
 from .plan import TORCH_ALGOS, Constraints, LayerPlan, NetworkTotals, Plan, Unplanned
 from .problem import LAYOUTS, PASSES, ConvProblem
 from .ranking import Candidate, busy_mask, preferred, tied
-from .report import fmt_ms
 from .results import PROBLEM_FIELDS, problem_from_row
 
 #: Algorithms whose results may differ bitwise from run to run. cuDNN's own choice (benchmark

@@ -26,7 +26,7 @@ import pandas as pd
 from tabulate import tabulate
 
 from . import ranking, stats
-from .report import fmt_ms
+from .fmt import fmt_ms
 from .results import KEY, PROBLEM_FIELDS
 
 #: What a row is compared by: its key less the problem fields that its layer name implies

@@ -30,7 +30,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import report, results, runner, runs, timing
+from . import results, runner, runs, timing
 from .results import CsvSink, RunFolder, frame, load_run, row_key
 
 #: How long a rank waits for the others: at the end, the fastest waits for the slowest.
@@ -148,7 +148,7 @@ class Run(runs.Run):
                 results.merge_rows(self.folder.path, everything, self.order)
                 mine.frame, _ = load_run(self.folder.path)
                 self.note_load("end")
-                mine.report = report.write(self.folder.path, mine.frame, self.folder.env)
+                mine.report = runs.write_report(self.folder.path, mine.frame, self.folder.env)
         self.shard.barrier()
         if self.folder is not None:
             results.drop_partials(self.folder.path)  # rank 0 has them all now

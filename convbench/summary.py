@@ -24,7 +24,7 @@ import math
 
 import pandas as pd
 
-from .report import md_table
+from .fmt import md_table
 
 #: Implementations of other people: everything else in a run is convbench's own kernel.
 LIBRARIES = ("gemm-cublas", "cudnn", "cudnn-autotune", "torch-cpu")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import shutil
 import sys
@@ -103,10 +104,10 @@ def choices(text: str, kind: str, valid: tuple[str, ...]) -> list[str]:
 
 def step_options(p, net_help: str | None = None, net_default: str | None = "alexnet") -> None:
     """--net and --device of the commands that run a training step (train-step, memprofile,
-    memplan): trainstep's nets, on the CPU or a GPU."""
-    from .. import trainstep
+    memplan): the workload's nets, on the CPU or a GPU."""
+    from ..studies.workload import NETS
 
-    p.add_argument("--net", default=net_default, choices=trainstep.NETS, help=net_help)
+    p.add_argument("--net", default=net_default, choices=NETS, help=net_help)
     p.add_argument("--device", choices=("cpu", "cuda"),
                    help="default cuda where a GPU is, else cpu")
 
@@ -125,10 +126,18 @@ def tie_options(p) -> None:
 
 
 # --- output ---------------------------------------------------------------------------------
-def emit(df, fmt: str, table_text: str) -> None:
-    """The results as the table given, or as CSV or JSON rows."""
-    print({"table": lambda: table_text, "csv": lambda: results.to_csv(df).rstrip("\n"),
-           "json": lambda: results.to_json(df)}[fmt]())
+def emit(df, fmt: str, table_text: str, json_data=None) -> None:
+    """The results as the table given, or as CSV rows, or as JSON: `json_data` where given
+    (a study's rows with their raw times), else the rows of `df`."""
+    print({"table": lambda: table_text,
+           "csv": lambda: results.to_csv(df).rstrip("\n"),
+           "json": lambda: (results.to_json(df) if json_data is None
+                            else json.dumps(json_data, indent=1))}[fmt]())
+
+
+def command_line(args) -> str:
+    """The command as it was typed (env.json's "run"), for a study's folder."""
+    return " ".join(["convbench", *getattr(args, "argv", [])])
 
 
 def percent(text: str) -> float:

@@ -3,24 +3,34 @@ images/s (`convbench.memplan`)."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-from .. import envinfo, memory, memplan, models, registry, results, runs, trainstep
-from .common import FORMATS, UsageError, positive, size, step_options, usage_errors
+from .. import envinfo, memory, models, registry, runs
+from ..studies import memplan
+from ..studies.workload import Workload
+from .common import (
+    FORMATS,
+    UsageError,
+    command_line,
+    emit,
+    positive,
+    size,
+    step_options,
+    usage_errors,
+)
 from .measure import device as resolve_device
 
 
-def _network(args, device) -> str:
-    """The net the steps are built from: `--net`, or `--model` with `--input` (whose N is the
-    common batch unless --batch gives one)."""
+def _workload(args, device) -> Workload:
+    """What the steps train: `--net`, or `--model` with `--input` (whose N is the common batch
+    unless --batch gives one)."""
     if not args.model:
         if args.input:
             raise UsageError("--input goes with --model MODULE:CALLABLE")
-        return args.net or "alexnet"
+        return Workload.parse(args.net or "alexnet")
     if args.net:
         raise UsageError("--model and --net are sources of the network: give one")
     if not args.input:
@@ -30,13 +40,13 @@ def _network(args, device) -> str:
         models.conv_layers(models.load(args.model), shape, device=(
             "cuda" if device.backend == "cuda" else "cpu"))  # the model takes the input
     args.batch = args.batch or shape[0]
-    return trainstep.model_net(args.model, shape[1:])
+    return Workload.of_model(args.model, shape[1:])
 
 
 def cmd_memplan(args) -> int:
     device = resolve_device(args.device)
-    net = _network(args, device)
-    name = models.net_name(args.model) if args.model else net
+    load = _workload(args, device)
+    name = models.net_name(args.model) if args.model else load.name
     with usage_errors("--strategies: "):
         strategies = memplan.parse_strategies(args.strategies)
     with usage_errors("--algos: "):
@@ -44,25 +54,23 @@ def cmd_memplan(args) -> int:
     budget = args.budget or memory.capacity(device.backend)
     log = (lambda line: print(f"convbench: {line}", file=sys.stderr))
     try:
-        found, common = memplan.plan(net, device.name, budget, strategies,
+        found, common = memplan.plan(load, device.name, budget, strategies,
                                      time_s=args.time_budget, common_batch=args.batch,
                                      max_batch=args.max_batch, algos=args.algos, log=log)
     except ValueError as exc:  # a budget too small for batch 1
         raise UsageError(f"--budget {memory.format_size(budget)}: {exc}") from None
     env = envinfo.collect(device.backend)
-    env["run"] = {"net": net, "device": device.name, "budget_bytes": budget,
+    env["run"] = {"net": load.name, "device": device.name, "budget_bytes": budget,
                   "strategies": strategies, "common_batch": common,
-                  "command": " ".join(["convbench", *getattr(args, "argv", [])])}
-    text = memplan.markdown(net, device.name, budget, found, common, env)
+                  "command": command_line(args)}
+    text = memplan.markdown(load.name, device.name, budget, found, common, env)
     folder = Path(args.out) if args.out else runs.default_folder(name, device.backend,
                                                                  "-memplan")
     written = memplan.write(folder, text, found, env,
                             f"{name} on {env['device']}, {memory.format_size(budget)}")
     print(f"convbench: {', '.join(written)} in {folder}", file=sys.stderr)
     rows = memplan.rows(found)
-    print({"table": lambda: text.rstrip("\n"),
-           "csv": lambda: results.to_csv(pd.DataFrame(rows)).rstrip("\n"),
-           "json": lambda: json.dumps(rows, indent=1)}[args.format]())
+    emit(pd.DataFrame(rows), args.format, text.rstrip("\n"), rows)
     return 0
 
 

@@ -3,16 +3,26 @@ a budget (`convbench.memprofile`)."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-from .. import layers, memory, memprofile, results, trainstep
+from .. import envinfo, memory
 from ..plan import Constraints
+from ..studies import footprint, memprofile
+from ..studies.workload import CPU_STEP_BATCH, Workload
 from ..tune import advise_run
-from .common import FORMATS, UsageError, positive, size, step_options, usage_errors
+from .common import (
+    FORMATS,
+    UsageError,
+    command_line,
+    emit,
+    positive,
+    size,
+    step_options,
+    usage_errors,
+)
 from .measure import device as resolve_device
 
 
@@ -27,8 +37,8 @@ def cmd_memprofile(args) -> int:
     under torch's defaults and (with `--run`) the advisor's fastest and workspace-budgeted
     plans."""
     device = resolve_device(args.device)
-    batch = args.batch or (trainstep.CPU_STEP_BATCH if device.backend == "numpy" else
-                           layers.net_layers(args.net)[0].problem.n)
+    load = Workload.parse(args.net)
+    batch = args.batch or load.default_batch(device.backend)
     budget = args.budget or memory.capacity(device.backend)
     plans = {"defaults": None}
     if args.run:
@@ -37,25 +47,26 @@ def cmd_memprofile(args) -> int:
     if args.config not in plans:
         raise UsageError(f"--config {args.config} needs --run RUN, a bench run folder to "
                          "advise from")
-    configs = memprofile.configurations(args.net, plans, args.workspace_budget)
+    configs = memprofile.configurations(load, plans, args.workspace_budget)
     with usage_errors(f"--config {args.config}: "):  # a plan for another device
-        events = memprofile.profile_step(
-            args.net, batch, device.name,
-            memprofile.declared_workspace(args.net, configs[args.config][0]),
+        events = footprint.profile_step(
+            load, batch, device.name,
+            footprint.declared_workspace(load, configs[args.config][0]),
             plan=plans[args.config], measure=True)
-    found = memprofile.fits(args.net, configs, budget)
-    text = memprofile.markdown(args.net, batch, device.name, args.config, events, found,
+    found = memprofile.fits(load, configs, budget)
+    text = memprofile.markdown(load.name, batch, device.name, args.config, events, found,
                                budget)
     if args.out:
-        written = memprofile.write(Path(args.out), text, events, found,
-                                   f"{args.net}, batch {batch}, {device.name}, {args.config}")
+        env = envinfo.collect(device.backend)
+        env["run"] = {"net": load.name, "batch": batch, "device": device.name,
+                      "config": args.config, "budget_bytes": budget,
+                      "command": command_line(args)}
+        written = memprofile.write(Path(args.out), text, events, found, env,
+                                   f"{load.name}, batch {batch}, {device.name}, {args.config}")
         print(f"convbench: {', '.join(written)} in {args.out}", file=sys.stderr)
     rows = memprofile.timeline_rows(events)
-    print({"table": lambda: text.rstrip("\n"),
-           "csv": lambda: results.to_csv(pd.DataFrame(rows)).rstrip("\n"),
-           "json": lambda: json.dumps({"timeline": rows,
-                                       "largest_batch": memprofile.fit_rows(found)}, indent=1)}
-          [args.format]())
+    emit(pd.DataFrame(rows), args.format, text.rstrip("\n"),
+         {"timeline": rows, "largest_batch": memprofile.fit_rows(found)})
     return 0
 
 
@@ -64,7 +75,7 @@ def add_parsers(sub) -> None:
                        "the largest batch that fits a budget")
     step_options(p)
     p.add_argument("--batch", type=positive(int),
-                   help=f"images in the profiled step (default {trainstep.CPU_STEP_BATCH} on cpu, "
+                   help=f"images in the profiled step (default {CPU_STEP_BATCH} on cpu, "
                         "the catalog's on cuda)")
     p.add_argument("--budget", type=size, metavar="SIZE",
                    help="memory the step may use, e.g. 8GiB (default: the GPU's memory, or the "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from .. import compare, report, results
+from .. import compare, results, runs
 from .common import EXIT_FAULT, FORMATS, UsageError, emit, percent, usage_errors
 
 
@@ -17,7 +17,7 @@ def _load(folder: str):
 
 def cmd_report(args) -> int:
     df, env = _load(args.run)
-    emit(df, args.format, report.write(args.run, df, env))
+    emit(df, args.format, runs.write_report(args.run, df, env))
     return 0
 
 

@@ -36,194 +36,50 @@ from pathlib import Path
 import pandas as pd
 from tabulate import tabulate
 
-from . import apply, layers, models, registry, results, timing, tune
-from .devices import backend_of
-from .measurement import Measurement
-from .plan import Plan
-from .report import fmt_ms
-from .threads import CPU_THREAD_ENV
+from .. import registry, timing, tune
+from ..devices import backend_of
+from ..fmt import fmt_ms
+from ..measurement import Measurement
+from ..plan import Plan
+from ..threads import CPU_THREAD_ENV
+from .folder import write_study
+from .workload import Workload, worker_environment
 
 CONFIGS = ("defaults", "cudnn.benchmark", "plan")
-NETS = ("alexnet", "alexnet-owt")
-#: Conv layers followed by a 3x3, stride-2 max-pool, as in AlexNet.
-POOLED = ("conv1", "conv2", "conv5")
-CLASSES = 1000
-#: CPU defaults, so `convbench train-step` ends within about three minutes on 2 cores: two images
-#: per step (the study's batch was 256) of full size, a 0.02 s timing budget per tuning
-#: measurement (each still gets its 3 repetitions) and 6 s of timed steps per configuration.
-CPU_STEP_BATCH = 2
-CPU_TUNE_BUDGET_S = 0.02
+#: 6 s of timed steps per configuration: with the workload's CPU defaults (`CPU_STEP_BATCH`,
+#: `CPU_TUNE_BUDGET_S`), `convbench train-step` ends within about three minutes on 2 cores.
 STEP_BUDGET_S = 6.0
 #: The configurations take turns this many times, each timing budget / ROUNDS seconds of steps.
 ROUNDS = 3
 
 
-def _whole(heavy, cheap, x):
-    """A stage run as it is: the heavy layer, then the cheap ones after it."""
-    return cheap(heavy(x))
+class ConfigTrainer:
+    """One configuration's model, data and optimizer (the workload's), ready to step (in this
+    process)."""
 
-
-#: Separates a user's model from its input shape in a net name (`model_net`).
-_INPUT_SEP = "@"
-
-
-def model_net(spec: str, chw: tuple[int, int, int]) -> str:
-    """The net name of a user's model (`MODULE:CALLABLE`, `models.load`) trained on images of
-    `chw` (channels, height, width): `torchvision.models:resnet18@3,224,224`. Everything that
-    builds a step from a net name (`build_model`, `example_batch`, `memplan`, `memprofile`'s
-    model on `meta`) takes it beside the catalog's nets."""
-    return f"{spec}{_INPUT_SEP}{','.join(map(str, chw))}"
-
-
-def _user_model(net: str) -> tuple[str, tuple[int, ...]] | None:
-    spec, sep, chw = net.partition(_INPUT_SEP)
-    return (spec, tuple(int(t) for t in chw.split(","))) if sep else None
-
-
-def input_shape(net: str) -> tuple[int, ...]:
-    """(C, H, W) of one image of `net`."""
-    user = _user_model(net)
-    if user:
-        return user[1]
-    first = layers.net_layers(net)[0].problem
-    return first.c, first.h, first.w
-
-
-def loss(output, target):
-    """The step's loss: cross-entropy against the labels for a classifier's (N, classes)
-    output; for any other output (a user's model: a segmentation, features) the mean square,
-    so every output element gets a gradient."""
-    import torch.nn.functional as F
-
-    if output.dim() == 2:
-        return F.cross_entropy(output, target)
-    return output.float().pow(2).mean()
-
-
-def _classes(net: str) -> int:
-    """How many classes the labels are drawn from: the model's output width (found on `meta`,
-    so nothing is computed), 1 where the output is not (N, classes)."""
-    import torch
-
-    if not _user_model(net):
-        return CLASSES
-    with torch.device("meta"):
-        out = build_model(net)(torch.empty(1, *input_shape(net)))
-    return out.shape[1] if out.dim() == 2 else 1
-
-
-def build_model(net: str = "alexnet", fc_free: bool = False):
-    """The AlexNet-shaped model of `net`'s catalog: conv layers named as in the catalog, so a
-    plan from `convbench advise` of that net's run applies to it by name; or a user's model
-    (`model_net`), as its callable returns it (whose forward has no stages: strategies wrap its
-    modules instead, `memplan`).
-
-    `fc_free` is the study's variant without fully connected layers: fc6-fc8 become 1x1
-    convolutions over the last pooled feature map, and the class scores are averaged over its
-    positions. fc6 then sees one position's channels instead of the whole map, which is most
-    of AlexNet's parameters (and of the gradient data-parallel training exchanges); fc7 and
-    fc8 run at every position, which costs compute.
-
-    Its forward pass is a chain of stages, each a heavy layer (a convolution, a fully connected
-    layer) and the cheap ones after it (ReLU, pooling): `forward(x, run)` hands each stage to
-    `run(heavy, cheap, x)`, which is how `memplan`'s strategies recompute or offload what a
-    stage keeps for backward without a second copy of the network."""
-    import torch
-    from torch import nn
-
-    user = _user_model(net)
-    if user:
-        return models.load(user[0])
-
-    class AlexNetShaped(nn.Module):
-        def __init__(self):
-            super().__init__()
-            convs = layers.net_layers(net)
-            for layer in convs:
-                p = layer.problem
-                setattr(self, layer.name, nn.Conv2d(p.c, p.k, (p.r, p.s), (p.stride_h, p.stride_w),
-                                                    (p.pad_h, p.pad_w), (p.dil_h, p.dil_w)))
-            self.names = [layer.name for layer in convs]
-            self.pool = nn.MaxPool2d(3, 2)
-            last = convs[-1].problem
-            if fc_free:
-                self.fc6 = nn.Conv2d(last.k, 4096, 1)
-                self.fc7 = nn.Conv2d(4096, 4096, 1)
-                self.fc8 = nn.Conv2d(4096, CLASSES, 1)
-            else:
-                side = (last.p - 3) // 2 + 1
-                self.fc6 = nn.Linear(last.k * side * side, 4096)
-                self.fc7 = nn.Linear(4096, 4096)
-                self.fc8 = nn.Linear(4096, CLASSES)
-
-        def stages(self) -> list[tuple]:
-            """(heavy layer, the cheap layers after it) in order."""
-            def relu_pool(t):
-                return self.pool(torch.relu(t))
-
-            convs = [(getattr(self, name), relu_pool if name in POOLED else torch.relu)
-                     for name in self.names]
-            if fc_free:
-                return [*convs, (self.fc6, torch.relu), (self.fc7, torch.relu),
-                        (self.fc8, lambda t: t.mean((2, 3)))]
-            return [*convs, (lambda t: self.fc6(torch.flatten(t, 1)), torch.relu),
-                    (self.fc7, torch.relu), (self.fc8, lambda t: t)]
-
-        def forward(self, x, run=_whole):
-            for heavy, cheap in self.stages():
-                x = run(heavy, cheap, x)
-            return x
-
-    return AlexNetShaped()
-
-
-def example_batch(net: str, batch: int, device: str):
-    """Seeded images and labels, the same in every process."""
-    import torch
-
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(batch, *input_shape(net), generator=g)
-    return x.to(device), torch.randint(0, _classes(net), (batch,), generator=g).to(device)
-
-
-class Trainer:
-    """One configuration's model, data and optimizer, ready to step (in this process)."""
-
-    def __init__(self, config: str, net: str, batch: int, device: str,
+    def __init__(self, config: str, load: Workload, batch: int, device: str,
                  plan_file: str | None = None):
         import torch
 
-        torch.manual_seed(0)
-        self.model = build_model(net).to(device)
-        self.x, self.target = example_batch(net, batch, device)
-        self.backend = backend_of(device)
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.benchmark = config == "cudnn.benchmark"
-        self.applied = str(apply.apply(self.model, plan_file)) if config == "plan" else ""
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
-        self.first_loss = self.step().item()  # untimed: cuDNN autotunes here
-
-    def step(self):
-        import torch.nn.functional as F
-
-        self.opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(self.model(self.x), self.target)
-        loss.backward()
-        self.opt.step()
-        return loss
+        self.run = load.prepare(batch, device, plan_file if config == "plan" else None)
+        self.backend = backend_of(device)
+        self.applied = str(self.run.applied) if config == "plan" else ""
+        self.first_loss = self.run.step().item()  # untimed: cuDNN autotunes here
 
     def time(self, budget_s: float) -> list[float]:
-        return list(timing.timer_for(self.backend)(self.step, budget_s).times_ms)
+        return list(timing.timer_for(self.backend)(self.run.step, budget_s).times_ms)
 
 
 class Worker:
-    """A `Trainer` in its own Python process (see the module docstring for why), asked for
+    """A `ConfigTrainer` in its own Python process (see the module docstring for why), asked for
     timings one round at a time over a pipe: one JSON line per answer."""
 
-    def __init__(self, log, config: str, net: str, batch: int, device: str,
+    def __init__(self, log, config: str, load: Workload, batch: int, device: str,
                  plan_file: str | None = None):
-        job = {"config": config, "net": net, "batch": batch, "device": device,
+        job = {"config": config, "net": load.name, "batch": batch, "device": device,
                "plan_file": plan_file}
         self.config, self.log = config, log
         self.proc = subprocess.Popen(_command("train", job), stdin=subprocess.PIPE,
@@ -256,25 +112,19 @@ class Worker:
 
 
 def _command(kind: str, job: dict) -> list[str]:
-    return [sys.executable, "-m", "convbench.trainstep", kind, json.dumps(job)]
+    return [sys.executable, "-m", __name__, kind, json.dumps(job)]
 
 
-def worker_environment(device: str) -> dict | None:
-    """The environment of the worker processes (tuning, training, memplan's probes): on the CPU,
-    idle threads sleep (`threads.CPU_THREAD_ENV`, unless set otherwise), else this one's."""
-    return {**CPU_THREAD_ENV, **os.environ} if backend_of(device) == "numpy" else None
-
-
-def serve(**job) -> None:
-    """The worker's side: build the Trainer, say it is ready, then answer each budget read
-    from stdin with that round's step times."""
-    trainer = Trainer(**job)
+def serve(net: str, **job) -> None:
+    """The worker's side: build the ConfigTrainer, say it is ready, then answer each budget
+    read from stdin with that round's step times."""
+    trainer = ConfigTrainer(load=Workload.parse(net), **job)
     print(json.dumps({"first_loss": trainer.first_loss, "applied": trainer.applied}), flush=True)
     for line in sys.stdin:
         print(json.dumps({"times_ms": trainer.time(float(line))}), flush=True)
 
 
-def time_configs(net: str, batch: int, device: str, budget_s: float, plan_file: str,
+def time_configs(load: Workload, batch: int, device: str, budget_s: float, plan_file: str,
                  log=None) -> list[dict]:
     """Each configuration's step times, in ROUNDS interleaved rounds of `budget_s / ROUNDS`
     seconds, so a change in the machine's load while timing affects all three alike."""
@@ -284,7 +134,7 @@ def time_configs(net: str, batch: int, device: str, budget_s: float, plan_file: 
             if log:
                 log(f"starting {config}")
             stderr = stack.enter_context(tempfile.TemporaryFile(mode="w+"))
-            workers.append(stack.enter_context(Worker(stderr, config, net, batch, device,
+            workers.append(stack.enter_context(Worker(stderr, config, load, batch, device,
                                                       plan_file if config == "plan" else None)))
         times: dict[str, list[float]] = {w.config: [] for w in workers}
         for _ in range(ROUNDS):
@@ -300,14 +150,15 @@ def time_configs(net: str, batch: int, device: str, budget_s: float, plan_file: 
 
 def tune_here(net: str, batch: int, device: str, plan_file: str, budget_s: float | None,
               algos: str, store: str | None) -> None:
-    """`tune.tune` on the model, the plan saved to `plan_file`; progress on stderr."""
-    x, _ = example_batch(net, batch, device)
-    plan = tune.tune(build_model(net).to(device), x, algos=algos, budget_s=budget_s,
+    """`tune.tune` on the workload's model (`net`: its text form), the plan saved to
+    `plan_file`; progress on stderr."""
+    run = Workload.parse(net).prepare(batch, device)
+    plan = tune.tune(run.model, run.x, algos=algos, budget_s=budget_s,
                      store=store, log=lambda line: print(f"convbench: {line}", file=sys.stderr))
     plan.save(plan_file)
 
 
-def compare(net: str, batch: int, device: str, *, budget_s: float = STEP_BUDGET_S,
+def compare(load: Workload, batch: int, device: str, *, budget_s: float = STEP_BUDGET_S,
             tune_budget_s: float | None = None, algos: str = "all", store=None,
             log=None) -> tuple[list[dict], Plan, float]:
     """Tune the model, then time the three configurations; (their rows, the plan, seconds the
@@ -319,7 +170,7 @@ def compare(net: str, batch: int, device: str, *, budget_s: float = STEP_BUDGET_
     with tempfile.TemporaryDirectory() as tmp:
         plan_file = str(Path(tmp) / "plan.json")
         started = time.monotonic()
-        job = {"net": net, "batch": batch, "device": device, "plan_file": plan_file,
+        job = {"net": load.name, "batch": batch, "device": device, "plan_file": plan_file,
                "budget_s": tune_budget_s, "algos": algos,
                "store": None if store is None else str(store)}
         tuned = subprocess.run(_command("tune", job), env=worker_environment(device), check=False)
@@ -328,7 +179,7 @@ def compare(net: str, batch: int, device: str, *, budget_s: float = STEP_BUDGET_
                                "error is above)")
         tuning_s = time.monotonic() - started
         plan = Plan.load(plan_file)
-        rows = time_configs(net, batch, device, budget_s, plan_file, log)
+        rows = time_configs(load, batch, device, budget_s, plan_file, log)
     return rows, plan, tuning_s
 
 
@@ -348,13 +199,13 @@ def table(rows: list[dict], backend: str) -> str:
                     tablefmt="github", disable_numparse=True)
 
 
-def markdown(rows: list[dict], plan: Plan, net: str, batch: int, device_name: str,
+def markdown(rows: list[dict], plan: Plan, load: Workload, batch: int, device_name: str,
              backend: str, tuning_s: float, default_batch: bool) -> str:
     """The report: what was timed, the table, and the plan as applied."""
-    first = layers.net_layers(net)[0].problem
+    c, h, w = load.image_shape
     why = (" (the CPU default, so the run ends in about three minutes; the study used 256)"
            if backend == "numpy" and default_batch else "")
-    facts = [f"batch {batch}{why}, {first.c}x{first.h}x{first.w} images, fp32 (TF32 off)",
+    facts = [f"batch {batch}{why}, {c}x{h}x{w} images, fp32 (TF32 off)",
              ("step: forward, cross-entropy loss, backward, SGD (momentum 0.9) update; no "
               "dropout; each configuration in its own process, with the same weights and data")]
     if backend == "numpy":
@@ -363,23 +214,21 @@ def markdown(rows: list[dict], plan: Plan, net: str, batch: int, device_name: st
             + " (idle threads sleep: NumPy's BLAS threads and torch's share the cores)")
     facts.append(f"tuning took {tuning_s:.0f} s; the plan rests on {len(plan.measurements)} "
                  "measurements (plan-store hits included)")
-    return "\n".join([f"# train-step: {net} on {device_name}", "",
+    return "\n".join([f"# train-step: {load.name} on {device_name}", "",
                       *[f"- {f}" for f in facts], "", table(rows, backend), "",
                       "## The plan as applied", "", rows[-1]["applied"]])
 
 
 def write(folder: str | Path, rows: list[dict], plan: Plan, text: str, env: dict,
-          meta: dict) -> None:
-    """The run folder of a train-step: trainstep.csv (a row per configuration),
-    trainstep.json (`meta`, how it was asked for, and the rows with their raw times),
-    trainstep.md (`text`), env.json and plan.json."""
-    out = Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "trainstep.csv").write_text(results.to_csv(summary_frame(rows)))
-    (out / "trainstep.json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
-    (out / "trainstep.md").write_text(text + "\n")
-    (out / results.ENV_JSON).write_text(json.dumps(env, indent=1) + "\n")
-    plan.save(out / "plan.json")
+          meta: dict) -> list[str]:
+    """The study's folder (`folder.write_study`): report.md (`text`), trainstep.csv (a row per
+    configuration), env.json, trainstep.json (`meta`, how it was asked for, and the rows with
+    their raw times) and plan.json."""
+    return write_study(
+        folder, "trainstep", text, summary_frame(rows), env,
+        extra={"trainstep.json": lambda path: path.write_text(
+                   json.dumps({**meta, "rows": rows}, indent=1) + "\n"),
+               "plan.json": plan.save})
 
 
 def summary_frame(rows: list[dict]) -> pd.DataFrame:
