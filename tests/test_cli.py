@@ -382,3 +382,22 @@ def test_a_reader_that_leaves_the_pipe_ends_the_command_quietly(tmp_path):
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141 and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("command, option, value, needs", [
+    ("layer", "--time-budget", "0.5", []), ("bench", "--time-budget", "0.5", []),
+    ("sweep", "--time-budget", "0.5", []), ("gpu-check", "--time-budget", "0.5", []),
+    ("train-step", "--time-budget", "0.5", []),
+    ("tune", "--time-budget", "0.5", ["--model", "m:f", "--input", "1,3,8,8"]),
+    ("memplan", "--memory-budget", "2GiB", []), ("memprofile", "--memory-budget", "2GiB", []),
+])
+def test_a_budget_is_named_by_what_it_counts_and_the_old_spelling_still_reads(command, option,
+                                                                            value, needs):
+    """`--budget` meant seconds in some commands and bytes in others: each meaning has its
+    name, listed in --help; `--budget` is still read, unlisted, as the one it meant there."""
+    sub = cli.build_parser()._subparsers._group_actions[0].choices[command]
+    dest = option.removeprefix("--").replace("-", "_")
+    new, old = (sub.parse_args([*needs, o, value]) for o in (option, "--budget"))
+    assert getattr(new, dest) == getattr(old, dest) and getattr(new, dest) is not None
+    text = sub.format_help()
+    assert option in text and "--budget" not in text

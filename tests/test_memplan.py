@@ -109,6 +109,29 @@ def test_the_report_table_and_rows(tmp_path):
     assert [r["search_probe"] for r in rows if r["status"] == "ok"] == [True, False, True]
 
 
+def test_offloadings_images_per_second_are_said_to_be_a_lower_bound():
+    """save_on_cpu copies without overlap: the report says what its speed means."""
+    off = memplan.StrategyResult("offload", search=memplan.largest_measured_batch(
+        affine(100, 10, []), 1000, 10), gradient_error=0.0)
+    off.timed = {b: affine(100, 10, [])(b) for b in memplan.curve(off.search.batch, None)}
+    text = memplan.markdown("alexnet", "cuda", 1000, [off], 90, {"device": "a GPU"})
+    assert "its images/s is a lower bound for offloading" in text
+    plain = memplan.StrategyResult("none", search=off.search, gradient_error=0.0,
+                                   timed=off.timed)
+    assert "lower bound" not in memplan.markdown("alexnet", "cuda", 1000, [plain], 90, {})
+
+
+def test_only_unsupported_strategies_say_so_and_draw_nothing(tmp_path, capsys):
+    """offload alone on the CPU: no common batch to speak of, no empty plot; a line says why."""
+    out = tmp_path / "plan"
+    code, printed, _ = run_cli(capsys, "memplan", "--device", "cpu", "--strategies",
+                               "offload", "--out", str(out))
+    assert code == 0 and "None" not in printed and "memplan.png" not in printed
+    assert "no strategy asked for runs on this device: nothing was measured" in printed
+    assert "| offload    | unsupported     |" in printed and "common batch" not in printed
+    assert sorted(p.name for p in out.iterdir()) == ["env.json", "memplan.csv", "report.md"]
+
+
 def test_a_budget_too_small_for_batch_one_is_one_line(capsys):
     code, out, err = run_cli(capsys, "memplan", "--device", "cpu", "--budget", "64MiB")
     assert code == 2 and err.count("\n") == 1 and out == ""

@@ -102,14 +102,54 @@ def choices(text: str, kind: str, valid: tuple[str, ...]) -> list[str]:
     return [check_choice(kind, t, valid) for t in dict.fromkeys(items)]
 
 
+# --- options declared once ------------------------------------------------------------------
+#: The two meanings `--budget` once had: seconds (layer, bench, sweep, tune, train-step,
+#: gpu-check) and bytes (memplan, memprofile). Each has its own name now; `--budget` is still
+#: read, unlisted, where it meant one of them.
+def time_budget_option(p, help: str, default: float | None = None,
+                       old_spelling: bool = True) -> None:
+    """--time-budget S (dest `time_budget`): seconds of timing; with `old_spelling`, also the
+    unlisted --budget it was called before."""
+    p.add_argument("--time-budget", type=positive(float), default=default, metavar="S",
+                   help=help)
+    if old_spelling:
+        p.add_argument("--budget", type=positive(float), dest="time_budget",
+                       default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def memory_budget_option(p, help: str) -> None:
+    """--memory-budget SIZE (dest `memory_budget`): bytes, or 512MiB, 2GiB; also the unlisted
+    --budget it was called before."""
+    p.add_argument("--memory-budget", type=size, metavar="SIZE", help=help)
+    p.add_argument("--budget", type=size, dest="memory_budget", default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS)
+
+
+def workspace_budget_option(p, help: str = "most workspace a pass may use: bytes, or "
+                            "256MiB, 1GiB, 2GB", default: int | None = None) -> None:
+    """--workspace-budget SIZE: the most workspace a planned pass may use."""
+    p.add_argument("--workspace-budget", type=size, default=default, metavar="SIZE", help=help)
+
+
+def device_option(p, help: str = "default cuda where a GPU is, else cpu",
+                  choices: tuple[str, ...] = ("cpu", "cuda")) -> None:
+    """--device: where the work runs (`devices.DEVICES` names them)."""
+    p.add_argument("--device", choices=choices, help=help)
+
+
+def model_options(p, model_help: str, input_help: str, required: bool = False) -> None:
+    """--model MODULE:CALLABLE and --input N,C,H,W: a user's own network and its input."""
+    p.add_argument("--model", required=required, metavar="MODULE:CALLABLE", help=model_help)
+    p.add_argument("--input", required=required, metavar="N,C,H,W", help=input_help)
+
+
 def step_options(p, net_help: str | None = None, net_default: str | None = "alexnet") -> None:
     """--net and --device of the commands that run a training step (train-step, memprofile,
     memplan): the workload's nets, on the CPU or a GPU."""
     from ..studies.workload import NETS
 
     p.add_argument("--net", default=net_default, choices=NETS, help=net_help)
-    p.add_argument("--device", choices=("cpu", "cuda"),
-                   help="default cuda where a GPU is, else cpu")
+    device_option(p)
 
 
 def tie_options(p) -> None:

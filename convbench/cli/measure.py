@@ -41,11 +41,14 @@ from .common import (
     UsageError,
     batches,
     choices,
+    device_option,
     emit,
     finish,
+    model_options,
     percent,
     positive,
     size,
+    time_budget_option,
     usage_errors,
 )
 
@@ -69,7 +72,7 @@ def _measure(args, specs: list, device: devices.Device, folder: Path | None,
             device, registry.expand_algos(args.algos, device.backend),
             choices(args.passes, "pass", PASSES), choices(args.layouts, "layout", LAYOUTS),
             choices(args.precision, "precision", PRECISIONS))
-    budget = args.budget or device.budget_s
+    budget = args.time_budget or device.budget_s
     target = args.target_noise or timing.TARGET_NOISE
     sharded = shard.from_env(device.backend)  # torchrun, several ranks: this rank's share
     if sharded and sharded.rank:  # rank 0 prints the results; the other ranks' stdout is dropped
@@ -110,7 +113,7 @@ _PRESENTATION = {"resume", "out", "format", "quiet", "command", "func", "argv",
                  "build_parser"}
 #: Options whose default a run resolved and recorded in env.json's run: an explicit value is
 #: compared with what the run used, not with "not given".
-_RESOLVED = {"net": "net", "device": "device", "batch": "batch", "budget": "budget_s",
+_RESOLVED = {"net": "net", "device": "device", "batch": "batch", "time_budget": "budget_s",
              "threads": "threads", "target_noise": "target_noise"}
 #: Comma lists whose order does not change what is measured.
 _LISTS = {"algos", "passes", "layouts", "precision", "layers"}
@@ -306,12 +309,10 @@ def _sweep_options(p, layer: bool, batch_list: bool = False) -> None:
     p.add_argument("--net", choices=layers.NETS,
                    help="catalog the layers come from (default alexnet)")
     if not batch_list:
-        p.add_argument("--model", metavar="MODULE:CALLABLE",
-                       help="measure this model's conv layers instead of a catalog's: the "
-                            "callable returns an nn.Module (e.g. torchvision.models:resnet18); "
-                            "each distinct problem once, named by its first module")
-        p.add_argument("--input", metavar="N,C,H,W",
-                       help="with --model: the input batch's shape (e.g. 8,3,224,224)")
+        model_options(p, "measure this model's conv layers instead of a catalog's: the "
+                         "callable returns an nn.Module (e.g. torchvision.models:resnet18); "
+                         "each distinct problem once, named by its first module",
+                      "with --model: the input batch's shape (e.g. 8,3,224,224)")
         p.add_argument("--problems", metavar="FILE",
                        help="measure the problems of FILE: CSV with ConvProblem's fields "
                             "(n,c,h,w,k,r,s[,stride,pad,dilation,groups,name,count]) or oneDNN "
@@ -336,12 +337,11 @@ def _sweep_options(p, layer: bool, batch_list: bool = False) -> None:
                         "allocators refuse beyond it, on cpu the predicted and measured "
                         "footprints are checked against it (sweep default on cpu: "
                         f"{batchsweep.HOST_LIMIT_FRACTION:.0%}% of the memory available)")
-    p.add_argument("--device", choices=list(DEVICES),
-                   help="cpu (numpy), cuda (GPU kernels) or emu (CUDA sources on the CPU); "
-                        "default cuda where a GPU is, else cpu")
-    p.add_argument("--budget", type=positive(float),
-                   help="seconds of timed repetitions per measurement (default "
-                        f"{DEVICES['cpu'].budget_s} on cpu, {DEVICES['cuda'].budget_s} on cuda)")
+    device_option(p, "cpu (numpy), cuda (GPU kernels) or emu (CUDA sources on the CPU); "
+                     "default cuda where a GPU is, else cpu", tuple(DEVICES))
+    time_budget_option(p, "seconds of timed repetitions per measurement (default "
+                          f"{DEVICES['cpu'].budget_s} on cpu, {DEVICES['cuda'].budget_s} on "
+                          "cuda)")
     p.add_argument("--threads", type=positive(int), metavar="N",
                    help="threads every algorithm may use (NumPy's BLAS, OpenMP, torch, the "
                         "FFT's workers); default the cores this process may run on "

@@ -18,10 +18,11 @@ from .common import (
     UsageError,
     command_line,
     emit,
+    memory_budget_option,
     positive,
-    size,
     step_options,
     usage_errors,
+    workspace_budget_option,
 )
 from .measure import device as resolve_device
 
@@ -39,7 +40,7 @@ def cmd_memprofile(args) -> int:
     device = resolve_device(args.device)
     load = Workload.parse(args.net)
     batch = args.batch or load.default_batch(device.backend)
-    budget = args.budget or memory.capacity(device.backend)
+    budget = args.memory_budget or memory.capacity(device.backend)
     plans = {"defaults": None}
     if args.run:
         plans["fastest"] = _advised(args.run, None)
@@ -77,17 +78,16 @@ def add_parsers(sub) -> None:
     p.add_argument("--batch", type=positive(int),
                    help=f"images in the profiled step (default {CPU_STEP_BATCH} on cpu, "
                         "the catalog's on cuda)")
-    p.add_argument("--budget", type=size, metavar="SIZE",
-                   help="memory the step may use, e.g. 8GiB (default: the GPU's memory, or the "
-                        "host memory available)")
+    memory_budget_option(p, "memory the step may use, e.g. 8GiB (default: the GPU's memory, "
+                            "or the host memory available)")
     p.add_argument("--run", help="bench run folder the advisor plans from: adds its fastest "
                    "plan and its plan under --workspace-budget")
-    p.add_argument("--workspace-budget", type=size, default=256 << 20, metavar="SIZE",
-                   help="workspace budget of the advisor's budgeted plan (default 256MiB)")
+    workspace_budget_option(p, "workspace budget of the advisor's budgeted plan (default "
+                               "256MiB)", default=256 << 20)
     p.add_argument("--config", choices=("defaults", "fastest", "budgeted"), default="defaults",
                    help="configuration whose timeline is measured and shown (default "
                         "defaults; the others need --run)")
-    p.add_argument("--out", help="folder for memprofile.md, timeline.csv, largest_batch.csv, "
-                   "timeline.png")
+    p.add_argument("--out", help="folder for report.md, memprofile.csv (the timeline), "
+                   "env.json, largest_batch.csv, timeline.png")
     p.add_argument("--format", choices=FORMATS, default="table")
     p.set_defaults(func=cmd_memprofile)

@@ -20,7 +20,16 @@ from .. import envinfo, runs
 from ..devices import backend_of
 from ..studies import scale
 from ..studies.workload import Workload
-from .common import FORMATS, batches, command_line, counts, emit, positive, usage_errors
+from .common import (
+    FORMATS,
+    batches,
+    command_line,
+    counts,
+    device_option,
+    emit,
+    positive,
+    usage_errors,
+)
 
 
 def job_from(args) -> scale.Job:
@@ -64,9 +73,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--net", default="alexnet", choices=scale.NETS,
                    help="the training-step model; -fcfree: fc6-fc8 as 1x1 convolutions "
                         "(default alexnet)")
-    p.add_argument("--device", choices=("cpu", "cuda"),
-                   help="cuda: a GPU per rank, NCCL; cpu: a core per rank, gloo (default cuda "
-                        "where a GPU is, else cpu)")
+    device_option(p, "cuda: a GPU per rank, NCCL; cpu: a core per rank, gloo (default cuda "
+                     "where a GPU is, else cpu)")
     p.add_argument("--world-sizes", type=counts("world sizes"),
                    help="comma list of rank counts (default 1, 2, 4, ... up to the GPUs or "
                         "cores here, or the ranks torchrun started)")

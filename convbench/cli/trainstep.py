@@ -16,6 +16,7 @@ from .common import (
     emit,
     positive,
     step_options,
+    time_budget_option,
     usage_errors,
 )
 
@@ -31,14 +32,14 @@ def cmd_train_step(args) -> int:
     tune_budget = args.tune_budget or (CPU_TUNE_BUDGET_S if backend == "numpy" else None)
     with usage_errors():
         rows, plan, tuning_s = trainstep.compare(
-            load, batch, device, budget_s=args.budget, tune_budget_s=tune_budget,
+            load, batch, device, budget_s=args.time_budget, tune_budget_s=tune_budget,
             algos=args.algos, store=args.store,
             log=lambda line: print(f"convbench: {line}", file=sys.stderr))
     env = envinfo.collect(backend)
     text = trainstep.markdown(rows, plan, load, batch, env["device"], backend, tuning_s,
                               default_batch=not args.batch)
     if args.out:
-        meta = {"net": args.net, "batch": batch, "device": device, "budget_s": args.budget,
+        meta = {"net": args.net, "batch": batch, "device": device, "budget_s": args.time_budget,
                 "tuning_s": tuning_s, "command": command_line(args)}
         env["run"] = meta
         trainstep.write(args.out, rows, plan, text, env, meta)
@@ -54,15 +55,15 @@ def add_parsers(sub) -> None:
     p.add_argument("--batch", type=positive(int),
                    help=f"images per step (default {CPU_STEP_BATCH} on cpu, the "
                         "catalog's on cuda)")
-    p.add_argument("--budget", type=positive(float), default=trainstep.STEP_BUDGET_S,
-                   help="seconds of timed steps per configuration (default "
-                        f"{trainstep.STEP_BUDGET_S})")
+    time_budget_option(p, "seconds of timed steps per configuration (default "
+                          f"{trainstep.STEP_BUDGET_S})", default=trainstep.STEP_BUDGET_S)
     p.add_argument("--tune-budget", type=positive(float),
                    help=f"seconds of timed repetitions per tuning measurement (default "
                         f"{CPU_TUNE_BUDGET_S} on cpu, the device's default on cuda)")
     p.add_argument("--algos", default="all", help="algorithms the advisor may choose from")
     p.add_argument("--store", help="plan store folder (default $CONVBENCH_PLAN_DIR, else "
                    "~/.cache/convbench/plans)")
-    p.add_argument("--out", help="folder for trainstep.csv/.json/.md, plan.json, env.json")
+    p.add_argument("--out", help="folder for report.md, trainstep.csv, env.json, "
+                   "trainstep.json, plan.json")
     p.add_argument("--format", choices=FORMATS, default="table")
     p.set_defaults(func=cmd_train_step)

@@ -533,12 +533,14 @@ def markdown(net: str, device: str, budget: int, found: list[StrategyResult],
          "gradients, SGD momentum, the batch, what is kept for backward, temporaries)"),
         (f"peaks read from the allocators ({memory.trace(backend_of(device)).method}) in a "
          "fresh process per probe, from before the model exists"),
-        (f"images/s: the median of timed steps at that batch; common batch {common}" if ran
-         else "no strategy asked for runs on this device: nothing was measured (the reasons "
-              "are in the table)"),
+        f"images/s: the median of timed steps at that batch; common batch {common}",
         (f"gradient error: against the plain step's at batch {CHECK_BATCH}, and its tolerance: "
          f"{GRADIENT_TOLERANCE:g} where the same arithmetic is repeated or copied, the loosest "
          "of the chosen algorithms' verification tolerances under a plan"),
+    ] if ran else [
+        (f"budget: {memory.format_size(budget)} for the whole training step"),
+        ("no strategy asked for runs on this device: nothing was measured (why: the table's "
+         "note)"),
     ]
     if any("offload" in r.strategy.split("+") for r in ran):
         facts.append("offload: torch's `save_on_cpu` copies each saved tensor to the host and "
