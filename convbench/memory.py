@@ -204,14 +204,19 @@ class TorchHostAllocator(Trace):
 
 
 def release_device_memory(backend: str) -> None:
-    """On the GPU: drop what implementations cache there (`registry.clear_device_caches`), and
-    return both pools' free blocks to the device, so the next case starts from an empty device
-    whichever allocator it uses. Nothing on the host."""
+    """On the GPU: drop what implementations cache there (`registry.clear_device_caches`),
+    collect garbage (a guard: a reference cycle would keep a finished case's arrays, which no
+    pool can give back while they are alive), and return both pools' free blocks to the device,
+    so the next case starts from an empty device whichever allocator it uses. Nothing on the
+    host."""
     if backend != "cuda":
         return
+    import gc
+
     import cupy
 
     registry.clear_device_caches()
+    gc.collect()
     cupy.get_default_memory_pool().free_all_blocks()
     torch = _torch_cuda()
     if torch is not None:

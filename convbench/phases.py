@@ -46,25 +46,31 @@ def phase_names(pass_: str) -> list[str]:
 
 class Phased:
     """A pass as named steps ``step(a, b, out)``: calling it runs them all and remembers the
-    arrays, so that `phase_fns` can rerun the steps one by one."""
+    arrays, so that `phase_fns` can rerun the steps one by one.
+
+    The phase functions hold the steps and a box with the last call's arrays, never the
+    `Phased` itself: a reference cycle (object -> phase_fns -> bound method -> object) would
+    keep a finished case's arrays, workspaces and plans alive until the garbage collector next
+    ran, which on a GPU is the next case's memory (a stale peak, a false `oom`)."""
 
     def __init__(self, steps: dict[str, Callable]):
         self._steps = steps
-        self._args: tuple | None = None
-        self.phase_fns = {name: functools.partial(self._replay, step)
+        self._box: list[tuple] = []
+        self.phase_fns = {name: functools.partial(_replay, self._box, step)
                           for name, step in steps.items()}
 
     def __call__(self, a, b, out) -> None:
-        self._args = (a, b, out)
+        self._box[:] = [(a, b, out)]
         for step in self._steps.values():
             step(a, b, out)
 
     def forget(self) -> None:
         """Drop the arrays of the last call (a warm-up's scratch operands, which must not stay
         alive in the memory the prepared pass is seen to hold)."""
-        self._args = None
+        self._box.clear()
 
-    def _replay(self, step: Callable) -> None:
-        if self._args is None:
-            raise RuntimeError("phase functions replay the last full call: call the pass first")
-        step(*self._args)
+
+def _replay(box: list[tuple], step: Callable) -> None:
+    if not box:
+        raise RuntimeError("phase functions replay the last full call: call the pass first")
+    step(*box[0])

@@ -385,3 +385,36 @@ def test_a_committed_run_with_integer_geometry_still_loads():
     problems = {results.problem_from_row(r) for _, r in df.iterrows()}
     assert problems and not any(p.per_axis for p in problems)
     assert all(isinstance(p.stride, int) and isinstance(p.pad, int) for p in problems)
+
+
+def _alive(cls) -> int:
+    import gc
+
+    return sum(isinstance(o, cls) for o in gc.get_objects())
+
+
+def test_no_phased_pass_outlives_its_case_without_the_garbage_collector():
+    """A prepared pass frees its arrays, plans and workspaces when its case is done, by
+    reference counting alone: a reference cycle would keep them (on a GPU, gigabytes) until the
+    collector next ran, so every phased pass of a sweep run with the collector off must be gone
+    when the sweep returns."""
+    import gc
+
+    from convbench.phases import Phased
+
+    problems = [ConvProblem(n=1, c=2, h=6 + i, w=6, k=3, r=3, s=3, pad=1) for i in range(3)]
+    layers = [Layer("custom", f"tiny{i}", p) for i, p in enumerate(problems)]
+    sweep = runner.sweep(layers, ["torch-cpu"], "numpy", ["fwd", "bwd_data", "bwd_filter"],
+                         ["nchw", "nhwc"], ["fp32"])
+    runner.run(sweep[:1], BUDGET)  # the first imports (torch's raise and catch: frame cycles)
+    gc.collect()
+    before = _alive(Phased)
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        rows = runner.run(sweep, BUDGET)
+        assert [r["status"] for r in rows] == ["ok"] * len(sweep)
+        assert _alive(Phased) == before
+    finally:
+        if was:
+            gc.enable()
