@@ -123,3 +123,28 @@ def test_round_robin_shares_cover_every_case_once():
     cases = list(range(11))
     shares = [Shard(rank, 3).share(cases) for rank in range(3)]
     assert sorted(c for s in shares for c in s) == cases and shares[1] == [1, 4, 7, 10]
+
+
+def test_a_bad_local_rank_is_one_line_and_exit_2(monkeypatch, capsys):
+    from convbench import shard
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "first")
+    assert cli.main([*BENCH]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "LOCAL_RANK='first' is not an integer" in err[0]
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    monkeypatch.setattr(shard, "_gpu_count", lambda: 2)
+    with pytest.raises(ValueError, match="LOCAL_RANK=2, but this node has 2 GPU"):
+        shard.from_env("cuda")
+
+
+def test_each_rank_gets_its_share_of_the_host_threads(monkeypatch):
+    from convbench import shard
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert shard.host_threads(None, 16) is None
+    assert shard.host_threads(Shard(1, 4), 16) == 4
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # 4 ranks, 2 on this node
+    assert shard.host_threads(Shard(1, 4), 16) == 8
+    assert shard.host_threads(Shard(1, 4), 1) == 1

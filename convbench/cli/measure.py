@@ -71,15 +71,12 @@ def _measure(args, specs: list, device: devices.Device, folder: Path | None,
             choices(args.precision, "precision", PRECISIONS))
     budget = args.budget or device.budget_s
     target = args.target_noise or timing.TARGET_NOISE
-    sharded = shard.from_env(device.backend)  # torchrun, several ranks: this rank's share
+    with usage_errors():
+        sharded = shard.from_env(device.backend)  # torchrun, several ranks: this rank's share
     if sharded and sharded.rank:  # rank 0 prints the results; the other ranks' stdout is dropped
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process
-    count = args.threads
-    if count is None and sharded:  # the ranks on this machine share its cores
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", sharded.world))
-        count = max(1, threads.available_cores() // local)
-    with usage_errors():
-        threads.use(count)
+    with usage_errors():  # the ranks on this machine share its cores
+        threads.use(args.threads or shard.host_threads(sharded, threads.available_cores()))
     run_folder = None
     if folder is not None:
         env = runs.environment(device, args.net, cases, budget, batch=args.batch, limit=limit,
