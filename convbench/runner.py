@@ -160,7 +160,10 @@ _STICKY_WORDS = ("illegal memory access", "illegal_address", "illegaladdress",
                  "misaligned address", "misaligned_address", "misalignedaddress",
                  "illegal instruction", "illegal_instruction", "illegalinstruction",
                  "device-side assert", "hardware stack error", "invalid program counter",
-                 "launch timed out", "launch_timeout")
+                 "launch timed out", "launch_timeout",
+                 # the libraries' own words for a kernel of theirs that faulted
+                 "cudnn_status_execution_failed", "cublas_status_execution_failed",
+                 "cufft_exec_failed")
 
 
 def is_sticky_fault(exc: BaseException) -> bool:
@@ -253,10 +256,13 @@ def prepare(case: Case, operands: Operands, impl=None,
 
 def _describe(impl, args: tuple) -> str:
     """The implementation's note for the row; a note that cannot be made (cuDNN's profiled
-    call failing, say) is said in the note, and does not undo the measurement."""
+    call failing, say) is said in the note, and does not undo the measurement. A GPU fault
+    (`is_sticky_fault`) is raised: swallowed, it would be blamed on the next case."""
     try:
         return impl.describe(*args)
-    except Exception as exc:  # noqa: BLE001  (any library's error; the time stands)
+    except Exception as exc:
+        if is_sticky_fault(exc):
+            raise
         line = (str(exc).strip().splitlines() or [""])[0]
         return f"(no description: {type(exc).__name__}: {line})"
 
@@ -354,13 +360,30 @@ def _time_part(part: list[tuple[Case, Ready]], budget_s: float, target: float,
             fault.done = rows[1:]
             raise fault from exc
         return rows
-    return [_timed_row(case, ready, t, ph, group) for (case, ready), t, ph
-            in zip(part, timed, phases)]
+    out: list[dict] = []
+    faulted: dict | None = None
+    for (case, ready), t, ph in zip(part, timed, phases):
+        if faulted is not None:  # timed before the fault; no description can be made now
+            out.append(_timed_row(case, ready, t, ph, group, "(no description: the GPU "
+                                  f"faulted describing {faulted['algo']} {faulted['layout']})"))
+            continue
+        try:
+            out.append(_timed_row(case, ready, t, ph, group))
+        except Exception as exc:  # a fault while describing it (`_describe`): this case's
+            nm = _not_measured(exc)
+            faulted = row(case, nm.status, f"{nm.reason} (while described)", ready.check)
+            out.append(faulted)
+    if faulted is not None:
+        fault = DeviceFault(faulted)
+        fault.done = [r for r in out if r is not faulted]
+        raise fault
+    return out
 
 
 def _timed_row(case: Case, ready: Ready, t: Timed, phases: dict[str, Measurement] | None,
-               group: str) -> dict:
-    note = _describe(ready.impl, (case.problem, case.pass_, case.layout, case.precision))
+               group: str, note: str | None = None) -> dict:
+    if note is None:
+        note = _describe(ready.impl, (case.problem, case.pass_, case.layout, case.precision))
     if OUTPUT_COPY in t.steps:
         phases = t.steps
         note += (f"{'; ' if note else ''}time without the {t.steps[OUTPUT_COPY].median:.4g} "

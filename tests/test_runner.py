@@ -126,7 +126,10 @@ STICKY = RuntimeError("CUDARuntimeError: cudaErrorIllegalAddress: an illegal mem
 @pytest.mark.parametrize("error", [
     STICKY, RuntimeError("CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure"),
     RuntimeError("CUDA error: misaligned address"),
-    RuntimeError("CUDA error: device-side assert triggered")], ids=str)
+    RuntimeError("CUDA error: device-side assert triggered"),
+    RuntimeError("cuDNN error: CUDNN_STATUS_EXECUTION_FAILED"),
+    RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, ...)`"),
+    RuntimeError("cuFFT error: CUFFT_EXEC_FAILED")], ids=str)
 def test_a_gpu_fault_is_recognised(error):
     assert runner.is_sticky_fault(error)
     assert not runner.is_sticky_fault(RuntimeError("CUFFT_INVALID_PLAN"))
@@ -432,3 +435,21 @@ def test_torch_s_result_is_not_counted_as_its_workspace():
     out_bytes = 4 * p.n * p.k * p.h * p.w
     assert r["status"] == "ok" and r["peak_bytes"] is not None
     assert r["peak_bytes"] < out_bytes / 2
+
+
+def test_a_fault_while_describing_is_blamed_on_that_case_and_stops_the_run():
+    """A case whose description (cuDNN's profiled call) faults the GPU is that case's failure:
+    swallowed into its note, the next case would be blamed for the unusable device."""
+    class Faulty(Fake):
+        def describe(self, *args):
+            raise STICKY
+
+    impls = {"good": Fake("good"), "faulty": Faulty("faulty"), "later": Fake("later")}
+    seen = []
+    with pytest.raises(runner.DeviceFault, match="tiny faulty fwd nchw faulted the GPU") as exc:
+        runner.run(cases(["good", "faulty", "later"]) + cases(["good"], passes=("bwd_data",)),
+                   BUDGET, impls, on_row=seen.append)
+    assert [(r["algo"], r["pass"], r["status"]) for r in seen] == [
+        ("good", "fwd", "ok"), ("later", "fwd", "ok"), ("faulty", "fwd", "failed")]
+    assert "illegal memory access" in exc.value.row["reason"]
+    assert seen[1]["note"] == "(no description: the GPU faulted describing faulty nchw)"
