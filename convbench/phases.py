@@ -53,8 +53,9 @@ class Phased:
     keep a finished case's arrays, workspaces and plans alive until the garbage collector next
     ran, which on a GPU is the next case's memory (a stale peak, a false `oom`)."""
 
-    def __init__(self, steps: dict[str, Callable]):
+    def __init__(self, steps: dict[str, Callable], on_forget: Callable[[], None] | None = None):
         self._steps = steps
+        self._on_forget = on_forget
         self._box: list[tuple] = []
         self.phase_fns = {name: functools.partial(_replay, self._box, step)
                           for name, step in steps.items()}
@@ -66,8 +67,12 @@ class Phased:
 
     def forget(self) -> None:
         """Drop the arrays of the last call (a warm-up's scratch operands, which must not stay
-        alive in the memory the prepared pass is seen to hold)."""
+        alive in the memory the prepared pass is seen to hold, nor a step's activations in a
+        memoized pass: `functional.run` forgets after every call). `on_forget` drops what the
+        steps keep of them (torch's views of the arrays)."""
         self._box.clear()
+        if self._on_forget is not None:
+            self._on_forget()
 
 
 def _replay(box: list[tuple], step: Callable) -> None:

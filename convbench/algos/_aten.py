@@ -73,7 +73,7 @@ def aten_phased(problem: ConvProblem, pass_: str, views: Views,
 
         run(work)
 
-    return Phased(dict(zip(PHASES, (convolution, copy))))
+    return Phased(dict(zip(PHASES, (convolution, copy))), on_forget=views.clear)
 
 
 def aten_pass(problem: ConvProblem, pass_: str):
