@@ -36,7 +36,10 @@ from .results import PROBLEM_FIELDS, problem_from_row
 #: not measured that way. Every other algorithm is taken as deterministic: the NumPy ones and
 #: torch's CPU convolution reduce in a fixed order for a fixed thread count, and convbench's
 #: CUDA kernels use no floating-point atomics (a kernel that adds them must be listed here).
-NONDETERMINISTIC_ALGOS = ("cudnn", "cudnn-autotune")
+NONDETERMINISTIC_ALGOS = ("cudnn", "cudnn-autotune",
+                          # cuDNN's find reports these nondeterministic (the backward passes'
+                          # BWD_DATA_ALGO_0, BWD_FILTER_ALGO_0 and _3 accumulate with atomics)
+                          "cudnn-find-algo-0", "cudnn-find-algo-3")
 NO_CONSTRAINTS = Constraints()
 
 

@@ -19,11 +19,20 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 from .problem import LAYOUTS, PASSES, PRECISIONS, ConvProblem, check_choice
 
 ALGOS = ("direct", "gemm", "gemm-cublas", "fft", "fft-tiled", "winograd-2x2", "winograd-4x4",
-         "winograd-fused-2x2", "winograd-fused-4x4", "cudnn", "cudnn-autotune", "torch-cpu")
+         "winograd-fused-2x2", "winograd-fused-4x4", "cudnn", "cudnn-autotune", "torch-cpu",
+         # cuDNN's algorithms one by one, through its find API (`algos.cudnn_find`)
+         "cudnn-find-implicit-gemm", "cudnn-find-implicit-precomp-gemm", "cudnn-find-gemm",
+         "cudnn-find-direct", "cudnn-find-fft", "cudnn-find-fft-tiling", "cudnn-find-winograd",
+         "cudnn-find-winograd-nonfused", "cudnn-find-algo-0", "cudnn-find-algo-1",
+         "cudnn-find-algo-3")
 BACKENDS = ("numpy", "cuda", "emu")
 #: What `winograd` and `all` mean on the command line.
 ALIASES = {"winograd": ("winograd-2x2", "winograd-4x4"),
-           "winograd-fused": ("winograd-fused-2x2", "winograd-fused-4x4")}
+           "winograd-fused": ("winograd-fused-2x2", "winograd-fused-4x4"),
+           "cudnn-find": tuple(a for a in ALGOS if a.startswith("cudnn-find-"))}
+#: Algos that `all` leaves out, asked for by name (their alias): cuDNN's algorithms one by one
+#: are eleven cases more per pass, for the study of cuDNN, not for choosing a plan.
+OPT_IN = ALIASES["cudnn-find"]
 
 #: One prepared pass: ``run(a, b, out)`` reads the pass's two inputs and writes every element of
 #: the preallocated `out` (NumPy arrays on `numpy` and `emu`, CuPy on `cuda`).
@@ -164,13 +173,15 @@ def algos_for(backend: str) -> list[str]:
 
 def expand_algos(text: str, backend: str) -> list[str]:
     """`direct,winograd` -> ['direct', 'winograd-2x2', 'winograd-4x4']; `all` -> every algo the
-    backend has. Unknown names raise ValueError naming the valid ones."""
+    backend has but the `OPT_IN` ones (`cudnn-find` names those). Unknown names raise ValueError
+    naming the valid ones."""
     have = algos_for(backend)
     out: list[str] = []
     for name in (t.strip() for t in text.split(",")):
         if not name:
             continue
-        names = have if name == "all" else ALIASES.get(name, (name,))
+        names = ([a for a in have if a not in OPT_IN] if name == "all"
+                 else ALIASES.get(name, (name,)))
         for a in names:
             check_choice("algo", a, list(ALGOS) + list(ALIASES) + ["all"])
             if a not in have:

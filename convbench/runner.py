@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from . import kernels, memory, opcount, reference, registry, results, timing, verify
+from .functional import UnsupportedError
 from .layers import Layer
 from .measurement import Measurement
 from .memory import MemoryLimit
@@ -186,6 +187,8 @@ class DeviceFault(Exception):
 
 def _not_measured(exc: Exception) -> NotMeasured:
     lines = str(exc).strip().splitlines()
+    if isinstance(exc, UnsupportedError):  # known only once prepared (cuDNN's find)
+        return NotMeasured("unsupported", lines[0] if lines else type(exc).__name__)
     reason = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
     if _is_oom(exc):  # the next case starts by giving the pools' blocks back
         return NotMeasured("oom", reason)
