@@ -187,7 +187,6 @@ def test_names(text, name):
     ("mb0ic3ih5oc4kh3", "mb: must be positive, got 0"),
     ("ic3ih5oc4kh3sh0", "sh: must be at least 1"),
     ('ic3ih5oc4kh3n"open', "n: unbalanced quote in the name '\"open'"),
-    ("ic1ih4oc1kh5sh2", "kh: kernel extent 5 is larger than the padded input ih=4+2*0"),
     ("ic1ih4oc1kh5sh1", ("kh: kernel extent 5 is larger than the padded input ih=4+2*0 "
                         "(oh would be 0)")),
     ("ic1ih10oc1oh5kh3", "ph: deduced as -1 from oh=5, ih=10, kh=3, sh=1: negative padding"),
@@ -199,30 +198,32 @@ def test_descriptor_errors_name_the_field(text, msg):
     assert str(info.value).startswith(msg)
 
 
-@pytest.mark.parametrize("text, msg", [
-    # benchdnn pads 2 before and 3 after (TensorFlow's SAME): convbench cannot
-    ("ic1ih224oc1oh112kh7sh2", ("ph: oh=112 needs padding 2 before and 3 after along the height; "
-                               "convbench pads both sides alike")),
-    ('ic32oc13_ih13oh12kh3ph0_n"tails_conv:1"', "ph: oh=12 needs padding 0 before and 1 after"),
+@pytest.mark.parametrize("text, pad, p", [
+    # benchdnn pads 2 before and 3 after (TensorFlow's SAME)
+    ("ic1ih224oc1oh112kh7sh2", ((2, 3), (2, 3)), 112),
+    ('ic32oc13_ih13oh12kh3ph0_n"tails_conv:1"', ((0, 1), (0, 1)), 12),
     ('mb1_ic3oc32_ih512oh256kh3sh2dh0ph0_iw512ow256kw3sw2dw0pw0_n"efficientdet:conv1"',
-     "ph: oh=256 needs padding 0 before and 1 after"),
-    # benchdnn's right padding is 3 short of the left: its output is smaller
-    ("ic1ih13oc1oh10kh3ph1", ("oh: 10 with ph=1 leaves 3 rows of the padded input unread at the "
-                             "end; convbench pads both sides alike, which gives oh=13")),
-    ("ic8oc8_iw5ow2kw3sw1dw2pw3", "ow: 2 with pw=3 leaves 3 columns"),
+     ((0, 1), (0, 1)), 256),
+    # the padding after is 3 short of 1 before: the last 2 input rows are never read
+    ("ic1ih13oc1oh10kh3ph1", ((1, -2), (1, -2)), 10),
+    # 1-D (the height is 1 row), dilated: 3 before, none after
+    ("ic8oc8_iw5ow2kw3sw1dw2pw3", ((0, 0), (3, 0)), 2),
+    # shapes_dw_2d_strided_no-padding's "ph-bottom(1)": the kernel fits only with it
+    ("mb1_g16_ic16oc16_kh3kw1_ih2iw1_oh1ow1_sh2sw1_ph0pw0_dh0dw0", ((0, 1), (0, 0)), 1),
+    # benchdnn's division truncates toward zero: (4-5)/2 is 0, so oh is 1 and it pads 1 after
+    ("ic1ih4oc1kh5sh2", ((0, 1), (0, 1)), 1),
+    # short of the padding before by less than a stride: the same convolution as symmetric
+    ("ic1ih224oc1oh112kh7sh2ph3", 3, 112),
 ])
-def test_unequal_padding_is_refused(text, msg):
-    with pytest.raises(ValueError) as info:
-        descriptor(text)
-    assert str(info.value).startswith(msg)
+def test_padding_after_is_benchdnns(text, pad, p):
+    problem, _ = descriptor(text)
+    assert problem.pad == pad
+    assert problem.p == p or problem.q == p
 
 
-def test_deductions_divide_as_c_does():
-    """benchdnn's divisions truncate toward zero: (4-5)/2 is 0, so the output is 1 (the filter
-    still does not fit); (4-10+3)/2 is -1, not -2."""
-    with pytest.raises(ValueError) as info:
-        descriptor("ic1ih4oc1kh5sh2")
-    assert str(info.value) == "kh: kernel extent 5 is larger than the padded input ih=4+2*0"
+def test_a_negative_deduced_padding_before_is_an_error():
+    """benchdnn's divisions truncate toward zero: (4-10+3)/2 is -1, not -2; a padding before
+    that is negative is not a convolution convbench holds."""
     with pytest.raises(ValueError, match="ph: deduced as -1 from"):
         descriptor("ic1ih10oc1oh5kh3")
 
