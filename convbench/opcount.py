@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from . import registry
+from . import padding, registry
 from .problem import ELEMENT_BYTES, ConvProblem
 
 #: Flops of a real-to-complex (or complex-to-real) 2-D FFT of n points: half the 5·n·log2(n) of
@@ -138,6 +138,7 @@ def op_count(algo: str, problem: ConvProblem, pass_: str, precision: str = "fp32
         return _direct(problem)
     if algo in ("gemm", "gemm-cublas"):
         return _gemm(problem, pass_, precision)
+    problem = problem.symmetric_part()[0]  # what FFT and Winograd run, after an explicit pad
     if algo in ("fft", "fft-tiled"):
         return _fft(problem, _fft_grid(problem, pass_, algo, backend))
     if algo.startswith("winograd-fused-") and pass_ == "bwd_filter":
@@ -157,6 +158,13 @@ def theoretical_workspace(algo: str, problem: ConvProblem, pass_: str, precision
         return 0
     if algo in ("gemm", "gemm-cublas"):
         return _column_elements(p) * elem
+    # FFT and Winograd run a padding that differs before and after as their symmetric part
+    # after an explicit pad, whose buffer (x or dx, padded) adds to theirs.
+    explicit = padding.explicit_bytes(p, "nchw", precision)
+    p = p.symmetric_part()[0]
+    spent = theoretical_workspace(algo, p, pass_, precision, backend) if explicit else None
+    if explicit:
+        return None if spent is None else spent + explicit
     if algo in ("fft", "fft-tiled"):
         planes, bins = _fft_planes(p, _fft_grid(p, pass_, algo, backend))
         return planes * bins * 2 * elem
