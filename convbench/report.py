@@ -35,7 +35,7 @@ from tabulate import tabulate
 from . import contention, memory, ranking, registry
 from .devices import DEVICES
 from .measurement import CONTENDED_SHARE, NOISE_THRESHOLD, Measurement, is_host_bound
-from .phases import APART, CONVOLUTION, FUSED, OUTPUT_COPY
+from .phases import APART, CONVOLUTION, FUSED
 from .problem import PASSES
 from .results import KEY, RESULTS_CSV, parse_phases
 

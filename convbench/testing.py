@@ -53,6 +53,21 @@ PER_AXIS_PROBLEMS = (
 )
 
 
+#: Padding that differs before and after, every algorithm tested on it (small enough for the
+#: emulator): more after than before (TensorFlow's SAME, stride 1: FFT and Winograd run it
+#: after an explicit pad), more before than after with a stride, input rows no output reads
+#: (a negative padding after) with groups, all at once per axis with dilation, and one axis
+#: only, the other padded alike.
+ASYMMETRIC_PROBLEMS = (
+    ConvProblem(n=2, c=3, h=7, w=6, k=4, r=3, s=3, pad=((0, 1), (0, 1))),
+    ConvProblem(n=1, c=3, h=9, w=8, k=4, r=3, s=3, stride=2, pad=((2, 0), (1, 1))),
+    ConvProblem(n=2, c=4, h=10, w=9, k=2, r=3, s=2, pad=((1, -2), (0, 1)), groups=2),
+    ConvProblem(n=1, c=2, h=8, w=11, k=3, r=2, s=3, stride=(2, 3), pad=((1, 2), (2, -1)),
+                dilation=(2, 1)),
+    ConvProblem(n=2, c=3, h=6, w=7, k=4, r=3, s=3, pad=((2, 1), (1, 1))),
+)
+
+
 def run_and_check(impl, problem: ConvProblem, pass_: str, layout: str, precision: str = "fp64",
                   seed: int = 0) -> verify.Check:
     """Run `impl` on seeded random operands into a NaN-filled output and check it against the

@@ -273,11 +273,15 @@ class DirectCPU(Implementation):
                          t is geo.taps[0])
                 out[...] = wide[geo.crop]
         else:
+            unread = p.pad_bottom < 0 or p.pad_right < 0
+
             def run(dy, w, out):
                 wide[geo.crop] = dy
                 tw = taps(w)
                 planes.fill(0)
                 for n, m, k, c, t in geo.steps(blocks):
                     _mac(tw[t.r, t.s, k].T, ym[n, k, m], window(t, n, m, c), tmp, False)
+                if unread:  # input rows past the last window: the planes hold none of them
+                    out.fill(0)
                 scatter(indexed, out, geo.windows)
         return run
