@@ -4,10 +4,13 @@ shape files' own lines) and CSV, each malformed entry one error naming file, lin
 import csv
 import dataclasses
 import io
+import os
+from pathlib import Path
 
+import numpy as np
 import pytest
 
-from convbench import problemfile
+from convbench import problemfile, reference, registry, verify
 from convbench.layers import CATALOGS
 from convbench.problem import ConvProblem
 from convbench.problemfile import ProblemFileError, descriptor, parse, read
@@ -363,3 +366,97 @@ def test_the_error_is_a_value_error_with_its_parts(tmp_path):
     err = info.value
     assert isinstance(err, problemfile.ProblemFileError)
     assert (err.source, err.line, err.field) == (path, 2, "kh")
+
+
+# --- padding before and after, and lines convbench skips ------------------------------------
+# Lines of oneDNN's shape files (shapes_tails, shapes_dilated, shapes_regression_padding,
+# shapes_dw_2d_strided_no-padding, shapes_3d), as written: benchdnn deduces the padding after.
+PADDED_UNEQUALLY = '''# tails
+mb1ic32oc13_ih13oh12kh3ph0_n"tails_conv:1"
+mb1_ic16oc16_kh3kw1_ih2iw1_oh1ow1_sh2sw1_ph0pw0_dh0dw0n"dw_128_ph-bottom(1)"
+mb1_g16_ic16oc16_kh2kw1_ih202iw1_oh23ow1_sh9sw1_ph0pw0_dh0dw0n"dw_125_ph-bottom(-2)"
+mb1ic8ih13oc8oh10kh3ph1n"unread"
+mb1_ic16oc16_kd1kh3kw1_id1ih3iw1_od1oh1ow1_sd1sh1sw1_pd0ph0pw0_dd0dh3dw0n"ph-bottom(6)"
+mb1ic16id10ih10iw10oc16od10oh10ow10kd3kh3kw3pd1ph1pw1n"conv3d"
+'''
+
+
+def test_padding_after_and_skipped_lines(tmp_path):
+    """More after than before, fewer after than before (a negative padding after leaves input
+    rows unread), a kernel that fits only with the padding after, and a 3-D line: skipped with
+    its reason when asked, an error otherwise."""
+    path = write(tmp_path, PADDED_UNEQUALLY, "shapes_mixed")
+    skipped = []
+    layers = read(path, skipped=skipped)
+    pads = {lay.name: lay.problem.pad for lay in layers}
+    assert pads == {"tails_conv:1": ((0, 1), (0, 1)),          # after > before
+                    "dw_128_ph-bottom(1)": ((0, 1), (0, 0)),  # the kernel needs the row after
+                    # 2 short of 0 after, less than the stride 9: the same as 0 both sides
+                    "dw_125_ph-bottom(-2)": 0,
+                    "unread": ((1, -2), (1, -2)),             # before > after: 2 rows unread
+                    "ph-bottom(6)": ((0, 6), (0, 0))}
+    assert [lay.problem.p for lay in layers] == [12, 1, 23, 10, 1]
+    (skip,) = skipped
+    assert (skip.line, skip.name, skip.field) == (7, "conv3d", "id")
+    assert str(skip) == (f"{path}:7: id: 3-D convolution (id=10, kd=3, od=10): convbench "
+                         "runs 2-D")
+    with pytest.raises(ProblemFileError, match=r":7: id: 3-D convolution"):
+        read(path)
+
+
+def test_a_file_of_skipped_lines_only(tmp_path):
+    path = write(tmp_path, "mb1ic16id10ih10iw10oc16od10oh10ow10kd3kh3kw3pd1ph1pw1\n")
+    with pytest.raises(ProblemFileError, match=r":1: file: no problems in it that convbench runs "
+                                               r"\(1 skipped, the first: id: 3-D"):
+        read(path, skipped=[])
+
+
+def test_a_malformed_line_still_refuses_the_file(tmp_path):
+    path = write(tmp_path, PADDED_UNEQUALLY + "ic1ih5oc1kh3xx\n")
+    with pytest.raises(ProblemFileError, match=r":8: descriptor: unrecognized entry"):
+        read(path, skipped=[])
+
+
+# --- oneDNN's own files, where they are ----------------------------------------------------
+#: A folder holding oneDNN's tests/benchdnn/inputs/conv (its shapes_* files), if given.
+ONEDNN_INPUTS = os.environ.get("CONVBENCH_BENCHDNN_INPUTS")
+
+
+def _shape_files() -> list:
+    if not ONEDNN_INPUTS:
+        return []
+    return sorted(Path(ONEDNN_INPUTS).glob("shapes_*"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ONEDNN_INPUTS, reason="set CONVBENCH_BENCHDNN_INPUTS to a folder of "
+                                              "oneDNN's tests/benchdnn/inputs/conv files")
+@pytest.mark.parametrize("path", _shape_files(), ids=lambda p: p.name)
+def test_onednns_shape_files_read_and_run(path):
+    """Every shape file reads (3-D lines skipped with their reasons; a file of 3-D lines only
+    says so); each 2-D problem at batch 1 is run forward by every CPU algorithm that takes it,
+    both layouts, and checked against float64 (every other algorithm gives a one-line reason)."""
+    skipped: list = []
+    try:
+        layers = read(path, batch=1, skipped=skipped)
+    except ProblemFileError as err:
+        assert skipped or "no problems in it" in str(err), err
+        assert all("3-D convolution" in s.what for s in skipped), skipped
+        return
+    assert all(s.field in ("id", "iw", "ih") for s in skipped), skipped
+    impls = registry.implementations("numpy")
+    for problem in dict.fromkeys(lay.problem for lay in layers):
+        if problem.min_bytes() > 256 << 20:  # past what a CI machine's test should allocate
+            continue
+        for layout in ("nchw", "nhwc"):
+            a, b = reference.random_operands(problem, "fwd", layout, np.float32)
+            ref = reference.reference(problem, "fwd", layout, a, b)
+            for impl in impls:
+                reason = registry.supports(impl, problem, "fwd", layout, "fp32")
+                if reason:
+                    assert "\n" not in reason
+                    continue
+                out = reference.nan_output(problem, "fwd", layout)
+                impl.prepare(problem, "fwd", layout, "fp32")(a, b, out)
+                chk = verify.check(out, ref, impl.algo, "fp32", problem, "fwd")
+                assert chk.ok, f"{path.name} {impl.algo} {layout} {problem}: {chk.reason}"
