@@ -208,6 +208,20 @@ def _header(cells: list[str]) -> list[tuple[str, int | None]]:
     return columns
 
 
+#: One axis's padding in a cell: a whole number, or before+after (after may be negative).
+_SIDES = r"\d+(\+-?\d+)?"
+
+
+def _cell_side(field: str, label: str, cell: str):
+    """One axis of a per-axis column: a whole number, or for `pad_h`/`pad_w` also `0+1`."""
+    if field != "pad":
+        return _cell_int(label, cell)
+    if not re.fullmatch(_SIDES, cell):
+        raise _Bad(label, f"{cell!r} is not a whole number or before+after (0+1)")
+    before, _, after = cell.partition("+")
+    return (int(before), int(after)) if after else int(before)
+
+
 def _cell_int(field: str, cell: str) -> int:
     if not re.fullmatch(r"\d+", cell):
         raise _Bad(field, f"{cell!r} is not a whole number")
@@ -234,7 +248,7 @@ def _csv(lines: list[tuple[int, str]], source: str, skipped: list | None) -> lis
                 if field == "name":
                     name = cell or None
                 elif axis is not None:
-                    axes.setdefault(field, [None, None])[axis] = (_cell_int(label, cell)
+                    axes.setdefault(field, [None, None])[axis] = (_cell_side(field, label, cell)
                                                                   if cell else None)
                 elif not cell:
                     if field in _REQUIRED:
@@ -244,8 +258,11 @@ def _csv(lines: list[tuple[int, str]], source: str, skipped: list | None) -> lis
                     if count < 1:
                         raise _Bad(label, "must be at least 1")
                 elif field in AXIS_FIELDS:
-                    if not re.fullmatch(r"\d+(x\d+)?", cell):
-                        raise _Bad(label, f"{cell!r} is not a whole number or HxW (2 or 2x1)")
+                    side = _SIDES if field == "pad" else r"\d+"
+                    if not re.fullmatch(rf"{side}(x{side})?", cell):
+                        raise _Bad(label, f"{cell!r} is not a whole number or HxW (2 or 2x1"
+                                   + (", before+after: 0+1 or 0+1x1" if field == "pad" else "")
+                                   + ")")
                     fields[field] = axis_pair(field, cell)
                 else:
                     fields[field] = _cell_int(label, cell)

@@ -322,9 +322,21 @@ def test_csv_columns_per_axis_aliases_and_count(tmp_path):
     assert y.problem == ConvProblem(2, 4, 9, 9, 4, 3, 3)
 
 
+def test_csv_padding_before_and_after(tmp_path):
+    text = ("n,c,h,w,k,r,s,stride,pad\n1,1,13,13,1,3,3,1,0+1\n1,1,13,13,1,3,3,1,1+-2x0+1\n"
+            "1,1,13,13,1,3,3,1,x\n")
+    assert fails(tmp_path, text, "p.csv").startswith(
+        ":4: pad: 'x' is not a whole number or HxW (2 or 2x1, before+after: 0+1 or 0+1x1)")
+    a, b = read(write(tmp_path, text.rsplit("\n", 2)[0] + "\n", "q.csv"))
+    assert (a.problem.pad, b.problem.pad) == (((0, 1), (0, 1)), ((1, -2), (0, 1)))
+    per_axis = "n,c,h,w,k,r,s,pad_h,pad_w\n1,1,13,13,1,3,3,0+1,1\n"
+    assert read(write(tmp_path, per_axis, "r.csv"))[0].problem.pad == ((0, 1), (1, 1))
+
+
 def test_csv_reads_back_what_a_problem_writes():
     problems = [ConvProblem(8, 96, 27, 27, 256, 5, 5, pad=2, groups=2),
-                ConvProblem(1, 1, 10, 20, 1, 3, 5, stride=(2, 1), pad=(1, 2), dilation=(1, 3))]
+                ConvProblem(1, 1, 10, 20, 1, 3, 5, stride=(2, 1), pad=(1, 2), dilation=(1, 3)),
+                ConvProblem(1, 1, 10, 20, 1, 3, 5, pad=((1, -2), (0, 2)))]
     out = io.StringIO()
     writer = csv.DictWriter(out, ["layer", *problems[0].axis_fields()])
     writer.writeheader()
