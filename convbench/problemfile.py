@@ -26,12 +26,14 @@ An empty cell of an optional column takes the default. Another column is an erro
   (o-1)*s - i + (k-1)*(d+1) + 1 - p.
 - then the square rule: a descriptor with h and no w entries copies all of h to w (and one
   with only d entries copies d to h and w); one with only w entries is 1-D, run as height 1.
-- ConvProblem pads both sides of an axis alike, so a descriptor is refused when benchdnn's right
-  padding exceeds the left, or falls short of it by a stride or more (benchdnn's output would
-  differ from the symmetric one). A computed output leaves a right padding equal to the left
-  or short of it by less than a stride, which changes nothing (those rows are never read); a
-  padding deduced from an odd total puts the extra row after, and is refused.
-- 3-D descriptors are refused, save a depth of 1 (id, kd, od 1, pd 0), which is 2-D.
+- the padding after is benchdnn's, whatever it is: more than the padding before (TensorFlow's
+  SAME), less (negative where input rows are never read), or what a computed output leaves;
+  `ConvProblem` keeps it in its one form (equal to the padding before where that gives the same
+  output). Only a padding before deduced negative is not a convolution convbench holds.
+- 3-D descriptors are not convolutions convbench runs, save a depth of 1 (id, kd, od 1, pd 0),
+  which is 2-D: `read(..., skipped=[...])` lists them (and any other well-formed line it cannot
+  hold: a size past a 32-bit index, a kernel larger than its padded input) with their reasons
+  and reads the rest; without `skipped` such a line is an error like any other.
 - a name ending in `*N` (oneDNN's topology files: `res2a_branch2b*3`) gives the count N; the
   name is kept as written.
 
@@ -48,6 +50,8 @@ so every layer of a file has its own name; equal problems under different names 
 
 Errors: the first malformed entry ends the read with a `ProblemFileError` whose message is one
 line, `FILE:LINE: field: what is wrong`; nothing is returned before the whole file is read.
+Only a line that cannot be read refuses a file when `skipped` is given (the command line gives
+it): a file of skipped lines only is refused for having no problems convbench runs.
 This module's one I/O is `read` taking the text of its file.
 """
 

@@ -213,3 +213,17 @@ def test_a_plan_problem_keeps_the_padding_and_old_forms_load():
         plan._problem_field({**entry, "pad": [[0, 1, 2], 1]}, "problem")
     with pytest.raises(plan._Invalid, match=r"expected an integer >= 0, got -1"):
         plan._problem_field({**entry, "pad": [[-1, 1], 1]}, "problem")
+
+
+def test_the_functional_api_takes_sides():
+    import torch
+    import torch.nn.functional as F
+
+    import convbench
+
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((1, 3, 7, 6)), rng.standard_normal((4, 3, 3, 3))
+    for algo in ("direct", "fft", "torch-cpu"):
+        y = convbench.conv2d(x, w, padding=((0, 1), (2, 1)), algo=algo)
+        want = F.conv2d(F.pad(torch.from_numpy(x), (2, 1, 0, 1)), torch.from_numpy(w)).numpy()
+        np.testing.assert_allclose(y, want, rtol=1e-9, atol=1e-9)
