@@ -30,9 +30,9 @@ def shrunk(p: ConvProblem, max_channels: int = 8, batch: int = 2,
            max_hw: int = 20) -> ConvProblem:
     """`p` cut down to run in milliseconds: batch, channels and each spatial axis shrunk (never
     below the filter), the filter, stride, padding and dilation of each axis kept."""
-    h, w = (max(min(size, max_hw), eff - 2 * pad, stride + eff - 2 * pad)
-            for size, eff, pad, stride in ((p.h, p.eff_r, p.pad_h, p.stride_h),
-                                           (p.w, p.eff_s, p.pad_w, p.stride_w)))
+    h, w = (max(min(size, max_hw), eff - pads, stride + eff - pads)
+            for size, eff, pads, stride in ((p.h, p.eff_r, p.pad_top + p.pad_bottom, p.stride_h),
+                                            (p.w, p.eff_s, p.pad_left + p.pad_right, p.stride_w)))
     return ConvProblem(n=min(p.n, batch), c=min(p.c, max_channels), h=h, w=w,
                        k=min(p.k, max_channels + 1), r=p.r, s=p.s, stride=p.stride, pad=p.pad,
                        dilation=p.dilation)
