@@ -227,3 +227,18 @@ def test_the_functional_api_takes_sides():
         y = convbench.conv2d(x, w, padding=((0, 1), (2, 1)), algo=algo)
         want = F.conv2d(F.pad(torch.from_numpy(x), (2, 1, 0, 1)), torch.from_numpy(w)).numpy()
         np.testing.assert_allclose(y, want, rtol=1e-9, atol=1e-9)
+
+
+def test_rows_padded_unequally_and_old_rows_read_back(tmp_path):
+    """A run folder's CSV keeps `2+0x1` in the pad column and reads it back as the problem; the
+    key matches the case's, so --resume skips it; rows written before (1, 1x2) read as before."""
+    old = ConvProblem(1, 3, 8, 8, 4, 3, 3, pad=(1, 2))
+    cases = runner.sweep([Layer("t", "asym", ASYM[1]), Layer("t", "old", old)], ["direct"],
+                         "numpy", ["fwd"], ["nchw"], ["fp32"])
+    rows = runner.run(cases, 0.002)
+    results.merge_rows(tmp_path, rows)
+    back = results.read_rows(tmp_path / "measurements.csv")
+    assert [r["pad"] for r in back] == ["2+0x1", "1x2"]
+    assert [results.problem_from_row(r) for r in back] == [ASYM[1], old]
+    assert results.done_keys(tmp_path / "measurements.csv") == {c.key() for c in cases}
+    assert list(results.frame(back)["pad"]) == ["2+0x1", "1x2"]
