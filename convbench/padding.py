@@ -13,6 +13,8 @@ library's result (`phases.EXPLICIT_PAD`, `phases.CROP`).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .problem import ELEMENT_BYTES, ConvProblem
@@ -45,33 +47,40 @@ def _index(layout: str, rows: slice, cols: slice) -> tuple:
     return tuple(idx)
 
 
-def regions(problem: ConvProblem, layout: str) -> tuple[tuple, tuple]:
-    """(index into the symmetric problem's x, index into this problem's x) of the rows and
-    columns both hold, after `symmetric_part()`'s explicit pad."""
-    _, (left, right, top, bottom) = problem.symmetric_part()
+Explicit = tuple[int, int, int, int]
+
+
+def regions(problem: ConvProblem, layout: str, explicit: Explicit) -> tuple[tuple, tuple]:
+    """(index into the padded x, index into this problem's x) of the rows and columns both
+    hold, after the explicit pad (left, right, top, bottom) of `symmetric_part()`."""
+    left, right, top, bottom = explicit
     rows_pad, rows_src = _windows(problem.h, top, bottom)
     cols_pad, cols_src = _windows(problem.w, left, right)
     return _index(layout, rows_pad, cols_pad), _index(layout, rows_src, cols_src)
 
 
-def explicit_bytes(problem: ConvProblem, layout: str, precision: str) -> int:
-    """Bytes of the buffer the explicit step holds: the symmetric problem's x (or dx); 0 for a
-    problem padded alike."""
-    sym, explicit = problem.symmetric_part()
+def padded_shape(problem: ConvProblem, layout: str, explicit: Explicit) -> tuple[int, ...]:
+    """x's shape in `layout` after the explicit pad (left, right, top, bottom)."""
+    left, right, top, bottom = explicit
+    n, c, h, w = problem.x_shape("nchw")
+    h, w = h + top + bottom, w + left + right
+    return (n, c, h, w) if layout == "nchw" else (n, h, w, c)
+
+
+def explicit_bytes(problem: ConvProblem, precision: str, explicit: Explicit) -> int:
+    """Bytes of the buffer the explicit step holds: x (or dx) padded; 0 with no explicit pad."""
     if not any(explicit):
         return 0
-    n, c, h, w = sym.x_shape("nchw")
-    return n * c * h * w * ELEMENT_BYTES[precision]
+    return math.prod(padded_shape(problem, "nchw", explicit)) * ELEMENT_BYTES[precision]
 
 
 class _Buffer:
-    """The symmetric problem's x (or dx) in `layout`, allocated at the first call, where the
-    array module (NumPy or CuPy) and dtype are known: that call is the harness's untimed
-    check, whose memory is the prepared pass's."""
+    """x (or dx) padded, in `layout`, allocated at the first call, where the array module
+    (NumPy or CuPy) and dtype are known: that call is the harness's untimed check, whose
+    memory is the prepared pass's."""
 
-    def __init__(self, problem: ConvProblem, layout: str, zeros: bool):
-        self.shape = problem.symmetric_part()[0].x_shape(layout)
-        self.zeros, self.buf = zeros, None
+    def __init__(self, shape: tuple[int, ...], zeros: bool):
+        self.shape, self.zeros, self.buf = shape, zeros, None
 
     def get(self, like):
         if self.buf is None or self.buf.dtype != like.dtype or \
@@ -82,12 +91,12 @@ class _Buffer:
 
 
 class PadInput:
-    """x padded explicitly into the symmetric problem's x: a buffer zeroed once, the input's
+    """x padded explicitly by (left, right, top, bottom): a buffer zeroed once, the input's
     rows copied in each call."""
 
-    def __init__(self, problem: ConvProblem, layout: str):
-        self.buffer = _Buffer(problem, layout, zeros=True)
-        self.dst, self.src = regions(problem, layout)
+    def __init__(self, problem: ConvProblem, layout: str, explicit: Explicit):
+        self.buffer = _Buffer(padded_shape(problem, layout, explicit), zeros=True)
+        self.dst, self.src = regions(problem, layout, explicit)
 
     def __call__(self, x):
         buf = self.buffer.get(x)
@@ -96,12 +105,12 @@ class PadInput:
 
 
 class CropOutput:
-    """The symmetric problem's dx cropped into this problem's dx: rows cut off by the explicit
+    """dx of the padded problem cropped into this problem's dx: rows cut off by the explicit
     step (read by no output) get zeros, every call, since the output is the caller's."""
 
-    def __init__(self, problem: ConvProblem, layout: str):
-        self.buffer = _Buffer(problem, layout, zeros=False)
-        self.inner, self.outer = regions(problem, layout)
+    def __init__(self, problem: ConvProblem, layout: str, explicit: Explicit):
+        self.buffer = _Buffer(padded_shape(problem, layout, explicit), zeros=False)
+        self.inner, self.outer = regions(problem, layout, explicit)
         shape = problem.x_shape(layout)
         self.whole = all(self.outer[a].stop - self.outer[a].start == shape[a]
                          for a in _SPATIAL[layout])

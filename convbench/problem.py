@@ -254,7 +254,7 @@ class ConvProblem:
                 for f in dataclasses.fields(self)}
 
     # --- padding both sides alike ---------------------------------------------------------
-    def symmetric_part(self) -> tuple[ConvProblem, tuple[int, int, int, int]]:
+    def symmetric_part(self, whole: bool = False) -> tuple[ConvProblem, tuple[int, int, int, int]]:
         """(the same convolution with each axis padded alike, the explicit pad of x that
         turns this problem into it): the explicit pad is (left, right, top, bottom), as
         `torch.nn.functional.pad` takes it, negative where it crops input rows no output reads.
@@ -263,9 +263,13 @@ class ConvProblem:
         negative), and x is padded (or cropped) explicitly by the rest: fwd and bwd_filter pad
         x, then run the symmetric problem; bwd_data runs it and crops its dx by the same
         amounts (padding back zeros for the rows no output reads, whose gradient is 0).
-        A problem padded alike already is its own symmetric part, with (0, 0, 0, 0)."""
+        A problem padded alike already is its own symmetric part, with (0, 0, 0, 0). With
+        `whole`, a problem padded unequally is padded explicitly on every side, keeping no
+        padding (for an implementation that takes one padding for both axes)."""
         (top, bottom), (left, right) = pad_sides(self.pad)
         keep_h, keep_w = max(0, min(top, bottom)), max(0, min(left, right))
+        if whole and self.asymmetric:
+            keep_h = keep_w = 0
         explicit = (left - keep_w, right - keep_w, top - keep_h, bottom - keep_h)
         if not any(explicit):
             return self, explicit

@@ -96,9 +96,11 @@ class TransformGrid(Protocol):
 class ExplicitPad(Implementation):
     """An implementation that pads both sides alike, running a problem padded unequally as
     `ConvProblem.symmetric_part()`: x padded (or cropped) explicitly first, or its dx cropped
-    after (`convbench.padding`), a phase of its own timed apart from the pass's time. Problems
-    padded alike reach the implementation untouched; its own attributes (`transform_grid`,
-    Winograd's `m`) are read through."""
+    after (`convbench.padding`), a phase of its own timed apart from the pass's time. The
+    explicit pad keeps what padding both sides share; where the implementation refuses that
+    (Winograd takes one padding for both axes), every side is padded explicitly instead.
+    Problems padded alike reach the implementation untouched; its own attributes
+    (`transform_grid`, Winograd's `m`) are read through."""
 
     def __init__(self, inner: Implementation):
         self.inner = inner
@@ -109,9 +111,20 @@ class ExplicitPad(Implementation):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
-    def supports(self, problem, pass_, layout, precision):
-        sym, _ = problem.symmetric_part()
+    def route(self, problem: ConvProblem, pass_: str, layout: str, precision: str
+              ) -> tuple[ConvProblem, tuple[int, int, int, int], str | None]:
+        """(the problem the implementation runs, the explicit pad (left, right, top, bottom)
+        of x before it, the implementation's reason if it runs neither form)."""
+        sym, explicit = problem.symmetric_part()
         reason = self.inner.supports(sym, pass_, layout, precision)
+        if reason and sym is not problem:
+            whole, all_sides = problem.symmetric_part(whole=True)
+            if whole != sym and self.inner.supports(whole, pass_, layout, precision) is None:
+                return whole, all_sides, None
+        return sym, explicit, reason
+
+    def supports(self, problem, pass_, layout, precision):
+        sym, _, reason = self.route(problem, pass_, layout, precision)
         if reason and sym is not problem:
             return f"{reason} (padding {pair_text(problem.pad)} runs as {pair_text(sym.pad)} " \
                    "after an explicit pad)"
@@ -121,7 +134,7 @@ class ExplicitPad(Implementation):
         return self.inner.available()
 
     def describe(self, problem, pass_, layout, precision):
-        sym, (left, right, top, bottom) = problem.symmetric_part()
+        sym, (left, right, top, bottom), _ = self.route(problem, pass_, layout, precision)
         note = self.inner.describe(sym, pass_, layout, precision)
         if sym is problem:
             return note
@@ -131,14 +144,14 @@ class ExplicitPad(Implementation):
                 f"{pair_text(sym.pad)}")
 
     def workspace_bytes(self, problem, pass_, layout, precision):
-        sym = problem.symmetric_part()[0]
+        sym, explicit, _ = self.route(problem, pass_, layout, precision)
         inner = self.inner.workspace_bytes(sym, pass_, layout, precision)
         if inner is None:
             return None
-        return inner + padding.explicit_bytes(problem, layout, precision)
+        return inner + padding.explicit_bytes(problem, precision, explicit)
 
     def phases(self, problem, pass_, layout, precision):
-        sym = problem.symmetric_part()[0]
+        sym, _, _ = self.route(problem, pass_, layout, precision)
         inner = self.inner.phases(sym, pass_, layout, precision)
         if sym is problem:
             return inner
@@ -146,27 +159,25 @@ class ExplicitPad(Implementation):
         return inner + [CROP] if pass_ == "bwd_data" else [EXPLICIT_PAD] + inner
 
     def prepare(self, problem, pass_, layout, precision):
-        sym = problem.symmetric_part()[0]
+        sym, explicit, _ = self.route(problem, pass_, layout, precision)
         run = self.inner.prepare(sym, pass_, layout, precision)
         if sym is problem:
             return run
         inner = getattr(run, "phase_fns", None)
         if pass_ == "bwd_data":
-            crop = padding.CropOutput(problem, layout)
-            steps = {CONVOLUTION: lambda a, b, out: run(a, b, crop.target(out))}
-            last = {CROP: lambda a, b, out: crop(out)}
+            crop = padding.CropOutput(problem, layout, explicit)
+            steps = {CONVOLUTION: lambda a, b, out: run(a, b, crop.target(out)),
+                     CROP: lambda a, b, out: crop(out)}
         else:
-            pad = padding.PadInput(problem, layout)
+            pad = padding.PadInput(problem, layout, explicit)
             steps = {EXPLICIT_PAD: lambda a, b, out: pad(a),
                      CONVOLUTION: lambda a, b, out: run(pad.buffer.get(a), b, out)}
-            last = {}
-        steps.update(last)
         phased = Phased(steps)
         if inner:  # the inner pass's own phases, replaying the call `phased` made
-            fns = dict(phased.phase_fns)
-            del fns[CONVOLUTION]
-            first = {k: v for k, v in fns.items() if k == EXPLICIT_PAD}
-            phased.phase_fns = {**first, **inner, **{k: fns[k] for k in last}}
+            mine = dict(phased.phase_fns)
+            pad_fn, crop_fn = mine.get(EXPLICIT_PAD), mine.get(CROP)
+            phased.phase_fns = {**({EXPLICIT_PAD: pad_fn} if pad_fn else {}), **inner,
+                                **({CROP: crop_fn} if crop_fn else {})}
         return phased
 
 

@@ -88,9 +88,9 @@ def test_explicit_pad_is_torchs_pad(problem, layout):
     x = np.random.default_rng(0).standard_normal(problem.x_shape("nchw"))
     _, explicit = problem.symmetric_part()
     want = F.pad(torch.from_numpy(x), explicit).numpy()
-    got = padding.PadInput(problem, layout)(reference.to_layout(x, layout))
+    got = padding.PadInput(problem, layout, explicit)(reference.to_layout(x, layout))
     np.testing.assert_array_equal(reference.from_layout(got, layout), want)
-    crop = padding.CropOutput(problem, layout)
+    crop = padding.CropOutput(problem, layout, explicit)
     crop.target(x)[...] = reference.to_layout(want, layout)
     out = np.full(problem.x_shape(layout), np.nan)
     crop(out)
@@ -126,13 +126,30 @@ def test_cpu_algorithms_match_float64(algo, problem, pass_, layout):
     assert chk.ok, f"{algo} {pass_} {layout} {problem}: {chk.reason}"
 
 
-def test_winograd_runs_a_3x3_stride_1_problem_padded_unequally():
-    problem = ASYM[0]
+@pytest.mark.parametrize("problem", [
+    ASYM[0],
+    # what both sides share is 0 along the height and 1 along the width, a padding per axis
+    # Winograd does not take: every side is padded explicitly instead
+    ConvProblem(n=1, c=2, h=8, w=8, k=3, r=3, s=3, pad=((0, 1), (1, 1))),
+], ids=str)
+def test_winograd_runs_a_3x3_stride_1_problem_padded_unequally(problem):
     for algo in ("winograd-2x2", "winograd-4x4"):
         impl = registry.get(algo, "numpy")
         for pass_ in PASSES:
             assert registry.supports(impl, problem, pass_, "nchw", "fp32") is None
             assert testing.run_and_check(impl, problem, pass_, "nchw", "fp32").ok
+            sym, _, _ = impl.route(problem, pass_, "nchw", "fp32")
+            assert sym.pad == 0
+    note = registry.get("winograd-2x2", "numpy").describe(problem, "fwd", "nchw", "fp32")
+    assert note.endswith("(timed apart), then padding 0")
+
+
+def test_winograd_says_why_not_in_one_line():
+    problem = ASYM[1]  # stride 2
+    reason = registry.supports(registry.get("winograd-2x2", "numpy"), problem, "fwd", "nchw",
+                               "fp32")
+    assert reason == ("winograd-2x2 needs stride 1 (got 2) (padding 2+0x1 runs as 0x1 after an "
+                      "explicit pad)")
 
 
 @pytest.mark.parametrize("pass_", PASSES)
@@ -191,7 +208,7 @@ def test_workspace_counts_the_explicit_buffer():
     p = ASYM[0]
     sym = p.symmetric_part()[0]
     impl = registry.get("fft", "numpy")
-    extra = padding.explicit_bytes(p, "nchw", "fp32")
+    extra = padding.explicit_bytes(p, "fp32", p.symmetric_part()[1])
     assert extra == sym.n * sym.c * sym.h * sym.w * 4
     assert opcount.workspace_bytes(impl, p, "fwd", "nchw", "fp32") == \
         impl.inner.workspace_bytes(sym, "fwd", "nchw", "fp32") + extra
