@@ -259,3 +259,35 @@ def test_rows_padded_unequally_and_old_rows_read_back(tmp_path):
     assert [results.problem_from_row(r) for r in back] == [ASYM[1], old]
     assert results.done_keys(tmp_path / "measurements.csv") == {c.key() for c in cases}
     assert list(results.frame(back)["pad"]) == ["2+0x1", "1x2"]
+
+
+@pytest.mark.parametrize("pass_", PASSES)
+@pytest.mark.parametrize("algo", ["fft", "fft-tiled", "winograd-2x2", "winograd-fused-2x2"])
+def test_emulated_kernels_run_it_after_an_explicit_pad(algo, pass_):
+    """The FFT and Winograd kernels pad both sides alike: on their grid and in their tiles after
+    the explicit pad, which is the same NumPy or CuPy code on every backend."""
+    impl = testing.runnable(algo, "emu")
+    problem = ASYM[0]
+    reason = registry.supports(impl, problem, pass_, "nhwc", "fp32")
+    if algo == "winograd-fused-2x2" and pass_ == "bwd_filter":
+        assert reason
+        return
+    assert reason is None
+    chk = testing.run_and_check(impl, problem, pass_, "nhwc", "fp32")
+    assert chk.ok, f"{algo} emu {pass_} {problem}: {chk.reason}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+@pytest.mark.parametrize("algo", ["direct", "gemm", "gemm-cublas", "fft", "fft-tiled",
+                                  "winograd-2x2", "winograd-fused-2x2", "cudnn"])
+def test_on_the_gpu(algo, pass_, layout):
+    """Natively (direct, gemm) or after the explicit pad (cuDNN, FFT, Winograd), on a GPU."""
+    impl = testing.runnable(algo, "cuda")
+    for problem in ASYM:
+        if registry.supports(impl, problem, pass_, layout, "fp32"):
+            assert algo not in ("direct", "gemm", "gemm-cublas", "cudnn")
+            continue
+        chk = testing.run_and_check(impl, problem, pass_, layout, "fp32")
+        assert chk.ok, f"{algo} cuda {pass_} {layout} {problem}: {chk.reason}"
