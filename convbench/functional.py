@@ -29,12 +29,16 @@ def _as_int(name: str, v) -> int:
     return int(v)
 
 
-def _per_axis(name: str, v) -> int | tuple[int, int]:
+def _per_axis(name: str, v):
     """stride, padding or dilation as torch takes them: one int for both spatial axes, or an
-    (h, w) pair (which `ConvProblem` keeps as one int where the two agree)."""
+    (h, w) pair (which `ConvProblem` keeps as one int where the two agree). `padding` may also
+    give an axis as (before, after): ((top, bottom), (left, right)), which torch cannot."""
     if isinstance(v, (tuple, list)):
         if len(v) != 2:
             raise ValueError(f"{name} must be an int or an (h, w) pair, got {v!r}")
+        if name == "padding" and any(isinstance(x, (tuple, list)) for x in v):
+            return tuple(_per_axis(name, x) if isinstance(x, (tuple, list)) else
+                         _as_int(name, x) for x in v)
         return (_as_int(name, v[0]), _as_int(name, v[1]))
     return _as_int(name, v)
 

@@ -17,7 +17,10 @@ Phase names use the pass's tensor names: ``transform <a>``, ``transform <b>``, `
 includes cropping into the output. A fused kernel, which transforms, multiplies and transforms
 back in one launch, is one phase named `FUSED`, after the transforms that run apart from it.
 A library call that returns its own result (torch's convolution) is the phase `CONVOLUTION`,
-then `OUTPUT_COPY` into the harness's buffer, which the pass's time leaves out.
+then `OUTPUT_COPY` into the harness's buffer, which the pass's time leaves out. A problem
+padded unequally before and after, run through an explicit pad on an implementation that pads
+both sides alike, adds `EXPLICIT_PAD` first (fwd, bwd_filter) or `CROP` last (bwd_data), both
+left out of the pass's time too (`APART`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,13 @@ FUSED = "fused"
 #: allocates its result; the harness hands every pass a buffer to write): timed as a phase and
 #: kept in the breakdown, but not part of the pass's time, which is the other phases' sum.
 OUTPUT_COPY = "copy to output"
+#: The explicit pad of x (or crop of dx) that runs a problem padded unequally before and after
+#: on an implementation that pads both sides alike (`convbench.padding`): timed, kept in the
+#: breakdown and left out of the pass's time, as the output copy is.
+EXPLICIT_PAD = "explicit pad"
+CROP = "crop to output"
+#: The phases timed apart from the pass's time.
+APART = (OUTPUT_COPY, EXPLICIT_PAD, CROP)
 
 
 def phase_names(pass_: str) -> list[str]:

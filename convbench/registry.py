@@ -16,7 +16,9 @@ import pkgutil
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from .problem import LAYOUTS, PASSES, PRECISIONS, ConvProblem, check_choice
+from . import padding
+from .phases import CONVOLUTION, CROP, EXPLICIT_PAD, Phased
+from .problem import LAYOUTS, PASSES, PRECISIONS, ConvProblem, check_choice, pair_text
 
 ALGOS = ("direct", "gemm", "gemm-cublas", "fft", "fft-tiled", "winograd-2x2", "winograd-4x4",
          "winograd-fused-2x2", "winograd-fused-4x4", "cudnn", "cudnn-autotune", "torch-cpu",
@@ -50,6 +52,10 @@ class Implementation(abc.ABC):
 
     #: The precisions it runs (`fp64`, `fp32`, ...): `supports` is asked only about these.
     precisions: ClassVar[tuple[str, ...]]
+    #: Whether it runs a padding that differs before and after (`ConvProblem.pad_top`, ...)
+    #: itself. If not, `register` files it behind `ExplicitPad`, and every hook sees only
+    #: problems padded alike on both sides.
+    asymmetric_pad: ClassVar[bool] = False
     algo: str
     backend: str
 
@@ -96,6 +102,94 @@ class TransformGrid(Protocol):
         """(transform height, width, tiles per image) as this implementation runs `pass_`."""
 
 
+class ExplicitPad(Implementation):
+    """An implementation that pads both sides alike, running a problem padded unequally as
+    `ConvProblem.symmetric_part()`: x padded (or cropped) explicitly first, or its dx cropped
+    after (`convbench.padding`), a phase of its own timed apart from the pass's time. The
+    explicit pad keeps what padding both sides share; where the implementation refuses that
+    (Winograd takes one padding for both axes), every side is padded explicitly instead.
+    Problems padded alike reach the implementation untouched; its own attributes
+    (`transform_grid`, Winograd's `m`) are read through."""
+
+    def __init__(self, inner: Implementation):
+        self.inner = inner
+        self.precisions = inner.precisions
+
+    def __getattr__(self, name: str):
+        if name == "inner":  # not set yet (copy, pickle): no recursion through getattr
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def route(self, problem: ConvProblem, pass_: str, layout: str, precision: str
+              ) -> tuple[ConvProblem, tuple[int, int, int, int], str | None]:
+        """(the problem the implementation runs, the explicit pad (left, right, top, bottom)
+        of x before it, the implementation's reason if it runs neither form)."""
+        sym, explicit = problem.symmetric_part()
+        reason = self.inner.supports(sym, pass_, layout, precision)
+        if reason and sym is not problem:
+            whole, all_sides = problem.symmetric_part(whole=True)
+            if whole != sym and self.inner.supports(whole, pass_, layout, precision) is None:
+                return whole, all_sides, None
+        return sym, explicit, reason
+
+    def supports(self, problem, pass_, layout, precision):
+        sym, _, reason = self.route(problem, pass_, layout, precision)
+        if reason and sym is not problem:
+            return f"{reason} (padding {pair_text(problem.pad)} runs as {pair_text(sym.pad)} " \
+                   "after an explicit pad)"
+        return reason
+
+    def available(self):
+        return self.inner.available()
+
+    def describe(self, problem, pass_, layout, precision):
+        sym, (left, right, top, bottom), _ = self.route(problem, pass_, layout, precision)
+        note = self.inner.describe(sym, pass_, layout, precision)
+        if sym is problem:
+            return note
+        step = "dx cropped" if pass_ == "bwd_data" else "x padded"
+        return (f"{note}{'; ' if note else ''}padding {pair_text(problem.pad)}: {step} "
+                f"explicitly by {top}+{bottom}x{left}+{right} (timed apart), then padding "
+                f"{pair_text(sym.pad)}")
+
+    def workspace_bytes(self, problem, pass_, layout, precision):
+        sym, explicit, _ = self.route(problem, pass_, layout, precision)
+        inner = self.inner.workspace_bytes(sym, pass_, layout, precision)
+        if inner is None:
+            return None
+        return inner + padding.explicit_bytes(problem, precision, explicit)
+
+    def phases(self, problem, pass_, layout, precision):
+        sym, _, _ = self.route(problem, pass_, layout, precision)
+        inner = self.inner.phases(sym, pass_, layout, precision)
+        if sym is problem:
+            return inner
+        inner = inner or [CONVOLUTION]
+        return inner + [CROP] if pass_ == "bwd_data" else [EXPLICIT_PAD] + inner
+
+    def prepare(self, problem, pass_, layout, precision):
+        sym, explicit, _ = self.route(problem, pass_, layout, precision)
+        run = self.inner.prepare(sym, pass_, layout, precision)
+        if sym is problem:
+            return run
+        inner = getattr(run, "phase_fns", None)
+        if pass_ == "bwd_data":
+            crop = padding.CropOutput(problem, layout, explicit)
+            steps = {CONVOLUTION: lambda a, b, out: run(a, b, crop.target(out)),
+                     CROP: lambda a, b, out: crop(out)}
+        else:
+            pad = padding.PadInput(problem, layout, explicit)
+            steps = {EXPLICIT_PAD: lambda a, b, out: pad(a),
+                     CONVOLUTION: lambda a, b, out: run(pad.buffer.get(a), b, out)}
+        phased = Phased(steps)
+        if inner:  # the inner pass's own phases, replaying the call `phased` made
+            mine = dict(phased.phase_fns)
+            pad_fn, crop_fn = mine.get(EXPLICIT_PAD), mine.get(CROP)
+            phased.phase_fns = {**({EXPLICIT_PAD: pad_fn} if pad_fn else {}), **inner,
+                                **({CROP: crop_fn} if crop_fn else {})}
+        return phased
+
+
 _IMPLS: dict[tuple[str, str], Implementation] = {}
 _loaded = False
 
@@ -113,6 +207,9 @@ def register(algo: str, backend: str) -> Callable[[type], type]:
         _check_contract(cls, f"{algo} on {backend}")
         inst = cls()
         inst.algo, inst.backend = algo, backend
+        if not cls.asymmetric_pad:
+            inst = ExplicitPad(inst)
+            inst.algo, inst.backend = algo, backend
         _IMPLS[key] = inst
         return cls
 
@@ -157,6 +254,12 @@ def get(algo: str, backend: str) -> Implementation:
         have = ", ".join(sorted(a for a, b in _IMPLS if b == backend)) or "none"
         raise ValueError(f"algo {algo!r} has no {backend} implementation; {backend} has: {have}")
     return impl
+
+
+def unwrapped(impl: Implementation) -> Implementation:
+    """The implementation class's own instance, without the `ExplicitPad` that `register`
+    puts in front of one that pads both sides alike."""
+    return impl.inner if isinstance(impl, ExplicitPad) else impl
 
 
 def implementations(backend: str | None = None) -> list[Implementation]:

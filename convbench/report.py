@@ -35,7 +35,7 @@ from tabulate import tabulate
 from . import contention, memory, ranking, registry
 from .devices import DEVICES
 from .measurement import CONTENDED_SHARE, NOISE_THRESHOLD, Measurement, is_host_bound
-from .phases import CONVOLUTION, FUSED, OUTPUT_COPY
+from .phases import APART, CONVOLUTION, FUSED
 from .problem import PASSES
 from .results import KEY, RESULTS_CSV, parse_phases
 
@@ -329,7 +329,7 @@ def phase_frame(df: pd.DataFrame) -> pd.DataFrame:
     algorithm: its copy is in the row's note."""
     rows = df[(df["status"] == "ok") & (df["phases_ms"] != "")]
     rows = rows.assign(phases=rows["phases_ms"].map(parse_phases))
-    return rows[[not set(p) <= {CONVOLUTION, OUTPUT_COPY} for p in rows["phases"]]]
+    return rows[[not set(p) <= {CONVOLUTION, *APART} for p in rows["phases"]]]
 
 
 def _product_share(phases: dict[str, float]) -> float:

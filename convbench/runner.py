@@ -50,7 +50,7 @@ from .functional import UnsupportedError
 from .layers import Layer
 from .measurement import Measurement
 from .memory import MemoryLimit
-from .phases import OUTPUT_COPY
+from .phases import APART, CROP, EXPLICIT_PAD, OUTPUT_COPY
 from .problem import ConvProblem
 from .reference import DTYPES, array_module
 from .timing import Contender, Timed
@@ -304,9 +304,9 @@ def _guarded(index: int, fn: Callable[[], None]) -> Callable[[], None]:
 def _contender(index: int, ready: Ready) -> Contender:
     """What the rounds time of a prepared case: the whole call, or, for a library that returns
     its own result, its phases with the copy into the output left out of its time."""
-    if ready.phase_fns is not None and OUTPUT_COPY in ready.phase_fns:
-        return Contender({n: _guarded(index, f) for n, f in ready.phase_fns.items()},
-                         frozenset({OUTPUT_COPY}))
+    apart = frozenset(APART) & set(ready.phase_fns or ())
+    if apart:
+        return Contender({n: _guarded(index, f) for n, f in ready.phase_fns.items()}, apart)
     return Contender.call(_guarded(index, ready.call))
 
 
@@ -342,7 +342,7 @@ def _time_part(part: list[tuple[Case, Ready]], budget_s: float, target: float,
                                    budget_s, backend, **options)
         phases = [timing.time_rounds([Contender(ready.phase_fns)], budget_s, backend,
                                      min_reps=timing.MIN_REPS_ALONE, **options)[0].steps
-                  if ready.phase_fns and OUTPUT_COPY not in ready.phase_fns else None
+                  if ready.phase_fns and not set(APART) & set(ready.phase_fns) else None
                   for _, ready in part]
     except _Blame as blame:
         case = part[blame.index][0]
@@ -387,10 +387,13 @@ def _timed_row(case: Case, ready: Ready, t: Timed, phases: dict[str, Measurement
                group: str, note: str | None = None) -> dict:
     if note is None:
         note = _describe(ready.impl, (case.problem, case.pass_, case.layout, case.precision))
-    if OUTPUT_COPY in t.steps:
+    if set(APART) & set(t.steps):
         phases = t.steps
-        note += (f"{'; ' if note else ''}time without the {t.steps[OUTPUT_COPY].median:.4g} "
-                 "ms copy of the library's result into the output")
+    for step, what in ((EXPLICIT_PAD, "explicit pad of x"), (CROP, "crop of dx"),
+                       (OUTPUT_COPY, "copy of the library's result into the output")):
+        if step in t.steps:
+            note += (f"{'; ' if note else ''}time without the {t.steps[step].median:.4g} "
+                     f"ms {what}")
     return row(case, "ok", "", ready.check, t.total, note, ready.workspace, ready.peak_bytes,
                ready.memory_method, phases, stop=t.stop, round_group=group,
                throttled="; ".join(t.throttled))

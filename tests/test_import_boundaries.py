@@ -34,8 +34,8 @@ PACKAGE = Path(convbench.__file__).parent
 LAYERS = {
     "core": ["convbench", "problem", "layers", "deepbench", "problemfile", "transforms",
              "measurement", "phases", "threads", "stats"],
-    "implementations": ["registry", "algos", "algos.*", "kernels", "emu", "emu.*", "reference",
-                        "verify", "functional", "testing"],
+    "implementations": ["registry", "padding", "algos", "algos.*", "kernels", "emu", "emu.*",
+                        "reference", "verify", "functional", "testing"],
     "harness": ["timing", "runner", "results", "opcount", "memory", "envinfo", "devices",
                 "batchsweep", "contention", "nvml"],
     "analysis": ["report", "advice", "layoutplan", "plan", "runs", "shard", "summary",

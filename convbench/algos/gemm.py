@@ -46,8 +46,8 @@ class _Lowered:
     def __init__(self, problem: ConvProblem, layout: str, dtype):
         p = problem
         self.layout, self.problem = layout, p
-        rows = axis_pairs(p.r, p.dil_h, p.p, p.h, p.stride_h, p.pad_h)
-        cols = axis_pairs(p.s, p.dil_w, p.q, p.w, p.stride_w, p.pad_w)
+        rows = axis_pairs(p.r, p.dil_h, p.p, p.h, p.stride_h, p.pad_top)
+        cols = axis_pairs(p.s, p.dil_w, p.q, p.w, p.stride_w, p.pad_left)
         self.windows = windows(rows, cols, layout, taps_first=layout == "nchw")
         if layout == "nchw":
             self.col = np.zeros((p.n, p.c, p.r, p.s, p.p, p.q), dtype)
@@ -89,6 +89,7 @@ def _sum_buffer_shape(p: ConvProblem, pass_: str, layout: str) -> tuple[int, int
 @register("gemm", "numpy")
 class GemmCPU(Implementation):
     precisions = ("fp64", "fp32")
+    asymmetric_pad = True  # im2col reads padding before; the output size holds the rest
 
     def supports(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         return None

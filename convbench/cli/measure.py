@@ -220,10 +220,18 @@ def network(args, dev: devices.Device) -> tuple[list, dict | None]:
     if args.model:
         return _model_layers(args, dev)
     if args.problems:
+        skipped: list[problemfile.Skipped] = []
         with usage_errors():
-            found = problemfile.read(args.problems)
+            found = problemfile.read(args.problems, skipped=skipped)
         args.net = found[0].net
-        return found, {"problems": str(args.problems), "occurrences": _counts(found)}
+        source = {"problems": str(args.problems), "occurrences": _counts(found)}
+        if skipped:
+            # Lines that read as convolutions convbench cannot hold (3-D ones): said, kept in
+            # env.json with their reasons, and the file's other problems run.
+            print(f"convbench: {args.problems}: {len(skipped)} of its convolutions skipped "
+                  f"(the first: {skipped[0]}); env.json lists them", file=sys.stderr)
+            source["skipped"] = [str(s) for s in skipped]
+        return found, source
     args.net = args.net or layers.NETS[0]
     catalog = layers.net_layers(args.net)
     if args.net in layers.OWN_BATCH:  # a list of problems, weighed by how often each occurs
