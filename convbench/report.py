@@ -32,7 +32,7 @@ from pathlib import Path
 import pandas as pd
 from tabulate import tabulate
 
-from . import contention, memory, ranking, registry
+from . import contention, memory, ranking, registry, speedup
 from .devices import DEVICES
 from .measurement import CONTENDED_SHARE, NOISE_THRESHOLD, Measurement, is_host_bound
 from .phases import CONVOLUTION, FUSED, OUTPUT_COPY
@@ -526,11 +526,53 @@ def network_section(df: pd.DataFrame, env: dict) -> list[str]:
     return out
 
 
-def markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = ()) -> str:
-    """report.md: the header, time tables per pass and layout, op counts, workspace, accuracy,
-    the phase breakdown, what was not measured and why, noisy measurements, and the plots
-    (`plots`: file names, or the note saying why there are none)."""
+def many_problems(df: pd.DataFrame) -> bool:
+    """Whether a run has problems enough for the sorted speed-up picture."""
+    return df["layer"].nunique() >= speedup.MIN_PROBLEMS
+
+
+def baseline_of(df: pd.DataFrame, env: dict, baseline: str | None) -> str:
+    """The baseline given, else cuDNN autotune on a GPU run, torch-cpu on a CPU run."""
+    return baseline or speedup.default_baseline(env.get("run", {}).get("backend")
+                                                or _order(df["backend"])[0])
+
+
+def speedup_section(df: pd.DataFrame, env: dict, baseline: str | None = None) -> list[str]:
+    """For a run of many problems: per algorithm, its share of problems won, tied and lost
+    against the baseline and its mean speed-up, overall and per class of problem. [] for a
+    run of few problems."""
+    if not many_problems(df):
+        return []
+    baseline = baseline_of(df, env, baseline)
+    out = [f"## Speed-up over {baseline}", ""]
+    if baseline not in set(df["algo"]):
+        return out + [(f"The baseline {baseline} was not measured in this run; re-render with "
+                      f"`convbench report RUN --baseline ALGO`, ALGO one of "
+                      f"{', '.join(_algos(df))}."), ""]
+    sp = speedup.speedups(df, baseline)
+    out += [(f"{df['layer'].nunique()} problems. Per problem and pass, each algorithm in its "
+             f"faster layout against {baseline} in its faster layout: speed-up = {baseline}'s "
+             "median / the algorithm's. It *wins* a problem where the 95% interval of that "
+             "ratio lies above 1, loses where it lies below, and ties otherwise (a tie is not "
+             "a win); `not compared`: the algorithm or the baseline has no fair verified time there "
+             "(not run, failed, or measured on a busy machine). "
+             "The sorted curves are in the plots (`speedup_*.png`); `convbench report RUN "
+             "--baseline ALGO` sets another baseline."), ""]
+    for (pass_, precision), g in sp.groupby(["pass", "precision"], sort=False):
+        out += [f"### {pass_}, {precision}", "", md_table(speedup.summary(g, ["algo"])), "",
+                "Per class of problem (`--class`):", "",
+                md_table(speedup.summary(speedup.class_order(g), ["class", "algo"])), ""]
+    return out
+
+
+def markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = (),
+             baseline: str | None = None) -> str:
+    """report.md: the header, for many problems the speed-up over a baseline, which wins each
+    layer, time tables per pass and layout, op counts, workspace, accuracy, the phase
+    breakdown, what was not measured and why, noisy measurements, and the plots (`plots`: file
+    names, or the note saying why there are none)."""
     out = _header(df, env)
+    out += speedup_section(df, env, baseline)
     host_bound = host_bound_table(df)
     busy = busy_table(df)
     host_note = (f", `{HOST_BOUND}` a time the host may have set (see Host-bound measurements)"
@@ -618,14 +660,40 @@ def pyplot():
     return plt
 
 
-def plot(df: pd.DataFrame, folder: str | Path) -> list[str] | str:
-    """PNG plots in `folder`: per pass, grouped bars of time per layer per algorithm (a panel
-    per layout), the op counts per layer per algorithm, and the phase breakdown where rows have
+#: Most layers drawn as bars per layer; a run of more shows the speed-up curves instead.
+MAX_BAR_LAYERS = 40
+
+
+def speedup_plots(plt, df: pd.DataFrame, env: dict, folder: Path,
+                  baseline: str | None = None) -> list[str]:
+    """speedup_<pass>[_<precision>].png for a run of many problems whose baseline ran."""
+    baseline = baseline_of(df, env, baseline)
+    if not many_problems(df) or baseline not in set(df["algo"]):
+        return []
+    sp = speedup.speedups(df, baseline)
+    single = sp["precision"].nunique() == 1
+    names = []
+    for (pass_, precision), g in sp.groupby(["pass", "precision"], sort=False):
+        name = f"speedup_{pass_}.png" if single else f"speedup_{pass_}_{precision}.png"
+        speedup.draw(plt, g, baseline, f"{g['layer'].nunique()} problems, {pass_}, "
+                     f"{precision}: speed-up over {baseline}, sorted", folder / name)
+        names.append(name)
+    return names
+
+
+def plot(df: pd.DataFrame, folder: str | Path, env: dict | None = None,
+         baseline: str | None = None) -> list[str] | str:
+    """PNG plots in `folder`: for a run of many problems the sorted speed-up curves; per pass,
+    grouped bars of time per layer per algorithm (a panel per layout) and the op counts per
+    layer per algorithm (up to `MAX_BAR_LAYERS` layers), and the phase breakdown where rows have
     phases. Returns the file names, or a note when matplotlib is missing."""
     plt = pyplot()
     if plt is None:
         return NO_MATPLOTLIB
-    folder, names = Path(folder), []
+    folder = Path(folder)
+    names = speedup_plots(plt, df, env or {}, folder, baseline)
+    if df["layer"].nunique() > MAX_BAR_LAYERS:
+        return names
     single = df["precision"].nunique() == 1
     for (precision, pass_), rows in df.groupby(["precision", "pass"], sort=False):
         name = f"time_{pass_}.png" if single else f"time_{pass_}_{precision}.png"
@@ -837,13 +905,14 @@ def sweep_plot(df: pd.DataFrame, folder: str | Path) -> list[str] | str:
     return names
 
 
-def write(folder: str | Path, df: pd.DataFrame, env: dict) -> str:
+def write(folder: str | Path, df: pd.DataFrame, env: dict, baseline: str | None = None) -> str:
     """Render report.md and the plots into a run folder (a batch sweep's own report when the
-    results are one); returns the markdown."""
+    results are one); returns the markdown. `baseline`: the algorithm the speed-ups of a run of
+    many problems are over (default `speedup.default_baseline`)."""
     folder = Path(folder)
     if is_batch_sweep(df):
         text = sweep_markdown(df, env, sweep_plot(df, folder))
     else:
-        text = markdown(df, env, plot(df, folder))
+        text = markdown(df, env, plot(df, folder, env, baseline), baseline)
     (folder / REPORT_MD).write_text(text)
     return text

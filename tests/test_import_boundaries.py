@@ -40,7 +40,7 @@ LAYERS = {
     "harness": ["timing", "runner", "results", "opcount", "memory", "envinfo", "devices",
                 "batchsweep", "contention", "nvml"],
     "analysis": ["report", "advice", "layoutplan", "plan", "runs", "shard", "summary",
-                 "gpucheck", "ranking", "compare"],
+                 "gpucheck", "ranking", "compare", "speedup"],
     "torch integration": ["tune", "apply", "nn", "trainstep", "memprofile", "memplan",
                           "scale", "advisor", "models"],
     "cli": ["cli", "cli.*", "__main__"],
