@@ -1,0 +1,111 @@
+"""A newcomer's first hour (issue 24 §3): what a new user meets first works, or says why not."""
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import convbench
+from convbench import __version__, launch
+from convbench.cli.common import EXIT_PIPE
+
+PACKAGE = os.path.dirname(convbench.__file__)
+ROOT = Path(PACKAGE).parent
+
+#: setuptools' editable finder, in short: a meta path finder after the path's own, so a folder
+#: named `convbench` in the current directory is found first.
+EDITABLE = textwrap.dedent(f"""
+    import importlib.util, sys
+    from importlib.machinery import PathFinder
+    PKG = {PACKAGE!r}
+    class Editable:
+        @classmethod
+        def find_spec(cls, name, path=None, target=None):
+            if name == "convbench":
+                return importlib.util.spec_from_file_location(
+                    name, PKG + "/__init__.py", submodule_search_locations=[PKG])
+            if name.rpartition(".")[0] == "convbench":
+                return PathFinder.find_spec(name, [PKG])
+            return None
+    sys.meta_path.insert(sys.meta_path.index(PathFinder) + 1, Editable)
+""")
+
+
+@pytest.fixture
+def beside_a_clone(tmp_path):
+    """(the folder holding a clone named convbench, the environment of an editable install)."""
+    (tmp_path / "convbench" / "results" / "some-run").mkdir(parents=True)
+    (tmp_path / "convbench" / "README.md").write_text("a clone\n")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(EDITABLE)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return tmp_path, {**env, "PYTHONPATH": str(site)}
+
+
+def _run(argv, cwd, env):
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+def test_python_m_convbench_beside_a_clone_runs_the_package(beside_a_clone):
+    cwd, env = beside_a_clone
+    proc = _run([sys.executable, "-m", "convbench", "--version"], cwd, env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"convbench {__version__}"
+
+
+def test_worker_processes_beside_a_clone_import_the_package(beside_a_clone):
+    cwd, env = beside_a_clone
+    assert _run(launch.module_command("convbench.results"), cwd, env).returncode == 0
+    # the same module, the plain way: the clone's results/ folder shadows it
+    assert _run([sys.executable, "-m", "convbench.results"], cwd, env).returncode != 0
+
+
+def test_every_command_leaves_quietly_when_its_reader_does(tmp_path):
+    """`convbench ... | head`: exit 141 and no traceback, for outputs larger than a pipe holds
+    (a report's JSON rows) and smaller (the end of `list`, flushed before exit)."""
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "results" / "2026-11-21-cpu-2core-alexnet", run)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for argv in (["report", str(run), "--format", "json"], ["list"]):
+        proc = subprocess.run(f"{sys.executable} -m convbench {' '.join(argv)} | head -1; "
+                              "echo ${PIPESTATUS[0]} >&2", shell=True, executable="/bin/bash",
+                              env=env, capture_output=True, text=True, timeout=120,
+                              check=False)
+        assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, argv
+        assert proc.stderr.strip().splitlines()[-1] == str(EXIT_PIPE), argv
+
+
+def test_list_says_a_missing_backend_once(capsys):
+    from test_cli import run_cli
+
+    from convbench import registry
+
+    code, out, _ = run_cli(capsys, "list")
+    assert code == 0
+    reason = registry.available("cuda")
+    if reason is not None:
+        assert out.count(reason) == 1
+    assert "runs here" in out  # the numpy table keeps the column: its algos may differ
+
+
+def test_list_of_a_large_catalog_is_by_class(capsys):
+    from test_cli import run_cli
+
+    code, out, _ = run_cli(capsys, "list", "--net", "convset")
+    assert code == 0
+    assert "The 15 most frequent of 8270 problems" in out
+    assert "| algo         | precisions   | runs here   | pointwise" in out
+    assert len(out.splitlines()) < 250
+
+
+def test_version(capsys):
+    from test_cli import run_cli
+
+    code, out, _ = run_cli(capsys, "--version")
+    assert code == 0 and out.strip() == f"convbench {__version__}"
