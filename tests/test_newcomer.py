@@ -109,3 +109,49 @@ def test_version(capsys):
 
     code, out, _ = run_cli(capsys, "--version")
     assert code == 0 and out.strip() == f"convbench {__version__}"
+
+
+MODELS = textwrap.dedent("""
+    import torch
+    def two():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(),
+                                   torch.nn.Conv2d(4, 4, 1))
+    def noconv():
+        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 6 * 6, 4))
+""")
+
+
+@pytest.fixture
+def tiny_models(tmp_path, monkeypatch):
+    (tmp_path / "newcomer_models.py").write_text(MODELS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def test_tune_says_what_it_measured_and_what_training_does_not_need(tiny_models, capsys):
+    from test_cli import run_cli
+
+    code, out, err = run_cli(capsys, "tune", "--model", "newcomer_models:two", "--input",
+                             "1,3,6,6", "--algos", "gemm,torch-cpu", "--budget", "0.002",
+                             "--store", str(tiny_models / "store"))
+    assert code == 0, err
+    lines = err.splitlines()
+    # the first layer's input needs no gradient: no bwd_data for it
+    assert ("convbench: 1 pass not measured, training does not run them (an input or weight "
+            "that needs no gradient): 0 bwd_data") in lines
+    # 2 layers x 3 passes - 1, x 2 algos x 2 layouts
+    assert any(line.startswith("convbench: measured 20 of 20: ") for line in lines), err
+    assert "cudnn regret" not in out  # a CPU plan: no cuDNN to regret
+
+
+def test_a_model_without_conv_layers_says_so(tiny_models, capsys):
+    from test_cli import run_cli
+
+    for command in (["tune"], ["bench", "--device", "cpu"]):
+        code, _, err = run_cli(capsys, *command, "--model", "newcomer_models:noconv",
+                               "--input", "1,3,6,6", "--store" if command == ["tune"] else
+                               "--out", str(tiny_models / "x"))
+        assert code == 2, err
+        assert "no nn.Conv2d layer" in err or "has no conv layer" in err, err
+        assert len(err.strip().splitlines()) == 1
