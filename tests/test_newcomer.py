@@ -1,5 +1,6 @@
 """A newcomer's first hour (issue 24 §3): what a new user meets first works, or says why not."""
 
+import math
 import os
 import shutil
 import subprocess
@@ -155,3 +156,50 @@ def test_a_model_without_conv_layers_says_so(tiny_models, capsys):
         assert code == 2, err
         assert "no nn.Conv2d layer" in err or "has no conv layer" in err, err
         assert len(err.strip().splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def alexnet_run():
+    from convbench import results
+
+    return results.load_run(ROOT / "results" / "2026-11-21-cpu-2core-alexnet")
+
+
+def test_the_report_opens_on_which_wins_by_how_much_and_why_not_the_others(alexnet_run):
+    from convbench import report
+
+    df, env = alexnet_run
+    text = report.markdown(df, env, [])
+    first = text.split("## Time per layer")[0]
+    assert "## Which wins (fp32)" in first and "`convbench advise RUN`" in first
+    assert "the device's peak is not known here" in first
+    table = report.winner_table(df[df["precision"] == "fp32"], peak_gflops=1000.0)
+    row = table.loc[("conv1", "bwd_data")]
+    assert row["fastest"] == "gemm nchw" and row["verdict"] == "wins"
+    assert row["GFLOP/s"] == "75.96 (8% of peak)"
+    assert row["did not run"] == "fft, winograd-2x2, winograd-4x4 unsupported"
+    assert table.loc[("conv3", "fwd"), "did not run"] == ""
+
+
+def test_the_time_plots_share_their_y_range_mark_what_did_not_run_and_show_intervals(
+        alexnet_run, monkeypatch, tmp_path):
+    pytest.importorskip("matplotlib")
+    from convbench import report
+
+    df, env = alexnet_run
+    figures = {}
+
+    def keep(fig, path, legend=True):
+        figures[path.name] = fig
+
+    monkeypatch.setattr(report, "save_figure", keep)
+    report.plot(df, tmp_path, env)
+    nchw, nhwc = figures["time_fwd.png"].axes[:2]
+    assert nchw.get_ylim() == nhwc.get_ylim()
+    marks = [t.get_text() for t in nchw.texts]
+    assert marks.count("u") == 5  # conv1: fft, winograd x2; conv2: winograd x2
+    assert nchw.containers and any(getattr(c, "has_yerr", False) for c in nchw.containers)
+    fwd_ops = figures["opcount.png"].axes[0]
+    fft = next(c for c in fwd_ops.containers if c.get_label() == "fft")
+    assert math.isnan(fft.patches[0].get_height())  # conv1: FFT cannot run it (stride 4)
+    assert fft.patches[1].get_height() > 0
