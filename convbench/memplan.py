@@ -53,6 +53,7 @@ from pathlib import Path
 from . import (
     apply,
     devices,
+    launch,
     memory,
     memprofile,
     opcount,
@@ -274,7 +275,7 @@ def probe(net: str, strategy: str, batch: int, device: str, budget: int,
     """One probe in a process of its own: a fresh allocator, nothing left from the last probe."""
     job = {"net": net, "strategy": strategy, "batch": batch, "device": device,
            "budget": budget, "time_s": time_s, "plan_file": plan_file}
-    proc = subprocess.run([sys.executable, "-m", "convbench.memplan", json.dumps(job)],
+    proc = subprocess.run(launch.module_command("convbench.memplan", json.dumps(job)),
                           capture_output=True, text=True, check=False,
                           env=trainstep.worker_environment(device))
     if proc.returncode:

@@ -36,7 +36,7 @@ from pathlib import Path
 import pandas as pd
 from tabulate import tabulate
 
-from . import apply, layers, models, registry, results, timing, tune
+from . import apply, launch, layers, models, registry, results, timing, tune
 from .devices import backend_of
 from .measurement import Measurement
 from .plan import Plan
@@ -255,7 +255,7 @@ class Worker:
 
 
 def _command(kind: str, job: dict) -> list[str]:
-    return [sys.executable, "-m", "convbench.trainstep", kind, json.dumps(job)]
+    return launch.module_command("convbench.trainstep", kind, json.dumps(job))
 
 
 def worker_environment(device: str) -> dict | None:

@@ -175,12 +175,15 @@ def test_a_gpu_fault_is_one_line_naming_the_case_and_how_to_go_on(tmp_path, caps
     assert len(results.read_rows(folder / "measurements.csv")) == 3
 
 
-def test_list_shows_nets_layers_and_support(capsys):
+def test_list_shows_the_catalogs_and_support(capsys):
     code, out, _ = run_cli(capsys, "list")
     assert code == 0
-    for text in ("## alexnet", "## resnet50", "res5_3x3", "## backend numpy: available",
-                 "torch-cpu", "## backend cuda"):
+    for text in ("## catalogs", "| resnet50 ", "| convset ", ("## backend numpy on alexnet: "
+                 "available"), "torch-cpu", "## backend cuda on alexnet"):
         assert text in out
+    assert len(out.splitlines()) < 100
+    code, out, _ = run_cli(capsys, "list", "--net", "resnet50")
+    assert code == 0 and "## resnet50" in out and "res5_3x3" in out
 
 
 def test_kernels_hands_its_arguments_to_the_gate(monkeypatch):

@@ -33,13 +33,14 @@ PACKAGE = Path(convbench.__file__).parent
 #: The layers of DESIGN.md §1, bottom up. A module imports only from its own layer or below.
 LAYERS = {
     "core": ["convbench", "problem", "layers", "deepbench", "problemfile", "transforms",
-             "measurement", "phases", "threads", "stats"],
+             "measurement", "phases", "threads", "stats", "convset", "selection", "launch", "tools",
+             "tools.*"],
     "implementations": ["registry", "padding", "algos", "algos.*", "kernels", "emu", "emu.*",
                         "reference", "verify", "functional", "testing"],
     "harness": ["timing", "runner", "results", "opcount", "memory", "envinfo", "devices",
                 "batchsweep", "contention", "nvml"],
     "analysis": ["report", "advice", "layoutplan", "plan", "runs", "shard", "summary",
-                 "gpucheck", "ranking", "compare"],
+                 "gpucheck", "ranking", "compare", "speedup"],
     "torch integration": ["tune", "apply", "nn", "trainstep", "memprofile", "memplan",
                           "scale", "advisor", "models"],
     "cli": ["cli", "cli.*", "__main__"],

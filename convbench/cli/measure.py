@@ -35,6 +35,7 @@ from .. import (
 from ..devices import DEVICES
 from ..problem import LAYOUTS, PASSES, PRECISIONS
 from ..results import ENV_JSON, FolderInUse, RunFolder
+from . import catalog
 from .common import (
     FORMATS,
     Progress,
@@ -218,13 +219,17 @@ def network(args, dev: devices.Device) -> tuple[list, dict | None]:
     if len(given) > 1:
         raise UsageError(f"{' and '.join(given)} are sources of layers: give one")
     if args.model:
+        if args.classes or args.sample is not None:
+            raise UsageError("--class and --sample choose among the problems of --net or "
+                             "--problems, not of --model")
         return _model_layers(args, dev)
     if args.problems:
         skipped: list[problemfile.Skipped] = []
         with usage_errors():
             found = problemfile.read(args.problems, skipped=skipped)
         args.net = found[0].net
-        source = {"problems": str(args.problems), "occurrences": _counts(found)}
+        found, chosen = catalog.choose(args, found, args.net)
+        source = {"problems": str(args.problems), "occurrences": _counts(found), **chosen}
         if skipped:
             # Lines that read as convolutions convbench cannot hold (3-D ones): said, kept in
             # env.json with their reasons, and the file's other problems run.
@@ -233,10 +238,10 @@ def network(args, dev: devices.Device) -> tuple[list, dict | None]:
             source["skipped"] = [str(s) for s in skipped]
         return found, source
     args.net = args.net or layers.NETS[0]
-    catalog = layers.net_layers(args.net)
+    found, chosen = catalog.choose(args, layers.net_layers(args.net), args.net)
     if args.net in layers.OWN_BATCH:  # a list of problems, weighed by how often each occurs
-        return catalog, {"occurrences": _counts(catalog)}
-    return [f"{args.net}:{layer.name}" for layer in catalog], None
+        return found, {"occurrences": _counts(found), **chosen}
+    return [f"{args.net}:{layer.name}" for layer in found], chosen or None
 
 
 def _counts(found: list[layers.Layer]) -> dict[str, int]:
@@ -322,6 +327,7 @@ def _sweep_options(p, layer: bool, batch_list: bool = False) -> None:
                             "(n,c,h,w,k,r,s[,stride,pad,dilation,groups,name,count]) or oneDNN "
                             "benchdnn descriptors, one per line (g1mb8ic96ih27oc256kh5ph2"
                             "n\"conv2\"); each keeps its own batch unless --batch")
+        catalog.add_options(p)
     p.add_argument("--algos", default="all",
                    help="comma list of algos; `winograd` = both tiles, `winograd-fused` both "
                         "fused tiles; `all` (default)")
