@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 from .problem import LAYOUTS, PASSES, PRECISIONS, ConvProblem, check_choice
 
 ALGOS = ("direct", "gemm", "gemm-cublas", "fft", "fft-tiled", "winograd-2x2", "winograd-4x4",
-         "winograd-fused-2x2", "winograd-fused-4x4", "cudnn", "cudnn-autotune", "torch-cpu")
+         "winograd-6x6", "winograd-fused-2x2", "winograd-fused-4x4", "cudnn", "cudnn-autotune", "torch-cpu")
 BACKENDS = ("numpy", "cuda", "emu")
 #: What `winograd` and `all` mean on the command line.
 ALIASES = {"winograd": ("winograd-2x2", "winograd-4x4"),

@@ -1,4 +1,4 @@
-"""`winograd-2x2` and `winograd-4x4` on the CPU: every pass and layout against the float64
+"""`winograd-2x2`, `winograd-4x4` and `winograd-6x6` on the CPU: every pass and layout against the float64
 reference, what they refuse, their fp32 error on AlexNet, and proof the checker bites."""
 
 import dataclasses
@@ -14,13 +14,15 @@ from convbench.layers import net_layers
 from convbench.problem import LAYOUTS, PASSES, ConvProblem
 from convbench.testing import (
     assert_matches_reference,
+    assert_phases_replay,
     matmul_dtypes,
     run_and_check,
     small_catalog_problems,
 )
 from convbench.transforms import WinogradTransform, winograd_matrices
 
-ALGOS = ("winograd-2x2", "winograd-4x4")
+ALGOS = ("winograd-2x2", "winograd-4x4", "winograd-6x6")
+TILES = dict(zip(ALGOS, (2, 4, 6)))
 PRECISIONS = ("fp64", "fp32")
 
 
@@ -102,7 +104,8 @@ def test_fp32_error_on_alexnet_4x4_worse_than_2x2(layer, pass_):
     rounding: measured ~6x (fwd, bwd_data) and ~5x (bwd_filter) on the same data. Both stay far
     inside their tolerances, and far above float64 rounding, so fp32 really is fp32."""
     problem = _alexnet(layer)
-    two, four = (run_and_check(_impl(a), problem, pass_, "nchw", "fp32", seed=1) for a in ALGOS)
+    two, four = (run_and_check(_impl(a), problem, pass_, "nchw", "fp32", seed=1)
+                 for a in ("winograd-2x2", "winograd-4x4"))
     assert two.ok and four.ok, (two.reason, four.reason)
     assert four.rel_error > 3 * two.rel_error, (four.rel_error, two.rel_error)
     assert two.rel_error > 1e-8
@@ -115,7 +118,8 @@ def test_fp32_is_computed_in_fp32(algo, pass_, layout):
     """Every GEMM — transforms and per-frequency products — gets float32 operands and output."""
     problem = ConvProblem(n=2, c=3, h=7, w=10, k=5, r=3, s=3, pad=1)
     seen = matmul_dtypes(_impl(algo), problem, pass_, layout)
-    assert len(seen) == 7  # 2 per transform (2 in, 1 out), the batched per-frequency GEMM
+    # 2 per tile transform, 1 for the filters (G⊗G), the batched per-frequency GEMM
+    assert len(seen) == (7 if pass_ == "bwd_filter" else 6)
     assert {d for ds in seen for d in ds} == {np.dtype(np.float32)}
 
 
@@ -124,7 +128,7 @@ def test_workspace_holds_the_transformed_operands(pass_):
     """At least the transformed tiles of both tiled operands (or tiles and product) and the
     alpha²·K·C transformed filter (or product), at most a few times that (gathers, padding)."""
     conv3 = _alexnet("conv3").with_batch(8)
-    for algo, m in zip(ALGOS, (2, 4)):
+    for algo, m in TILES.items():
         tiles = 8 * (-(-13 // m)) ** 2
         alpha2 = (m + 2) ** 2
         transformed = alpha2 * (256 * 384 + (256 + 384) * tiles) * 4
@@ -161,3 +165,23 @@ def test_checker_bites_on_a_sign_error_in_bt(pass_, monkeypatch):
     problem = ConvProblem(n=1, c=3, h=8, w=7, k=2, r=3, s=3, pad=1)
     for algo in ALGOS:
         assert not run_and_check(_impl(algo), problem, pass_, "nchw", "fp64").ok
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+@pytest.mark.parametrize("algo", ALGOS)
+def test_phases_replay_the_pass(algo, pass_, layout):
+    """transform, transform, product, inverse: run one by one they give the full call's bits
+    (partial edge tiles in both axes)."""
+    problem = ConvProblem(n=2, c=3, h=11, w=9, k=4, r=3, s=3, pad=1)
+    assert_phases_replay(_impl(algo), problem, pass_, layout)
+
+
+def test_6x6_error_is_larger_than_4x4_but_inside_its_tolerance():
+    """F(6x6,3x3)'s coefficients (up to 32 in Aᵀ) amplify rounding further: measured ~2x
+    F(4x4)'s on the same data, still ~25x inside its tolerance."""
+    problem = _alexnet("conv3")
+    four, six = (run_and_check(_impl(a), problem, "fwd", "nchw", "fp32", seed=1)
+                 for a in ("winograd-4x4", "winograd-6x6"))
+    assert six.ok and six.rel_error > 1.2 * four.rel_error, (six.rel_error, four.rel_error)
+    assert six.rel_error < six.tolerance / 10
