@@ -74,11 +74,14 @@ def test_direct_blocks_cover_the_output(pass_, layout, monkeypatch):
 
 
 def test_workspaces():
-    """gemm's is the im2col matrix; direct's (input planes, wide output) is activation-sized."""
+    """gemm's is the im2col matrix and the zero-bordered input it is copied from; direct's
+    (input planes, wide output) is activation-sized."""
     conv2 = ConvProblem(n=8, c=96, h=27, w=27, k=256, r=5, s=5, pad=2)
     gemm = registry.get("gemm", "numpy").workspace_bytes(conv2, "fwd", "nhwc", "fp32")
     direct = registry.get("direct", "numpy").workspace_bytes(conv2, "fwd", "nhwc", "fp32")
-    assert gemm == 8 * 27 * 27 * 5 * 5 * 96 * 4
+    assert gemm == (8 * 27 * 27 * 5 * 5 * 96 + 8 * 31 * 31 * 96) * 4
+    assert registry.get("gemm", "numpy").workspace_bytes(conv2, "bwd_data", "nhwc", "fp32") \
+        == 8 * 27 * 27 * 5 * 5 * 96 * 4
     assert direct < 2 * conv2.min_bytes("fp32") < gemm / 2
 
 

@@ -108,3 +108,14 @@ def contiguous_inputs(run):
         run(np.ascontiguousarray(a), np.ascontiguousarray(b), out)
 
     return wrapped
+
+
+def tensor(a: np.ndarray):
+    """A torch tensor sharing `a`'s memory, so the CPU algorithms run their copies and products
+    through torch (MKL, its thread pool) on NumPy's buffers; a copy only for what torch cannot
+    view (negative strides, read-only arrays)."""
+    import torch
+
+    if not a.flags.writeable or any(s < 0 for s in a.strides):
+        a = a.copy()
+    return torch.from_numpy(a)
