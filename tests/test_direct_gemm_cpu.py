@@ -11,6 +11,7 @@ from convbench.problem import LAYOUTS, PASSES, ConvProblem
 from convbench.testing import (
     PER_AXIS_PROBLEMS,
     assert_matches_reference,
+    assert_phases_replay,
     matmul_dtypes,
     problem_strategy,
     run_and_check,
@@ -161,3 +162,12 @@ def test_checker_catches_a_wrong_implementation(bug, problem, precision):
     chk = run_and_check(_TapLoop(bug), problem, "fwd", "nchw", precision)
     assert not chk.ok
     assert chk.rel_error > 100 * chk.tolerance, chk.reason
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+def test_gemm_phases_replay_the_pass(pass_, layout):
+    """im2col (or col2im) and the product, run one by one, give the full call's bits."""
+    problem = ConvProblem(n=2, c=4, h=9, w=8, k=6, r=3, s=2, stride=(2, 1), pad=(1, 0),
+                          groups=2)
+    assert_phases_replay(registry.get("gemm", "numpy"), problem, pass_, layout)

@@ -101,15 +101,6 @@ def nbytes(elements: int, precision: str) -> int:
     return elements * ELEMENT_BYTES[precision]
 
 
-def contiguous_inputs(run):
-    """Wrap a pass so its two inputs arrive C-contiguous (a no-op for the usual operands), so
-    `reshaped` views of them exist; the output must already be."""
-    def wrapped(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-        run(np.ascontiguousarray(a), np.ascontiguousarray(b), out)
-
-    return wrapped
-
-
 def tensor(a: np.ndarray):
     """A torch tensor sharing `a`'s memory, so the CPU algorithms run their copies and products
     through torch (MKL, its thread pool) on NumPy's buffers; a copy only for what torch cannot

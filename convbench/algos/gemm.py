@@ -34,12 +34,12 @@ from __future__ import annotations
 import numpy as np
 
 from .. import threads
+from ..phases import OPERAND_NAMES, Phased
 from ..problem import ConvProblem
 from ..reference import DTYPES
 from ..registry import Implementation, register
 from ._lowering import (
     axis_pairs,
-    contiguous_inputs,
     nbytes,
     scatter_add,
     span,
@@ -150,37 +150,46 @@ class GemmCPU(Implementation):
         padded = _padded_shape(p, pass_, layout)
         return nbytes(col + (int(np.prod(padded)) if padded else 0), precision)
 
+    def phases(self, problem, pass_, layout, precision) -> list[str]:
+        """im2col is the transform of x (fwd, bwd_filter), col2im the inverse into dx
+        (bwd_data); the product between."""
+        a, _, out = OPERAND_NAMES[pass_]
+        return ["product", f"inverse {out}"] if pass_ == "bwd_data" else \
+            [f"transform {a}", "product"]
+
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         import torch
 
         low = _Lowered(problem, pass_, layout, DTYPES[precision])
         nchw = layout == "nchw"
 
+        def im2col(x, b, out):
+            low.im2col(tensor(np.ascontiguousarray(x)))
+
+        def col2im(dy, w, out):
+            low.col2im(out)
+
         if pass_ == "fwd":
-            @contiguous_inputs
-            def run(x, w, out):
-                low.im2col(tensor(x))
+            def product(x, w, out):
                 ys = low.output_side(tensor(out))
-                for g, wg in enumerate(low.filters(tensor(w))):
+                for g, wg in enumerate(low.filters(tensor(np.ascontiguousarray(w)))):
                     if nchw:  # (K/g × CRS/g) · (CRS/g × PQ) per image
                         torch.matmul(wg, low.matrices[g], out=ys[g])
                     else:  # (NPQ × RSC/g) · (RSC/g × K/g)
                         torch.matmul(low.matrices[g], wg.t(), out=ys[g])
+            steps = (im2col, product)
         elif pass_ == "bwd_data":
-            @contiguous_inputs
-            def run(dy, w, out):
-                dys = low.output_side(tensor(dy))
-                for g, wg in enumerate(low.filters(tensor(w))):
+            def product(dy, w, out):
+                dys = low.output_side(tensor(np.ascontiguousarray(dy)))
+                for g, wg in enumerate(low.filters(tensor(np.ascontiguousarray(w)))):
                     if nchw:
                         torch.matmul(wg.t(), dys[g], out=low.matrices[g])
                     else:
                         torch.matmul(dys[g], wg, out=low.matrices[g])
-                low.col2im(out)
+            steps = (product, col2im)
         else:
-            @contiguous_inputs
-            def run(x, dy, out):
-                low.im2col(tensor(x))
-                dys = low.output_side(tensor(dy))
+            def product(x, dy, out):
+                dys = low.output_side(tensor(np.ascontiguousarray(dy)))
                 for g, dwg in enumerate(low.filters(tensor(out))):
                     col = low.matrices[g]
                     if nchw:  # one product per image, each added into dw by BLAS
@@ -189,4 +198,5 @@ class GemmCPU(Implementation):
                             dwg.addmm_(dys[g][i], col[i].t())
                     else:  # (K/g × NPQ) · (NPQ × RSC/g)
                         torch.matmul(dys[g].t(), col, out=dwg)
-        return run
+            steps = (im2col, product)
+        return Phased(dict(zip(self.phases(problem, pass_, layout, precision), steps)))
