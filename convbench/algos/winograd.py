@@ -19,8 +19,8 @@ Why it is built this way (measured on a 2-core AVX-512 Xeon, AlexNet conv3, batc
 - A data transform is one copy gathering every tile (a strided window view, no loop over tiles)
   and two GEMMs with the small Bᵀ (rows of every tile at once, then columns): ~12 multiply-adds
   per tile element where Bᵀ⊗Bᵀ would take alpha².
-- The filter transform is one GEMM with the Kronecker product G⊗G (alpha² × 9) on the filters
-  seen as 9 × (K·C): a single pass writing the alpha²·K·C transformed filters, which dominate its
+- The filter transform is one GEMM with the Kronecker product G⊗G (alpha² × r²) on the filters
+  seen as r² × (K·C): a single pass writing the alpha²·K·C transformed filters, which dominate its
   memory traffic (twice as fast as the two-stage form, whose intermediate is as large).
 - The inverse writes whole tiles straight into the output (up to four rectangles: whole tiles,
   and the partial tiles of the bottom and right edges), without a tile-aligned buffer to crop.
@@ -51,7 +51,12 @@ from ..registry import Implementation, register
 from ..transforms import winograd_matrices
 from ._lowering import tensor
 
-_R = 3  # the filter size these algorithms take
+_R = 3  # the filter size the GPU kernels take
+#: Filter sizes the CPU passes take: 5x5 too, as cuDNN's WINOGRAD_NONFUSED does — F(4x4, 5x5)
+#: does a fifth of a direct 5x5 convolution's multiplications (AlexNet's conv2) — except with
+#: 6x6 tiles: F(6x6, 5x5)'s alpha = 10 needs the points ±3, and its fp32 error reached 2.5e-4
+#: on AlexNet's conv2 (F(4x4, 5x5): 6e-6), too large to call a convolution.
+CPU_FILTER_SIZES = (3, 5)
 #: Physical axis order of the product and output tiles: the layout's, with tile counts for h, w.
 _TILE_ORDER = {"nchw": "cnhw", "nhwc": "nhwc"}
 
@@ -174,7 +179,7 @@ class _TileTransform:
 
 
 class _FilterTransform:
-    """G g Gᵀ for every 3×3 filter, as one GEMM with G⊗G (alpha² × 9): the transformed filters
+    """G g Gᵀ for every r×r filter, as one GEMM with G⊗G (alpha² × r²): the transformed filters
     as (alpha², K, C). kcrs filters are read in place (a transposed operand); krsc ones are
     first gathered as (r·s, K, C)."""
 
@@ -184,7 +189,9 @@ class _FilterTransform:
         k, c = (dict(zip(FILTER_LAYOUT[layout], shape))[a] for a in "kc")
         self.layout, self.k, self.c = layout, k, c
         self.out = torch.from_numpy(np.empty((len(self.kron), k, c), dtype))
-        self.taps = None if layout == "nchw" else torch.from_numpy(np.empty((9, k, c), dtype))
+        self.r2 = g.shape[1] ** 2
+        self.taps = None if layout == "nchw" else \
+            torch.from_numpy(np.empty((self.r2, k, c), dtype))
 
     @property
     def nbytes(self) -> int:
@@ -193,11 +200,11 @@ class _FilterTransform:
 
     def __call__(self, w):
         torch = _torch()
-        if self.taps is None:  # kcrs: (K·C, 9), transposed
-            src = w.reshape(self.k * self.c, 9).t()
+        if self.taps is None:  # kcrs: (K·C, r²), transposed
+            src = w.reshape(self.k * self.c, self.r2).t()
         else:  # krsc -> (rs, K, C)
-            self.taps.copy_(w.reshape(self.k, 9, self.c).permute(1, 0, 2))
-            src = self.taps.view(9, -1)
+            self.taps.copy_(w.reshape(self.k, self.r2, self.c).permute(1, 0, 2))
+            src = self.taps.view(self.r2, -1)
         torch.matmul(self.kron, src, out=self.out.view(len(self.kron), -1))
         return self.out
 
@@ -253,12 +260,13 @@ class _TiledOutput:
         torch = _torch()
         p = problem
         self.pass_, self.layout = pass_, layout
-        t = winograd_matrices(m, _R).astype(dtype)
+        r = p.r
+        t = winograd_matrices(m, r).astype(dtype)
         in_shape, _, out_shape = p.operand_shapes(pass_, layout)
         extent = (p.p, p.q) if pass_ == "fwd" else (p.h, p.w)
         counts = _tile_counts(extent, m)
-        before = p.pad if pass_ == "fwd" else _R - 1 - p.pad
-        self.pad = _Padding(in_shape, layout, before, tuple(c * m + _R - 1 for c in counts),
+        before = p.pad if pass_ == "fwd" else r - 1 - p.pad
+        self.pad = _Padding(in_shape, layout, before, tuple(c * m + r - 1 for c in counts),
                             dtype)
         self.data = _TileTransform(self.pad.shape, "nhwc", "nhwc", t.BT, m, counts, dtype)
         g = t.G if pass_ == "fwd" else t.G[:, ::-1]
@@ -315,10 +323,10 @@ class _WeightGradient:
     def __init__(self, problem: ConvProblem, layout: str, m: int, dtype):
         torch = _torch()
         p = problem
-        t = winograd_matrices(_R, m).astype(dtype)
+        t = winograd_matrices(p.r, m).astype(dtype)
         counts = _tile_counts((p.p, p.q), m)
         self.x_pad = _Padding(p.x_shape(layout), layout, p.pad,
-                              tuple(c * m + _R - 1 for c in counts), dtype)
+                              tuple(c * m + p.r - 1 for c in counts), dtype)
         self.dy_pad = _Padding(p.y_shape(layout), layout, 0, tuple(c * m for c in counts), dtype)
         self.x = _TileTransform(self.x_pad.shape, "nhwc", "nhwc", t.BT, m, counts, dtype)
         self.dy = _TileTransform(self.dy_pad.shape, "nhwc", "nhwc", t.G, m, counts, dtype)
@@ -353,16 +361,19 @@ class _WeightGradient:
 
 
 class Winograd(Implementation):
-    """F(m×m, 3×3) for 3x3, stride-1, dense filters, one padding for both axes; subclasses set
-    `m`. The GPU kernels (`winograd_kernels`) subclass it too, so both refuse the same problems
-    alike."""
+    """F(m×m, r×r) for square `filter_sizes` filters, stride 1, dense, one padding for both
+    axes; subclasses set `m`. The GPU kernels (`winograd_kernels`) subclass it too, so both
+    refuse the same problems alike (the kernels take 3x3 only)."""
 
     m: int
     precisions = ("fp64", "fp32")
+    filter_sizes: tuple[int, ...] = (_R,)
 
     def supports(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         p = problem
-        for ok, need, got in (((p.r, p.s) == (_R, _R), "3x3 filters", f"{p.r}x{p.s}"),
+        sizes = " or ".join(f"{r}x{r}" for r in self.filter_sizes)
+        for ok, need, got in ((p.r == p.s and p.r in self.filter_sizes, f"{sizes} filters",
+                               f"{p.r}x{p.s}"),
                               (p.stride == 1, "stride 1", pair_text(p.stride)),
                               (p.dilation == 1, "dilation 1", pair_text(p.dilation)),
                               # its tiles and kernels take one padding for both axes
@@ -374,13 +385,15 @@ class Winograd(Implementation):
         return None
 
     def describe(self, problem, pass_, layout, precision) -> str:
-        m = self.m
-        tile = f"F({_R}x{_R}, {m}x{m})" if pass_ == "bwd_filter" else f"F({m}x{m}, {_R}x{_R})"
-        return f"{tile}, {(m + _R - 1) ** 2} batched GEMMs"
+        m, r = self.m, problem.r
+        tile = f"F({r}x{r}, {m}x{m})" if pass_ == "bwd_filter" else f"F({m}x{m}, {r}x{r})"
+        return f"{tile}, {(m + r - 1) ** 2} batched GEMMs"
 
 
 class WinogradCPU(Winograd):
     """The NumPy-backend passes: `_TiledOutput` and `_WeightGradient`, in four phases."""
+
+    filter_sizes = CPU_FILTER_SIZES
 
     def _pass(self, problem, pass_, layout, precision):
         dtype = DTYPES[precision]
@@ -423,3 +436,4 @@ class Winograd4x4(WinogradCPU):
 @register("winograd-6x6", "numpy")
 class Winograd6x6(WinogradCPU):
     m = 6
+    filter_sizes = (3,)
