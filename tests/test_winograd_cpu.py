@@ -123,8 +123,9 @@ def test_fp32_is_computed_in_fp32(algo, pass_, layout):
     """Every GEMM — transforms and per-frequency products — gets float32 operands and output."""
     problem = ConvProblem(n=2, c=3, h=7, w=10, k=5, r=3, s=3, pad=1)
     seen = matmul_dtypes(_impl(algo), problem, pass_, layout)
-    # 2 per tile transform, 1 for the filters (G⊗G), the batched per-frequency GEMM
-    assert len(seen) == (7 if pass_ == "bwd_filter" else 6)
+    # 2 per data transform (Bᵀ, then the columns; G's for bwd_filter's dy), 1 for the filters
+    # (G⊗G), the batched per-frequency GEMM, 1 for the inverse (Aᵀ⊗Aᵀ)
+    assert len(seen) == (6 if pass_ == "bwd_filter" else 5)
     assert {d for ds in seen for d in ds} == {np.dtype(np.float32)}
 
 
