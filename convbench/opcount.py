@@ -99,7 +99,7 @@ def _winograd_tile(algo: str) -> int:
 
 def _winograd_applies(p: ConvProblem) -> bool:
     """Where the Winograd implementations run (they refuse everything else)."""
-    return (p.r == p.s == 3 and p.stride == 1 and p.dilation == 1 and p.groups == 1
+    return (p.r == p.s and p.r in (3, 5) and p.stride == 1 and p.dilation == 1 and p.groups == 1
             and not isinstance(p.pad, tuple))
 
 

@@ -157,17 +157,25 @@ def assert_phases_replay(impl, problem: ConvProblem, pass_: str, layout: str, xp
 
 def matmul_dtypes(impl, problem: ConvProblem, pass_: str, layout: str,
                   precision: str = "fp32") -> list[tuple]:
-    """Run and check `impl`, recording the (left, right, out) dtypes of every `np.matmul` it
-    makes: benchmarking fp32 means multiplying in fp32, never silently in float64."""
+    """Run and check `impl`, recording the (left, right, out) dtypes, as NumPy dtypes, of every
+    `np.matmul` and `torch.matmul` it makes (the CPU algorithms multiply through either):
+    benchmarking fp32 means multiplying in fp32, never silently in float64."""
     from unittest import mock
 
+    import torch
+
     seen = []
-    matmul = np.matmul
+    np_matmul, torch_matmul = np.matmul, torch.matmul
 
-    def spy(a, b, **kw):
+    def np_spy(a, b, **kw):
         seen.append((a.dtype, b.dtype, kw["out"].dtype))
-        return matmul(a, b, **kw)
+        return np_matmul(a, b, **kw)
 
-    with mock.patch.object(np, "matmul", spy):
+    def torch_spy(a, b, **kw):
+        seen.append(tuple(torch.empty(0, dtype=t.dtype).numpy().dtype
+                          for t in (a, b, kw["out"])))
+        return torch_matmul(a, b, **kw)
+
+    with mock.patch.object(np, "matmul", np_spy), mock.patch.object(torch, "matmul", torch_spy):
         assert run_and_check(impl, problem, pass_, layout, precision).ok
     return seen
