@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from convbench import cli, registry, results, runner
+from convbench.cli import common
 from convbench.problem import PASSES
 
 TINY = "n=1,c=2,h=6,w=6,k=3,r=3,s=3,pad=1"
@@ -270,6 +271,9 @@ def test_every_numeric_option_refuses_what_is_no_count_size_or_time(text):
     options = list(_numeric_options())
     assert len(options) >= 15  # --budget, --batch, --memory-limit, ... of every command
     for command, option, kind in options:
+        if kind is common.seed and text == "0":
+            assert kind(text) == 0  # a seed may be 0; everything else here is refused
+            continue
         with pytest.raises(argparse.ArgumentTypeError):
             kind(text)
             pytest.fail(f"{command} {option} took {text!r}")
