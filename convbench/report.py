@@ -537,6 +537,11 @@ def network_section(df: pd.DataFrame, env: dict) -> list[str]:
     if unmeasured:
         out += ["Not measured (convbench cannot run them): " + "; ".join(
             f"{layer} ({why})" for layer, why in unmeasured.items()) + ".", ""]
+    skipped = env["run"].get("skipped") or []
+    if skipped:
+        shown = "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
+        out += [(f"Skipped: {len(skipped)} lines of the file are convolutions convbench "
+                 f"cannot hold (env.json lists them all): {shown}."), ""]
     for precision, rows in df.groupby("precision", sort=False):
         out += [f"### {precision}", "", md_table(cost_table(rows, occurrences)), "",
                 ("Network total per choice: one algorithm for every problem and pass, each in "
