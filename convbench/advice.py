@@ -36,7 +36,10 @@ from .results import PROBLEM_FIELDS, problem_from_row
 #: not measured that way. Every other algorithm is taken as deterministic: the NumPy ones and
 #: torch's CPU convolution reduce in a fixed order for a fixed thread count, and convbench's
 #: CUDA kernels use no floating-point atomics (a kernel that adds them must be listed here).
-NONDETERMINISTIC_ALGOS = ("cudnn", "cudnn-autotune")
+NONDETERMINISTIC_ALGOS = ("cudnn", "cudnn-autotune",
+                          # cuDNN's find reports these nondeterministic (the backward passes'
+                          # BWD_DATA_ALGO_0, BWD_FILTER_ALGO_0 and _3 accumulate with atomics)
+                          "cudnn-find-algo-0", "cudnn-find-algo-3")
 NO_CONSTRAINTS = Constraints()
 
 
@@ -294,24 +297,32 @@ def verdict(a: PassAdvice, tie_break: str) -> str:
     return f"tie within noise with {', '.join(others)}{how}"
 
 
+def _regret_shown(advice: Advice) -> bool:
+    """cuDNN's regret is a GPU's: on the CPU there is no cuDNN to regret."""
+    return advice.backend == "cuda"
+
+
 def advice_table(advice: Advice) -> str:
     """Per layer and pass: the choice, the runner-up and the ratio of their medians with its
-    interval, whether the fastest wins or ties, cuDNN's regret."""
+    interval, whether the fastest wins or ties, and on a GPU cuDNN's regret."""
+    regret = _regret_shown(advice)
     rows = []
     for layer, _ in advice.layers:
         for p in PASSES:
             a = advice.passes.get((layer, p))
             if a is None:
                 none = "(none admissible)" if (layer, p) in advice.measured else "(not measured)"
-                rows.append([layer, p, none, "", "", "", "", "", ""])
+                rows.append([layer, p, none, "", "", "", "", "", *([""] if regret else [])])
                 continue
             best, up = a.best, a.runner_up
             rows.append([layer, p, best.algo, best.layout, fmt_ms(best.median_ms),
                          f"{up.algo} {up.layout}" if up else "",
                          a.ratio.text() if a.ratio else "",
-                         verdict(a, advice.constraints.tie_break), _pct(a.regret)])
+                         verdict(a, advice.constraints.tie_break),
+                         *([_pct(a.regret)] if regret else [])])
     return tabulate(rows, headers=["layer", "pass", "best", "layout", "median ms", "runner-up",
-                                   "runner-up / fastest", "verdict", "cudnn regret"],
+                                   "runner-up / fastest", "verdict",
+                                   *(["cudnn regret"] if regret else [])],
                     tablefmt="github", disable_numparse=True)
 
 
@@ -335,8 +346,9 @@ def plan_text(plan: Plan, advice: Advice) -> str:
            "", ("runner-up / fastest: the ratio of their medians with its 95% interval "
                 "(bootstrap, paired by round where they were timed side by side); the fastest "
                 "wins only where the interval excludes 1, else it is a tie within noise and the "
-                f"{advice.constraints.tie_break} tie-break chooses among the tied; cudnn regret: "
-                "how much slower cuDNN's heuristic pick is than the best, in the same layout."),
+                f"{advice.constraints.tie_break} tie-break chooses among the tied"
+                + ("; cudnn regret: how much slower cuDNN's heuristic pick is than the best, in "
+                   "the same layout." if _regret_shown(advice) else ".")),
            ""]
     dropped = [f"{n} {reason}" for reason, n in advice.excluded.items() if n]
     if dropped:

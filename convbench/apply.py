@@ -118,15 +118,17 @@ def apply(model, plan: Plan | str | Path) -> Summary:
 
     plan = plan if isinstance(plan, Plan) else Plan.load(plan)
     _check_device(model, plan)
+    misfits = {lp.layer: why for lp in plan.layers if (why := _why_not(model, lp)[1])}
+    _check_fit(model, plan, misfits)
     torch.backends.cudnn.benchmark = plan.cudnn["benchmark"]
     torch.backends.cudnn.deterministic = plan.cudnn["deterministic"]
     changes, arriving = [], plan.input_layout
     for lp in plan.layers:
         passes = {p: c.algo if c else "torch default" for p, c in lp.passes.items()}
-        module, why_not = _why_not(model, lp)
-        if why_not:
-            changes.append(Change(lp.layer, "skipped", lp.layout, passes, why_not))
+        if lp.layer in misfits:
+            changes.append(Change(lp.layer, "skipped", lp.layout, passes, misfits[lp.layer]))
             continue
+        module, _ = _why_not(model, lp)
         ours = sorted({c.algo for c in lp.passes.values()
                        if c is not None and c.algo not in TORCH_ALGOS})
         for algo in ours:  # an algorithm this build lacks fails here, not mid-training
@@ -147,6 +149,33 @@ def apply(model, plan: Plan | str | Path) -> Summary:
         arriving = lp.layout
     changes += [Change(u.layer, "skipped", "", {}, u.reason) for u in plan.unplanned]
     return Summary(changes, dict(plan.cudnn), plan.backend)
+
+
+def _check_fit(model, plan: Plan, misfits: dict[str, str]) -> None:
+    """A plan tuned for another model is not applied in silence: PlanError where it fits none
+    of the model's conv layers, a warning where some planned layers do not fit or some conv
+    layers of the model are not in the plan (torch's default runs them)."""
+    import torch
+
+    named = {lp.layer for lp in plan.layers} | {u.layer for u in plan.unplanned}
+    convs = [name for name, m in model.named_modules()
+             if isinstance(m, torch.nn.Conv2d) and name not in named]
+    if not misfits and not convs:
+        return
+    first = next(iter(misfits.items()), None)
+    example = f" ({first[0]}: {first[1]})" if first else ""
+    if plan.layers and len(misfits) == len(plan.layers):
+        raise PlanError(f"the plan fits none of the model's conv layers{example}: it was tuned "
+                        "for another model; tune this one")
+    parts = []
+    if misfits:
+        parts.append(f"{len(misfits)} of the plan's {len(plan.layers)} layers do not fit it and "
+                     f"are skipped{example}")
+    if convs:
+        parts.append(f"{len(convs)} of its conv layers are not in the plan and run torch's "
+                     f"default ({', '.join(convs[:3])}{', ...' if len(convs) > 3 else ''})")
+    warnings.warn(f"the plan was not tuned for this model: {'; '.join(parts)}; tune this "
+                  "model for a plan of its own", stacklevel=3)
 
 
 def _check_device(model, plan: Plan) -> None:

@@ -4,14 +4,18 @@ problem lists.
 Each catalog maps a layer name to a `ConvProblem` at the network's reference batch. VGG-16 and
 ResNet-50 list their distinct conv shapes only (a shape repeated in the network appears once).
 The DeepBench catalogs (`deepbench-train`, `deepbench-server`, `deepbench-device`) keep each
-problem's own batch, and a shape a list repeats once, with its `count` (see `deepbench`).
+problem's own batch, and a shape a list repeats once, with its `count` (see `deepbench`). So does
+`convset`, the ConvBench study's 8,498 distinct convolutions of TIMM's models at batch 1, its
+`count` how many conv modules have each (see `convset`); it is read from its file the first
+time it is asked for.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from . import deepbench
+from . import convset, deepbench
 from .problem import ConvProblem, parse_spec
 
 
@@ -36,7 +40,7 @@ def _net(name: str, batch: int, rows: list[tuple]) -> dict[str, Layer]:
     return out
 
 
-CATALOGS: dict[str, dict[str, Layer]] = {
+_STATIC: dict[str, dict[str, Layer]] = {
     # The study's AlexNet (Kim et al., ISPASS 2017): Krizhevsky's channels, ungrouped, batch 256.
     "alexnet": _net("alexnet", 256, [
         ("conv1", 3, 227, 96, 11, 4, 0),
@@ -92,14 +96,42 @@ CATALOGS: dict[str, dict[str, Layer]] = {
         ("res5_1x1r", 2048, 7, 512, 1, 1, 0),
     ]),
 }
-CATALOGS.update({net: {name: Layer(net, name, p, count)
-                       for name, p, count in deepbench.problems(rows)}
-                 for net, rows in deepbench.LISTS.items()})
+_STATIC.update({net: {name: Layer(net, name, p, count)
+                      for name, p, count in deepbench.problems(rows)}
+                for net, rows in deepbench.LISTS.items()})
+
+
+def _convset() -> dict[str, Layer]:
+    return {e.name: Layer(convset.NAME, e.name, e.problem, e.count)
+            for e in convset.load().entries}
+
+
+class _Catalogs(Mapping):
+    """net -> {layer name: Layer}; a catalog kept in a file is read when first asked for."""
+
+    def __init__(self, ready: dict[str, dict[str, Layer]],
+                 lazy: dict[str, Callable[[], dict[str, Layer]]]):
+        self._ready, self._lazy = ready, lazy
+
+    def __getitem__(self, net: str) -> dict[str, Layer]:
+        if net not in self._ready and net in self._lazy:
+            self._ready[net] = self._lazy[net]()
+        return self._ready[net]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._ready
+        yield from (net for net in self._lazy if net not in self._ready)
+
+    def __len__(self) -> int:
+        return len(set(self._ready) | set(self._lazy))
+
+
+CATALOGS: Mapping[str, dict[str, Layer]] = _Catalogs(_STATIC, {convset.NAME: _convset})
 
 NETS = tuple(CATALOGS)
 #: Catalogs whose problems each keep their own batch (a list of problems, not one network at
 #: one batch): a sweep's default batch does not replace it, `--batch` does.
-OWN_BATCH = tuple(deepbench.LISTS)
+OWN_BATCH = (*deepbench.LISTS, convset.NAME)
 
 
 def net_layers(net: str) -> list[Layer]:

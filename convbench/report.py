@@ -30,7 +30,7 @@ from pathlib import Path
 import pandas as pd
 from tabulate import tabulate
 
-from . import contention, memory, ranking, registry
+from . import contention, memory, ranking, registry, speedup
 from .devices import DEVICES
 from .fmt import (
     NO_MATPLOTLIB,
@@ -44,7 +44,7 @@ from .fmt import (
     save_figure,
 )
 from .measurement import CONTENDED_SHARE, NOISE_THRESHOLD, Measurement, is_host_bound
-from .phases import CONVOLUTION, FUSED, OUTPUT_COPY
+from .phases import APART, CONVOLUTION, FUSED
 from .problem import PASSES
 from .results import KEY, RESULTS_CSV, parse_phases
 
@@ -137,11 +137,25 @@ def time_table(df: pd.DataFrame) -> pd.DataFrame:
     return cells
 
 
-def winner_table(df: pd.DataFrame) -> pd.DataFrame:
+def _not_run(rows: pd.DataFrame) -> str:
+    """The algorithms with no `ok` row among `rows`, grouped by status: `fft, winograd-2x2
+    unsupported`."""
+    ran = set(rows.loc[rows["status"] == "ok", "algo"])
+    by_status: dict[str, list[str]] = {}
+    for algo, status in zip(rows["algo"], rows["status"]):
+        if algo not in ran and status != "ok":
+            by_status.setdefault(status, [])
+            if algo not in by_status[status]:
+                by_status[status].append(algo)
+    return "; ".join(f"{', '.join(algos)} {status}" for status, algos in by_status.items())
+
+
+def winner_table(df: pd.DataFrame, peak_gflops: float | None = None) -> pd.DataFrame:
     """Per layer and pass (of one precision), across algorithms and layouts: the fastest, its
     median and interval, the runner-up, the ratio of their medians with its interval, whether
-    the fastest wins or ties (and with what), and its GFLOP/s (and share of the device's peak
-    where known). Rows measured on a busy machine do not compete."""
+    the fastest wins or ties (and with what), its GFLOP/s and share of the device's peak
+    (`peak_gflops`, where known), and the algorithms that did not run, by status. Rows measured
+    on a busy machine do not compete."""
     out = []
     for (layer, pass_), rows in df.groupby(["layer", "pass"], sort=False):
         ok = rows[rows["status"] == "ok"]
@@ -152,10 +166,12 @@ def winner_table(df: pd.DataFrame) -> pd.DataFrame:
         first = ranked[0]
         row = ok.sort_values("median_ms", kind="stable").iloc[0]
         interval = Measurement(first.times).interval if len(first.times) else None
+        gflops = row["gflops"]
         cell = {"layer": layer, "pass": pass_, "fastest": f"{first.algo} {first.layout}",
                 "median ms": fmt_ms(first.median_ms)
                 + (f" [{fmt_ms(interval[0])}, {fmt_ms(interval[1])}]" if interval else ""),
-                "GFLOP/s": "" if pd.isna(row["gflops"]) else f"{row['gflops']:.4g}",
+                "GFLOP/s": "" if pd.isna(gflops) else f"{gflops:.4g}"
+                + (f" ({gflops / peak_gflops:.0%} of peak)" if peak_gflops else ""),
                 "runner-up": "", "runner-up / fastest": "", "verdict": "only candidate"}
         if len(ranked) > 1:
             up = ranked[1]
@@ -164,6 +180,7 @@ def winner_table(df: pd.DataFrame) -> pd.DataFrame:
                          "runner-up / fastest": up.ratio_to(first).text(),
                          "verdict": "wins" if len(tied) == 1 else "tie within noise with "
                          + ", ".join(f"{c.algo} {c.layout}" for c in tied[1:])})
+        cell["did not run"] = _not_run(rows)
         out.append(cell)
     return pd.DataFrame(out).set_index(["layer", "pass"]) if out else pd.DataFrame()
 
@@ -191,8 +208,10 @@ def _per_algo_pass(df: pd.DataFrame, value: str, fmt) -> pd.DataFrame:
 
 
 def op_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Theoretical GFLOP of each algorithm per layer and pass (n/a: no count)."""
-    return _per_algo_pass(df, "algo_ops", fmt_gflop)
+    """Theoretical GFLOP of each algorithm per layer and pass (n/a: no count, or the algorithm
+    cannot run the layer)."""
+    can = df[df["status"] != "unsupported"]
+    return _per_algo_pass(df.assign(algo_ops=can["algo_ops"]), "algo_ops", fmt_gflop)
 
 
 def workspace_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -310,7 +329,7 @@ def phase_frame(df: pd.DataFrame) -> pd.DataFrame:
     algorithm: its copy is in the row's note."""
     rows = df[(df["status"] == "ok") & (df["phases_ms"] != "")]
     rows = rows.assign(phases=rows["phases_ms"].map(parse_phases))
-    return rows[[not set(p) <= {CONVOLUTION, OUTPUT_COPY} for p in rows["phases"]]]
+    return rows[[not set(p) <= {CONVOLUTION, *APART} for p in rows["phases"]]]
 
 
 def _product_share(phases: dict[str, float]) -> float:
@@ -499,6 +518,11 @@ def network_section(df: pd.DataFrame, env: dict) -> list[str]:
     if unmeasured:
         out += ["Not measured (convbench cannot run them): " + "; ".join(
             f"{layer} ({why})" for layer, why in unmeasured.items()) + ".", ""]
+    skipped = env["run"].get("skipped") or []
+    if skipped:
+        shown = "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
+        out += [(f"Skipped: {len(skipped)} lines of the file are convolutions convbench "
+                 f"cannot hold (env.json lists them all): {shown}."), ""]
     for precision, rows in df.groupby("precision", sort=False):
         out += [f"### {precision}", "", md_table(cost_table(rows, occurrences)), "",
                 ("Network total per choice: one algorithm for every problem and pass, each in "
@@ -507,28 +531,78 @@ def network_section(df: pd.DataFrame, env: dict) -> list[str]:
     return out
 
 
-def markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = ()) -> str:
-    """report.md: the header, time tables per pass and layout, op counts, workspace, accuracy,
-    the phase breakdown, what was not measured and why, noisy measurements, and the plots
-    (`plots`: file names, or the note saying why there are none)."""
+def many_problems(df: pd.DataFrame) -> bool:
+    """Whether a run has problems enough for the sorted speed-up picture."""
+    return df["layer"].nunique() >= speedup.MIN_PROBLEMS
+
+
+def baseline_of(df: pd.DataFrame, env: dict, baseline: str | None) -> str:
+    """The baseline given, else cuDNN autotune on a GPU run, torch-cpu on a CPU run."""
+    return baseline or speedup.default_baseline(env.get("run", {}).get("backend")
+                                                or _order(df["backend"])[0])
+
+
+def speedup_section(df: pd.DataFrame, env: dict, baseline: str | None = None) -> list[str]:
+    """For a run of many problems: per algorithm, its share of problems won, tied and lost
+    against the baseline and its mean speed-up, overall and per class of problem. [] for a
+    run of few problems."""
+    if not many_problems(df):
+        return []
+    baseline = baseline_of(df, env, baseline)
+    out = [f"## Speed-up over {baseline}", ""]
+    if baseline not in set(df["algo"]):
+        return out + [(f"The baseline {baseline} was not measured in this run; re-render with "
+                      f"`convbench report RUN --baseline ALGO`, ALGO one of "
+                      f"{', '.join(_algos(df))}."), ""]
+    sp = speedup.speedups(df, baseline)
+    out += [(f"{df['layer'].nunique()} problems. Per problem and pass, each algorithm in its "
+             f"faster layout against {baseline} in its faster layout: speed-up = {baseline}'s "
+             "median / the algorithm's. It *wins* a problem where the 95% interval of that "
+             "ratio lies above 1, loses where it lies below, and ties otherwise (a tie is not "
+             "a win); `not compared`: the algorithm or the baseline has no fair verified time there "
+             "(not run, failed, or measured on a busy machine). "
+             "The sorted curves are in the plots (`speedup_*.png`); `convbench report RUN "
+             "--baseline ALGO` sets another baseline."), ""]
+    for (pass_, precision), g in sp.groupby(["pass", "precision"], sort=False):
+        out += [f"### {pass_}, {precision}", "", md_table(speedup.summary(g, ["algo"])), "",
+                "Per class of problem (`--class`):", "",
+                md_table(speedup.summary(speedup.class_order(g), ["class", "algo"])), ""]
+    return out
+
+
+def markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = (),
+             baseline: str | None = None) -> str:
+    """report.md: the header, for many problems the speed-up over a baseline, which wins each
+    layer, time tables per pass and layout, op counts, workspace, accuracy, the phase
+    breakdown, what was not measured and why, noisy measurements, and the plots (`plots`: file
+    names, or the note saying why there are none)."""
     out = _header(df, env)
+    out += speedup_section(df, env, baseline)
     host_bound = host_bound_table(df)
     busy = busy_table(df)
     host_note = (f", `{HOST_BOUND}` a time the host may have set (see Host-bound measurements)"
                  if len(host_bound) else "")
     busy_note = (f", `{BUSY}` a time measured on a busy machine (see Busy machine)"
                  if len(busy) else "")
+    fp32_peak = (env.get("gpu") or {}).get("fp32_peak_tflops") if env else None
     for precision, rows in df.groupby("precision", sort=False):
-        winners = winner_table(rows)
+        peak = fp32_peak * 1e3 if fp32_peak and precision == "fp32" else None
+        winners = winner_table(rows, peak)
         if winners.empty:
             continue
         out += [f"## Which wins ({precision})", "",
                 ("Per layer and pass, across every algorithm and layout: the fastest, its median "
-                 "ms with the 95% interval of the median (order statistics), its GFLOP/s, the "
+                 "ms with the 95% interval of the median (order statistics), its GFLOP/s "
+                 "(direct-convolution flops over the median"
+                 + (f"; in brackets the share of the device's FP32 peak, {peak:.4g} GFLOP/s"
+                    if peak else "; the device's peak is not known here") + "), the "
                  "runner-up and the ratio of their medians with its 95% interval (bootstrap, "
-                 "paired by round: they were timed side by side). The fastest wins only where "
-                 "that interval excludes 1; otherwise it is a tie within noise with the times "
-                 "named (`convbench advise` then chooses by a tie-break)."
+                 "paired by round: they were timed side by side), and the algorithms that did "
+                 "not run, by status (their reasons are under Not measured). The fastest wins "
+                 "only where that interval excludes 1; otherwise it is a tie within noise with "
+                 "the times named. `convbench advise RUN` turns this into a plan: one layout per "
+                 "layer across its passes, the NCHW<->NHWC conversions weighed, ties broken by "
+                 "workspace (or `--tie-break`)."
                  + (" Times measured on a busy machine do not compete." if len(busy) else "")),
                 "", md_table(winners), ""]
     out += ["## Time per layer", "",
@@ -584,25 +658,53 @@ def markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = ()) -> str:
     return "\n".join(out) + "\n"
 
 
-def plot(df: pd.DataFrame, folder: str | Path) -> list[str] | str:
-    """PNG plots in `folder`: per pass, grouped bars of time per layer per algorithm (a panel
-    per layout), the op counts per layer per algorithm, and the phase breakdown where rows have
+#: Most layers drawn as bars per layer; a run of more shows the speed-up curves instead.
+MAX_BAR_LAYERS = 40
+
+
+def speedup_plots(plt, df: pd.DataFrame, env: dict, folder: Path,
+                  baseline: str | None = None) -> list[str]:
+    """speedup_<pass>[_<precision>].png for a run of many problems whose baseline ran."""
+    baseline = baseline_of(df, env, baseline)
+    if not many_problems(df) or baseline not in set(df["algo"]):
+        return []
+    sp = speedup.speedups(df, baseline)
+    single = sp["precision"].nunique() == 1
+    names = []
+    for (pass_, precision), g in sp.groupby(["pass", "precision"], sort=False):
+        name = f"speedup_{pass_}.png" if single else f"speedup_{pass_}_{precision}.png"
+        speedup.draw(plt, g, baseline, f"{g['layer'].nunique()} problems, {pass_}, "
+                     f"{precision}: speed-up over {baseline}, sorted", folder / name)
+        names.append(name)
+    return names
+
+
+def plot(df: pd.DataFrame, folder: str | Path, env: dict | None = None,
+         baseline: str | None = None) -> list[str] | str:
+    """PNG plots in `folder`: for a run of many problems the sorted speed-up curves; per pass,
+    grouped bars of time per layer per algorithm (a panel per layout) and the op counts per
+    layer per algorithm (up to `MAX_BAR_LAYERS` layers), and the phase breakdown where rows have
     phases. Returns the file names, or a note when matplotlib is missing."""
     plt = pyplot()
     if plt is None:
         return NO_MATPLOTLIB
-    folder, names = Path(folder), []
+    folder = Path(folder)
+    names = speedup_plots(plt, df, env or {}, folder, baseline)
+    if df["layer"].nunique() > MAX_BAR_LAYERS:
+        return names
     single = df["precision"].nunique() == 1
     for (precision, pass_), rows in df.groupby(["precision", "pass"], sort=False):
         name = f"time_{pass_}.png" if single else f"time_{pass_}_{precision}.png"
         layouts = _order(rows["layout"])
+        # one y range for every layout's panel: bars of the same height are the same time
         fig, axes = plt.subplots(1, len(layouts), figsize=(5 * len(layouts) + 1.5, 4),
-                                 squeeze=False, layout="constrained")
+                                 squeeze=False, layout="constrained", sharey=True)
         for ax, layout in zip(axes[0], layouts):
-            sub = rows[(rows["layout"] == layout) & (rows["status"] == "ok")]
-            _bars(ax, sub, "median_ms", _algos(rows), _layers(df))
+            sub = rows[rows["layout"] == layout]
+            _bars(ax, sub[sub["status"] == "ok"], "median_ms", _algos(rows), _layers(df),
+                  missing=sub[sub["status"] != "ok"])
             ax.set_title(f"{pass_}, {layout}, {precision}")
-            ax.set_ylabel("median time (ms, log)")
+            ax.set_ylabel("median time (ms, log; bars: 95% interval)")
         save_figure(fig, folder / name)
         names.append(name)
     passes = _order(df["pass"])
@@ -610,9 +712,14 @@ def plot(df: pd.DataFrame, folder: str | Path) -> list[str] | str:
     fig, axes = plt.subplots(1, len(passes), figsize=(5 * len(passes) + 1.5, 4), squeeze=False,
                              layout="constrained")
     for ax, pass_ in zip(axes[0], passes):
-        sub = df[df["pass"] == pass_].drop_duplicates(["layer", "algo"])
+        # a count is drawn where the algorithm can run the layer: not where it is unsupported
+        sub = df[(df["pass"] == pass_) & (df["status"] != "unsupported")]
+        sub = sub.drop_duplicates(["layer", "algo"])
+        cannot = df[(df["pass"] == pass_) & (df["status"] == "unsupported")]
+        cannot = cannot[~cannot.set_index(["layer", "algo"]).index.isin(
+            sub.set_index(["layer", "algo"]).index)]
         _bars(ax, sub.assign(gflop=sub["algo_ops"] / 1e9), "gflop", counted, _layers(df),
-              log=False)
+              log=False, missing=cannot)
         ax.set_title(f"theoretical operations, {pass_}")
         ax.set_ylabel("GFLOP")
     save_figure(fig, folder / "opcount.png")
@@ -655,15 +762,41 @@ def _phase_plot(plt, df: pd.DataFrame, folder: Path) -> list[str]:
     return ["phases.png"]
 
 
+#: The mark a plot puts where a case did not run, by status.
+NOT_RUN_MARKS = {"unsupported": "u", "failed": "f", "oom": "m"}
+
+
 def _bars(ax, rows: pd.DataFrame, value: str, algos: list[str], layers: list[str],
-          log: bool = True) -> None:
-    """Grouped bars: one group per layer, one bar per algorithm (absent where no value)."""
+          log: bool = True, missing: pd.DataFrame | None = None) -> None:
+    """Grouped bars: one group per layer, one bar per algorithm, with the 95% interval of the
+    median as an error bar where `value` is the median and rows have one; where a case did not
+    run (`missing`), a letter at the foot of its place (u unsupported, f failed, m out of
+    memory), explained in the axes' corner."""
     width = 0.8 / max(1, len(algos))
-    values = rows.set_index(["layer", "algo"])[value]
+    indexed = rows.set_index(["layer", "algo"])
+    values = indexed[value]
+    status = ({} if missing is None or missing.empty else
+              missing.drop_duplicates(["layer", "algo"]).set_index(["layer", "algo"])["status"])
     for i, algo in enumerate(algos):
+        x = [j + (i - (len(algos) - 1) / 2) * width for j in range(len(layers))]
         heights = [values.get((layer, algo), math.nan) for layer in layers]
-        ax.bar([j + (i - (len(algos) - 1) / 2) * width for j in range(len(layers))], heights,
-               width, label=algo)
+        yerr = None
+        if value == "median_ms" and {"ci_low_ms", "ci_high_ms"} <= set(indexed.columns):
+            low = [indexed["ci_low_ms"].get((la, algo), math.nan) for la in layers]
+            high = [indexed["ci_high_ms"].get((la, algo), math.nan) for la in layers]
+            yerr = [[h - lo if pd.notna(lo) else 0 for h, lo in zip(heights, low)],
+                    [hi - h if pd.notna(hi) else 0 for h, hi in zip(heights, high)]]
+        ax.bar(x, heights, width, label=algo, color=f"C{i}", yerr=yerr,
+               error_kw={"elinewidth": 0.8, "capsize": 1.5})
+        for xi, layer in zip(x, layers):
+            mark = NOT_RUN_MARKS.get(status.get((layer, algo), ""))
+            if mark:
+                ax.annotate(mark, (xi, 0.01), xycoords=("data", "axes fraction"),
+                            ha="center", va="bottom", fontsize="x-small", color=f"C{i}")
+    if len(status):
+        ax.annotate("letters: did not run (u unsupported, f failed, m out of memory)",
+                    (0.99, 0.99), xycoords="axes fraction", ha="right", va="top",
+                    fontsize="x-small")
     ax.set_xticks(range(len(layers)), layers)
     if log and values.notna().any():
         ax.set_yscale("log")

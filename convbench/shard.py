@@ -91,25 +91,57 @@ class Shard:
         return RunFolder(path, env, measured, CsvSink(results.partial_csv(path, self.rank)))
 
 
+def _env_int(name: str, default: int) -> int:
+    text = os.environ.get(name, str(default))
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r} is not an integer (torchrun sets it)") from None
+
+
+def _gpu_count() -> int:
+    import cupy
+
+    return cupy.cuda.runtime.getDeviceCount()
+
+
 def from_env(backend: str) -> Shard | None:
     """This rank's Shard when torchrun started several ranks (its environment says so), with
     the process group joined (gloo) and, on `cuda`, the GPU of its local rank selected; else
-    None: an unsharded run, no process group."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    None: an unsharded run, no process group. ValueError, in one line, for an environment that
+    cannot be: a rank variable that is not an integer, a local rank without a GPU of its own."""
+    world = _env_int("WORLD_SIZE", 1)
     if world <= 1:
         return None
+    local = _env_int("LOCAL_RANK", 0)
+    if backend == "cuda":
+        gpus = _gpu_count()
+        if not 0 <= local < gpus:
+            raise ValueError(f"LOCAL_RANK={local}, but this node has {gpus} GPU(s): start at "
+                             "most one rank per GPU (torchrun --nproc-per-node)")
+    elif local < 0:
+        raise ValueError(f"LOCAL_RANK={local} is negative")
     import torch.distributed as dist
 
     if backend == "cuda":
         import cupy
         import torch
 
-        local = int(os.environ.get("LOCAL_RANK", "0"))
         cupy.cuda.Device(local).use()
         torch.cuda.set_device(local)
     if not dist.is_initialized():
         dist.init_process_group("gloo", timeout=TIMEOUT)
     return Shard(dist.get_rank(), world)
+
+
+def host_threads(shard: Shard | None, cores: int) -> int | None:
+    """Host threads per rank: the ranks on one node (LOCAL_WORLD_SIZE) share its `cores`, so
+    each rank's float64 references and CPU algorithms use its share, not every core each; None
+    for an unsharded run (the thread policy's own default)."""
+    if shard is None:
+        return None
+    local = _env_int("LOCAL_WORLD_SIZE", shard.world)
+    return max(1, cores // max(1, local))
 
 
 class Run(runs.Run):

@@ -39,7 +39,7 @@ from .plan import (
     env_key,
     stale_fields,
 )
-from .problem import LAYOUTS, PRECISION_OF_DTYPE, ConvProblem, check_choice
+from .problem import LAYOUTS, PASSES, PRECISION_OF_DTYPE, ConvProblem, check_choice
 from .reference import DTYPES, array_module
 from .results import entry_from_row, frame, load_run, problem_from_row, row_from_entry
 
@@ -127,6 +127,10 @@ def tune_advice(model, example_input, *, algos: str = "all",
     algo_list = registry.expand_algos(algos, backend)
     store = store if isinstance(store, PlanStore) else PlanStore(store)
     sites, unplanned = find_convs(model, example_input)
+    if not sites and not unplanned:
+        raise ValueError(f"{type(model).__name__} has no nn.Conv2d layer that an input of "
+                         f"shape {','.join(map(str, example_input.shape))} reaches: nothing to "
+                         "tune")
     env = current_env_key(backend)
     stored = store.lookup(env, backend, precision)
     for path, changed in stored.stale:
@@ -147,6 +151,11 @@ def tune_advice(model, example_input, *, algos: str = "all",
                       for layout in layouts for algo in algo_list if (algo, layout) not in have]
     log(f"{sum(map(len, entries.values()))} measurements from the plan store {store.folder}, "
         f"{len(cases)} to make")
+    unneeded = [f"{site.name} {p}" for site in sites for p in PASSES if p not in site.passes]
+    if unneeded:
+        log(f"{len(unneeded)} {'pass' if len(unneeded) == 1 else 'passes'} not measured, "
+            "training does not run them (an input or weight that needs no gradient): "
+            f"{', '.join(unneeded)}")
     budget = budget_s or devices.of_backend(backend).budget_s
 
     made: list[dict] = []
@@ -154,7 +163,7 @@ def tune_advice(model, example_input, *, algos: str = "all",
     def measured(row: dict) -> None:
         entries[problem_from_row(row), row["pass"]].append(entry_from_row(row))
         made.append(row)
-        if len(made) % 20 == 0:
+        if len(made) % 20 == 0 and len(made) < len(cases):
             log(f"measured {len(made)} of {len(cases)}")
 
     def advice_now() -> Advice:
@@ -165,6 +174,10 @@ def tune_advice(model, example_input, *, algos: str = "all",
 
     try:
         runner.run(cases, budget, on_row=measured)
+        if made:
+            status = Counter(r["status"] for r in made)
+            log(f"measured {len(made)} of {len(cases)}: "
+                + ", ".join(f"{n} {s}" for s, n in status.items()))
     except KeyboardInterrupt:
         # Keep what was measured: a plan of it (each layer in its own best layout, no
         # conversions measured) in the store, whose measurements the next tune reuses.

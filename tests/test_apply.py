@@ -158,7 +158,8 @@ def test_a_plan_for_other_per_axis_geometry_is_skipped():
                      [{"fwd": "gemm"}] * 3)
     model = InceptionBlock().double()
     model.wide = nn.Conv2d(3, 4, (1, 7), padding=(3, 0)).double()
-    summary = apply.apply(model, plan)
+    with pytest.warns(UserWarning, match="1 of the plan's 3 layers do not fit it"):
+        summary = apply.apply(model, plan)
     assert (summary.changes[0].layer, summary.changes[0].action) == ("wide", "skipped")
     assert "geometry differ" in summary.changes[0].reason
 
@@ -176,14 +177,24 @@ def test_the_readme_recipe_on_the_cpu(store):
 def test_apply_skips_what_does_not_fit_and_refuses_another_device():
     x = torch.randn(2, 3, 10, 10, dtype=torch.float64)
     plan = hand_plan(SmallCNN().double(), x, ["nchw"] * 3, [{"fwd": "gemm"}] * 3)
+    fits = plan.layers[2]  # body.4
     plan.layers[1] = LayerPlan("nosuch", plan.layers[1].problem, "nchw", plan.layers[1].passes)
     plan.layers[2] = LayerPlan("stem", P2, "nchw", plan.layers[2].passes)
     plan.layers[0] = LayerPlan("body.0", plan.layers[0].problem, "nchw", plan.layers[0].passes)
-    summary = apply.apply(SmallCNN().double(), plan)
+    plan.layers.append(fits)
+    with pytest.warns(UserWarning, match="the plan was not tuned for this model: 3 of the "
+                      "plan's 4 layers do not fit it and are skipped .body.0: is a BatchNorm2d"
+                      ".*; 1 of its conv layers are not in the plan and run torch's default "
+                      ".body.2."):
+        summary = apply.apply(SmallCNN().double(), plan)
     assert [(c.layer, c.reason) for c in summary.changes[:3]] == [
         ("body.0", "is a BatchNorm2d, not an nn.Conv2d"),
         ("nosuch", "the model has no such module"),
         ("stem", "its channels, filter or geometry differ from the plan's")]
+    plan.layers.pop()
+    with pytest.raises(PlanError, match="the plan fits none of the model's conv layers "
+                       ".body.0: is a BatchNorm2d, not an nn.Conv2d.: it was tuned for another"):
+        apply.apply(SmallCNN().double(), plan)
     plan.backend = "cuda"
     with pytest.raises(PlanError, match="for backend cuda \\(cuda\\); the model is on cpu"):
         apply.apply(SmallCNN(), plan)

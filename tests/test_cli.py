@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from convbench import cli, registry, results, runner
+from convbench.cli import common
 from convbench.problem import PASSES
 
 TINY = "n=1,c=2,h=6,w=6,k=3,r=3,s=3,pad=1"
@@ -175,12 +176,15 @@ def test_a_gpu_fault_is_one_line_naming_the_case_and_how_to_go_on(tmp_path, caps
     assert len(results.read_rows(folder / "measurements.csv")) == 3
 
 
-def test_list_shows_nets_layers_and_support(capsys):
+def test_list_shows_the_catalogs_and_support(capsys):
     code, out, _ = run_cli(capsys, "list")
     assert code == 0
-    for text in ("## alexnet", "## resnet50", "res5_3x3", "## backend numpy: available",
-                 "torch-cpu", "## backend cuda"):
+    for text in ("## catalogs", "| resnet50 ", "| convset ", ("## backend numpy on alexnet: "
+                 "available"), "torch-cpu", "## backend cuda on alexnet"):
         assert text in out
+    assert len(out.splitlines()) < 100
+    code, out, _ = run_cli(capsys, "list", "--net", "resnet50")
+    assert code == 0 and "## resnet50" in out and "res5_3x3" in out
 
 
 def test_kernels_hands_its_arguments_to_the_gate(monkeypatch):
@@ -267,6 +271,9 @@ def test_every_numeric_option_refuses_what_is_no_count_size_or_time(text):
     options = list(_numeric_options())
     assert len(options) >= 15  # --budget, --batch, --memory-limit, ... of every command
     for command, option, kind in options:
+        if kind is common.seed and text == "0":
+            assert kind(text) == 0  # a seed may be 0; everything else here is refused
+            continue
         with pytest.raises(argparse.ArgumentTypeError):
             kind(text)
             pytest.fail(f"{command} {option} took {text!r}")

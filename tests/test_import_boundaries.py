@@ -33,13 +33,14 @@ PACKAGE = Path(convbench.__file__).parent
 #: The layers of DESIGN.md §1, bottom up. A module imports only from its own layer or below.
 LAYERS = {
     "core": ["convbench", "problem", "layers", "deepbench", "problemfile", "transforms",
-             "measurement", "phases", "threads", "stats", "fmt"],
-    "implementations": ["registry", "algos", "algos.*", "kernels", "emu", "emu.*", "reference",
-                        "verify", "functional", "testing"],
+             "measurement", "phases", "threads", "stats", "fmt", "convset", "selection", "launch",
+             "tools", "tools.*"],
+    "implementations": ["registry", "padding", "algos", "algos.*", "kernels", "emu", "emu.*",
+                        "reference", "verify", "functional", "testing"],
     "harness": ["timing", "runner", "results", "opcount", "memory", "envinfo", "devices",
                 "batchsweep", "contention", "nvml"],
     "analysis": ["report", "sweepreport", "advice", "layoutplan", "plan", "summary", "ranking",
-                 "compare"],
+                 "compare", "speedup"],
     "runs": ["runs", "shard", "gpucheck"],
     "torch integration": ["models", "tune", "apply", "nn", "advisor"],
     "studies": ["studies", "studies.*"],

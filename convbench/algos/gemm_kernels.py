@@ -325,6 +325,8 @@ def _sgemm_geometry(problem: ConvProblem, pass_: str, layout: str) -> SgemmGeome
 class GemmKernels(kernels.KernelImplementation):
     """`gemm` through kernels/im2col.cu and kernels/gemm.cu."""
 
+    asymmetric_pad = True  # im2col takes the padding before and the output size
+
     def check_launch(self, problem: ConvProblem, pass_: str, layout: str) -> None:
         _sgemm_geometry(problem, pass_, layout)
 

@@ -24,6 +24,7 @@ writes its report), then exits 130; `--resume` finishes the folder.
 
 from __future__ import annotations
 
+from .. import __version__
 from ..threads import sleep_idle_threads
 
 sleep_idle_threads()  # before NumPy or torch loads: see convbench.threads
@@ -56,6 +57,7 @@ _COMMANDS = (measure, report, memprofile, memplan, scale, listing, kernels, advi
 def build_parser() -> Parser:
     parser = Parser(prog="convbench", description="Which convolution algorithm and layout is "
                     "fastest for this layer on this device.")
+    parser.add_argument("--version", action="version", version=f"convbench {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for module in _COMMANDS:
         module.add_parsers(sub)
@@ -70,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         args.argv = argv
         args.build_parser = build_parser  # `--resume` reads a run's own options with it
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a reader that left is met here, not in Python's flush at exit
+        return code
     except UsageError as exc:
         print(f"convbench: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return EXIT_USAGE

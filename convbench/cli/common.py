@@ -64,6 +64,17 @@ def positive(kind):
     return parse
 
 
+def seed(text: str) -> int:
+    """A random seed: a whole number from 0 to 2**32 - 1 (what NumPy's generators take)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= v < 2 ** 32:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a seed from 0 to {2 ** 32 - 1}")
+    return v
+
+
 def counts(what: str):
     """An argparse type: a comma list of distinct positive counts of `what` (batch sizes, world
     sizes), smallest first, each at most `FIELD_MAX`."""

@@ -1,64 +1,163 @@
-"""`convbench list`: the nets and their layers, and per backend what each algorithm supports
-on them, with the reasons for what it does not."""
+"""`convbench list`: the catalogs, in one table; with `--net`, a catalog's problems; per backend,
+what each algorithm supports on them, with the reasons for what it does not.
+
+A catalog of more than `MANY` problems (`convset`) is shown by class: its most frequent
+problems (`--all`: every one), and per algorithm how many problems of each class it runs.
+"""
 
 from __future__ import annotations
 
+import re
+
 from tabulate import tabulate
 
-from .. import layers, registry, report
+from .. import convset, layers, registry, report, selection
 from ..problem import LAYOUTS, PASSES, PRECISIONS
+
+#: A catalog with more problems than this is listed by class, not problem by problem.
+MANY = 40
+#: How many of a large catalog's problems `list --net` shows (the most frequent).
+SHOWN = 15
+CASES = len(PASSES) * len(LAYOUTS)
+
+
+def _batch(found: list[layers.Layer], net: str) -> str:
+    batches = sorted({la.problem.n for la in found})
+    own = " (each problem's own)" if net in layers.OWN_BATCH else ""
+    return (", ".join(map(str, batches)) if len(batches) <= 3
+            else f"{batches[0]}-{batches[-1]}") + own
+
+
+def _classes(found: list[layers.Layer]) -> str:
+    return ", ".join(f"{c} {n}" for c, n in selection.class_counts(found).items() if n)
+
+
+def catalogs_table() -> str:
+    rows = []
+    for net in layers.NETS:
+        found = layers.net_layers(net)
+        note = ""
+        if net == convset.NAME:
+            left = sum(convset.load().skipped_counts().values())
+            note = f"{left} more left out (padding before and after differ)"
+        rows.append((net, len(found), sum(la.count for la in found), _batch(found, net),
+                     _classes(found), note))
+    return tabulate(rows, headers=["net", "problems", "conv layers", "batch", "classes",
+                                   "note"], tablefmt="github")
+
+
+def problems_table(net: str, found: list[layers.Layer], every: bool) -> str:
+    shown = found
+    if len(found) > MANY and not every:
+        shown = sorted(found, key=lambda la: -la.count)[:SHOWN]
+    rows = [(la.name, la.problem.spec(), selection.classify(la.problem), la.count,
+             f"{la.problem.flops / 1e9:.4g}") for la in shown]
+    text = tabulate(rows, headers=["layer", "problem", "class", "count", "GFLOP"],
+                    tablefmt="github")
+    if len(shown) < len(found):
+        text += (f"\n\nThe {len(shown)} most frequent of {len(found)} problems ({_classes(found)}"
+                 f"); every one: `convbench list --net {net} --all`.")
+    return text
+
+
+def _support(impl, found: list[layers.Layer], precision: str) -> tuple[list[str], dict]:
+    """Per column (a layer, or for a large catalog a class): the cell; and reason -> cases."""
+    cells, reasons = [], {}
+    by_class = len(found) > MANY
+    groups = ({c: [la for la in found if selection.classify(la.problem) == c]
+               for c in selection.CLASSES} if by_class else {la.name: [la] for la in found})
+    for group in groups.values():
+        ok_cases, runs = [], 0
+        for layer in group:
+            ok = []
+            for pass_ in PASSES:
+                for layout in LAYOUTS:
+                    why = registry.supports(impl, layer.problem, pass_, layout, precision)
+                    if why is None:
+                        ok.append(f"{pass_}/{layout}")
+                    else:
+                        reasons.setdefault(why, []).append((layer.name, pass_, layout))
+            runs += len(ok) == CASES
+            ok_cases = ok
+        if not group:
+            cells.append("")
+        elif by_class:
+            cells.append("yes" if runs == len(group) else f"{runs} of {len(group)}")
+        else:
+            cells.append("yes" if runs else ", ".join(ok_cases) or "no")
+    return cells, reasons
+
+
+def _alike(algo: str, reasons: dict) -> list[str]:
+    """For a large catalog: one line per kind of reason (reasons that differ only in their
+    numbers, such as `groups 2` and `groups 4`), with one example and the problems it covers."""
+    kinds: dict[str, list] = {}
+    for why, cases in reasons.items():
+        kinds.setdefault(re.sub(r"\d[\d,]*", "#", why), []).append((why, cases))
+    out = []
+    for group in kinds.values():
+        problems = len({c[0] for _, cases in group for c in cases})
+        more = f"; {len(group) - 1} more alike with other numbers" if len(group) > 1 else ""
+        out.append(f"- {algo}: {group[0][0]} ({problems} problems{more})")
+    return out
+
+
+def support_tables(net: str, found: list[layers.Layer], precision: str,
+                   backends: tuple[str, ...] = registry.BACKENDS) -> list[str]:
+    out = []
+    by_class = len(found) > MANY
+    columns = list(selection.CLASSES) if by_class else [la.name for la in found]
+    for backend in backends:
+        reason = registry.available(backend)
+        impls = registry.implementations(backend)
+        head = f"## backend {backend} on {net}: {'available' if reason is None else reason}"
+        if not impls:
+            out += [head, "", "no implementations", ""]
+            continue
+        table, notes = [], []
+        for impl in impls:
+            cells, reasons = _support(impl, found, precision)
+            own = registry.impl_available(impl)
+            table.append([impl.algo, "/".join(impl.precisions),
+                          *([] if reason else [own or "yes"]), *cells])
+            if by_class:
+                notes += _alike(impl.algo, reasons)
+            else:
+                notes += [f"- {impl.algo}: {why} ({report.where(cases, CASES)})"
+                          for why, cases in reasons.items()]
+        headers = ["algo", "precisions", *([] if reason else ["runs here"]), *columns]
+        out += [head, "", ("Problems of each class it runs in every pass and layout:"
+                           if by_class else "Passes and layouts it runs per layer:"), "",
+                tabulate(table, headers=headers, tablefmt="github"), "", *notes, ""]
+    return out
 
 
 def cmd_list(args) -> int:
-    """Nets and their layers; per backend, each algorithm, its precisions and what it supports
-    on the layers of `--net`, with the reasons for what it does not."""
-    nets = [args.net] if args.net else list(layers.NETS)
-    for net in nets:
+    """The catalogs; `--net`'s problems; per backend what each algorithm supports on them."""
+    print("## catalogs\n")
+    print(catalogs_table())
+    print("\n`--net NET` for a catalog's problems and what each algorithm runs of them; "
+          "`bench --net NET --class CLASS --sample N` measures a part of one.\n")
+    net = args.net or "alexnet"
+    found = layers.net_layers(net)
+    if args.net:
         print(f"## {net}\n")
-        rows = [(layer.name, layer.problem.spec(), f"{layer.problem.flops / 1e9:.4g}")
-                for layer in layers.net_layers(net)]
-        print(tabulate(rows, headers=["layer", "problem", "GFLOP"], tablefmt="github"))
+        print(problems_table(net, found, args.all))
         print()
-    net_layers = layers.net_layers(args.net or "alexnet")
-    for backend in registry.BACKENDS:
-        reason = registry.available(backend)
-        print(f"## backend {backend}: {'available' if reason is None else reason}\n")
-        impls = registry.implementations(backend)
-        if not impls:
-            print("no implementations\n")
-            continue
-        table, reasons = [], {}
-        for impl in impls:
-            cells = []
-            for layer in net_layers:
-                ok, why_not = [], {}
-                for pass_ in PASSES:
-                    for layout in LAYOUTS:
-                        why = registry.supports(impl, layer.problem, pass_, layout,
-                                                args.precision)
-                        if why is None:
-                            ok.append(f"{pass_}/{layout}")
-                        else:
-                            why_not.setdefault(why, []).append(f"{pass_} {layout}")
-                cells.append("yes" if not why_not else ", ".join(ok) or "no")
-                for why, cases in why_not.items():
-                    reasons.setdefault((impl.algo, why), []).extend(
-                        (layer.name, *case.split()) for case in cases)
-            avail = registry.impl_available(impl)
-            table.append([impl.algo, "/".join(impl.precisions), avail or "yes", *cells])
-        print(tabulate(table, headers=["algo", "precisions", "runs here",
-                                       *[layer.name for layer in net_layers]],
-                       tablefmt="github"))
-        print()
-        for (algo, why), cases in reasons.items():
-            print(f"- {algo}: {why} ({report.where(cases, len(PASSES) * len(LAYOUTS))})")
-        print()
+    # the emulator runs small problems only: its table is worth reading for a chosen catalog
+    backends = registry.BACKENDS if args.net else ("numpy", "cuda")
+    print("\n".join(support_tables(net, found, args.precision, backends)).rstrip())
+    if not args.net:
+        print("\n(backend emu, the CUDA sources run on the CPU for small problems: "
+              "`convbench list --net NET`)")
     return 0
 
 
 def add_parsers(sub) -> None:
-    p = sub.add_parser("list", help="nets, layers, and what each algo supports")
-    p.add_argument("--net", choices=layers.NETS, help="only this net (support shown on it; "
-                   "default: every net listed, support on alexnet)")
+    p = sub.add_parser("list", help="catalogs, their problems, and what each algo supports")
+    p.add_argument("--net", choices=layers.NETS, help="this catalog's problems, and support "
+                   "shown on them (default: the catalogs summarised, support on alexnet)")
+    p.add_argument("--all", action="store_true",
+                   help=f"with --net: every problem, also of a catalog of more than {MANY}")
     p.add_argument("--precision", default="fp32", choices=PRECISIONS)
     p.set_defaults(func=cmd_list)

@@ -35,6 +35,7 @@ from .. import (
 from ..devices import DEVICES
 from ..problem import LAYOUTS, PASSES, PRECISIONS
 from ..results import ENV_JSON, FolderInUse, RunFolder
+from . import catalog
 from .common import (
     FORMATS,
     Progress,
@@ -74,15 +75,12 @@ def _measure(args, specs: list, device: devices.Device, folder: Path | None,
             choices(args.precision, "precision", PRECISIONS))
     budget = args.time_budget or device.budget_s
     target = args.target_noise or timing.TARGET_NOISE
-    sharded = shard.from_env(device.backend)  # torchrun, several ranks: this rank's share
+    with usage_errors():
+        sharded = shard.from_env(device.backend)  # torchrun, several ranks: this rank's share
     if sharded and sharded.rank:  # rank 0 prints the results; the other ranks' stdout is dropped
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process
-    count = args.threads
-    if count is None and sharded:  # the ranks on this machine share its cores
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", sharded.world))
-        count = max(1, threads.available_cores() // local)
-    with usage_errors():
-        threads.use(count)
+    with usage_errors():  # the ranks on this machine share its cores
+        threads.use(args.threads or shard.host_threads(sharded, threads.available_cores()))
     run_folder = None
     if folder is not None:
         env = runs.environment(device, args.net, cases, budget, batch=args.batch, limit=limit,
@@ -224,17 +222,29 @@ def network(args, dev: devices.Device) -> tuple[list, dict | None]:
     if len(given) > 1:
         raise UsageError(f"{' and '.join(given)} are sources of layers: give one")
     if args.model:
+        if args.classes or args.sample is not None:
+            raise UsageError("--class and --sample choose among the problems of --net or "
+                             "--problems, not of --model")
         return _model_layers(args, dev)
     if args.problems:
+        skipped: list[problemfile.Skipped] = []
         with usage_errors():
-            found = problemfile.read(args.problems)
+            found = problemfile.read(args.problems, skipped=skipped)
         args.net = found[0].net
-        return found, {"problems": str(args.problems), "occurrences": _counts(found)}
+        found, chosen = catalog.choose(args, found, args.net)
+        source = {"problems": str(args.problems), "occurrences": _counts(found), **chosen}
+        if skipped:
+            # Lines that read as convolutions convbench cannot hold (3-D ones): said, kept in
+            # env.json with their reasons, and the file's other problems run.
+            print(f"convbench: {args.problems}: {len(skipped)} of its convolutions skipped "
+                  f"(the first: {skipped[0]}); env.json lists them", file=sys.stderr)
+            source["skipped"] = [str(s) for s in skipped]
+        return found, source
     args.net = args.net or layers.NETS[0]
-    catalog = layers.net_layers(args.net)
+    found, chosen = catalog.choose(args, layers.net_layers(args.net), args.net)
     if args.net in layers.OWN_BATCH:  # a list of problems, weighed by how often each occurs
-        return catalog, {"occurrences": _counts(catalog)}
-    return [f"{args.net}:{layer.name}" for layer in catalog], None
+        return found, {"occurrences": _counts(found), **chosen}
+    return [f"{args.net}:{layer.name}" for layer in found], chosen or None
 
 
 def _counts(found: list[layers.Layer]) -> dict[str, int]:
@@ -318,6 +328,7 @@ def _sweep_options(p, layer: bool, batch_list: bool = False) -> None:
                             "(n,c,h,w,k,r,s[,stride,pad,dilation,groups,name,count]) or oneDNN "
                             "benchdnn descriptors, one per line (g1mb8ic96ih27oc256kh5ph2"
                             "n\"conv2\"); each keeps its own batch unless --batch")
+        catalog.add_options(p)
     p.add_argument("--algos", default="all",
                    help="comma list of algos; `winograd` = both tiles, `winograd-fused` both "
                         "fused tiles; `all` (default)")

@@ -17,7 +17,10 @@ def _load(folder: str):
 
 def cmd_report(args) -> int:
     df, env = _load(args.run)
-    emit(df, args.format, runs.write_report(args.run, df, env))
+    if args.baseline and args.baseline not in set(df["algo"]):
+        raise UsageError(f"--baseline {args.baseline} was not measured in {args.run}; "
+                         f"measured: {', '.join(dict.fromkeys(df['algo']))}")
+    emit(df, args.format, runs.write_report(args.run, df, env, args.baseline))
     return 0
 
 
@@ -57,6 +60,9 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("report", help="re-render a run folder")
     p.add_argument("run", metavar="RUN")
     p.add_argument("--format", choices=FORMATS, default="table")
+    p.add_argument("--baseline", metavar="ALGO",
+                   help="for a run of many problems: the algorithm the sorted speed-ups are "
+                        "over (default cudnn-autotune on a GPU run, torch-cpu on a CPU run)")
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("compare", help="ratio of medians per row between two run folders, "
                        "with what differs between their machines")

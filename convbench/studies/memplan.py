@@ -50,7 +50,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import memory, timing
+from .. import launch, memory, timing
 from ..devices import backend_of
 from ..fmt import NO_MATPLOTLIB, fmt_mib, pyplot, save_figure
 from ..measurement import Measurement
@@ -253,7 +253,7 @@ def probe(load: Workload, strategy: str, batch: int, device: str, budget: int,
     """One probe in a process of its own: a fresh allocator, nothing left from the last probe."""
     job = {"net": load.name, "strategy": strategy, "batch": batch, "device": device,
            "budget": budget, "time_s": time_s, "plan_file": plan_file}
-    proc = subprocess.run([sys.executable, "-m", __name__, json.dumps(job)],
+    proc = subprocess.run(launch.module_command(__name__, json.dumps(job)),
                           capture_output=True, text=True, check=False,
                           env=worker_environment(device))
     if proc.returncode:

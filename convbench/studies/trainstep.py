@@ -36,7 +36,7 @@ from pathlib import Path
 import pandas as pd
 from tabulate import tabulate
 
-from .. import registry, timing, tune
+from .. import launch, registry, timing, tune
 from ..devices import backend_of
 from ..fmt import fmt_ms
 from ..measurement import Measurement
@@ -112,7 +112,7 @@ class Worker:
 
 
 def _command(kind: str, job: dict) -> list[str]:
-    return [sys.executable, "-m", __name__, kind, json.dumps(job)]
+    return launch.module_command(__name__, kind, json.dumps(job))
 
 
 def serve(net: str, **job) -> None:

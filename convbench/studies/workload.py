@@ -258,8 +258,7 @@ def _alexnet_shaped(convs: list, fc_free: bool):
             super().__init__()
             for layer in convs:
                 p = layer.problem
-                setattr(self, layer.name, nn.Conv2d(p.c, p.k, (p.r, p.s), (p.stride_h, p.stride_w),
-                                                    (p.pad_h, p.pad_w), (p.dil_h, p.dil_w)))
+                setattr(self, layer.name, nn.Conv2d(p.c, p.k, (p.r, p.s), **p.torch_args()))
             self.names = [layer.name for layer in convs]
             self.pool = nn.MaxPool2d(3, 2)
             last = convs[-1].problem

@@ -1,0 +1,205 @@
+"""A newcomer's first hour (issue 24 §3): what a new user meets first works, or says why not."""
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import convbench
+from convbench import __version__, launch
+from convbench.cli.common import EXIT_PIPE
+
+PACKAGE = os.path.dirname(convbench.__file__)
+ROOT = Path(PACKAGE).parent
+
+#: setuptools' editable finder, in short: a meta path finder after the path's own, so a folder
+#: named `convbench` in the current directory is found first.
+EDITABLE = textwrap.dedent(f"""
+    import importlib.util, sys
+    from importlib.machinery import PathFinder
+    PKG = {PACKAGE!r}
+    class Editable:
+        @classmethod
+        def find_spec(cls, name, path=None, target=None):
+            if name == "convbench":
+                return importlib.util.spec_from_file_location(
+                    name, PKG + "/__init__.py", submodule_search_locations=[PKG])
+            if name.rpartition(".")[0] == "convbench":
+                return PathFinder.find_spec(name, [PKG])
+            return None
+    sys.meta_path.insert(sys.meta_path.index(PathFinder) + 1, Editable)
+""")
+
+
+@pytest.fixture
+def beside_a_clone(tmp_path):
+    """(the folder holding a clone named convbench, the environment of an editable install)."""
+    (tmp_path / "convbench" / "results" / "some-run").mkdir(parents=True)
+    (tmp_path / "convbench" / "README.md").write_text("a clone\n")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(EDITABLE)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return tmp_path, {**env, "PYTHONPATH": str(site)}
+
+
+def _run(argv, cwd, env):
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+def test_python_m_convbench_beside_a_clone_runs_the_package(beside_a_clone):
+    cwd, env = beside_a_clone
+    proc = _run([sys.executable, "-m", "convbench", "--version"], cwd, env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"convbench {__version__}"
+
+
+def test_worker_processes_beside_a_clone_import_the_package(beside_a_clone):
+    cwd, env = beside_a_clone
+    assert _run(launch.module_command("convbench.results"), cwd, env).returncode == 0
+    # the same module, the plain way: the clone's results/ folder shadows it
+    assert _run([sys.executable, "-m", "convbench.results"], cwd, env).returncode != 0
+
+
+def test_every_command_leaves_quietly_when_its_reader_does(tmp_path):
+    """`convbench ... | head`: exit 141 and no traceback, for outputs larger than a pipe holds
+    (a report's JSON rows) and smaller (the end of `list`, flushed before exit)."""
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "results" / "2026-11-21-cpu-2core-alexnet", run)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for argv in (["report", str(run), "--format", "json"], ["list"]):
+        proc = subprocess.run(f"{sys.executable} -m convbench {' '.join(argv)} | head -1; "
+                              "echo ${PIPESTATUS[0]} >&2", shell=True, executable="/bin/bash",
+                              env=env, capture_output=True, text=True, timeout=120,
+                              check=False)
+        assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, argv
+        assert proc.stderr.strip().splitlines()[-1] == str(EXIT_PIPE), argv
+
+
+def test_list_says_a_missing_backend_once(capsys):
+    from test_cli import run_cli
+
+    from convbench import registry
+
+    code, out, _ = run_cli(capsys, "list")
+    assert code == 0
+    reason = registry.available("cuda")
+    if reason is not None:
+        assert out.count(reason) == 1
+    assert "runs here" in out  # the numpy table keeps the column: its algos may differ
+
+
+def test_list_of_a_large_catalog_is_by_class(capsys):
+    from test_cli import run_cli
+
+    code, out, _ = run_cli(capsys, "list", "--net", "convset")
+    assert code == 0
+    assert "The 15 most frequent of 8270 problems" in out
+    assert "| algo         | precisions   | runs here   | pointwise" in out
+    assert len(out.splitlines()) < 250
+
+
+def test_version(capsys):
+    from test_cli import run_cli
+
+    code, out, _ = run_cli(capsys, "--version")
+    assert code == 0 and out.strip() == f"convbench {__version__}"
+
+
+MODELS = textwrap.dedent("""
+    import torch
+    def two():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(),
+                                   torch.nn.Conv2d(4, 4, 1))
+    def noconv():
+        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 6 * 6, 4))
+""")
+
+
+@pytest.fixture
+def tiny_models(tmp_path, monkeypatch):
+    (tmp_path / "newcomer_models.py").write_text(MODELS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def test_tune_says_what_it_measured_and_what_training_does_not_need(tiny_models, capsys):
+    from test_cli import run_cli
+
+    code, out, err = run_cli(capsys, "tune", "--model", "newcomer_models:two", "--input",
+                             "1,3,6,6", "--algos", "gemm,torch-cpu", "--budget", "0.002",
+                             "--store", str(tiny_models / "store"))
+    assert code == 0, err
+    lines = err.splitlines()
+    # the first layer's input needs no gradient: no bwd_data for it
+    assert ("convbench: 1 pass not measured, training does not run them (an input or weight "
+            "that needs no gradient): 0 bwd_data") in lines
+    # 2 layers x 3 passes - 1, x 2 algos x 2 layouts
+    assert any(line.startswith("convbench: measured 20 of 20: ") for line in lines), err
+    assert "cudnn regret" not in out  # a CPU plan: no cuDNN to regret
+
+
+def test_a_model_without_conv_layers_says_so(tiny_models, capsys):
+    from test_cli import run_cli
+
+    for command in (["tune"], ["bench", "--device", "cpu"]):
+        code, _, err = run_cli(capsys, *command, "--model", "newcomer_models:noconv",
+                               "--input", "1,3,6,6", "--store" if command == ["tune"] else
+                               "--out", str(tiny_models / "x"))
+        assert code == 2, err
+        assert "no nn.Conv2d layer" in err or "has no conv layer" in err, err
+        assert len(err.strip().splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def alexnet_run():
+    from convbench import results
+
+    return results.load_run(ROOT / "results" / "2026-11-21-cpu-2core-alexnet")
+
+
+def test_the_report_opens_on_which_wins_by_how_much_and_why_not_the_others(alexnet_run):
+    from convbench import report
+
+    df, env = alexnet_run
+    text = report.markdown(df, env, [])
+    first = text.split("## Time per layer")[0]
+    assert "## Which wins (fp32)" in first and "`convbench advise RUN`" in first
+    assert "the device's peak is not known here" in first
+    table = report.winner_table(df[df["precision"] == "fp32"], peak_gflops=1000.0)
+    row = table.loc[("conv1", "bwd_data")]
+    assert row["fastest"] == "gemm nchw" and row["verdict"] == "wins"
+    assert row["GFLOP/s"] == "75.96 (8% of peak)"
+    assert row["did not run"] == "fft, winograd-2x2, winograd-4x4 unsupported"
+    assert table.loc[("conv3", "fwd"), "did not run"] == ""
+
+
+def test_the_time_plots_share_their_y_range_mark_what_did_not_run_and_show_intervals(
+        alexnet_run, monkeypatch, tmp_path):
+    pytest.importorskip("matplotlib")
+    from convbench import report
+
+    df, env = alexnet_run
+    figures = {}
+
+    def keep(fig, path, legend=True):
+        figures[path.name] = fig
+
+    monkeypatch.setattr(report, "save_figure", keep)
+    report.plot(df, tmp_path, env)
+    nchw, nhwc = figures["time_fwd.png"].axes[:2]
+    assert nchw.get_ylim() == nhwc.get_ylim()
+    marks = [t.get_text() for t in nchw.texts]
+    assert marks.count("u") == 5  # conv1: fft, winograd x2; conv2: winograd x2
+    assert nchw.containers and any(getattr(c, "has_yerr", False) for c in nchw.containers)
+    fwd_ops = figures["opcount.png"].axes[0]
+    fft = next(c for c in fwd_ops.containers if c.get_label() == "fft")
+    assert math.isnan(fft.patches[0].get_height())  # conv1: FFT cannot run it (stride 4)
+    assert fft.patches[1].get_height() > 0

@@ -1,0 +1,84 @@
+"""The sorted speed-up picture of a run of many problems: wins only beyond noise, per class."""
+
+import math
+
+import pandas as pd
+import pytest
+from test_cli import FAST, run_cli
+
+from convbench import report, speedup
+
+
+def _row(layer, algo, times, layout="nchw", status="ok", contended=False, c=8, r=3):
+    t = sorted(times)
+    return {"layer": layer, "pass": "fwd", "precision": "fp32", "algo": algo,
+            "backend": "numpy", "layout": layout, "status": status,
+            "median_ms": t[len(t) // 2] if status == "ok" else math.nan, "iqr_ms": 0.0,
+            "times_ms": " ".join(map(str, times)) if status == "ok" else "",
+            "round_group": "", "workspace_bytes": 0, "peak_bytes": math.nan,
+            "rel_error": 0.0, "contended": contended, "throttled": "",
+            "n": 1, "c": c, "h": 8, "w": 8, "k": 8, "r": r, "s": r, "stride": 1,
+            "pad": r // 2, "dilation": 1, "groups": 1}
+
+
+BASE = [1.0, 1.01, 0.99, 1.02, 0.98, 1.0, 1.01, 0.99]
+
+
+def test_a_win_is_beyond_noise_and_a_tie_is_not_a_win():
+    df = pd.DataFrame([
+        _row("a", "torch-cpu", BASE), _row("a", "gemm", [t / 2 for t in BASE]),  # 2x: win
+        _row("b", "torch-cpu", BASE), _row("b", "gemm", [t * 1.001 for t in BASE]),  # tie
+        _row("c", "torch-cpu", BASE), _row("c", "gemm", [t * 3 for t in BASE]),  # loss
+        # the faster layout counts: nhwc at 4x beats the baseline's nchw
+        _row("d", "torch-cpu", BASE), _row("d", "gemm", [t * 3 for t in BASE]),
+        _row("d", "gemm", [t / 4 for t in BASE], layout="nhwc"),
+        _row("e", "torch-cpu", BASE), _row("e", "gemm", [], status="unsupported"),
+        _row("f", "torch-cpu", BASE, contended=True), _row("f", "gemm", BASE),  # busy
+    ])
+    sp = speedup.speedups(df, "torch-cpu").set_index("layer")
+    assert sp["outcome"].to_dict() == {"a": "win", "b": "tie", "c": "loss", "d": "win",
+                                       "e": "not compared", "f": "not compared"}
+    assert sp.loc["a", "speedup"] == pytest.approx(2.0, rel=0.02)
+    assert sp.loc["a", "low"] <= 2.0 <= sp.loc["a", "high"]
+    assert sp.loc["d", "speedup"] == pytest.approx(4.0, rel=0.02)
+    table = speedup.summary(sp.reset_index(), ["algo"])
+    assert table.loc["gemm"].to_dict() == {
+        "problems": 4, "wins": "50%", "ties": "25%", "losses": "25%",
+        "geomean speed-up": f"{(2 * 1 / 1.001 / 3 * 4) ** 0.25:.3g}×",
+        "median speed-up": f"{(2 + 1 / 1.001) / 2:.3g}×", "not compared": 2}
+
+
+def test_the_classes_of_the_summary():
+    df = pd.DataFrame([_row("a", "torch-cpu", BASE, r=1), _row("a", "gemm", BASE, r=1),
+                       _row("b", "torch-cpu", BASE), _row("b", "gemm", BASE)])
+    table = speedup.summary(speedup.speedups(df, "torch-cpu"), ["class", "algo"])
+    assert list(table.index) == [("pointwise", "gemm"), ("dense", "gemm")]
+
+
+def test_the_default_baseline():
+    assert speedup.default_baseline("cuda") == "cudnn-autotune"
+    assert speedup.default_baseline("numpy") == "torch-cpu"
+
+
+def test_a_sampled_cpu_run_draws_the_sorted_curve(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "run"
+    code, _, err = run_cli(capsys, "bench", "--net", "convset", "--sample", "8", "--class",
+                           "pointwise,dense", "--device", "cpu", "--algos", "gemm,torch-cpu",
+                           "--passes", "fwd", "--layouts", "nchw", *FAST, "--out", str(out),
+                           "--quiet")
+    assert code == 0, err
+    text = (out / report.REPORT_MD).read_text()
+    assert "## Speed-up over torch-cpu" in text and "| gemm " in text
+    assert "![speedup_fwd](speedup_fwd.png)" in text
+    assert (out / "speedup_fwd.png").stat().st_size > 10_000
+    code, stdout, err = run_cli(capsys, "report", str(out), "--baseline", "gemm")
+    assert code == 0, err
+    assert "## Speed-up over gemm" in stdout and "| torch-cpu " in stdout
+    code, _, err = run_cli(capsys, "report", str(out), "--baseline", "fft")
+    assert code == 2 and "--baseline fft was not measured" in err
+
+
+def test_few_problems_draw_no_curve():
+    df = pd.DataFrame([_row("a", "torch-cpu", BASE), _row("a", "gemm", BASE)])
+    assert report.speedup_section(df, {"run": {"backend": "numpy"}}) == []
