@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from convbench import cli, contention, results
@@ -82,6 +83,12 @@ def test_samples_read_the_process_and_the_share_of_ready_time_on_a_core():
 def test_a_measurement_is_contended_below_the_share():
     assert Measurement((1.0,) * 3, cpu_share=(0.5, 0.6, 0.7)).contended
     assert not Measurement((1.0,) * 3, cpu_share=(0.9, 0.95, 1.0)).contended
+    # a load that came and went: most repetitions had their cores, a third did not
+    passing = Measurement((1.0,) * 9, cpu_share=(1.0, 0.5, 1.0, 0.99, 0.5, 1.0, 0.98, 0.5, 1.0))
+    assert np.median(passing.cpu_share) > CONTENDED_SHARE and passing.contended
+    assert passing.share < CONTENDED_SHARE  # the column says why
+    one_dip = Measurement((1.0,) * 9, cpu_share=(1.0, 0.5, *(0.99,) * 7))
+    assert not one_dip.contended  # one repetition in nine is a blip, not a busy machine
     assert not Measurement((1.0,) * 3).contended  # not read: not flagged
 
 
