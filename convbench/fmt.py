@@ -11,28 +11,37 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-from tabulate import tabulate
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def is_missing(x) -> bool:
+    """Whether a cell's value is absent (None, NaN, pandas' NA). pandas is imported here, not
+    above: the layers that only want `first_line` (the registry, the kernels) stay free of it."""
+    import pandas as pd
+
+    return x is None or bool(pd.isna(x))
 
 
 def fmt_ms(ms: float) -> str:
-    return "" if pd.isna(ms) else f"{ms:.0f}" if ms >= 1000 else f"{ms:.4g}"
+    return "" if is_missing(ms) else f"{ms:.0f}" if ms >= 1000 else f"{ms:.4g}"
 
 
 def fmt_mib(nbytes: float | None, places: int | None = None) -> str:
     """Bytes as MiB: four significant digits, or `places` decimals; "" where missing."""
-    if nbytes is None or pd.isna(nbytes):
+    if is_missing(nbytes):
         return ""
     return f"{nbytes / 2**20:.4g}" if places is None else f"{nbytes / 2**20:.{places}f}"
 
 
 def fmt_gflop(x: float) -> str:
-    return "n/a" if pd.isna(x) else f"{x / 1e9:.4g}"
+    return "n/a" if is_missing(x) else f"{x / 1e9:.4g}"
 
 
 def fmt_error(x: float) -> str:
-    return "" if pd.isna(x) else "inf" if math.isinf(x) else f"{x:.2g}"
+    return "" if is_missing(x) else "inf" if math.isinf(x) else f"{x:.2g}"
 
 
 def fmt_ratio(x: float) -> str:
@@ -46,6 +55,8 @@ def first_line(exc: BaseException) -> str:
 
 def md_table(df: pd.DataFrame) -> str:
     """A github-style (markdown pipe) table, index as the first column, values right-aligned."""
+    from tabulate import tabulate
+
     names = [str(n) for n in df.index.names]
     align = ("left",) * len(names) + ("right",) * len(df.columns)
     return tabulate(df.reset_index(), headers=names + [str(c) for c in df.columns],

@@ -59,6 +59,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import emu, registry
+from .fmt import first_line
 from .phases import OPERAND_NAMES
 from .problem import ConvProblem, check_choice
 
@@ -285,7 +286,7 @@ def nvrtc_available() -> str | None:
 
         nvrtc.getVersion()
     except (ImportError, OSError, RuntimeError) as exc:  # no CuPy, no libnvrtc
-        return f"CuPy cannot load NVRTC: {str(exc).splitlines()[0]}"
+        return f"CuPy cannot load NVRTC: {first_line(exc)}"
     return None
 
 

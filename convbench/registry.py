@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from . import padding
+from .fmt import first_line
 from .phases import CONVOLUTION, CROP, EXPLICIT_PAD, Phased
 from .problem import LAYOUTS, PASSES, PRECISIONS, ConvProblem, check_choice, pair_text
 
@@ -318,7 +319,7 @@ def _cuda_available() -> str | None:
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # noqa: BLE001  (no driver, no device: CuPy's own runtime errors)
-        return f"no CUDA GPU: {str(exc).splitlines()[0]}"
+        return f"no CUDA GPU: {first_line(exc)}"
     return None if count > 0 else "no CUDA GPU found"
 
 

@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from . import kernels, memory, opcount, reference, registry, results, timing, verify
+from .fmt import first_line
 from .functional import UnsupportedError
 from .layers import Layer
 from .measurement import Measurement
@@ -266,8 +267,7 @@ def _describe(impl, args: tuple) -> str:
     except Exception as exc:
         if is_sticky_fault(exc):
             raise
-        line = (str(exc).strip().splitlines() or [""])[0]
-        return f"(no description: {type(exc).__name__}: {line})"
+        return f"(no description: {type(exc).__name__}: {first_line(exc)})"
 
 
 def competing(cases: Iterable[Case]) -> Iterator[list[Case]]:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from .. import memory, results
+from ..fmt import first_line
 from ..problem import FIELD_MAX, check_choice
 
 EXIT_FAULT = 1
@@ -41,7 +42,7 @@ def usage_errors(prefix: str = ""):
     try:
         yield
     except ValueError as exc:
-        raise UsageError(prefix + str(exc).splitlines()[0]) from None
+        raise UsageError(prefix + first_line(exc)) from None
 
 
 # --- argument types -------------------------------------------------------------------------
