@@ -44,8 +44,9 @@ def fmt_error(x: float) -> str:
     return "" if is_missing(x) else "inf" if math.isinf(x) else f"{x:.2g}"
 
 
-def fmt_ratio(x: float) -> str:
-    return f"{x:.2g}×"
+def fmt_ratio(x: float, digits: int = 2) -> str:
+    """A ratio to `digits` significant digits: `1.3×`."""
+    return f"{x:.{digits}g}×"
 
 
 def first_line(exc: BaseException) -> str:
