@@ -1,5 +1,6 @@
-"""Results table -> what people read: markdown tables, CSV, JSON and plots (`compare` sets
-two runs side by side).
+"""Results table -> what people read: markdown tables and plots (the CSV and JSON forms are
+`results`'s; two runs side by side are `compare`'s; a run of many problems adds `speedup`'s
+sorted speed-ups over a baseline).
 
 The tables are the study's view of the data: for each pass and layout, rows are algorithms and
 columns are layers, the fastest in each column marked with `*` where it wins beyond noise (as
