@@ -1,5 +1,5 @@
 """`convbench memplan`: the largest batch each memory strategy trains under a budget, and its
-images/s (`convbench.memplan`)."""
+images/s (`convbench.studies.memplan`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`convbench memprofile`: one training step's memory by layer, and the largest batch that fits
-a budget (`convbench.memprofile`)."""
+a budget (`convbench.studies.memprofile`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`convbench scale`: the training step under DistributedDataParallel per world size, batch and
-communication hook (`convbench.scale`).
+communication hook (`convbench.studies.scale`).
 
     convbench scale --device cpu --world-sizes 1,2
     convbench scale --device cuda --world-sizes 1,2,4 --batch 128,256,512

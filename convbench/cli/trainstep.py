@@ -1,4 +1,4 @@
-"""`convbench train-step`: a whole training step timed three ways (`convbench.trainstep`)."""
+"""`convbench train-step`: a whole training step timed three ways (`convbench.studies.trainstep`)."""
 
 from __future__ import annotations
 
