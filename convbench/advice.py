@@ -23,11 +23,11 @@ import pandas as pd
 from tabulate import tabulate
 
 from . import layoutplan, stats
+from .fmt import fmt_ms
 from .memory import format_size
 from .plan import TORCH_ALGOS, Constraints, LayerPlan, NetworkTotals, Plan, Unplanned
 from .problem import LAYOUTS, PASSES, ConvProblem
 from .ranking import Candidate, busy_mask, preferred, tied
-from .report import fmt_ms
 from .results import PROBLEM_FIELDS, problem_from_row
 
 #: Algorithms whose results may differ bitwise from run to run. cuDNN's own choice (benchmark
@@ -36,7 +36,10 @@ from .results import PROBLEM_FIELDS, problem_from_row
 #: not measured that way. Every other algorithm is taken as deterministic: the NumPy ones and
 #: torch's CPU convolution reduce in a fixed order for a fixed thread count, and convbench's
 #: CUDA kernels use no floating-point atomics (a kernel that adds them must be listed here).
-NONDETERMINISTIC_ALGOS = ("cudnn", "cudnn-autotune")
+NONDETERMINISTIC_ALGOS = ("cudnn", "cudnn-autotune",
+                          # cuDNN's find reports these nondeterministic (the backward passes'
+                          # BWD_DATA_ALGO_0, BWD_FILTER_ALGO_0 and _3 accumulate with atomics)
+                          "cudnn-find-algo-0", "cudnn-find-algo-3")
 NO_CONSTRAINTS = Constraints()
 
 

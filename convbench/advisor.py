@@ -36,9 +36,10 @@ from .advice import (
     plan_total_ms,
 )
 from .apply import Change, Summary, apply
+from .models import Site, find_convs
 from .plan import Constraints, Plan, PlanError, PlanStore, current_env_key
 from .threads import CPU_THREAD_ENV
-from .tune import Site, advise_run, find_convs, measure_conversions, tune
+from .tune import advise_run, measure_conversions, tune
 
 __all__ = [
     "CPU_THREAD_ENV", "NONDETERMINISTIC_ALGOS", "NO_CONSTRAINTS", "Advice", "Boundary",

@@ -15,7 +15,10 @@ Beside the rows, the runs' answers: per layer, pass and layout, whether the two 
 winner (`winners`: agree, one of them a tie within noise, or they disagree), and for every
 competitor's time relative to the fastest of its column in A, whether B's ratio falls in A's
 interval (`ratio_consistency`): two runs of one machine should agree on both, and where they do
-not, noise or a busy machine made the difference.
+not, noise or a busy machine made the difference. A time taken on a busy machine (contended,
+throttled) is marked in its row (`busy`), counted under the table, and leaves its column
+without a winner in that run (`busy in B`): a competitor's time that may be wrong does not let
+the others win.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import pandas as pd
 from tabulate import tabulate
 
 from . import ranking, stats
-from .report import fmt_ms
+from .fmt import fmt_ms
 from .results import KEY, PROBLEM_FIELDS
 
 #: What a row is compared by: its key less the problem fields that its layer name implies
@@ -108,10 +111,13 @@ def _times(text) -> list[float]:
 def compare(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     """Per row key: B's median over A's with its 95% interval, and the change: `faster` or
     `slower` where the interval excludes 1, empty for a tie within noise (or too few
-    repetitions to tell), a change of status, or a row only one run has."""
+    repetitions to tell), a change of status, or a row only one run has. `busy` names the runs
+    (`A`, `B`, `A+B`) whose time of the row was taken on a busy machine (contended, throttled):
+    its change may be the load rather than the code."""
     cols = [*KEY, "status", "median_ms", "times_ms"]
-    both = a[cols].merge(b[cols], on=list(KEY), how="outer", suffixes=("_a", "_b"),
-                         indicator=True)
+    a, b = (df.assign(_busy=ranking.busy_mask(df)) for df in (a, b))
+    both = a[[*cols, "_busy"]].merge(b[[*cols, "_busy"]], on=list(KEY), how="outer",
+                                     suffixes=("_a", "_b"), indicator=True)
     change, low, high = [], [], []
     for r in both.to_dict("records"):
         lo = hi = None
@@ -132,8 +138,10 @@ def compare(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     both["ratio"] = both["median_ms_b"] / both["median_ms_a"]
     both["ratio_low"], both["ratio_high"] = low, high
     both["change"] = change
+    both["busy"] = ["+".join(side for side, flag in (("A", fa), ("B", fb)) if flag is True)
+                    for fa, fb in zip(both["_busy_a"], both["_busy_b"])]
     return both[[*SHOWN_KEY, "median_ms_a", "median_ms_b", "ratio", "ratio_low", "ratio_high",
-                 "change"]]
+                 "change", "busy"]]
 
 
 def regressions(cmp: pd.DataFrame, share: float) -> pd.DataFrame:
@@ -164,6 +172,12 @@ def compare_table(cmp: pd.DataFrame) -> str:
                  f"beyond noise: {counts.get('faster', 0)} faster, {counts.get('slower', 0)} "
                  f"slower; {len(ratios) - counts.get('faster', 0) - counts.get('slower', 0)} "
                  "ties within noise.")
+        busy = cmp.loc[ratios.index, "busy"]
+        if (busy != "").any():
+            in_a, in_b = (int(busy.str.contains(side).sum()) for side in ("A", "B"))
+            text += (f" Of these rows, {in_a} in A and {in_b} in B were timed on a busy machine "
+                     "(column busy: contended or throttled): their changes may be the load, "
+                     "not the code.")
     return text
 
 
@@ -184,11 +198,19 @@ def header(env_a: dict, env_b: dict, differences: list[tuple[str, str, str]]) ->
 
 # --- the runs' answers ---------------------------------------------------------------------------
 COLUMN = ["layer", "pass", "layout", "precision"]
+#: A column's verdict where one of its times was taken on a busy machine.
+BUSY = "busy"
+ANSWERS = ("same winner", "same tie", "tie in A", "tie in B", "disagree", "busy in A",
+           "busy in B", "busy in both")
 
 
 def _verdict(rows: pd.DataFrame) -> str:
-    """A column's answer: the winner's algo, `tie` (naming the tied), or `` with none ok."""
-    ok = rows[(rows["status"] == "ok") & ~ranking.busy_mask(rows)]
+    """A column's answer: the winner's algo, `tie` (naming the tied), `busy` where any of its
+    times was taken on a busy machine (a competitor's time that may be wrong leaves the column
+    without an answer, not with the answer of the rest), or `` with none ok."""
+    ok = rows[rows["status"] == "ok"]
+    if ranking.busy_mask(ok).any():
+        return BUSY
     ranked = ranking.rank(ok)
     if not ranked:
         return ""
@@ -199,7 +221,8 @@ def _verdict(rows: pd.DataFrame) -> str:
 def winners(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     """Per layer, pass, layout and precision both runs have: each run's winner (or its tie) and
     whether they agree (`same winner`, `same tie`), one is a tie (`tie in A`, `tie in B`), or
-    they name different winners (`disagree`). Times from a busy machine do not compete."""
+    they name different winners (`disagree`). A column with a time from a busy machine has no
+    answer in that run (`busy in A`, `busy in B`, `busy in both`)."""
     out = []
     ga = dict(list(a.groupby(COLUMN, sort=False)))
     for key, rows_b in b.groupby(COLUMN, sort=False):
@@ -209,8 +232,12 @@ def winners(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
         if not va or not vb:
             continue
         tie_a, tie_b = va.startswith("tie"), vb.startswith("tie")
-        answer = ("same tie" if tie_a and tie_b else "tie in A" if tie_a else "tie in B"
-                  if tie_b else "same winner" if va == vb else "disagree")
+        if BUSY in (va, vb):
+            answer = ("busy in both" if va == vb else "busy in A" if va == BUSY
+                      else "busy in B")
+        else:
+            answer = ("same tie" if tie_a and tie_b else "tie in A" if tie_a else "tie in B"
+                      if tie_b else "same winner" if va == vb else "disagree")
         out.append({**dict(zip(COLUMN, key)), "A": va, "B": vb, "answer": answer})
     return pd.DataFrame(out, columns=[*COLUMN, "A", "B", "answer"])
 
@@ -249,8 +276,8 @@ def answers_text(a: pd.DataFrame, b: pd.DataFrame) -> str:
     if len(wins):
         counts = wins["answer"].value_counts()
         lines += ["Winners per layer, pass and layout: " + ", ".join(
-            f"{counts.get(k, 0)} {k}" for k in ("same winner", "same tie", "tie in A",
-                                                 "tie in B", "disagree")) + ".", "",
+            f"{counts.get(k, 0)} {k}" for k in ANSWERS if k in counts or not k.startswith(
+                "busy")) + ".", "",
                   tabulate(wins, headers="keys", tablefmt="github", showindex=False,
                            disable_numparse=True), ""]
     if len(ratios):

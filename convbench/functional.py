@@ -2,7 +2,11 @@
 
 Each call infers the `ConvProblem` from the array shapes in the layout named, checks the
 implementation supports it, and runs it into a fresh output. For repeated calls on one shape the
-prepared callable is memoized, so plans and compiled kernels are reused.
+prepared callable is memoized, so plans and compiled kernels are reused: per device and stream
+(a prepared pass's workspace is used by one stream at a time), keeping its workspace but not the
+arrays of its last call (a phased pass forgets them, `phases.Phased.forget`: a training step's
+activations must not stay alive in the memory the next step is measured in). The cache is a
+device cache (`registry.register_device_cache`): the runner empties it before each GPU case.
 """
 
 from __future__ import annotations
@@ -25,12 +29,16 @@ def _as_int(name: str, v) -> int:
     return int(v)
 
 
-def _per_axis(name: str, v) -> int | tuple[int, int]:
+def _per_axis(name: str, v):
     """stride, padding or dilation as torch takes them: one int for both spatial axes, or an
-    (h, w) pair (which `ConvProblem` keeps as one int where the two agree)."""
+    (h, w) pair (which `ConvProblem` keeps as one int where the two agree). `padding` may also
+    give an axis as (before, after): ((top, bottom), (left, right)), which torch cannot."""
     if isinstance(v, (tuple, list)):
         if len(v) != 2:
             raise ValueError(f"{name} must be an int or an (h, w) pair, got {v!r}")
+        if name == "padding" and any(isinstance(x, (tuple, list)) for x in v):
+            return tuple(_per_axis(name, x) if isinstance(x, (tuple, list)) else
+                         _as_int(name, x) for x in v)
         return (_as_int(name, v[0]), _as_int(name, v[1]))
     return _as_int(name, v)
 
@@ -65,7 +73,9 @@ def _problem_from_shapes(x_nchw, w_kcrs, stride, padding, dilation, groups) -> C
 
 
 @functools.lru_cache(maxsize=256)
-def _prepared(algo, backend, problem, pass_, layout, precision):
+def _prepared(algo, backend, problem, pass_, layout, precision, place=None):
+    """The prepared pass; `place` (the array's device and the current stream, `_place`) only
+    keys the cache."""
     impl = registry.get(algo, backend)
     reason = registry.impl_available(impl) or registry.supports(impl, problem, pass_, layout,
                                                                 precision)
@@ -83,14 +93,30 @@ def run(problem: ConvProblem, pass_: str, a, b, *, algo: str, backend: str = "nu
     for name, arr, shape in (("first operand", a, a_shape), ("second operand", b, b_shape)):
         if tuple(arr.shape) != shape:
             raise ValueError(f"{pass_}: {name} has shape {tuple(arr.shape)}, expected {shape}")
-    fn = _prepared(algo, backend, problem, pass_, layout, precision)
+    fn = _prepared(algo, backend, problem, pass_, layout, precision, _place(a))
     if out is None:
         xp = np if isinstance(a, np.ndarray) else _cupy()
         out = xp.full(out_shape, xp.nan, dtype=a.dtype)
     elif tuple(out.shape) != out_shape:
         raise ValueError(f"{pass_}: out has shape {tuple(out.shape)}, expected {out_shape}")
-    fn(a, b, out)
+    try:
+        fn(a, b, out)
+    finally:
+        forget = getattr(fn, "forget", None)
+        if forget is not None:
+            forget()
     return out
+
+
+registry.register_device_cache(_prepared.cache_clear)
+
+
+def _place(a) -> tuple[int, int] | None:
+    """(device id, current stream) of a CuPy array; None on the host."""
+    if isinstance(a, np.ndarray):
+        return None
+    cupy = _cupy()
+    return a.device.id, cupy.cuda.get_current_stream().ptr
 
 
 def _cupy():

@@ -59,6 +59,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import emu, registry
+from .fmt import first_line
 from .phases import OPERAND_NAMES
 from .problem import ConvProblem, check_choice
 
@@ -285,7 +286,7 @@ def nvrtc_available() -> str | None:
 
         nvrtc.getVersion()
     except (ImportError, OSError, RuntimeError) as exc:  # no CuPy, no libnvrtc
-        return f"CuPy cannot load NVRTC: {str(exc).splitlines()[0]}"
+        return f"CuPy cannot load NVRTC: {first_line(exc)}"
     return None
 
 
@@ -354,8 +355,10 @@ def ceil_div(a: int, b: int) -> int:
 
 def axis_args(p: ConvProblem) -> tuple[int, int, int, int, int, int]:
     """A problem's per-axis geometry as the kernels take it: stride_h, stride_w, pad_h, pad_w,
-    dil_h, dil_w (each axis apart, so a per-axis problem runs as any other)."""
-    return p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.dil_h, p.dil_w
+    dil_h, dil_w (each axis apart, so a per-axis problem runs as any other). The kernels take
+    the padding before (top, left) only: with the output size P, Q given, they read no padding
+    after, so a problem padded unequally before and after runs as any other."""
+    return p.stride_h, p.stride_w, p.pad_top, p.pad_left, p.dil_h, p.dil_w
 
 
 def check_grid(*grids: tuple[int, ...]) -> None:

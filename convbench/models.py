@@ -6,7 +6,7 @@
     net.occurrences   # {layer name: how many conv modules of the model have its problem}
 
 This is the door of `convbench bench --model` and `convbench tune --model`: a user's own network
-measured like a catalog. The layers are found the way the advisor finds them (`tune.find_convs`:
+measured like a catalog. The layers are found the way the advisor finds them (`find_convs`:
 forward hooks on one forward pass), so whatever `advisor.tune` plans, `bench` measures. A
 problem that several modules share is measured once; its count lets a report weigh it by use.
 Optional dependencies stay optional: torchvision is imported only if the spec names it.
@@ -18,10 +18,72 @@ import importlib
 from collections import Counter
 from dataclasses import dataclass, field
 
+from .fmt import first_line
 from .layers import Layer
 from .plan import Unplanned
-from .problem import FIELD_MAX
-from .tune import find_convs
+from .problem import FIELD_MAX, ConvProblem
+
+
+@dataclass(frozen=True)
+class Site:
+    """A conv layer as the model calls it: its module name, problem and the passes training
+    needs (bwd_data only when its input requires grad, bwd_filter when its weight does)."""
+
+    name: str
+    problem: ConvProblem
+    passes: tuple[str, ...]
+
+
+def find_convs(model, example_input) -> tuple[list[Site], list[Unplanned]]:
+    """The `nn.Conv2d` layers of `model` in the order a forward pass on `example_input` calls
+    them, found by forward hooks, and those no `ConvProblem` describes, with why. Runs the model
+    once in eval mode (batch-norm statistics stay as they are), with autograd on so each layer
+    sees whether its input requires grad; ValueError, in one line, when the forward pass fails
+    on that input."""
+    import torch
+
+    from . import nn as cbnn
+
+    names = {id(m): name for name, m in model.named_modules()}
+    sites: dict[str, Site] = {}
+    refused: dict[str, str] = {}
+
+    def hook(module, args, output):
+        name, x = names[id(module)], args[0]
+        if name in refused:
+            return
+        try:
+            if x.dtype != example_input.dtype:
+                raise ValueError(f"input dtype {x.dtype}, the model's input is "
+                                 f"{example_input.dtype}")
+            problem = cbnn.problem_of(module, tuple(x.shape))
+            if name in sites and sites[name].problem != problem:
+                raise ValueError("called with several input shapes; a plan has one problem "
+                                 "per layer")
+        except ValueError as exc:
+            refused[name] = str(exc)
+            sites.pop(name, None)
+            return
+        passes = ("fwd", *(("bwd_data",) if x.requires_grad else ()),
+                  *(("bwd_filter",) if module.weight.requires_grad else ()))
+        sites.setdefault(name, Site(name, problem, passes))
+
+    modes = {m: m.training for m in model.modules()}
+    handles = [m.register_forward_hook(hook) for m in model.modules()
+               if isinstance(m, torch.nn.Conv2d)]
+    try:
+        model.eval()
+        with torch.enable_grad():
+            model(example_input)
+    except Exception as exc:  # the user's forward, whatever it raises
+        raise ValueError(f"the model rejects input {','.join(map(str, example_input.shape))}: "
+                         f"{type(exc).__name__}: {first_line(exc)}") from exc
+    finally:
+        for h in handles:
+            h.remove()
+        for m, training in modes.items():
+            m.training = training
+    return list(sites.values()), [Unplanned(n, r) for n, r in refused.items()]
 
 
 @dataclass
@@ -67,7 +129,7 @@ def load(spec: str):
         target = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001  (any import error is the user's module's)
         raise ValueError(f"--model {spec!r}: cannot import {module_name}: "
-                         f"{type(exc).__name__}: {_first_line(exc)}") from None
+                         f"{type(exc).__name__}: {first_line(exc)}") from None
     for part in attr.split("."):
         if not hasattr(target, part):
             raise ValueError(f"--model {spec!r}: {module_name} has no {attr}")
@@ -78,7 +140,7 @@ def load(spec: str):
         model = target()
     except Exception as exc:  # noqa: BLE001  (the user's constructor)
         raise ValueError(f"--model {spec!r}: {attr}() failed: {type(exc).__name__}: "
-                         f"{_first_line(exc)}") from None
+                         f"{first_line(exc)}") from None
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"--model {spec!r}: {attr}() returned a {type(model).__name__}, "
                          "not an nn.Module")
@@ -108,7 +170,3 @@ def conv_layers(model, input_shape: tuple[int, ...], net: str = "model",
         raise ValueError(f"the model has no conv layer convbench can run{why}")
     layers = [Layer(net, name, problem, counts[problem]) for problem, name in first.items()]
     return ModelLayers(net, layers, unplanned)
-
-
-def _first_line(exc: Exception) -> str:
-    return (str(exc).strip().splitlines() or [""])[0]

@@ -7,9 +7,10 @@ down now (the clock-event reasons) and for how long they have been since the dri
 power and thermal violation counters). The timer reads both before and after the rounds of each
 group of competing cases; a row timed while either moved is flagged `throttled`.
 
-`snapshot` is what env.json records of the GPU at the start and end of a run: clocks (current,
-application, maximum), power limit and draw, temperature, ECC, persistence mode, MIG mode and
-the other processes on the GPU.
+`snapshot` is what env.json records of the GPU at the start and end of a run: SM and memory
+clocks (current, application, maximum), power limit (set and enforced) and draw, temperature,
+ECC, persistence mode, MIG mode (current and pending) and the processes on the GPU, the others
+than this one named apart.
 
 Everything is optional: without pynvml, or where NVML refuses a query (a MIG slice, an old
 driver), the readings are None and nothing is flagged; env.json says why.
@@ -18,6 +19,7 @@ driver), the readings are None and nothing is flagged; env.json says why.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 #: NVML's clock-event reason bits that mean clocks were lowered by a limit, not by choice: the
@@ -151,7 +153,8 @@ def snapshot() -> dict | None:
     q = _query
     ecc = q(nv.nvmlDeviceGetEccMode, handle)
     mig = q(nv.nvmlDeviceGetMigMode, handle)
-    processes = q(nv.nvmlDeviceGetComputeRunningProcesses, handle) or []
+    processes = [*(q(nv.nvmlDeviceGetComputeRunningProcesses, handle) or []),
+                 *(q(nv.nvmlDeviceGetGraphicsRunningProcesses, handle) or [])]
     power_limit = q(nv.nvmlDeviceGetPowerManagementLimit, handle)
     power = q(nv.nvmlDeviceGetPowerUsage, handle)
     reasons = _reasons(nv, handle)
@@ -161,17 +164,29 @@ def snapshot() -> dict | None:
         "sm_clock_mhz": q(nv.nvmlDeviceGetClockInfo, handle, _CLOCK_SM),
         "memory_clock_mhz": q(nv.nvmlDeviceGetClockInfo, handle, _CLOCK_MEM),
         "max_sm_clock_mhz": q(nv.nvmlDeviceGetMaxClockInfo, handle, _CLOCK_SM),
+        "max_memory_clock_mhz": q(nv.nvmlDeviceGetMaxClockInfo, handle, _CLOCK_MEM),
         "application_sm_clock_mhz": q(nv.nvmlDeviceGetApplicationsClock, handle, _CLOCK_SM),
+        "application_memory_clock_mhz": q(nv.nvmlDeviceGetApplicationsClock, handle,
+                                          _CLOCK_MEM),
         "power_limit_w": None if power_limit is None else power_limit / 1e3,
+        "enforced_power_limit_w": _watts(q(nv.nvmlDeviceGetEnforcedPowerLimit, handle)),
         "power_w": None if power is None else power / 1e3,
         "temperature_c": q(nv.nvmlDeviceGetTemperature, handle, _TEMPERATURE_GPU),
         "ecc": None if ecc is None else bool(ecc[0]),
         "persistence_mode": None if (pm := q(nv.nvmlDeviceGetPersistenceMode, handle)) is None
         else bool(pm),
         "mig_mode": None if mig is None else bool(mig[0]),
+        "mig_mode_pending": None if mig is None else bool(mig[1]),
         "clock_event_reasons": reasons,
         "throttled_now": reason_names(reasons),
         "violations_ns": {k: _violation(nv, handle, p) for k, p in _POLICIES.items()},
         "processes": [{"pid": p.pid, "used_bytes": getattr(p, "usedGpuMemory", None)}
                       for p in processes],
+        # what else ran on the GPU (this process is one of `processes`): a shared GPU's
+        # times are not this GPU's alone
+        "other_processes": sorted({p.pid for p in processes} - {os.getpid()}),
     }
+
+
+def _watts(milliwatts) -> float | None:
+    return None if milliwatts is None else milliwatts / 1e3

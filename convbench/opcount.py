@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from . import registry
+from . import padding, registry
 from .problem import ELEMENT_BYTES, ConvProblem
 
 #: Flops of a real-to-complex (or complex-to-real) 2-D FFT of n points: half the 5·n·log2(n) of
@@ -99,7 +99,7 @@ def _winograd_tile(algo: str) -> int:
 
 def _winograd_applies(p: ConvProblem) -> bool:
     """Where the Winograd implementations run (they refuse everything else)."""
-    return (p.r == p.s == 3 and p.stride == 1 and p.dilation == 1 and p.groups == 1
+    return (p.r == p.s and p.r in (3, 5) and p.stride == 1 and p.dilation == 1 and p.groups == 1
             and not isinstance(p.pad, tuple))
 
 
@@ -129,6 +129,21 @@ def _winograd(p: ConvProblem, pass_: str, m: int) -> OpCount:
     return OpCount(products=2 * mults, multiplications=mults, transforms=transforms)
 
 
+def _route(algo: str, p: ConvProblem, pass_: str, precision: str, backend: str
+           ) -> tuple[ConvProblem, tuple[int, int, int, int]]:
+    """(the problem the implementation of `algo` runs for `p`, the explicit pad (left, right,
+    top, bottom) before it): `p` padded alike after an explicit pad where `p` is padded unequally
+    and the implementation pads both sides alike (`registry.ExplicitPad.route`), else `p`."""
+    try:
+        impl = registry.get(algo, backend)
+    except ValueError:  # no implementation of it there: counted as written
+        impl = None
+    if not p.asymmetric or not isinstance(impl, registry.ExplicitPad):
+        return p, (0, 0, 0, 0)
+    padded, explicit, _ = impl.route(p, pass_, "nchw", precision)
+    return padded, explicit
+
+
 def op_count(algo: str, problem: ConvProblem, pass_: str, precision: str = "fp32",
              backend: str = "numpy") -> OpCount | None:
     """The theoretical operations of `algo` for one pass, or None where it has no count
@@ -138,6 +153,7 @@ def op_count(algo: str, problem: ConvProblem, pass_: str, precision: str = "fp32
         return _direct(problem)
     if algo in ("gemm", "gemm-cublas"):
         return _gemm(problem, pass_, precision)
+    problem = _route(algo, problem, pass_, precision, backend)[0]  # after its explicit pad
     if algo in ("fft", "fft-tiled"):
         return _fft(problem, _fft_grid(problem, pass_, algo, backend))
     if algo.startswith("winograd-fused-") and pass_ == "bwd_filter":
@@ -157,6 +173,14 @@ def theoretical_workspace(algo: str, problem: ConvProblem, pass_: str, precision
         return 0
     if algo in ("gemm", "gemm-cublas"):
         return _column_elements(p) * elem
+    # FFT and Winograd run a padding that differs before and after as their symmetric part
+    # after an explicit pad, whose buffer (x or dx, padded) adds to theirs.
+    if p.asymmetric:
+        padded, explicit = _route(algo, p, pass_, precision, backend)
+        if padded is not p:
+            spent = theoretical_workspace(algo, padded, pass_, precision, backend)
+            return None if spent is None else spent + padding.explicit_bytes(p, precision,
+                                                                             explicit)
     if algo in ("fft", "fft-tiled"):
         planes, bins = _fft_planes(p, _fft_grid(p, pass_, algo, backend))
         return planes * bins * 2 * elem

@@ -17,7 +17,10 @@ Phase names use the pass's tensor names: ``transform <a>``, ``transform <b>``, `
 includes cropping into the output. A fused kernel, which transforms, multiplies and transforms
 back in one launch, is one phase named `FUSED`, after the transforms that run apart from it.
 A library call that returns its own result (torch's convolution) is the phase `CONVOLUTION`,
-then `OUTPUT_COPY` into the harness's buffer, which the pass's time leaves out.
+then `OUTPUT_COPY` into the harness's buffer, which the pass's time leaves out. A problem
+padded unequally before and after, run through an explicit pad on an implementation that pads
+both sides alike, adds `EXPLICIT_PAD` first (fwd, bwd_filter) or `CROP` last (bwd_data), both
+left out of the pass's time too (`APART`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,13 @@ FUSED = "fused"
 #: allocates its result; the harness hands every pass a buffer to write): timed as a phase and
 #: kept in the breakdown, but not part of the pass's time, which is the other phases' sum.
 OUTPUT_COPY = "copy to output"
+#: The explicit pad of x (or crop of dx) that runs a problem padded unequally before and after
+#: on an implementation that pads both sides alike (`convbench.padding`): timed, kept in the
+#: breakdown and left out of the pass's time, as the output copy is.
+EXPLICIT_PAD = "explicit pad"
+CROP = "crop to output"
+#: The phases timed apart from the pass's time.
+APART = (OUTPUT_COPY, EXPLICIT_PAD, CROP)
 
 
 def phase_names(pass_: str) -> list[str]:
@@ -46,25 +56,36 @@ def phase_names(pass_: str) -> list[str]:
 
 class Phased:
     """A pass as named steps ``step(a, b, out)``: calling it runs them all and remembers the
-    arrays, so that `phase_fns` can rerun the steps one by one."""
+    arrays, so that `phase_fns` can rerun the steps one by one.
 
-    def __init__(self, steps: dict[str, Callable]):
+    The phase functions hold the steps and a box with the last call's arrays, never the
+    `Phased` itself: a reference cycle (object -> phase_fns -> bound method -> object) would
+    keep a finished case's arrays, workspaces and plans alive until the garbage collector next
+    ran, which on a GPU is the next case's memory (a stale peak, a false `oom`)."""
+
+    def __init__(self, steps: dict[str, Callable], on_forget: Callable[[], None] | None = None):
         self._steps = steps
-        self._args: tuple | None = None
-        self.phase_fns = {name: functools.partial(self._replay, step)
+        self._on_forget = on_forget
+        self._box: list[tuple] = []
+        self.phase_fns = {name: functools.partial(_replay, self._box, step)
                           for name, step in steps.items()}
 
     def __call__(self, a, b, out) -> None:
-        self._args = (a, b, out)
+        self._box[:] = [(a, b, out)]
         for step in self._steps.values():
             step(a, b, out)
 
     def forget(self) -> None:
         """Drop the arrays of the last call (a warm-up's scratch operands, which must not stay
-        alive in the memory the prepared pass is seen to hold)."""
-        self._args = None
+        alive in the memory the prepared pass is seen to hold, nor a step's activations in a
+        memoized pass: `functional.run` forgets after every call). `on_forget` drops what the
+        steps keep of them (torch's views of the arrays)."""
+        self._box.clear()
+        if self._on_forget is not None:
+            self._on_forget()
 
-    def _replay(self, step: Callable) -> None:
-        if self._args is None:
-            raise RuntimeError("phase functions replay the last full call: call the pass first")
-        step(*self._args)
+
+def _replay(box: list[tuple], step: Callable) -> None:
+    if not box:
+        raise RuntimeError("phase functions replay the last full call: call the pass first")
+    step(*box[0])

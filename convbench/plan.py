@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .problem import AXIS_FIELDS, LAYOUTS, PASSES, PRECISIONS, ConvProblem
+from .problem import AXIS_FIELDS, FIELD_MAX, LAYOUTS, PASSES, PRECISIONS, ConvProblem
 from .registry import ALGOS, BACKENDS
 from .results import ENTRY_NUMBERS, ENTRY_TEXTS, PROBLEM_FIELDS, STATUSES
 
@@ -373,15 +373,26 @@ def _integer(minimum: int = 0) -> Validator:
     return check
 
 
-def _axis_value(minimum: int) -> Validator:
-    """Stride, pad or dilation: one integer, or [height, width]."""
+def _axis_value(minimum: int, sides: bool = False) -> Validator:
+    """Stride, pad or dilation: one integer, or [height, width]; with `sides` (the padding),
+    each of height and width may be [before, after] (after may be negative: rows no output
+    reads), as a problem padded unequally is written."""
     whole = _integer(minimum)
+    after = _integer(-FIELD_MAX)
+
+    def side(x, path):
+        if sides and isinstance(x, list):
+            if len(x) != 2:
+                raise _Invalid(path, f"expected an integer or [before, after], got "
+                                     f"{_describe(x)}")
+            return (whole(x[0], f"{path}[0]"), after(x[1], f"{path}[1]"))
+        return whole(x, path)
 
     def check(v, path):
         if isinstance(v, list):
             if len(v) != 2:
                 raise _Invalid(path, f"expected an integer or [height, width], got {_describe(v)}")
-            return tuple(whole(x, f"{path}[{i}]") for i, x in enumerate(v))
+            return tuple(side(x, f"{path}[{i}]") for i, x in enumerate(v))
         return whole(v, path)
 
     return check
@@ -443,7 +454,7 @@ def _obj(fields: dict[str, Validator], build: Callable = dict, partial: bool = F
 
 
 def _problem_field(v, path):
-    fields = _obj({f: _axis_value(AXIS_FIELDS[f]) if f in AXIS_FIELDS else _integer(1)
+    fields = _obj({f: _axis_value(AXIS_FIELDS[f], f == "pad") if f in AXIS_FIELDS else _integer(1)
                    for f in PROBLEM_FIELDS})(v, path)
     try:
         return ConvProblem(**fields)

@@ -26,12 +26,14 @@ An empty cell of an optional column takes the default. Another column is an erro
   (o-1)*s - i + (k-1)*(d+1) + 1 - p.
 - then the square rule: a descriptor with h and no w entries copies all of h to w (and one
   with only d entries copies d to h and w); one with only w entries is 1-D, run as height 1.
-- ConvProblem pads both sides of an axis alike, so a descriptor is refused when benchdnn's right
-  padding exceeds the left, or falls short of it by a stride or more (benchdnn's output would
-  differ from the symmetric one). A computed output leaves a right padding equal to the left
-  or short of it by less than a stride, which changes nothing (those rows are never read); a
-  padding deduced from an odd total puts the extra row after, and is refused.
-- 3-D descriptors are refused, save a depth of 1 (id, kd, od 1, pd 0), which is 2-D.
+- the padding after is benchdnn's, whatever it is: more than the padding before (TensorFlow's
+  SAME), less (negative where input rows are never read), or what a computed output leaves;
+  `ConvProblem` keeps it in its one form (equal to the padding before where that gives the same
+  output). Only a padding before deduced negative is not a convolution convbench holds.
+- 3-D descriptors are not convolutions convbench runs, save a depth of 1 (id, kd, od 1, pd 0),
+  which is 2-D: `read(..., skipped=[...])` lists them (and any other well-formed line it cannot
+  hold: a size past a 32-bit index, a kernel larger than its padded input) with their reasons
+  and reads the rest; without `skipped` such a line is an error like any other.
 - a name ending in `*N` (oneDNN's topology files: `res2a_branch2b*3`) gives the count N; the
   name is kept as written.
 
@@ -48,6 +50,8 @@ so every layer of a file has its own name; equal problems under different names 
 
 Errors: the first malformed entry ends the read with a `ProblemFileError` whose message is one
 line, `FILE:LINE: field: what is wrong`; nothing is returned before the whole file is read.
+Only a line that cannot be read refuses a file when `skipped` is given (the command line gives
+it): a file of skipped lines only is refused for having no problems convbench runs.
 This module's one I/O is `read` taking the text of its file.
 """
 
@@ -79,20 +83,46 @@ class _Bad(ValueError):
         super().__init__(f"{field}: {what}")
 
 
+class _Unrunnable(_Bad):
+    """A well-formed entry naming a convolution convbench cannot hold (3-D, a size past a
+    32-bit index, a kernel larger than its padded input): skipped with its reason when the
+    reader is given a `skipped` list, else an error like any other."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Skipped:
+    """A line of a problem file that reads as a convolution convbench does not run, and why:
+    `FILE:LINE: field: what` as `ProblemFileError` would say it."""
+
+    source: str
+    line: int
+    name: str | None
+    field: str
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.line}: {self.field}: {self.what}"
+
+
 # --- reading a file ---------------------------------------------------------------------------
-def read(path: str | Path, *, net: str | None = None, batch: int | None = None) -> list[Layer]:
+def read(path: str | Path, *, net: str | None = None, batch: int | None = None,
+         skipped: list[Skipped] | None = None) -> list[Layer]:
     """The problems of the file at `path`, in file order, as layers of `net` (default: the
-    file's name without its suffix); `batch`, if given, replaces every problem's n."""
+    file's name without its suffix); `batch`, if given, replaces every problem's n.
+
+    A well-formed line naming a convolution convbench cannot hold (3-D, a size past a 32-bit
+    index, a kernel larger than its padded input) is an error, unless `skipped` is a list:
+    then it is appended there as a `Skipped` (its reason in one line) and the rest is read."""
     try:
         text = Path(path).read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         why = exc.strerror if isinstance(exc, OSError) else "not a UTF-8 text file"
         raise ProblemFileError(str(path), None, "file", f"cannot read it: {why}") from None
-    return parse(text, str(path), net=net, batch=batch)
+    return parse(text, str(path), net=net, batch=batch, skipped=skipped)
 
 
 def parse(text: str, source: str = "<problems>", *, net: str | None = None,
-          batch: int | None = None) -> list[Layer]:
+          batch: int | None = None, skipped: list[Skipped] | None = None) -> list[Layer]:
     """`read` on text already read; `source` names it in errors (and is the default net)."""
     lines = [(i, line) for i, line in enumerate(text.splitlines(), 1)
              if line.strip() and not line.lstrip().startswith("#")]
@@ -101,9 +131,12 @@ def parse(text: str, source: str = "<problems>", *, net: str | None = None,
                                "lines and comments)")
     first = re.sub(r"(^|\s)#.*", "", lines[0][1]).strip()  # a benchdnn comment aside
     is_csv = "," in first and not first.startswith("--")
-    entries = _csv(lines, source) if is_csv else _benchdnn(lines, source)
+    entries = (_csv if is_csv else _benchdnn)(lines, source, skipped)
     if not entries:
-        raise ProblemFileError(source, lines[-1][0], "file", "no problems in it")
+        raise ProblemFileError(source, lines[-1][0], "file", "no problems in it" + (
+            " that"
+            f" convbench runs ({len(skipped)} skipped, the first: {skipped[0].field}: "
+            f"{skipped[0].what})" if skipped else ""))
     net = net or Path(source).stem
     layers, taken = [], set()
     for line, name, problem, count in entries:
@@ -130,10 +163,10 @@ def _problem(fields: dict, labels: dict[str, str]) -> ConvProblem:
     except ValueError as exc:
         m = re.match(r"ConvProblem\.(\w+)", str(exc))
         if not m:
-            raise _Bad("problem", str(exc)) from None
+            raise _Unrunnable("problem", str(exc)) from None
         field, rest = m.group(1), str(exc)[m.end():]
         what = f"{field}{rest}" if rest.startswith("=") else rest.lstrip(": ")
-        raise _Bad(labels.get(field, field), what) from None
+        raise _Unrunnable(labels.get(field, field), what) from None
 
 
 # --- CSV --------------------------------------------------------------------------------------
@@ -179,13 +212,27 @@ def _header(cells: list[str]) -> list[tuple[str, int | None]]:
     return columns
 
 
+#: One axis's padding in a cell: a whole number, or before+after (after may be negative).
+_SIDES = r"\d+(\+-?\d+)?"
+
+
+def _cell_side(field: str, label: str, cell: str):
+    """One axis of a per-axis column: a whole number, or for `pad_h`/`pad_w` also `0+1`."""
+    if field != "pad":
+        return _cell_int(label, cell)
+    if not re.fullmatch(_SIDES, cell):
+        raise _Bad(label, f"{cell!r} is not a whole number or before+after (0+1)")
+    before, _, after = cell.partition("+")
+    return (int(before), int(after)) if after else int(before)
+
+
 def _cell_int(field: str, cell: str) -> int:
     if not re.fullmatch(r"\d+", cell):
         raise _Bad(field, f"{cell!r} is not a whole number")
     return int(cell)
 
 
-def _csv(lines: list[tuple[int, str]], source: str) -> list[tuple]:
+def _csv(lines: list[tuple[int, str]], source: str, skipped: list | None) -> list[tuple]:
     (head_line, head), *rows = lines
     try:
         columns = _header(next(csv.reader([head])))
@@ -205,7 +252,7 @@ def _csv(lines: list[tuple[int, str]], source: str) -> list[tuple]:
                 if field == "name":
                     name = cell or None
                 elif axis is not None:
-                    axes.setdefault(field, [None, None])[axis] = (_cell_int(label, cell)
+                    axes.setdefault(field, [None, None])[axis] = (_cell_side(field, label, cell)
                                                                   if cell else None)
                 elif not cell:
                     if field in _REQUIRED:
@@ -215,8 +262,11 @@ def _csv(lines: list[tuple[int, str]], source: str) -> list[tuple]:
                     if count < 1:
                         raise _Bad(label, "must be at least 1")
                 elif field in AXIS_FIELDS:
-                    if not re.fullmatch(r"\d+(x\d+)?", cell):
-                        raise _Bad(label, f"{cell!r} is not a whole number or HxW (2 or 2x1)")
+                    side = _SIDES if field == "pad" else r"\d+"
+                    if not re.fullmatch(rf"{side}(x{side})?", cell):
+                        raise _Bad(label, f"{cell!r} is not a whole number or HxW (2 or 2x1"
+                                   + (", before+after: 0+1 or 0+1x1" if field == "pad" else "")
+                                   + ")")
                     fields[field] = axis_pair(field, cell)
                 else:
                     fields[field] = _cell_int(label, cell)
@@ -227,6 +277,10 @@ def _csv(lines: list[tuple[int, str]], source: str) -> list[tuple]:
                 if None not in hw:
                     fields[field] = tuple(hw)
             out.append((line, name, _problem(fields, {}), count))
+        except _Unrunnable as bad:
+            if skipped is None:
+                raise ProblemFileError(source, line, bad.field, bad.what) from None
+            skipped.append(Skipped(source, line, name, bad.field, bad.what))
         except _Bad as bad:
             raise ProblemFileError(source, line, bad.field, bad.what) from None
     return out
@@ -249,7 +303,7 @@ SKIPPED_OPTIONS = ("conv", "dir", "dt", "cfg", "stag", "wtag", "dtag", "strides"
 _AXIS_WORDS = {"h": "height", "w": "width"}
 
 
-def _benchdnn(lines: list[tuple[int, str]], source: str) -> list[tuple]:
+def _benchdnn(lines: list[tuple[int, str]], source: str, skipped: list | None) -> list[tuple]:
     out, mb = [], 0
     for line, text in lines:
         try:
@@ -262,7 +316,14 @@ def _benchdnn(lines: list[tuple[int, str]], source: str) -> list[tuple]:
                 if token.startswith("--"):
                     mb = _option(token, mb)
                     continue
-                problem, name = descriptor(token, mb=mb or None)
+                try:
+                    problem, name = descriptor(token, mb=mb or None)
+                except _Unrunnable as bad:
+                    if skipped is None:
+                        raise
+                    skipped.append(Skipped(source, line, _entries(token)[1], bad.field,
+                                           bad.what))
+                    continue
                 count = re.search(r"\*(\d+)$", name or "")
                 if count and int(count.group(1)) < 1:
                     raise _Bad("n", f"a count of {count.group(1)} in the name {name!r}")
@@ -317,16 +378,17 @@ def descriptor(text: str, *, mb: int | None = None) -> tuple[ConvProblem, str | 
             raise _Bad("iw" if w is None else "ih", "a descriptor with depth gives both "
                        "height and width entries, or neither")
         if (d["i"], d["k"], d["o"], d["p"]) != (1, 1, 1, 0):
-            raise _Bad("id", f"3-D convolution (id={d['i']}, kd={d['k']}, od={d['o']}): "
+            raise _Unrunnable("id", f"3-D convolution (id={d['i']}, kd={d['k']}, od={d['o']}): "
                        "convbench runs 2-D")
     elif w is None:
         w = h
     elif h is None:
         h = {"i": 1, "k": 1, "o": 1, "s": 1, "p": 0, "d": 0}
     for a, ax in (("h", h), ("w", w)):
-        _symmetric(a, ax)
+        _check_padding(a, ax)
     fields = dict(n=mb or values.get("mb", 2), c=values["ic"], h=h["i"], w=w["i"], k=values["oc"],
-                  r=h["k"], s=w["k"], stride=(h["s"], w["s"]), pad=(h["p"], w["p"]),
+                  r=h["k"], s=w["k"], stride=(h["s"], w["s"]),
+                  pad=((h["p"], _after(h)), (w["p"], _after(w))),
                   dilation=(h["d"] + 1, w["d"] + 1), groups=g)
     return _problem(fields, _DESC_LABELS), name
 
@@ -388,29 +450,23 @@ def _axis(values: dict[str, int], a: str) -> dict[str, int] | None:
         p = p or 0
         o = _cdiv(i - extent + 2 * p, s) + 1
         if o < 1:
-            raise _Bad("k" + a, f"kernel extent {extent} is larger than the padded input "
+            raise _Unrunnable("k" + a, f"kernel extent {extent} is larger than the padded input "
                                 f"i{a}={i}+2*{p} (o{a} would be {o})")
     elif p is None:
         p = _cdiv((o - 1) * s - i + extent, 2)
     return {"i": i, "k": k, "o": o, "s": s, "p": p, "d": dil}
 
 
-def _symmetric(a: str, ax: dict[str, int]) -> None:
-    """Refuse axis `a` unless padding both sides by its left padding gives benchdnn's output."""
+def _after(ax: dict[str, int]) -> int:
+    """benchdnn's padding after (right, bottom) of an axis: what the output size leaves over,
+    (o-1)*s - i + (k-1)*(d+1) + 1 - p; negative where input rows are never read."""
     i, k, o, s, p, dil = (ax[x] for x in "ikospd")
-    extent = (k - 1) * (dil + 1) + 1
+    return (o - 1) * s - i + (k - 1) * (dil + 1) + 1 - p
+
+
+def _check_padding(a: str, ax: dict[str, int]) -> None:
+    """Refuse a padding before that benchdnn deduced negative (rows before the first window)."""
+    i, k, o, s, p = (ax[x] for x in "ikosp")
     if p < 0:
-        raise _Bad("p" + a, f"deduced as {p} from o{a}={o}, i{a}={i}, k{a}={k}, s{a}={s}: "
+        raise _Unrunnable("p" + a, f"deduced as {p} from o{a}={o}, i{a}={i}, k{a}={k}, s{a}={s}: "
                             "negative padding")
-    if extent > i + 2 * p:
-        raise _Bad("k" + a, f"kernel extent {extent} is larger than the padded input "
-                            f"i{a}={i}+2*{p}")
-    right = (o - 1) * s - i + extent - p
-    if right > p:
-        raise _Bad("p" + a, f"o{a}={o} needs padding {p} before and {right} after along the "
-                            f"{_AXIS_WORDS[a]}; convbench pads both sides alike")
-    if p - right >= s:
-        same = (i + 2 * p - extent) // s + 1
-        unread = f"{p - right} {'row' if a == 'h' else 'column'}{'s' if p - right > 1 else ''}"
-        raise _Bad("o" + a, f"{o} with p{a}={p} leaves {unread} of the padded input unread at "
-                            f"the end; convbench pads both sides alike, which gives o{a}={same}")

@@ -82,16 +82,17 @@ def reference(problem: ConvProblem, pass_: str, layout: str, a, b) -> np.ndarray
     check_choice("pass", pass_, PASSES)
     ta, tb = (torch.from_numpy(np.asarray(_to_host(from_layout(v, layout)), dtype=np.float64))
               for v in (a, b))
-    p = problem
-    kw = dict(stride=(p.stride_h, p.stride_w), padding=(p.pad_h, p.pad_w),
-              dilation=(p.dil_h, p.dil_w),
-              groups=problem.groups)
+    # torch pads both sides alike: a padding that differs before and after is x padded (or
+    # cropped) explicitly, and dx cropped back (zeros where no output reads x).
+    sym, explicit = problem.symmetric_part()
+    kw = problem.torch_args()
     if pass_ == "fwd":
-        out = F.conv2d(ta, tb, **kw)
+        out = F.conv2d(F.pad(ta, explicit), tb, **kw)
     elif pass_ == "bwd_data":
-        out = torch.nn.grad.conv2d_input(problem.x_shape("nchw"), tb, ta, **kw)
+        out = torch.nn.grad.conv2d_input(sym.x_shape("nchw"), tb, ta, **kw)
+        out = F.pad(out, tuple(-v for v in explicit))
     else:
-        out = torch.nn.grad.conv2d_weight(ta, problem.w_shape("nchw"), tb, **kw)
+        out = torch.nn.grad.conv2d_weight(F.pad(ta, explicit), problem.w_shape("nchw"), tb, **kw)
     return to_layout(out.numpy(), layout)
 
 

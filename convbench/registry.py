@@ -16,14 +16,27 @@ import pkgutil
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from .problem import LAYOUTS, PASSES, PRECISIONS, ConvProblem, check_choice
+from . import padding
+from .fmt import first_line
+from .phases import CONVOLUTION, CROP, EXPLICIT_PAD, Phased
+from .problem import LAYOUTS, PASSES, PRECISIONS, ConvProblem, check_choice, pair_text
 
 ALGOS = ("direct", "gemm", "gemm-cublas", "fft", "fft-tiled", "winograd-2x2", "winograd-4x4",
-         "winograd-fused-2x2", "winograd-fused-4x4", "cudnn", "cudnn-autotune", "torch-cpu")
+         "winograd-6x6", "winograd-fused-2x2", "winograd-fused-4x4", "cudnn", "cudnn-autotune",
+         "torch-cpu",
+         # cuDNN's algorithms one by one, through its find API (`algos.cudnn_find`)
+         "cudnn-find-implicit-gemm", "cudnn-find-implicit-precomp-gemm", "cudnn-find-gemm",
+         "cudnn-find-direct", "cudnn-find-fft", "cudnn-find-fft-tiling", "cudnn-find-winograd",
+         "cudnn-find-winograd-nonfused", "cudnn-find-algo-0", "cudnn-find-algo-1",
+         "cudnn-find-algo-3")
 BACKENDS = ("numpy", "cuda", "emu")
 #: What `winograd` and `all` mean on the command line.
 ALIASES = {"winograd": ("winograd-2x2", "winograd-4x4"),
-           "winograd-fused": ("winograd-fused-2x2", "winograd-fused-4x4")}
+           "winograd-fused": ("winograd-fused-2x2", "winograd-fused-4x4"),
+           "cudnn-find": tuple(a for a in ALGOS if a.startswith("cudnn-find-"))}
+#: Algos that `all` leaves out, asked for by name (their alias): cuDNN's algorithms one by one
+#: are eleven cases more per pass, for the study of cuDNN, not for choosing a plan.
+OPT_IN = ALIASES["cudnn-find"]
 
 #: One prepared pass: ``run(a, b, out)`` reads the pass's two inputs and writes every element of
 #: the preallocated `out` (NumPy arrays on `numpy` and `emu`, CuPy on `cuda`).
@@ -41,6 +54,10 @@ class Implementation(abc.ABC):
 
     #: The precisions it runs (`fp64`, `fp32`, ...): `supports` is asked only about these.
     precisions: ClassVar[tuple[str, ...]]
+    #: Whether it runs a padding that differs before and after (`ConvProblem.pad_top`, ...)
+    #: itself. If not, `register` files it behind `ExplicitPad`, and every hook sees only
+    #: problems padded alike on both sides.
+    asymmetric_pad: ClassVar[bool] = False
     algo: str
     backend: str
 
@@ -87,6 +104,94 @@ class TransformGrid(Protocol):
         """(transform height, width, tiles per image) as this implementation runs `pass_`."""
 
 
+class ExplicitPad(Implementation):
+    """An implementation that pads both sides alike, running a problem padded unequally as
+    `ConvProblem.symmetric_part()`: x padded (or cropped) explicitly first, or its dx cropped
+    after (`convbench.padding`), a phase of its own timed apart from the pass's time. The
+    explicit pad keeps what padding both sides share; where the implementation refuses that
+    (Winograd takes one padding for both axes), every side is padded explicitly instead.
+    Problems padded alike reach the implementation untouched; its own attributes
+    (`transform_grid`, Winograd's `m`) are read through."""
+
+    def __init__(self, inner: Implementation):
+        self.inner = inner
+        self.precisions = inner.precisions
+
+    def __getattr__(self, name: str):
+        if name == "inner":  # not set yet (copy, pickle): no recursion through getattr
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def route(self, problem: ConvProblem, pass_: str, layout: str, precision: str
+              ) -> tuple[ConvProblem, tuple[int, int, int, int], str | None]:
+        """(the problem the implementation runs, the explicit pad (left, right, top, bottom)
+        of x before it, the implementation's reason if it runs neither form)."""
+        sym, explicit = problem.symmetric_part()
+        reason = self.inner.supports(sym, pass_, layout, precision)
+        if reason and sym is not problem:
+            whole, all_sides = problem.symmetric_part(whole=True)
+            if whole != sym and self.inner.supports(whole, pass_, layout, precision) is None:
+                return whole, all_sides, None
+        return sym, explicit, reason
+
+    def supports(self, problem, pass_, layout, precision):
+        sym, _, reason = self.route(problem, pass_, layout, precision)
+        if reason and sym is not problem:
+            return f"{reason} (padding {pair_text(problem.pad)} runs as {pair_text(sym.pad)} " \
+                   "after an explicit pad)"
+        return reason
+
+    def available(self):
+        return self.inner.available()
+
+    def describe(self, problem, pass_, layout, precision):
+        sym, (left, right, top, bottom), _ = self.route(problem, pass_, layout, precision)
+        note = self.inner.describe(sym, pass_, layout, precision)
+        if sym is problem:
+            return note
+        step = "dx cropped" if pass_ == "bwd_data" else "x padded"
+        return (f"{note}{'; ' if note else ''}padding {pair_text(problem.pad)}: {step} "
+                f"explicitly by {top}+{bottom}x{left}+{right} (timed apart), then padding "
+                f"{pair_text(sym.pad)}")
+
+    def workspace_bytes(self, problem, pass_, layout, precision):
+        sym, explicit, _ = self.route(problem, pass_, layout, precision)
+        inner = self.inner.workspace_bytes(sym, pass_, layout, precision)
+        if inner is None:
+            return None
+        return inner + padding.explicit_bytes(problem, precision, explicit)
+
+    def phases(self, problem, pass_, layout, precision):
+        sym, _, _ = self.route(problem, pass_, layout, precision)
+        inner = self.inner.phases(sym, pass_, layout, precision)
+        if sym is problem:
+            return inner
+        inner = inner or [CONVOLUTION]
+        return inner + [CROP] if pass_ == "bwd_data" else [EXPLICIT_PAD] + inner
+
+    def prepare(self, problem, pass_, layout, precision):
+        sym, explicit, _ = self.route(problem, pass_, layout, precision)
+        run = self.inner.prepare(sym, pass_, layout, precision)
+        if sym is problem:
+            return run
+        inner = getattr(run, "phase_fns", None)
+        if pass_ == "bwd_data":
+            crop = padding.CropOutput(problem, layout, explicit)
+            steps = {CONVOLUTION: lambda a, b, out: run(a, b, crop.target(out)),
+                     CROP: lambda a, b, out: crop(out)}
+        else:
+            pad = padding.PadInput(problem, layout, explicit)
+            steps = {EXPLICIT_PAD: lambda a, b, out: pad(a),
+                     CONVOLUTION: lambda a, b, out: run(pad.buffer.get(a), b, out)}
+        phased = Phased(steps)
+        if inner:  # the inner pass's own phases, replaying the call `phased` made
+            mine = dict(phased.phase_fns)
+            pad_fn, crop_fn = mine.get(EXPLICIT_PAD), mine.get(CROP)
+            phased.phase_fns = {**({EXPLICIT_PAD: pad_fn} if pad_fn else {}), **inner,
+                                **({CROP: crop_fn} if crop_fn else {})}
+        return phased
+
+
 _IMPLS: dict[tuple[str, str], Implementation] = {}
 _loaded = False
 
@@ -104,6 +209,9 @@ def register(algo: str, backend: str) -> Callable[[type], type]:
         _check_contract(cls, f"{algo} on {backend}")
         inst = cls()
         inst.algo, inst.backend = algo, backend
+        if not cls.asymmetric_pad:
+            inst = ExplicitPad(inst)
+            inst.algo, inst.backend = algo, backend
         _IMPLS[key] = inst
         return cls
 
@@ -150,6 +258,12 @@ def get(algo: str, backend: str) -> Implementation:
     return impl
 
 
+def unwrapped(impl: Implementation) -> Implementation:
+    """The implementation class's own instance, without the `ExplicitPad` that `register`
+    puts in front of one that pads both sides alike."""
+    return impl.inner if isinstance(impl, ExplicitPad) else impl
+
+
 def implementations(backend: str | None = None) -> list[Implementation]:
     """Registered implementations, in ALGOS order, optionally of one backend."""
     load()
@@ -164,13 +278,15 @@ def algos_for(backend: str) -> list[str]:
 
 def expand_algos(text: str, backend: str) -> list[str]:
     """`direct,winograd` -> ['direct', 'winograd-2x2', 'winograd-4x4']; `all` -> every algo the
-    backend has. Unknown names raise ValueError naming the valid ones."""
+    backend has but the `OPT_IN` ones (`cudnn-find` names those). Unknown names raise ValueError
+    naming the valid ones."""
     have = algos_for(backend)
     out: list[str] = []
     for name in (t.strip() for t in text.split(",")):
         if not name:
             continue
-        names = have if name == "all" else ALIASES.get(name, (name,))
+        names = ([a for a in have if a not in OPT_IN] if name == "all"
+                 else ALIASES.get(name, (name,)))
         for a in names:
             check_choice("algo", a, list(ALGOS) + list(ALIASES) + ["all"])
             if a not in have:
@@ -203,7 +319,7 @@ def _cuda_available() -> str | None:
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # noqa: BLE001  (no driver, no device: CuPy's own runtime errors)
-        return f"no CUDA GPU: {str(exc).splitlines()[0]}"
+        return f"no CUDA GPU: {first_line(exc)}"
     return None if count > 0 else "no CUDA GPU found"
 
 

@@ -1,5 +1,6 @@
-"""Results table -> what people read: markdown tables, CSV, JSON and plots (`compare` sets
-two runs side by side).
+"""Results table -> what people read: markdown tables and plots (the CSV and JSON forms are
+`results`'s; two runs side by side are `compare`'s; a run of many problems adds `speedup`'s
+sorted speed-ups over a baseline).
 
 The tables are the study's view of the data: for each pass and layout, rows are algorithms and
 columns are layers, the fastest in each column marked with `*` where it wins beyond noise (as
@@ -14,10 +15,8 @@ such as Winograd F(4x4) against F(2x2), computed from the data), and, for the al
 phases (FFT, Winograd), where each pass's time goes — each phase's share, as NNPACK's benchmark
 prints it, so a reader sees per layer whether the transforms or the product are the bottleneck.
 
-A batch sweep (several batch sizes of a layer) reads differently — the studies' batch-size
-figures: per pass and layout, rows are (layer, algo) and columns batch sizes, with the time per
-image, the peak memory, and where each series ran out of memory; plotted per layer against the
-batch size.
+A batch sweep (several batch sizes of a layer) reads differently: `sweepreport` renders it
+with this module's header and notes; `runs.write_report` picks which renders a run folder.
 
 Everything here reads the results table only (`results.frame` of a run's rows), so a run folder
 can be re-rendered any time (`convbench report RUN`). Plots need matplotlib (the `plot` extra);
@@ -34,8 +33,19 @@ from tabulate import tabulate
 
 from . import contention, memory, ranking, registry, speedup
 from .devices import DEVICES
+from .fmt import (
+    NO_MATPLOTLIB,
+    fmt_error,
+    fmt_gflop,
+    fmt_mib,
+    fmt_ms,
+    fmt_ratio,
+    md_table,
+    pyplot,
+    save_figure,
+)
 from .measurement import CONTENDED_SHARE, NOISE_THRESHOLD, Measurement, is_host_bound
-from .phases import CONVOLUTION, FUSED, OUTPUT_COPY
+from .phases import APART, CONVOLUTION, FUSED
 from .problem import PASSES
 from .results import KEY, RESULTS_CSV, parse_phases
 
@@ -52,26 +62,6 @@ BUSY = "#"
 
 
 # --- cells ----------------------------------------------------------------------------------
-def fmt_ms(ms: float) -> str:
-    return "" if pd.isna(ms) else f"{ms:.0f}" if ms >= 1000 else f"{ms:.4g}"
-
-
-def fmt_mib(nbytes: float) -> str:
-    return "" if pd.isna(nbytes) else f"{nbytes / 2**20:.4g}"
-
-
-def fmt_gflop(x: float) -> str:
-    return "n/a" if pd.isna(x) else f"{x / 1e9:.4g}"
-
-
-def fmt_error(x: float) -> str:
-    return "" if pd.isna(x) else "inf" if math.isinf(x) else f"{x:.2g}"
-
-
-def fmt_ratio(x: float) -> str:
-    return f"{x:.2g}×"
-
-
 def _order(values, reference: tuple[str, ...] = ()) -> list[str]:
     """Distinct values: those in `reference` in its order, then the rest as first seen."""
     seen = list(dict.fromkeys(values))
@@ -107,14 +97,6 @@ def host_bound_table(df: pd.DataFrame) -> pd.DataFrame:
                          "host ms": rows["host_ms"].map(fmt_ms).values},
                         index=pd.MultiIndex.from_frame(
                             rows[["layer", "algo", "pass", "layout"]]))
-
-
-def md_table(df: pd.DataFrame) -> str:
-    """A github-style (markdown pipe) table, index as the first column, values right-aligned."""
-    names = [str(n) for n in df.index.names]
-    align = ("left",) * len(names) + ("right",) * len(df.columns)
-    return tabulate(df.reset_index(), headers=names + [str(c) for c in df.columns],
-                    tablefmt="github", showindex=False, disable_numparse=True, colalign=align)
 
 
 # --- tables ---------------------------------------------------------------------------------
@@ -348,7 +330,7 @@ def phase_frame(df: pd.DataFrame) -> pd.DataFrame:
     algorithm: its copy is in the row's note."""
     rows = df[(df["status"] == "ok") & (df["phases_ms"] != "")]
     rows = rows.assign(phases=rows["phases_ms"].map(parse_phases))
-    return rows[[not set(p) <= {CONVOLUTION, OUTPUT_COPY} for p in rows["phases"]]]
+    return rows[[not set(p) <= {CONVOLUTION, *APART} for p in rows["phases"]]]
 
 
 def _product_share(phases: dict[str, float]) -> float:
@@ -537,6 +519,11 @@ def network_section(df: pd.DataFrame, env: dict) -> list[str]:
     if unmeasured:
         out += ["Not measured (convbench cannot run them): " + "; ".join(
             f"{layer} ({why})" for layer, why in unmeasured.items()) + ".", ""]
+    skipped = env["run"].get("skipped") or []
+    if skipped:
+        shown = "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
+        out += [(f"Skipped: {len(skipped)} lines of the file are convolutions convbench "
+                 f"cannot hold (env.json lists them all): {shown}."), ""]
     for precision, rows in df.groupby("precision", sort=False):
         out += [f"### {precision}", "", md_table(cost_table(rows, occurrences)), "",
                 ("Network total per choice: one algorithm for every problem and pass, each in "
@@ -672,21 +659,6 @@ def markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = (),
     return "\n".join(out) + "\n"
 
 
-NO_MATPLOTLIB = "Plots skipped: matplotlib is not installed (pip install 'convbench[plot]')."
-
-
-def pyplot():
-    """matplotlib.pyplot on the Agg backend (files only, no display), or None if missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    return plt
-
-
 #: Most layers drawn as bars per layer; a run of more shows the speed-up curves instead.
 MAX_BAR_LAYERS = 40
 
@@ -791,18 +763,6 @@ def _phase_plot(plt, df: pd.DataFrame, folder: Path) -> list[str]:
     return ["phases.png"]
 
 
-def save_figure(fig, path: Path, legend: bool = True) -> None:
-    """One legend for all panels, outside them (unless the panels carry their own); write the
-    PNG and free the figure."""
-    import matplotlib.pyplot as plt
-
-    if legend:
-        fig.legend(*fig.axes[0].get_legend_handles_labels(), loc="outside right upper",
-                   fontsize="small")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 #: The mark a plot puts where a case did not run, by status.
 NOT_RUN_MARKS = {"unsupported": "u", "failed": "f", "oom": "m"}
 
@@ -841,138 +801,3 @@ def _bars(ax, rows: pd.DataFrame, value: str, algos: list[str], layers: list[str
     ax.set_xticks(range(len(layers)), layers)
     if log and values.notna().any():
         ax.set_yscale("log")
-
-
-# --- batch sweeps --------------------------------------------------------------------------
-def is_batch_sweep(df: pd.DataFrame) -> bool:
-    """Whether the results hold some layer at several batch sizes."""
-    return bool(len(df)) and int(df.groupby("layer")["n"].nunique().max()) > 1
-
-
-def _per_batch(df: pd.DataFrame, cell) -> pd.DataFrame:
-    """Rows (layer, algo), columns batch size: `cell(row)` for each results row of one pass,
-    layout and precision; blank where a batch was not tried."""
-    batches = sorted(int(n) for n in df["n"].unique())
-    index = pd.MultiIndex.from_tuples(
-        [(layer, a) for layer in _layers(df) for a in _algos(df[df["layer"] == layer])],
-        names=["layer", "algo"])
-    out = pd.DataFrame("", index=index, columns=batches)
-    for _, r in df.iterrows():
-        out.loc[(r["layer"], r["algo"]), int(r["n"])] = cell(r)
-    return out
-
-
-def per_image_table(df: pd.DataFrame) -> pd.DataFrame:
-    """ms per image (median / batch) for one pass, layout and precision, the fastest algorithm
-    of each layer and batch marked."""
-    ok = df[df["status"] == "ok"]
-    per_image = ok["median_ms"] / ok["n"]
-    best = set(per_image.groupby([ok["layer"], ok["n"]]).idxmin())
-    return _per_batch(df, lambda r: r["status"] if r["status"] != "ok" else
-                      fmt_ms(r["median_ms"] / r["n"]) + (BEST if r.name in best else ""))
-
-
-def peak_batch_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Measured peak MiB for one pass, layout and precision, or the status."""
-    return _per_batch(df, lambda r: fmt_mib(r["peak_bytes"]) if r["status"] == "ok"
-                      else r["status"])
-
-
-def oom_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Each series' first batch out of memory, the largest that fitted, and why."""
-    keys = ["layer", "algo", "pass", "layout", "precision"]
-    oom = df[df["status"] == "oom"].sort_values("n", kind="stable").drop_duplicates(keys)
-    fitted = df[df["status"] == "ok"].groupby(keys)["n"].max()
-    order = {k: {v: i for i, v in enumerate(vs)} for k, vs in
-             (("layer", _layers(df)), ("algo", _algos(df)), ("pass", _order(df["pass"])))}
-    oom = oom.sort_values(["layer", "algo", "pass"], kind="stable",
-                          key=lambda col: col.map(order[col.name]))
-    rows = [{**{k: r[k] for k in keys}, "oom at batch": int(r["n"]),
-             "largest that ran": fitted.get(tuple(r[k] for k in keys), ""),
-             "reason": r["reason"]} for _, r in oom.iterrows()]
-    return pd.DataFrame(rows, columns=[*keys, "oom at batch", "largest that ran",
-                                       "reason"]).set_index(keys[:2])
-
-
-def sweep_markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = ()) -> str:
-    """report.md of a batch sweep: time per image and peak memory against batch size per pass
-    and layout, where each series ran out of memory, what else was not measured, plots."""
-    out = _header(df, env)
-    groups = list(df.groupby(["precision", "pass", "layout"], sort=False))
-    out += ["## Time per image", "",
-            (f"Median ms per image (time of the batch / batch size); `{BEST.strip()}` marks the "
-             "fastest algorithm of each layer at each batch. A series that ran out of memory "
-             "is not tried at larger batches (blank)."), ""]
-    for (precision, pass_, layout), rows in groups:
-        out += [f"### {pass_}, {layout}, {precision}", "", md_table(per_image_table(rows)), ""]
-    out += ["## Peak memory", "",
-            "MiB allocated beyond inputs and output while the pass ran (measured):",
-            *_methods(df), ""]
-    limit = env.get("run", {}).get("memory_limit_bytes")
-    if limit:
-        out += [f"Memory limit: {memory.format_size(limit)} per case, operands included.", ""]
-    for (precision, pass_, layout), rows in groups:
-        out += [f"### {pass_}, {layout}, {precision}", "", md_table(peak_batch_table(rows)), ""]
-    if (df["status"] == "oom").any():
-        out += ["## Out of memory", "", md_table(oom_table(df)), ""]
-    other = df[~df["status"].isin(["ok", "oom"])]
-    if len(other):  # once per layer, pass and layout, whatever the batch
-        other = other.drop_duplicates(["layer", "algo", "pass", "layout", "precision", "reason"])
-        out += ["## Not measured", "", md_table(not_measured(other)), ""]
-    out += ["## Plots", ""]
-    out += [plots] if isinstance(plots, str) else [f"![{Path(p).stem}]({p})" for p in plots]
-    return "\n".join(out) + "\n"
-
-
-def sweep_plot(df: pd.DataFrame, folder: str | Path) -> list[str] | str:
-    """Per layer, one PNG: a row of panels per pass, time per image and peak memory against
-    batch size (log-log), a line per algorithm and layout, and a dotted vertical line in the
-    algorithm's colour on the memory panel at the batch where a series ran out of memory."""
-    plt = pyplot()
-    if plt is None:
-        return NO_MATPLOTLIB
-    folder, names = Path(folder), []
-    styles = dict(zip(_order(df["layout"], ("nchw", "nhwc")), ("-", "--")))
-    for layer, rows in df.groupby("layer", sort=False):
-        passes = _order(rows["pass"])
-        fig, axes = plt.subplots(len(passes), 2, figsize=(11, 3.2 * len(passes) + 0.5),
-                                 squeeze=False, layout="constrained")
-        for (time_ax, mem_ax), pass_ in zip(axes, passes):
-            sub = rows[rows["pass"] == pass_]
-            for i, algo in enumerate(_algos(sub)):
-                color = f"C{i}"
-                for layout, style in styles.items():
-                    series = sub[(sub["algo"] == algo) & (sub["layout"] == layout)]
-                    ok = series[series["status"] == "ok"].sort_values("n")
-                    label = algo if len(styles) == 1 else f"{algo} {layout}"
-                    time_ax.plot(ok["n"], ok["median_ms"] / ok["n"], style, marker="o",
-                                 color=color, label=label)
-                    mem_ax.plot(ok["n"], ok["peak_bytes"] / 2**20, style, marker="o",
-                                color=color)
-                    for n in series.loc[series["status"] == "oom", "n"]:
-                        mem_ax.axvline(n, color=color, linestyle=":")
-            batches = sorted(int(n) for n in sub["n"].unique())
-            for ax, what in ((time_ax, "ms per image"), (mem_ax, "peak MiB (dotted: oom)")):
-                ax.set_xscale("log", base=2)
-                ax.set_xticks(batches, [str(n) for n in batches])
-                ax.set_yscale("log")
-                ax.set_xlabel("batch size")
-                ax.set_ylabel(what)
-                ax.set_title(f"{layer} {pass_}: {what}")
-        name = f"sweep_{layer}.png"
-        save_figure(fig, folder / name)
-        names.append(name)
-    return names
-
-
-def write(folder: str | Path, df: pd.DataFrame, env: dict, baseline: str | None = None) -> str:
-    """Render report.md and the plots into a run folder (a batch sweep's own report when the
-    results are one); returns the markdown. `baseline`: the algorithm the speed-ups of a run of
-    many problems are over (default `speedup.default_baseline`)."""
-    folder = Path(folder)
-    if is_batch_sweep(df):
-        text = sweep_markdown(df, env, sweep_plot(df, folder))
-    else:
-        text = markdown(df, env, plot(df, folder, env, baseline), baseline)
-    (folder / REPORT_MD).write_text(text)
-    return text

@@ -120,11 +120,6 @@ def read_rows(path: str | os.PathLike) -> list[dict]:
     return list(csv.DictReader(text.splitlines()))
 
 
-def done_keys(path: str | os.PathLike) -> set[tuple[str, ...]]:
-    """Keys of the rows a results CSV already holds."""
-    return {row_key(r) for r in read_rows(path)}
-
-
 class CsvSink:
     """measurements.csv, appended to one row at a time. The file is opened and closed for each
     row, so a row is on disk the moment it is appended, whatever happens next. A file whose

@@ -46,10 +46,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from . import kernels, memory, opcount, reference, registry, results, timing, verify
+from .fmt import first_line
+from .functional import UnsupportedError
 from .layers import Layer
 from .measurement import Measurement
 from .memory import MemoryLimit
-from .phases import OUTPUT_COPY
+from .phases import APART, CROP, EXPLICIT_PAD, OUTPUT_COPY
 from .problem import ConvProblem
 from .reference import DTYPES, array_module
 from .timing import Contender, Timed
@@ -160,7 +162,10 @@ _STICKY_WORDS = ("illegal memory access", "illegal_address", "illegaladdress",
                  "misaligned address", "misaligned_address", "misalignedaddress",
                  "illegal instruction", "illegal_instruction", "illegalinstruction",
                  "device-side assert", "hardware stack error", "invalid program counter",
-                 "launch timed out", "launch_timeout")
+                 "launch timed out", "launch_timeout",
+                 # the libraries' own words for a kernel of theirs that faulted
+                 "cudnn_status_execution_failed", "cublas_status_execution_failed",
+                 "cufft_exec_failed")
 
 
 def is_sticky_fault(exc: BaseException) -> bool:
@@ -183,6 +188,8 @@ class DeviceFault(Exception):
 
 def _not_measured(exc: Exception) -> NotMeasured:
     lines = str(exc).strip().splitlines()
+    if isinstance(exc, UnsupportedError):  # known only once prepared (cuDNN's find)
+        return NotMeasured("unsupported", lines[0] if lines else type(exc).__name__)
     reason = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
     if _is_oom(exc):  # the next case starts by giving the pools' blocks back
         return NotMeasured("oom", reason)
@@ -236,7 +243,10 @@ def prepare(case: Case, operands: Operands, impl=None,
             fn(a, b, out)
         if case.backend == "cuda":  # a fault in the pass surfaces here, as this case's failure
             xp.cuda.Device().synchronize()
-        peak = memory.pass_peak(trace.points)
+        # A library that returns its own result (`OUTPUT_COPY`) allocates one output more
+        # than our kernels, which write into `out`: counted like ours, not as workspace.
+        own_result = OUTPUT_COPY in (impl.phases(*args) or ())
+        peak = memory.pass_peak(trace.points, out.nbytes if own_result else 0)
         if limit is not None:
             limit.check(case.backend, footprint + peak, "measured footprint (operands and peak)")
         phase_fns = _phase_fns(impl, fn, args)
@@ -250,12 +260,14 @@ def prepare(case: Case, operands: Operands, impl=None,
 
 def _describe(impl, args: tuple) -> str:
     """The implementation's note for the row; a note that cannot be made (cuDNN's profiled
-    call failing, say) is said in the note, and does not undo the measurement."""
+    call failing, say) is said in the note, and does not undo the measurement. A GPU fault
+    (`is_sticky_fault`) is raised: swallowed, it would be blamed on the next case."""
     try:
         return impl.describe(*args)
-    except Exception as exc:  # noqa: BLE001  (any library's error; the time stands)
-        line = (str(exc).strip().splitlines() or [""])[0]
-        return f"(no description: {type(exc).__name__}: {line})"
+    except Exception as exc:
+        if is_sticky_fault(exc):
+            raise
+        return f"(no description: {type(exc).__name__}: {first_line(exc)})"
 
 
 def competing(cases: Iterable[Case]) -> Iterator[list[Case]]:
@@ -292,9 +304,9 @@ def _guarded(index: int, fn: Callable[[], None]) -> Callable[[], None]:
 def _contender(index: int, ready: Ready) -> Contender:
     """What the rounds time of a prepared case: the whole call, or, for a library that returns
     its own result, its phases with the copy into the output left out of its time."""
-    if ready.phase_fns is not None and OUTPUT_COPY in ready.phase_fns:
-        return Contender({n: _guarded(index, f) for n, f in ready.phase_fns.items()},
-                         frozenset({OUTPUT_COPY}))
+    apart = frozenset(APART) & set(ready.phase_fns or ())
+    if apart:
+        return Contender({n: _guarded(index, f) for n, f in ready.phase_fns.items()}, apart)
     return Contender.call(_guarded(index, ready.call))
 
 
@@ -330,7 +342,7 @@ def _time_part(part: list[tuple[Case, Ready]], budget_s: float, target: float,
                                    budget_s, backend, **options)
         phases = [timing.time_rounds([Contender(ready.phase_fns)], budget_s, backend,
                                      min_reps=timing.MIN_REPS_ALONE, **options)[0].steps
-                  if ready.phase_fns and OUTPUT_COPY not in ready.phase_fns else None
+                  if ready.phase_fns and not set(APART) & set(ready.phase_fns) else None
                   for _, ready in part]
     except _Blame as blame:
         case = part[blame.index][0]
@@ -351,17 +363,37 @@ def _time_part(part: list[tuple[Case, Ready]], budget_s: float, target: float,
             fault.done = rows[1:]
             raise fault from exc
         return rows
-    return [_timed_row(case, ready, t, ph, group) for (case, ready), t, ph
-            in zip(part, timed, phases)]
+    out: list[dict] = []
+    faulted: dict | None = None
+    for (case, ready), t, ph in zip(part, timed, phases):
+        if faulted is not None:  # timed before the fault; no description can be made now
+            out.append(_timed_row(case, ready, t, ph, group, "(no description: the GPU "
+                                  f"faulted describing {faulted['algo']} {faulted['layout']})"))
+            continue
+        try:
+            out.append(_timed_row(case, ready, t, ph, group))
+        except Exception as exc:  # noqa: BLE001 - only a GPU fault leaves `_describe`
+            nm = _not_measured(exc)
+            faulted = row(case, nm.status, f"{nm.reason} (while described)", ready.check)
+            out.append(faulted)
+    if faulted is not None:
+        fault = DeviceFault(faulted)
+        fault.done = [r for r in out if r is not faulted]
+        raise fault
+    return out
 
 
 def _timed_row(case: Case, ready: Ready, t: Timed, phases: dict[str, Measurement] | None,
-               group: str) -> dict:
-    note = _describe(ready.impl, (case.problem, case.pass_, case.layout, case.precision))
-    if OUTPUT_COPY in t.steps:
+               group: str, note: str | None = None) -> dict:
+    if note is None:
+        note = _describe(ready.impl, (case.problem, case.pass_, case.layout, case.precision))
+    if set(APART) & set(t.steps):
         phases = t.steps
-        note += (f"{'; ' if note else ''}time without the {t.steps[OUTPUT_COPY].median:.4g} "
-                 "ms copy of the library's result into the output")
+    for step, what in ((EXPLICIT_PAD, "explicit pad of x"), (CROP, "crop of dx"),
+                       (OUTPUT_COPY, "copy of the library's result into the output")):
+        if step in t.steps:
+            note += (f"{'; ' if note else ''}time without the {t.steps[step].median:.4g} "
+                     f"ms {what}")
     return row(case, "ok", "", ready.check, t.total, note, ready.workspace, ready.peak_bytes,
                ready.memory_method, phases, stop=t.stop, round_group=group,
                throttled="; ".join(t.throttled))

@@ -30,7 +30,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import report, results, runner, runs, timing
+from . import results, runner, runs, timing
 from .results import CsvSink, RunFolder, frame, load_run, row_key
 
 #: How long a rank waits for the others: at the end, the fastest waits for the slowest.
@@ -91,25 +91,57 @@ class Shard:
         return RunFolder(path, env, measured, CsvSink(results.partial_csv(path, self.rank)))
 
 
+def _env_int(name: str, default: int) -> int:
+    text = os.environ.get(name, str(default))
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r} is not an integer (torchrun sets it)") from None
+
+
+def _gpu_count() -> int:
+    import cupy
+
+    return cupy.cuda.runtime.getDeviceCount()
+
+
 def from_env(backend: str) -> Shard | None:
     """This rank's Shard when torchrun started several ranks (its environment says so), with
     the process group joined (gloo) and, on `cuda`, the GPU of its local rank selected; else
-    None: an unsharded run, no process group."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    None: an unsharded run, no process group. ValueError, in one line, for an environment that
+    cannot be: a rank variable that is not an integer, a local rank without a GPU of its own."""
+    world = _env_int("WORLD_SIZE", 1)
     if world <= 1:
         return None
+    local = _env_int("LOCAL_RANK", 0)
+    if backend == "cuda":
+        gpus = _gpu_count()
+        if not 0 <= local < gpus:
+            raise ValueError(f"LOCAL_RANK={local}, but this node has {gpus} GPU(s): start at "
+                             "most one rank per GPU (torchrun --nproc-per-node)")
+    elif local < 0:
+        raise ValueError(f"LOCAL_RANK={local} is negative")
     import torch.distributed as dist
 
     if backend == "cuda":
         import cupy
         import torch
 
-        local = int(os.environ.get("LOCAL_RANK", "0"))
         cupy.cuda.Device(local).use()
         torch.cuda.set_device(local)
     if not dist.is_initialized():
         dist.init_process_group("gloo", timeout=TIMEOUT)
     return Shard(dist.get_rank(), world)
+
+
+def host_threads(shard: Shard | None, cores: int) -> int | None:
+    """Host threads per rank: the ranks on one node (LOCAL_WORLD_SIZE) share its `cores`, so
+    each rank's float64 references and CPU algorithms use its share, not every core each; None
+    for an unsharded run (the thread policy's own default)."""
+    if shard is None:
+        return None
+    local = _env_int("LOCAL_WORLD_SIZE", shard.world)
+    return max(1, cores // max(1, local))
 
 
 class Run(runs.Run):
@@ -148,7 +180,7 @@ class Run(runs.Run):
                 results.merge_rows(self.folder.path, everything, self.order)
                 mine.frame, _ = load_run(self.folder.path)
                 self.note_load("end")
-                mine.report = report.write(self.folder.path, mine.frame, self.folder.env)
+                mine.report = runs.write_report(self.folder.path, mine.frame, self.folder.env)
         self.shard.barrier()
         if self.folder is not None:
             results.drop_partials(self.folder.path)  # rank 0 has them all now

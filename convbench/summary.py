@@ -24,18 +24,20 @@ import math
 
 import pandas as pd
 
-from .report import md_table
+from . import registry
+from .fmt import fmt_ratio, md_table
 
 #: Implementations of other people: everything else in a run is convbench's own kernel.
-LIBRARIES = ("gemm-cublas", "cudnn", "cudnn-autotune", "torch-cpu")
+LIBRARIES = ("gemm-cublas", "cudnn", "cudnn-autotune", "torch-cpu", *registry.OPT_IN)
 #: The FFT and Winograd kernels, compared one by one with cuDNN's autotuned pick.
-TRANSFORM_ALGOS = ("fft", "fft-tiled", "winograd-2x2", "winograd-4x4", "winograd-fused-2x2",
-                   "winograd-fused-4x4")
+TRANSFORM_ALGOS = ("fft", "fft-tiled", "winograd-2x2", "winograd-4x4", "winograd-6x6",
+                   "winograd-fused-2x2", "winograd-fused-4x4")
 AUTOTUNE = "cudnn-autotune"
 
 
-def fmt_ratio(x: float) -> str:
-    return f"{x:.3g}×"
+def ratio_text(x: float) -> str:
+    """A ratio in the summary's tables: three significant digits (they compare closer times)."""
+    return fmt_ratio(x, 3)
 
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
@@ -67,7 +69,7 @@ def _ratio(num: pd.DataFrame, den: pd.DataFrame, key, with_algo: bool = False) -
     if key not in num.index or key not in den.index:
         return ""
     a, b = num.loc[key], den.loc[key]
-    text = fmt_ratio(a["median_ms"] / b["median_ms"])
+    text = ratio_text(a["median_ms"] / b["median_ms"])
     return f"{text} ({a['algo']} {a['layout']})" if with_algo else text
 
 
@@ -79,7 +81,7 @@ def sgemm_vs_cublas(df: pd.DataFrame) -> pd.DataFrame:
     keys = ours.index.intersection(theirs.index)
     if keys.empty:
         return pd.DataFrame()
-    ratio = (ours[keys] / theirs[keys]).map(fmt_ratio)
+    ratio = (ours[keys] / theirs[keys]).map(ratio_text)
     return ratio.unstack("layout").fillna("")
 
 
@@ -123,7 +125,7 @@ def layouts(df: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for algo, r in ratio.groupby(level="algo", sort=False):
         gmean = math.exp(sum(math.log(v) for v in r) / len(r))
-        rows.append((algo, fmt_ratio(gmean), f"{fmt_ratio(r.min())}–{fmt_ratio(r.max())}",
+        rows.append((algo, ratio_text(gmean), f"{ratio_text(r.min())}–{ratio_text(r.max())}",
                      len(r)))
     return pd.DataFrame(rows, columns=["algo", "geometric mean", "range", "cases"]).set_index(
         "algo")

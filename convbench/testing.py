@@ -30,9 +30,9 @@ def shrunk(p: ConvProblem, max_channels: int = 8, batch: int = 2,
            max_hw: int = 20) -> ConvProblem:
     """`p` cut down to run in milliseconds: batch, channels and each spatial axis shrunk (never
     below the filter), the filter, stride, padding and dilation of each axis kept."""
-    h, w = (max(min(size, max_hw), eff - 2 * pad, stride + eff - 2 * pad)
-            for size, eff, pad, stride in ((p.h, p.eff_r, p.pad_h, p.stride_h),
-                                           (p.w, p.eff_s, p.pad_w, p.stride_w)))
+    h, w = (max(min(size, max_hw), eff - pads, stride + eff - pads)
+            for size, eff, pads, stride in ((p.h, p.eff_r, p.pad_top + p.pad_bottom, p.stride_h),
+                                            (p.w, p.eff_s, p.pad_left + p.pad_right, p.stride_w)))
     return ConvProblem(n=min(p.n, batch), c=min(p.c, max_channels), h=h, w=w,
                        k=min(p.k, max_channels + 1), r=p.r, s=p.s, stride=p.stride, pad=p.pad,
                        dilation=p.dilation)
@@ -50,6 +50,21 @@ PER_AXIS_PROBLEMS = (
     ConvProblem(n=1, c=3, h=7, w=9, k=4, r=3, s=3, pad=(1, 2), dilation=(1, 2)),
     ConvProblem(n=2, c=4, h=11, w=8, k=6, r=3, s=2, stride=(1, 3), pad=(2, 1),
                 dilation=(2, 1), groups=2),
+)
+
+
+#: Padding that differs before and after, every algorithm tested on it (small enough for the
+#: emulator): more after than before (TensorFlow's SAME, stride 1: FFT and Winograd run it
+#: after an explicit pad), more before than after with a stride, input rows no output reads
+#: (a negative padding after) with groups, all at once per axis with dilation, and one axis
+#: only, the other padded alike.
+ASYMMETRIC_PROBLEMS = (
+    ConvProblem(n=2, c=3, h=7, w=6, k=4, r=3, s=3, pad=((0, 1), (0, 1))),
+    ConvProblem(n=1, c=3, h=9, w=8, k=4, r=3, s=3, stride=2, pad=((2, 0), (1, 1))),
+    ConvProblem(n=2, c=4, h=10, w=9, k=2, r=3, s=2, pad=((1, -2), (0, 1)), groups=2),
+    ConvProblem(n=1, c=2, h=8, w=11, k=3, r=2, s=3, stride=(2, 3), pad=((1, 2), (2, -1)),
+                dilation=(2, 1)),
+    ConvProblem(n=2, c=3, h=6, w=7, k=4, r=3, s=3, pad=((2, 1), (1, 1))),
 )
 
 
@@ -142,17 +157,25 @@ def assert_phases_replay(impl, problem: ConvProblem, pass_: str, layout: str, xp
 
 def matmul_dtypes(impl, problem: ConvProblem, pass_: str, layout: str,
                   precision: str = "fp32") -> list[tuple]:
-    """Run and check `impl`, recording the (left, right, out) dtypes of every `np.matmul` it
-    makes: benchmarking fp32 means multiplying in fp32, never silently in float64."""
+    """Run and check `impl`, recording the (left, right, out) dtypes, as NumPy dtypes, of every
+    `np.matmul` and `torch.matmul` it makes (the CPU algorithms multiply through either):
+    benchmarking fp32 means multiplying in fp32, never silently in float64."""
     from unittest import mock
 
+    import torch
+
     seen = []
-    matmul = np.matmul
+    np_matmul, torch_matmul = np.matmul, torch.matmul
 
-    def spy(a, b, **kw):
+    def np_spy(a, b, **kw):
         seen.append((a.dtype, b.dtype, kw["out"].dtype))
-        return matmul(a, b, **kw)
+        return np_matmul(a, b, **kw)
 
-    with mock.patch.object(np, "matmul", spy):
+    def torch_spy(a, b, **kw):
+        seen.append(tuple(torch.empty(0, dtype=t.dtype).numpy().dtype
+                          for t in (a, b, kw["out"])))
+        return torch_matmul(a, b, **kw)
+
+    with mock.patch.object(np, "matmul", np_spy), mock.patch.object(torch, "matmul", torch_spy):
         assert run_and_check(impl, problem, pass_, layout, precision).ok
     return seen

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,11 +30,11 @@ from .advice import (
     needed_conversions,
 )
 from .measurement import Measurement
+from .models import find_convs
 from .plan import (
     Constraints,
     Plan,
     PlanStore,
-    Unplanned,
     current_env_key,
     env_key,
     stale_fields,
@@ -78,70 +77,6 @@ def measure_conversions(keys, backend: str, precision: str) -> list[dict]:
         out.append({"shape": list(shape), "from": src, "to": dst, "median_ms": m.median,
                     "iqr_ms": m.iqr})
     return out
-
-
-# --- a model's own layers -----------------------------------------------------
-@dataclass(frozen=True)
-class Site:
-    """A conv layer as the model calls it: its module name, problem and the passes training
-    needs (bwd_data only when its input requires grad, bwd_filter when its weight does)."""
-
-    name: str
-    problem: ConvProblem
-    passes: tuple[str, ...]
-
-
-def find_convs(model, example_input) -> tuple[list[Site], list[Unplanned]]:
-    """The `nn.Conv2d` layers of `model` in the order a forward pass on `example_input` calls
-    them, found by forward hooks, and those no `ConvProblem` describes, with why. Runs the model
-    once in eval mode (batch-norm statistics stay as they are), with autograd on so each layer
-    sees whether its input requires grad; ValueError, in one line, when the forward pass fails
-    on that input."""
-    import torch
-
-    from . import nn as cbnn
-
-    names = {id(m): name for name, m in model.named_modules()}
-    sites: dict[str, Site] = {}
-    refused: dict[str, str] = {}
-
-    def hook(module, args, output):
-        name, x = names[id(module)], args[0]
-        if name in refused:
-            return
-        try:
-            if x.dtype != example_input.dtype:
-                raise ValueError(f"input dtype {x.dtype}, the model's input is "
-                                 f"{example_input.dtype}")
-            problem = cbnn.problem_of(module, tuple(x.shape))
-            if name in sites and sites[name].problem != problem:
-                raise ValueError("called with several input shapes; a plan has one problem "
-                                 "per layer")
-        except ValueError as exc:
-            refused[name] = str(exc)
-            sites.pop(name, None)
-            return
-        passes = ("fwd", *(("bwd_data",) if x.requires_grad else ()),
-                  *(("bwd_filter",) if module.weight.requires_grad else ()))
-        sites.setdefault(name, Site(name, problem, passes))
-
-    modes = {m: m.training for m in model.modules()}
-    handles = [m.register_forward_hook(hook) for m in model.modules()
-               if isinstance(m, torch.nn.Conv2d)]
-    try:
-        model.eval()
-        with torch.enable_grad():
-            model(example_input)
-    except Exception as exc:  # the user's forward, whatever it raises
-        line = (str(exc).strip().splitlines() or [""])[0]
-        raise ValueError(f"the model rejects input {','.join(map(str, example_input.shape))}: "
-                         f"{type(exc).__name__}: {line}") from exc
-    finally:
-        for h in handles:
-            h.remove()
-        for m, training in modes.items():
-            m.training = training
-    return list(sites.values()), [Unplanned(n, r) for n, r in refused.items()]
 
 
 def _backend_precision(example_input) -> tuple[str, str]:

@@ -6,7 +6,7 @@ from test_tune import FAST, P2, SmallCNN
 from torch import nn
 
 import convbench.functional
-from convbench import apply, tune
+from convbench import apply, models, tune
 from convbench import nn as cbnn
 from convbench.plan import Choice, Constraints, LayerPlan, Plan, PlanError, current_env_key
 from convbench.problem import PASSES
@@ -15,7 +15,7 @@ from convbench.threads import CPU_THREAD_ENV
 
 def hand_plan(model, x, layouts, passes) -> Plan:
     """A plan for `model` choosing `passes[i]` (pass -> algo or None) in `layouts[i]`."""
-    sites, unplanned = tune.find_convs(model, x)
+    sites, unplanned = models.find_convs(model, x)
     layers = [LayerPlan(s.name, s.problem, lay,
                         {p: Choice(choice[p], "numpy", 1.0, 0.1) if choice.get(p) else None
                          for p in PASSES})

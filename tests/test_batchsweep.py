@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from test_cli import run_cli
 
-from convbench import batchsweep, memory, opcount, registry, report, results, runner
+from convbench import batchsweep, fmt, memory, opcount, registry, results, runner, sweepreport
 from convbench.layers import Layer, resolve
 
 CONV3 = resolve("conv3").problem
@@ -62,10 +62,10 @@ def test_sweep_runs_until_oom_and_goes_on_with_the_others(tmp_path, capsys):
     for heading in ("## Time per image", "## Peak memory", "## Out of memory",
                     "### fwd, nchw, fp32", f"Memory limit: {memory.format_size(limit)}"):
         assert heading in out
-    table = report.oom_table(df)
+    table = sweepreport.oom_table(df)
     assert table.loc[("conv3", "winograd-2x2"), "oom at batch"] == 2
     assert table.loc[("conv3", "winograd-2x2"), "largest that ran"] == 1
-    if report.pyplot() is not None:
+    if fmt.pyplot() is not None:
         assert (folder / "sweep_conv3.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -114,8 +114,8 @@ def test_default_limits():
 def test_sweep_report_is_chosen_by_the_data():
     df = results.frame([runner.row(c, "unsupported", "why")
                        for n in (1, 2) for c in conv3_cases(n, ["gemm"])])
-    assert report.is_batch_sweep(df) and not report.is_batch_sweep(df[df["n"] == 1])
-    text = report.sweep_markdown(df, {}, "no plots")
+    assert sweepreport.is_batch_sweep(df) and not sweepreport.is_batch_sweep(df[df["n"] == 1])
+    text = sweepreport.sweep_markdown(df, {}, "no plots")
     assert "## Not measured" in text and "## Out of memory" not in text
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from convbench import cli, registry, results, runner
+from convbench.cli import common
 from convbench.problem import PASSES
 
 TINY = "n=1,c=2,h=6,w=6,k=3,r=3,s=3,pad=1"
@@ -270,6 +271,9 @@ def test_every_numeric_option_refuses_what_is_no_count_size_or_time(text):
     options = list(_numeric_options())
     assert len(options) >= 15  # --budget, --batch, --memory-limit, ... of every command
     for command, option, kind in options:
+        if kind is common.seed and text == "0":
+            assert kind(text) == 0  # a seed may be 0; everything else here is refused
+            continue
         with pytest.raises(argparse.ArgumentTypeError):
             kind(text)
             pytest.fail(f"{command} {option} took {text!r}")
@@ -385,3 +389,22 @@ def test_a_reader_that_leaves_the_pipe_ends_the_command_quietly(tmp_path):
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141 and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("command, option, value, needs", [
+    ("layer", "--time-budget", "0.5", []), ("bench", "--time-budget", "0.5", []),
+    ("sweep", "--time-budget", "0.5", []), ("gpu-check", "--time-budget", "0.5", []),
+    ("train-step", "--time-budget", "0.5", []),
+    ("tune", "--time-budget", "0.5", ["--model", "m:f", "--input", "1,3,8,8"]),
+    ("memplan", "--memory-budget", "2GiB", []), ("memprofile", "--memory-budget", "2GiB", []),
+])
+def test_a_budget_is_named_by_what_it_counts_and_the_old_spelling_still_reads(command, option,
+                                                                            value, needs):
+    """`--budget` meant seconds in some commands and bytes in others: each meaning has its
+    name, listed in --help; `--budget` is still read, unlisted, as the one it meant there."""
+    sub = cli.build_parser()._subparsers._group_actions[0].choices[command]
+    dest = option.removeprefix("--").replace("-", "_")
+    new, old = (sub.parse_args([*needs, o, value]) for o in (option, "--budget"))
+    assert getattr(new, dest) == getattr(old, dest) and getattr(new, dest) is not None
+    text = sub.format_help()
+    assert option in text and "--budget" not in text

@@ -132,3 +132,27 @@ def test_the_runs_answers_winners_and_ratios():
     text = compare.answers_text(a, b)
     assert "1 same winner, 0 same tie, 1 tie in A, 0 tie in B, 0 disagree" in text
     assert "1 of 2 of B's within A's 95% interval" in text
+
+
+def busy_spread(median: float) -> Measurement:
+    """`spread`, timed while other processes held the cores (a third of the ready time)."""
+    return Measurement(spread(median).times_ms, cpu_share=(0.33,) * 7)
+
+
+def test_a_busy_run_names_no_winner_and_says_its_changes_may_be_the_load():
+    a = results.frame(rows({("gemm", "conv3"): spread(2.0), ("gemm", "conv4"): spread(2.0)}))
+    # B beside a load: conv3's gemm contended and slow, torch-cpu quiet: a "win" for torch-cpu
+    # that is only the load's; conv4 quiet, the same answer as A
+    b = results.frame(rows({("gemm", "conv3"): busy_spread(6.0), ("gemm", "conv4"): spread(2.0)}))
+    cmp = compare.compare(a, b).set_index(["algo", "layer"])
+    assert cmp.loc[("gemm", "conv3"), "busy"] == "B" and cmp.loc[("gemm", "conv4"), "busy"] == ""
+    assert "0 in A and 1 in B were timed on a busy machine" in compare.compare_table(
+        compare.compare(a, b))
+    wins = compare.winners(a, b).set_index("layer")
+    assert wins.loc["conv3", "answer"] == "busy in B" and wins.loc["conv3", "B"] == "busy"
+    assert wins.loc["conv4", "answer"] == "same winner"
+    assert "1 same winner, 0 same tie, 0 tie in A, 0 tie in B, 0 disagree, 1 busy in B" in \
+        compare.answers_text(a, b)
+    assert "busy in" not in compare.answers_text(a, a)  # a quiet pair: the counts as before
+    both = compare.compare(b, b)
+    assert (both["busy"] == ["A+B" if x == "B" else x for x in cmp["busy"]]).all()

@@ -11,6 +11,7 @@ from convbench.problem import LAYOUTS, PASSES, ConvProblem
 from convbench.testing import (
     PER_AXIS_PROBLEMS,
     assert_matches_reference,
+    assert_phases_replay,
     matmul_dtypes,
     problem_strategy,
     run_and_check,
@@ -74,11 +75,14 @@ def test_direct_blocks_cover_the_output(pass_, layout, monkeypatch):
 
 
 def test_workspaces():
-    """gemm's is the im2col matrix; direct's (input planes, wide output) is activation-sized."""
+    """gemm's is the im2col matrix and the zero-bordered input it is copied from; direct's
+    (input planes, wide output) is activation-sized."""
     conv2 = ConvProblem(n=8, c=96, h=27, w=27, k=256, r=5, s=5, pad=2)
     gemm = registry.get("gemm", "numpy").workspace_bytes(conv2, "fwd", "nhwc", "fp32")
     direct = registry.get("direct", "numpy").workspace_bytes(conv2, "fwd", "nhwc", "fp32")
-    assert gemm == 8 * 27 * 27 * 5 * 5 * 96 * 4
+    assert gemm == (8 * 27 * 27 * 5 * 5 * 96 + 8 * 31 * 31 * 96) * 4
+    assert registry.get("gemm", "numpy").workspace_bytes(conv2, "bwd_data", "nhwc", "fp32") \
+        == 8 * 27 * 27 * 5 * 5 * 96 * 4
     assert direct < 2 * conv2.min_bytes("fp32") < gemm / 2
 
 
@@ -158,3 +162,12 @@ def test_checker_catches_a_wrong_implementation(bug, problem, precision):
     chk = run_and_check(_TapLoop(bug), problem, "fwd", "nchw", precision)
     assert not chk.ok
     assert chk.rel_error > 100 * chk.tolerance, chk.reason
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+def test_gemm_phases_replay_the_pass(pass_, layout):
+    """im2col (or col2im) and the product, run one by one, give the full call's bits."""
+    problem = ConvProblem(n=2, c=4, h=9, w=8, k=6, r=3, s=2, stride=(2, 1), pad=(1, 0),
+                          groups=2)
+    assert_phases_replay(registry.get("gemm", "numpy"), problem, pass_, layout)

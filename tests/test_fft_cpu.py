@@ -226,3 +226,12 @@ def test_fp32_error_on_alexnet_conv2_is_within_tolerance(pass_):
     chk = testing.run_and_check(IMPL, p, pass_, "nhwc", "fp32")
     assert chk.ok, chk.reason
     assert chk.tolerance == verify.tolerance("fft", "fp32", p, pass_)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+def test_phases_replay_the_pass(pass_, layout):
+    """Both forward transforms, the product and the inverse, run one by one, give the full
+    call's bits (padding per axis: the operands wrap around the grid)."""
+    problem = ConvProblem(n=2, c=3, h=11, w=9, k=4, r=3, s=5, pad=(1, 2))
+    testing.assert_phases_replay(registry.get("fft", "numpy"), problem, pass_, layout)

@@ -110,3 +110,20 @@ def test_unsupported_raises_with_the_reason():
     impl = registry.get("torch-cpu", "numpy")
     assert registry.supports(impl, convbench.ConvProblem(1, 1, 3, 3, 1, 1, 1), "fwd", "nchw",
                              "fp16") == "torch-cpu on numpy runs fp64/fp32, not fp16"
+
+
+def test_a_memoized_pass_keeps_no_array_of_its_last_call():
+    """The prepared pass is memoized (its workspace and plans are reused), but not the arrays
+    of its last call: a phased pass (torch's, here) forgets them, so a training step's
+    activations do not stay alive into the next step's memory."""
+    import gc
+    import weakref
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 8, 8), dtype=np.float32)
+    w = rng.standard_normal((4, 3, 3, 3), dtype=np.float32)
+    y = convbench.conv2d(x, w, padding=1, algo="torch-cpu")
+    alive = [weakref.ref(v) for v in (x, w, y)]
+    del x, w, y
+    gc.collect()
+    assert [r() is None for r in alive] == [True, True, True]

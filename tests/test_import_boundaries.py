@@ -33,23 +33,28 @@ PACKAGE = Path(convbench.__file__).parent
 #: The layers of DESIGN.md §1, bottom up. A module imports only from its own layer or below.
 LAYERS = {
     "core": ["convbench", "problem", "layers", "deepbench", "problemfile", "transforms",
-             "measurement", "phases", "threads", "stats", "convset", "selection", "launch", "tools",
-             "tools.*"],
-    "implementations": ["registry", "algos", "algos.*", "kernels", "emu", "emu.*", "reference",
-                        "verify", "functional", "testing"],
+             "measurement", "phases", "threads", "stats", "fmt", "convset", "selection", "launch",
+             "tools", "tools.*"],
+    "implementations": ["registry", "padding", "algos", "algos.*", "kernels", "emu", "emu.*",
+                        "reference", "verify", "functional", "testing"],
     "harness": ["timing", "runner", "results", "opcount", "memory", "envinfo", "devices",
                 "batchsweep", "contention", "nvml"],
-    "analysis": ["report", "advice", "layoutplan", "plan", "runs", "shard", "summary",
-                 "gpucheck", "ranking", "compare", "speedup"],
-    "torch integration": ["tune", "apply", "nn", "trainstep", "memprofile", "memplan",
-                          "scale", "advisor", "models"],
+    "analysis": ["report", "sweepreport", "advice", "layoutplan", "plan", "summary", "ranking",
+                 "compare", "speedup"],
+    "runs": ["runs", "shard", "gpucheck"],
+    "torch integration": ["models", "tune", "apply", "nn", "advisor"],
+    "studies": ["studies", "studies.*"],
     "cli": ["cli", "cli.*", "__main__"],
 }
+#: The training-step studies (DESIGN.md §1, layer 7).
+STUDIES = ("trainstep", "memprofile", "memplan", "scale")
 #: What a module must not reach, directly or through others, though its layer would allow it.
 FORBIDDEN = {
     "advice": ["timing", "runner", "runs", "tune"],  # advice never times
     "layoutplan": ["timing", "runner"],  # the layout DP is arithmetic on measured times
     "timing": ["registry", "algos"],  # timing never knows which algorithm it times
+    # the studies stand side by side on the workload: none stands on another
+    **{f"studies.{s}": [f"studies.{o}" for o in STUDIES if o != s] for s in STUDIES},
 }
 #: The registry's deliberate discovery of the algorithm modules.
 DISCOVERY = ("convbench.registry", "convbench.algos")
@@ -238,6 +243,16 @@ def test_a_fresh_interpreter_loads_nothing_above_the_layer(layer):
         assert fresh_advice_loads(PACKAGE) == []
 
 
+def test_the_studies_stand_side_by_side():
+    """No study reaches another, and the check sees one stacked on another."""
+    edges = graph(PACKAGE)
+    assert [p for p in forbidden_reach(edges) if ".studies." in p] == []
+    edges["convbench.studies.memplan"] = {*edges["convbench.studies.memplan"],
+                                          "convbench.studies.memprofile"}
+    assert forbidden_reach(edges) == [
+        "convbench.studies.memplan reaches convbench.studies.memprofile"]
+
+
 def test_the_checks_bite(tmp_path):
     """A copy of the package with forbidden imports added: each check reports them."""
     root = tmp_path / "convbench"
@@ -256,10 +271,11 @@ def test_the_checks_bite(tmp_path):
     edges = graph(root)
     assert upward_imports(edges) == [
         "convbench.advice (analysis) imports convbench.cli (cli)",
-        "convbench.results (harness) imports convbench.runs (analysis)",
+        "convbench.results (harness) imports convbench.runs (runs)",
         "convbench.timing (harness) imports convbench.report (analysis)"]
     assert any({"convbench.results", "convbench.runs"} <= set(c) for c in circles(edges))
-    assert forbidden_reach(edges) == [
+    # (the circle results -> runs -> ... makes every study reach the others too: left out)
+    assert [p for p in forbidden_reach(edges) if ".studies." not in p] == [
         *(f"convbench.advice reaches convbench.{m}" for m in FORBIDDEN["advice"]),
         "convbench.timing reaches convbench.registry",
         "convbench.timing reaches convbench.algos"]  # report -> results -> runs -> envinfo

@@ -6,8 +6,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_cli import run_cli
 
-from convbench import memplan
 from convbench.problem import LAYOUTS, PASSES
+from convbench.studies import footprint, memplan, workspace
+from convbench.studies.workload import Workload
+
+ALEXNET = Workload.parse("alexnet")
 
 
 def affine(a: int, b: int, seen: list):
@@ -27,7 +30,7 @@ def test_the_search_never_probes_beyond_the_budget_and_ends_near_the_limit(a, b,
     the budget, and the search ends fewer than `margin` batches below the true limit."""
     budget = a + b + extra  # batch 1 fits
     seen = []
-    found = memplan.largest_batch(affine(a, b, seen), budget, slope_bound=b * margin)
+    found = memplan.largest_measured_batch(affine(a, b, seen), budget, slope_bound=b * margin)
     true = min((budget - a) // b, memplan.MAX_BATCH)
     assert all(a + b * n <= budget for n in seen), seen
     assert true - margin < found.batch <= true and found.peak == a + b * found.batch
@@ -39,7 +42,7 @@ def test_with_the_true_growth_as_the_bound_the_search_finds_the_true_limit(a, b,
     """A footprint known exactly, and a bound equal to its growth: one probe at batch 1, one at
     the limit."""
     seen = []
-    found = memplan.largest_batch(affine(a, b, seen), budget, slope_bound=b)
+    found = memplan.largest_measured_batch(affine(a, b, seen), budget, slope_bound=b)
     assert found.batch == min((budget - a) // b, memplan.MAX_BATCH)
     assert seen == sorted(set(seen)) and len(seen) <= 2
 
@@ -53,25 +56,25 @@ def test_a_peak_that_bends_is_closed_in_on_from_below():
         seen.append(batch)
         return memplan.Probe(batch, 100 + 10 * batch + (500 if batch > 40 else 0))
 
-    found = memplan.largest_batch(bent, 1000, slope_bound=10)
+    found = memplan.largest_measured_batch(bent, 1000, slope_bound=10)
     assert found.batch == 40 and max(found.probes) > 40
     assert [n for n in seen if 100 + 10 * n + (500 if n > 40 else 0) > 1000] != []
 
 
 def test_batch_one_over_the_budget_is_refused():
     with pytest.raises(ValueError, match="even batch 1 needs 110 B, over the budget of 100 B"):
-        memplan.largest_batch(affine(100, 10, []), 100, 10)
+        memplan.largest_measured_batch(affine(100, 10, []), 100, 10)
 
 
 @pytest.mark.parametrize("strategy", ["checkpoint", "recompute-cheap"])
 def test_recomputation_leaves_the_gradients_as_they_were(strategy):
-    assert memplan.gradient_error("alexnet", strategy, "cpu") <= memplan.GRADIENT_TOLERANCE
+    assert memplan.gradient_error(ALEXNET, strategy, "cpu") <= memplan.GRADIENT_TOLERANCE
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("strategy", ["offload", "checkpoint+offload", "recompute-cheap+offload"])
 def test_offloading_leaves_the_gradients_as_they_were(strategy):
-    assert memplan.gradient_error("alexnet", strategy, "cuda") <= memplan.GRADIENT_TOLERANCE
+    assert memplan.gradient_error(ALEXNET, strategy, "cuda") <= memplan.GRADIENT_TOLERANCE
 
 
 def test_strategies_are_checked_where_they_are_named():
@@ -91,19 +94,42 @@ def test_strategies_are_checked_where_they_are_named():
 def test_the_report_table_and_rows(tmp_path):
     pytest.importorskip("matplotlib")
     seen = []
-    plain = memplan.Result("none", search=memplan.largest_batch(affine(100, 10, seen), 1000, 10),
+    plain = memplan.StrategyResult("none", search=memplan.largest_measured_batch(affine(100, 10, seen), 1000, 10),
                            gradient_error=0.0)
     plain.timed = {b: affine(100, 10, [])(b) for b in memplan.curve(plain.search.batch, 1)}
     assert sorted(plain.timed) == [1, 45, 90]
-    off = memplan.Result("offload", reason="no second memory here")
+    off = memplan.StrategyResult("offload", reason="no second memory here")
     text = memplan.markdown("alexnet", "cpu", 1000, [plain, off], 1, {"device": "a CPU"})
     assert "| none " in text and "| 90 " in text and "| offload    | unsupported" in text
     names = memplan.write(tmp_path, text, [plain, off], {}, "title")
-    assert names == ["memplan.md", "memplan.csv", "env.json", "memplan.png"]
+    assert names == ["report.md", "memplan.csv", "env.json", "memplan.png"]
     rows = memplan.rows([plain, off])
     assert [r["batch"] for r in rows if r["status"] == "ok"] == [1, 45, 90]
     assert next(r for r in rows if r["largest"] is True)["batch"] == 90
     assert [r["search_probe"] for r in rows if r["status"] == "ok"] == [True, False, True]
+
+
+def test_offloadings_images_per_second_are_said_to_be_a_lower_bound():
+    """save_on_cpu copies without overlap: the report says what its speed means."""
+    off = memplan.StrategyResult("offload", search=memplan.largest_measured_batch(
+        affine(100, 10, []), 1000, 10), gradient_error=0.0)
+    off.timed = {b: affine(100, 10, [])(b) for b in memplan.curve(off.search.batch, None)}
+    text = memplan.markdown("alexnet", "cuda", 1000, [off], 90, {"device": "a GPU"})
+    assert "its images/s is a lower bound for offloading" in text
+    plain = memplan.StrategyResult("none", search=off.search, gradient_error=0.0,
+                                   timed=off.timed)
+    assert "lower bound" not in memplan.markdown("alexnet", "cuda", 1000, [plain], 90, {})
+
+
+def test_only_unsupported_strategies_say_so_and_draw_nothing(tmp_path, capsys):
+    """offload alone on the CPU: no common batch to speak of, no empty plot; a line says why."""
+    out = tmp_path / "plan"
+    code, printed, _ = run_cli(capsys, "memplan", "--device", "cpu", "--strategies",
+                               "offload", "--out", str(out))
+    assert code == 0 and "None" not in printed and "memplan.png" not in printed
+    assert "no strategy asked for runs on this device: nothing was measured" in printed
+    assert "| offload    | unsupported     |" in printed and "common batch" not in printed
+    assert sorted(p.name for p in out.iterdir()) == ["env.json", "memplan.csv", "report.md"]
 
 
 def test_a_budget_too_small_for_batch_one_is_one_line(capsys):
@@ -113,7 +139,7 @@ def test_a_budget_too_small_for_batch_one_is_one_line(capsys):
 
 
 # --- the workspace strategy ------------------------------------------------------------------
-def synthetic_choices(times: dict[str, float]) -> memplan.Choices:
+def synthetic_choices(times: dict[str, float]) -> workspace.Choices:
     """AlexNet's conv passes at batch 2, each algo of `times` verified and timed at that many
     ms (the same for every pass and layout) where it runs the pass, as `measure_choices` would
     have measured them."""
@@ -122,7 +148,7 @@ def synthetic_choices(times: dict[str, float]) -> memplan.Choices:
 
     rows = []
     for layer in layers.net_layers("alexnet"):
-        problem = layer.problem.with_batch(memplan.REFERENCE_BATCH)
+        problem = layer.problem.with_batch(workspace.REFERENCE_BATCH)
         passes = ("fwd", "bwd_filter") if layer.name == "conv1" else PASSES
         for algo, ms in times.items():
             for pass_ in passes:
@@ -135,7 +161,7 @@ def synthetic_choices(times: dict[str, float]) -> memplan.Choices:
                     rows.append(runner.row(case, "unsupported", why) if why else
                                 runner.row(case, "ok", check=ok, m=Measurement((ms, ms, ms)),
                                            peak_bytes=0))
-    return memplan.Choices(rows, memplan.REFERENCE_BATCH, "numpy")
+    return workspace.Choices(rows, workspace.REFERENCE_BATCH, "numpy")
 
 
 def test_the_workspace_strategy_is_named_and_combined():
@@ -152,29 +178,29 @@ def test_the_plan_takes_the_fastest_algorithms_whose_workspaces_fit_the_room():
     none declared): with room for everything the plan is all gemm; as the room shrinks it
     holds less, never more than the room, and at no room it leaves every pass to torch."""
     choices = synthetic_choices({"gemm": 1.0, "direct": 2.0, "torch-cpu": 3.0})
-    fastest, held = memplan.budgeted_plan(choices, 16, 1 << 62)
+    fastest, held = workspace.budgeted_plan(choices, 16, 1 << 62)
     assert {c.algo for lp in fastest.layers for c in lp.passes.values() if c} == {"gemm"}
-    assert held == memplan.held_workspace(fastest) > 0
+    assert held == workspace.held_workspace(fastest) > 0
     previous = held
     for room in (held - 1, held // 2, held // 8, 1 << 20, 0):
-        plan, got = memplan.budgeted_plan(choices, 16, room)
+        plan, got = workspace.budgeted_plan(choices, 16, room)
         assert got <= room and got <= previous
         previous = got
     assert got == 0
     assert {c.algo for lp in plan.layers for c in lp.passes.values() if c} <= {"torch-cpu"}
     # the workspace grows with the batch: the same room holds less of the plan at a larger one
-    assert memplan.budgeted_plan(choices, 64, held)[1] <= held
-    assert memplan.budgeted_plan(choices, 64, 1 << 62)[1] > held
+    assert workspace.budgeted_plan(choices, 64, held)[1] <= held
+    assert workspace.budgeted_plan(choices, 64, 1 << 62)[1] > held
 
 
 def test_a_plan_leaves_the_gradients_within_its_algorithms_tolerance(tmp_path):
     choices = synthetic_choices({"gemm": 1.0, "winograd-4x4": 0.5, "direct": 2.0})
-    plan, _ = memplan.budgeted_plan(choices, memplan.CHECK_BATCH, 1 << 62)
+    plan, _ = workspace.budgeted_plan(choices, memplan.CHECK_BATCH, 1 << 62)
     chosen = {c.algo for lp in plan.layers for c in lp.passes.values() if c}
     assert "winograd-4x4" in chosen  # conv3-5's 3x3 passes
-    tolerance = memplan.plan_tolerance(plan)
+    tolerance = workspace.plan_tolerance(plan, memplan.GRADIENT_TOLERANCE)
     assert tolerance > memplan.GRADIENT_TOLERANCE  # Winograd's looser rounding
-    error = memplan.gradient_error("alexnet", "workspace", "cpu",
+    error = memplan.gradient_error(ALEXNET, "workspace", "cpu",
                                    plan_file=str(plan.save(tmp_path / "plan.json")))
     assert 0 < error <= tolerance
 
@@ -201,11 +227,9 @@ def tiny():
 
 @pytest.fixture
 def tiny_net(tmp_path, monkeypatch):
-    from convbench import trainstep
-
     (tmp_path / "memplan_user_net.py").write_text(USER_NET)
     monkeypatch.syspath_prepend(str(tmp_path))
-    return trainstep.model_net("memplan_user_net:tiny", (3, 16, 16))
+    return Workload.of_model("memplan_user_net:tiny", (3, 16, 16))
 
 
 @pytest.mark.parametrize("strategy", ["checkpoint", "recompute-cheap"])
@@ -216,14 +240,12 @@ def test_recomputation_of_a_users_model_leaves_the_gradients_as_they_were(tiny_n
 
 
 def test_a_users_model_is_modelled_and_stepped_like_a_catalog_net(tiny_net):
-    from convbench import memprofile, trainstep
-
-    assert trainstep.input_shape(tiny_net) == (3, 16, 16)
-    x, target = trainstep.example_batch(tiny_net, 4, "cpu")
+    assert tiny_net.image_shape == (3, 16, 16) and Workload.parse(tiny_net.name) == tiny_net
+    x, target = tiny_net.example_batch(4, "cpu")
     assert x.shape == (4, 3, 16, 16) and int(target.max()) < 10  # the model's 10 classes
-    at = memprofile.modelled_peak(tiny_net, {})
+    at = footprint.modelled_peak(tiny_net, {})
     assert 0 < at(1).total < at(8).total
-    probe = memplan.probe_here(tiny_net, "recompute-cheap", 4, "cpu", 1 << 30, 0.0)
+    probe = memplan.probe_here(tiny_net.name, "recompute-cheap", 4, "cpu", 1 << 30, 0.0)
     assert probe.fits(1 << 30) and probe.peak > 0
 
 
@@ -245,7 +267,7 @@ def test_a_workspace_plan_that_overshoots_falls_back_to_smaller_rooms_then_the_b
     choices = synthetic_choices({"gemm": 1.0, "torch-cpu": 3.0})
     tried = []
 
-    def fake_probe(net, strategy, batch, device, budget, time_s=0.0, plan_file=None):
+    def fake_probe(load, strategy, batch, device, budget, time_s=0.0, plan_file=None):
         tried.append((strategy, batch, plan_file is not None))
         if plan_file is None:
             return memplan.Probe(batch, 600, [1.0])
@@ -253,7 +275,7 @@ def test_a_workspace_plan_that_overshoots_falls_back_to_smaller_rooms_then_the_b
         return memplan.Probe(batch, 900 if planned_for_none and batch == 2 else 1100, [1.0])
 
     monkeypatch.setattr(memplan, "probe", fake_probe)
-    run = memplan._prober("alexnet", "workspace", "cpu", 1000, choices, tmp_path, {})
+    run = memplan.prober(ALEXNET, "workspace", "cpu", 1000, choices, tmp_path, {})
     fits = run(2)
     assert fits.peak == 900 and "planned for 0 B" in fits.note
     assert [t for t in tried if t[2]] == [("workspace", 2, True)] * 3  # room, room/4, none
@@ -267,10 +289,10 @@ def test_the_workspace_strategys_limit_is_its_base_steps(monkeypatch, tmp_path):
     found on the base step's peaks (a + b·batch), and the strategy probed there."""
     choices = synthetic_choices({"gemm": 1.0, "torch-cpu": 3.0})
 
-    def fake_probe(net, strategy, batch, device, budget, time_s=0.0, plan_file=None):
+    def fake_probe(load, strategy, batch, device, budget, time_s=0.0, plan_file=None):
         return memplan.Probe(batch, 990 if plan_file else 100 + 10 * batch, [1.0])
 
     monkeypatch.setattr(memplan, "probe", fake_probe)
-    run = memplan._prober("alexnet", "workspace", "cpu", 1000, choices, tmp_path, {})
-    found = memplan._search(run, 1000, 10, memplan.MAX_BATCH)
+    run = memplan.prober(ALEXNET, "workspace", "cpu", 1000, choices, tmp_path, {})
+    found = run.search(10, memplan.MAX_BATCH)
     assert found.batch == 90 and list(found.probes) == [90] and found.peak == 990

@@ -5,12 +5,15 @@ import pandas as pd
 import pytest
 from test_cli import run_cli
 
-from convbench import memprofile, opcount, registry, results, runner, trainstep, verify
+from convbench import opcount, registry, results, runner, verify
 from convbench.layers import Layer, net_layers
 from convbench.measurement import Measurement
 from convbench.plan import Choice, Constraints, LayerPlan, Plan, current_env_key
+from convbench.studies import footprint, memprofile
+from convbench.studies.workload import Workload
 
 MiB = 1 << 20
+ALEXNET = Workload.parse("alexnet")
 CONVS = net_layers("alexnet")
 
 
@@ -39,7 +42,7 @@ def by_name(events, phase, layer):
 
 @pytest.mark.parametrize("n", [1, 3])
 def test_timeline_sums_match_sizes_counted_independently(n):
-    events = memprofile.profile_step("alexnet", n, "meta")
+    events = footprint.profile_step(ALEXNET, n, "meta")
     first = CONVS[0].problem
     for e in events:
         assert e.weights == parameter_bytes() and e.optimizer == parameter_bytes()
@@ -60,8 +63,8 @@ def test_measured_cpu_step_agrees_with_the_model():
     """The real step at batch 1, read by torch's CPU allocator at every event: the model (the
     same step on `meta`) matches what was allocated, within what hooks do not see (oneDNN's
     weight reorders, autograd's transient gradient buffers)."""
-    events = memprofile.profile_step("alexnet", 1, "cpu", measure=True)
-    meta = memprofile.profile_step("alexnet", 1, "meta")
+    events = footprint.profile_step(ALEXNET, 1, "cpu", measure=True)
+    meta = footprint.profile_step(ALEXNET, 1, "meta")
     assert [(e.phase, e.layer, e.total) for e in events] == \
         [(e.phase, e.layer, e.total) for e in meta]
     for e in events:
@@ -73,12 +76,12 @@ def test_measured_cpu_step_agrees_with_the_model():
 
 def test_largest_batch_searches_a_growing_peak():
     def peak_at(n):
-        return memprofile.Event("bwd", "conv5", 100, 0, 7 * n, 0, 0, 0, 0)
+        return footprint.Event("bwd", "conv5", 100, 0, 7 * n, 0, 0, 0, 0)
 
-    assert memprofile.largest_batch(peak_at, 100 + 7 * 1000)[0] == 1000
-    assert memprofile.largest_batch(peak_at, 100 + 7 * 1000 - 1)[0] == 999
-    assert memprofile.largest_batch(peak_at, 99) == (0, None)
-    assert memprofile.largest_batch(peak_at, 10**15)[0] == memprofile.MAX_BATCH
+    assert footprint.largest_modelled_batch(peak_at, 100 + 7 * 1000)[0] == 1000
+    assert footprint.largest_modelled_batch(peak_at, 100 + 7 * 1000 - 1)[0] == 999
+    assert footprint.largest_modelled_batch(peak_at, 99) == (0, None)
+    assert footprint.largest_modelled_batch(peak_at, 10**15)[0] == footprint.MAX_BATCH
 
 
 def plan(choices: dict[str, str], layout: str = "nchw") -> Plan:
@@ -96,31 +99,31 @@ def plan(choices: dict[str, str], layout: str = "nchw") -> Plan:
 
 
 def test_plan_workspaces_enter_the_peak_and_shrink_the_largest_batch():
-    algos = memprofile.plan_algos(plan({"conv2": "fft", "conv3": "gemm"}))
+    algos = footprint.plan_algos(plan({"conv2": "fft", "conv3": "gemm"}))
     assert set(algos) == {(c, p) for c in ("conv2", "conv3")
                           for p in ("fwd", "bwd_data", "bwd_filter")}
-    ws = memprofile.declared_workspace("alexnet", algos)
+    ws = footprint.declared_workspace(ALEXNET, algos)
     conv2 = CONVS[1].problem.with_batch(16)
     assert ws("conv2", "fwd", 16) == opcount.workspace_bytes(
         registry.get("fft", "numpy"), conv2, "fwd", "nchw", "fp32")
     assert ws("conv1", "fwd", 16) == 0
-    events = memprofile.profile_step("alexnet", 16, "meta", workspace=ws, held=False)
+    events = footprint.profile_step(ALEXNET, 16, "meta", workspace=ws, held=False)
     assert by_name(events, "fwd", "conv2").workspace == ws("conv2", "fwd", 16)
     bwd = by_name(events, "bwd", "conv3").workspace
     assert bwd == max(ws("conv3", "bwd_data", 16), ws("conv3", "bwd_filter", 16))
-    held = memprofile.profile_step("alexnet", 16, "meta", workspace=ws, held=True)
-    every = sum(ws(*lp, 16) for lp in memprofile.conv_passes("alexnet"))
+    held = footprint.profile_step(ALEXNET, 16, "meta", workspace=ws, held=True)
+    every = sum(ws(*lp, 16) for lp in ALEXNET.conv_passes())
     assert {e.workspace for e in held} == {every}  # all prepared passes stay allocated
     budget = 2 << 30
     found = {f.config: f.found for f in memprofile.fits(
-        "alexnet", {"defaults": ({}, ""), "planned": (algos, "")}, budget)}
+        ALEXNET, {"defaults": ({}, ""), "planned": (algos, "")}, budget)}
     assert found["defaults"]["held"] == found["defaults"]["per-pass"]
     planned = found["planned"]
     assert 0 < planned["held"][0] < planned["per-pass"][0] < found["defaults"]["held"][0]
     for config, by_mode in found.items():
         for mode, (batch, event) in by_mode.items():
             assert event.total <= budget
-            over = memprofile.modelled_peak("alexnet", algos if config == "planned" else {},
+            over = footprint.modelled_peak(ALEXNET, algos if config == "planned" else {},
                                             mode == "held")(batch + 1)
             assert over.total > budget
 
@@ -129,9 +132,11 @@ def test_applied_plan_is_measured_with_its_workspaces_held():
     """With a plan applied, conv2's passes run convbench's gemm on NumPy: tracemalloc sees the
     column buffers functional.run keeps for each of the three passes, all through the step."""
     p = plan({"conv2": "gemm"})
-    ws = memprofile.declared_workspace("alexnet", memprofile.plan_algos(p))
-    events = memprofile.profile_step("alexnet", 1, "cpu", workspace=ws, plan=p, measure=True)
-    columns = 3 * ws("conv2", "fwd", 1)
+    ws = footprint.declared_workspace(ALEXNET, footprint.plan_algos(p))
+    events = footprint.profile_step(ALEXNET, 1, "cpu", workspace=ws, plan=p, measure=True)
+    # im2col's padded input for fwd and bwd_filter; bwd_data's col2im writes into dx itself
+    columns = sum(ws("conv2", pass_, 1) for pass_ in ("fwd", "bwd_data", "bwd_filter"))
+    assert columns < 3 * ws("conv2", "fwd", 1)
     for e in events:
         assert e.workspace == columns
         # gemm's bwd_filter also holds a filter-sized buffer it does not declare
@@ -166,7 +171,7 @@ def test_memprofile_command_with_the_advisors_plans(tmp_path, capsys):
     assert code == 0
     data = json.loads(printed)
     assert data["timeline"][0]["phase"] == "fwd" and data["timeline"][0]["allocated"] > 0
-    text = (out / "memprofile.md").read_text()
+    text = (out / "report.md").read_text()
     assert "| defaults" in text and "| fastest" in text and "| budgeted" in text
     assert "Modelled peak" in text and "allocated (measured)" in text
     rows = {(r["configuration"], r["workspace"]): r for r in data["largest_batch"]}
@@ -181,19 +186,19 @@ def test_memprofile_command_with_the_advisors_plans(tmp_path, capsys):
     assert "fft" in rows["fastest", "held"]["algorithms"]
     budgeted = rows["budgeted", "held"]["algorithms"]
     assert "fft" not in budgeted and budgeted.endswith("(workspace <= 64 MiB)")
-    assert {p.name for p in out.iterdir()} >= {"memprofile.md", "timeline.csv",
+    assert {p.name for p in out.iterdir()} >= {"report.md", "memprofile.csv", "env.json",
                                               "largest_batch.csv"}
 
 
-def test_build_model_is_trainsteps():
-    model = trainstep.build_model("alexnet")
+def test_the_workloads_model_is_the_catalogs():
+    model = ALEXNET.build()
     assert sum(p.numel() * 4 for p in model.parameters()) == parameter_bytes()
 
 
 @pytest.mark.gpu
 def test_cuda_timeline_is_read_from_torchs_allocator():
-    events = memprofile.profile_step("alexnet", 8, "cuda", measure=True)
-    meta = memprofile.profile_step("alexnet", 8, "meta")
+    events = footprint.profile_step(ALEXNET, 8, "cuda", measure=True)
+    meta = footprint.profile_step(ALEXNET, 8, "meta")
     for e, m in zip(events, meta):
         assert e.total == m.total
         # cuDNN's workspaces come and go between events: seen in the peaks, not the model;

@@ -1,6 +1,7 @@
 """NVML readings through a fake pynvml: clocks, throttling reasons and violation counters, the
 env.json snapshot, and graceful absence."""
 
+import os
 import sys
 import types
 
@@ -34,14 +35,18 @@ class FakeNvml(types.SimpleNamespace):
                 "nvmlInit": None, "nvmlDeviceGetHandleByPciBusId": handle,
                 "nvmlDeviceGetHandleByIndex": handle,
                 "nvmlDeviceGetClockInfo": lambda h, clock: 1755 if clock == 1 else 2619,
-                "nvmlDeviceGetMaxClockInfo": 1980, "nvmlDeviceGetApplicationsClock": 1755,
+                "nvmlDeviceGetMaxClockInfo": lambda h, clock: 1980 if clock == 1 else 2619,
+                "nvmlDeviceGetApplicationsClock": lambda h, clock: 1755 if clock == 1 else 2619,
                 "nvmlDeviceGetCurrentClocksEventReasons": lambda h: self.state["reasons"],
                 "nvmlDeviceGetViolationStatus": violation,
                 "nvmlDeviceGetPowerManagementLimit": 700000, "nvmlDeviceGetPowerUsage": 312000,
                 "nvmlDeviceGetTemperature": 41, "nvmlDeviceGetEccMode": (1, 1),
                 "nvmlDeviceGetPersistenceMode": 1, "nvmlDeviceGetMigMode": (0, 0),
                 "nvmlDeviceGetComputeRunningProcesses": [types.SimpleNamespace(
-                    pid=4242, usedGpuMemory=1 << 30)],
+                    pid=4242, usedGpuMemory=1 << 30), types.SimpleNamespace(
+                    pid=os.getpid(), usedGpuMemory=1 << 20)],
+                "nvmlDeviceGetGraphicsRunningProcesses": [],
+                "nvmlDeviceGetEnforcedPowerLimit": 650000,
                 "nvmlSystemGetDriverVersion": b"580.65", "nvmlDeviceGetName": "NVIDIA H100"}.items():
             setattr(self, name, call(name, value))
 
@@ -84,7 +89,13 @@ def test_the_snapshot_for_env_json(fake):
         (1755, 1980, 2619)
     assert snap["power_limit_w"] == 700 and snap["ecc"] is True and snap["mig_mode"] is False
     assert snap["persistence_mode"] is True and snap["throttled_now"] == []
-    assert snap["processes"] == [{"pid": 4242, "used_bytes": 1 << 30}]
+    assert snap["processes"] == [{"pid": 4242, "used_bytes": 1 << 30},
+                                 {"pid": os.getpid(), "used_bytes": 1 << 20}]
+    assert snap["other_processes"] == [4242]  # this process is not another
+    assert (snap["application_sm_clock_mhz"], snap["application_memory_clock_mhz"],
+            snap["max_memory_clock_mhz"]) == (1755, 2619, 2619)
+    assert snap["enforced_power_limit_w"] == 650 and snap["mig_mode_pending"] is False
+    assert snap["temperature_c"] == 41
 
 
 def test_refused_queries_are_none_not_errors(fake):
@@ -104,3 +115,19 @@ def test_without_pynvml_nothing_is_read(monkeypatch):
         assert nvml.unavailable()
     finally:
         nvml._library.cache_clear()
+
+
+def test_a_gpu_run_records_the_gpu_at_its_start_and_end(fake, tmp_path):
+    """env.json's `load` readings carry the NVML snapshot on a GPU run (its start, in
+    `runs.environment`, and its end, in `Run.note_load`), and none on the host."""
+    from convbench import results, runs
+
+    fake()
+    reading = runs.load_reading("start", "cuda")
+    assert reading["when"] == "start" and reading["gpu"]["other_processes"] == [4242]
+    assert "gpu" not in runs.load_reading("start", "numpy")
+    folder = results.RunFolder.open(tmp_path / "run", {"backend": "cuda", "load": [reading]})
+    runs.Run([], 1.0, folder).note_load("end")
+    saved = results.load_run(tmp_path / "run")[1]["load"]
+    assert [r["when"] for r in saved] == ["start", "end"]
+    assert saved[1]["gpu"]["sm_clock_mhz"] == 1755

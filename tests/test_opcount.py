@@ -45,8 +45,16 @@ def test_winograd_transforms_f2x2():
     assert ops.products == 2 * 16
 
 
+def test_winograd_counts_5x5_filters():
+    """F(4x4, 5x5) on whole tiles: 64 products per 16 outputs where direct does 16·25."""
+    p = ConvProblem(n=1, c=2, h=16, w=16, k=3, r=5, s=5, pad=2)
+    direct = opcount.op_count("direct", p, "fwd").multiplications
+    assert direct / opcount.op_count("winograd-4x4", p, "fwd").multiplications == 25 / 4
+
+
 def test_winograd_has_no_count_where_it_does_not_apply():
-    assert opcount.op_count("winograd-2x2", CONV2, "fwd") is None  # 5x5
+    seven = ConvProblem(n=1, c=1, h=9, w=9, k=1, r=7, s=7, pad=3)
+    assert opcount.op_count("winograd-2x2", seven, "fwd") is None
     strided = ConvProblem(n=1, c=1, h=8, w=8, k=1, r=3, s=3, stride=2)
     assert opcount.op_count("winograd-4x4", strided, "fwd") is None
     assert opcount.theoretical_workspace("winograd-4x4", strided, "fwd") is None
@@ -220,7 +228,10 @@ def test_per_axis_counts_and_workspace_follow_each_axis():
         cols = p.n * out_h * out_w * p.c * p.r * p.s
         assert opcount.op_count("gemm", p, "bwd_data").transforms == cols
         assert opcount.theoretical_workspace("gemm", p, "fwd", "fp32") == cols * 4
-        assert registry.get("gemm", "numpy").workspace_bytes(p, "fwd", "nhwc", "fp32") == cols * 4
+        # the CPU gemm also holds the zero-bordered input its one strided im2col copy reads
+        padded = p.n * (p.h + 2 * p.pad_h) * (p.w + 2 * p.pad_w) * p.c
+        assert registry.get("gemm", "numpy").workspace_bytes(p, "fwd", "nhwc", "fp32") == \
+            (cols + padded) * 4
 
 
 def test_per_axis_fft_grid_pads_each_axis_and_winograd_has_no_count():

@@ -264,3 +264,30 @@ def test_a_bad_per_axis_value_is_one_clear_error(tmp_path, value, message):
     path.write_text(json.dumps(data))
     with pytest.raises(PlanError, match=message):
         Plan.load(path)
+
+
+#: Padding that differs before and after: TensorFlow's SAME, and rows no output reads.
+ASYMMETRIC = [ConvProblem(n=2, c=4, h=8, w=9, k=4, r=3, s=3, stride=2, pad=((0, 1), (1, 1))),
+              ConvProblem(n=1, c=4, h=10, w=9, k=4, r=3, s=2, pad=((1, -2), (0, 1)))]
+
+
+def test_a_plan_with_padding_before_and_after_round_trips(tmp_path):
+    plan = make_plan()
+    choice = Choice("direct", "numpy", 1.0, 0.1)
+    plan.layers = [LayerPlan(f"tf.{i}", p, "nchw", {"fwd": choice, "bwd_data": choice,
+                                                    "bwd_filter": None})
+                   for i, p in enumerate(ASYMMETRIC)]
+    plan.network = dataclasses.replace(plan.network, per_layer_best_layouts=["nchw"] * 2)
+    plan.measurements = [entry_from_row(measured_row(p, algo="direct")) for p in ASYMMETRIC]
+    path = plan.save(tmp_path / "plan.json")
+    data = json.loads(path.read_text())
+    assert [lp["problem"]["pad"] for lp in data["layers"]] == [[[0, 1], [1, 1]],
+                                                               [[1, -2], [0, 1]]]
+    back = Plan.load(path)
+    assert back == plan and [lp.problem for lp in back.layers] == ASYMMETRIC
+    assert [results.problem_from_row(row_from_entry(e, "x", "net", "fp32"))
+            for e in back.measurements] == ASYMMETRIC
+    store = PlanStore(tmp_path / "store")
+    store.save(plan)
+    found = store.lookup(ENV, "numpy", "fp32").measurements
+    assert {problem for problem, _ in found} == set(ASYMMETRIC)

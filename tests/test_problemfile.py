@@ -4,10 +4,13 @@ shape files' own lines) and CSV, each malformed entry one error naming file, lin
 import csv
 import dataclasses
 import io
+import os
+from pathlib import Path
 
+import numpy as np
 import pytest
 
-from convbench import problemfile
+from convbench import problemfile, reference, registry, verify
 from convbench.layers import CATALOGS
 from convbench.problem import ConvProblem
 from convbench.problemfile import ProblemFileError, descriptor, parse, read
@@ -187,7 +190,6 @@ def test_names(text, name):
     ("mb0ic3ih5oc4kh3", "mb: must be positive, got 0"),
     ("ic3ih5oc4kh3sh0", "sh: must be at least 1"),
     ('ic3ih5oc4kh3n"open', "n: unbalanced quote in the name '\"open'"),
-    ("ic1ih4oc1kh5sh2", "kh: kernel extent 5 is larger than the padded input ih=4+2*0"),
     ("ic1ih4oc1kh5sh1", ("kh: kernel extent 5 is larger than the padded input ih=4+2*0 "
                         "(oh would be 0)")),
     ("ic1ih10oc1oh5kh3", "ph: deduced as -1 from oh=5, ih=10, kh=3, sh=1: negative padding"),
@@ -199,30 +201,32 @@ def test_descriptor_errors_name_the_field(text, msg):
     assert str(info.value).startswith(msg)
 
 
-@pytest.mark.parametrize("text, msg", [
-    # benchdnn pads 2 before and 3 after (TensorFlow's SAME): convbench cannot
-    ("ic1ih224oc1oh112kh7sh2", ("ph: oh=112 needs padding 2 before and 3 after along the height; "
-                               "convbench pads both sides alike")),
-    ('ic32oc13_ih13oh12kh3ph0_n"tails_conv:1"', "ph: oh=12 needs padding 0 before and 1 after"),
+@pytest.mark.parametrize("text, pad, p", [
+    # benchdnn pads 2 before and 3 after (TensorFlow's SAME)
+    ("ic1ih224oc1oh112kh7sh2", ((2, 3), (2, 3)), 112),
+    ('ic32oc13_ih13oh12kh3ph0_n"tails_conv:1"', ((0, 1), (0, 1)), 12),
     ('mb1_ic3oc32_ih512oh256kh3sh2dh0ph0_iw512ow256kw3sw2dw0pw0_n"efficientdet:conv1"',
-     "ph: oh=256 needs padding 0 before and 1 after"),
-    # benchdnn's right padding is 3 short of the left: its output is smaller
-    ("ic1ih13oc1oh10kh3ph1", ("oh: 10 with ph=1 leaves 3 rows of the padded input unread at the "
-                             "end; convbench pads both sides alike, which gives oh=13")),
-    ("ic8oc8_iw5ow2kw3sw1dw2pw3", "ow: 2 with pw=3 leaves 3 columns"),
+     ((0, 1), (0, 1)), 256),
+    # the padding after is 3 short of 1 before: the last 2 input rows are never read
+    ("ic1ih13oc1oh10kh3ph1", ((1, -2), (1, -2)), 10),
+    # 1-D (the height is 1 row), dilated: 3 before, none after
+    ("ic8oc8_iw5ow2kw3sw1dw2pw3", ((0, 0), (3, 0)), 2),
+    # shapes_dw_2d_strided_no-padding's "ph-bottom(1)": the kernel fits only with it
+    ("mb1_g16_ic16oc16_kh3kw1_ih2iw1_oh1ow1_sh2sw1_ph0pw0_dh0dw0", ((0, 1), (0, 0)), 1),
+    # benchdnn's division truncates toward zero: (4-5)/2 is 0, so oh is 1 and it pads 1 after
+    ("ic1ih4oc1kh5sh2", ((0, 1), (0, 1)), 1),
+    # short of the padding before by less than a stride: the same convolution as symmetric
+    ("ic1ih224oc1oh112kh7sh2ph3", 3, 112),
 ])
-def test_unequal_padding_is_refused(text, msg):
-    with pytest.raises(ValueError) as info:
-        descriptor(text)
-    assert str(info.value).startswith(msg)
+def test_padding_after_is_benchdnns(text, pad, p):
+    problem, _ = descriptor(text)
+    assert problem.pad == pad
+    assert problem.p == p or problem.q == p
 
 
-def test_deductions_divide_as_c_does():
-    """benchdnn's divisions truncate toward zero: (4-5)/2 is 0, so the output is 1 (the filter
-    still does not fit); (4-10+3)/2 is -1, not -2."""
-    with pytest.raises(ValueError) as info:
-        descriptor("ic1ih4oc1kh5sh2")
-    assert str(info.value) == "kh: kernel extent 5 is larger than the padded input ih=4+2*0"
+def test_a_negative_deduced_padding_before_is_an_error():
+    """benchdnn's divisions truncate toward zero: (4-10+3)/2 is -1, not -2; a padding before
+    that is negative is not a convolution convbench holds."""
     with pytest.raises(ValueError, match="ph: deduced as -1 from"):
         descriptor("ic1ih10oc1oh5kh3")
 
@@ -318,9 +322,21 @@ def test_csv_columns_per_axis_aliases_and_count(tmp_path):
     assert y.problem == ConvProblem(2, 4, 9, 9, 4, 3, 3)
 
 
+def test_csv_padding_before_and_after(tmp_path):
+    text = ("n,c,h,w,k,r,s,stride,pad\n1,1,13,13,1,3,3,1,0+1\n1,1,13,13,1,3,3,1,1+-2x0+1\n"
+            "1,1,13,13,1,3,3,1,x\n")
+    assert fails(tmp_path, text, "p.csv").startswith(
+        ":4: pad: 'x' is not a whole number or HxW (2 or 2x1, before+after: 0+1 or 0+1x1)")
+    a, b = read(write(tmp_path, text.rsplit("\n", 2)[0] + "\n", "q.csv"))
+    assert (a.problem.pad, b.problem.pad) == (((0, 1), (0, 1)), ((1, -2), (0, 1)))
+    per_axis = "n,c,h,w,k,r,s,pad_h,pad_w\n1,1,13,13,1,3,3,0+1,1\n"
+    assert read(write(tmp_path, per_axis, "r.csv"))[0].problem.pad == ((0, 1), (1, 1))
+
+
 def test_csv_reads_back_what_a_problem_writes():
     problems = [ConvProblem(8, 96, 27, 27, 256, 5, 5, pad=2, groups=2),
-                ConvProblem(1, 1, 10, 20, 1, 3, 5, stride=(2, 1), pad=(1, 2), dilation=(1, 3))]
+                ConvProblem(1, 1, 10, 20, 1, 3, 5, stride=(2, 1), pad=(1, 2), dilation=(1, 3)),
+                ConvProblem(1, 1, 10, 20, 1, 3, 5, pad=((1, -2), (0, 2)))]
     out = io.StringIO()
     writer = csv.DictWriter(out, ["layer", *problems[0].axis_fields()])
     writer.writeheader()
@@ -362,3 +378,97 @@ def test_the_error_is_a_value_error_with_its_parts(tmp_path):
     err = info.value
     assert isinstance(err, problemfile.ProblemFileError)
     assert (err.source, err.line, err.field) == (path, 2, "kh")
+
+
+# --- padding before and after, and lines convbench skips ------------------------------------
+# Lines of oneDNN's shape files (shapes_tails, shapes_dilated, shapes_regression_padding,
+# shapes_dw_2d_strided_no-padding, shapes_3d), as written: benchdnn deduces the padding after.
+PADDED_UNEQUALLY = '''# tails
+mb1ic32oc13_ih13oh12kh3ph0_n"tails_conv:1"
+mb1_ic16oc16_kh3kw1_ih2iw1_oh1ow1_sh2sw1_ph0pw0_dh0dw0n"dw_128_ph-bottom(1)"
+mb1_g16_ic16oc16_kh2kw1_ih202iw1_oh23ow1_sh9sw1_ph0pw0_dh0dw0n"dw_125_ph-bottom(-2)"
+mb1ic8ih13oc8oh10kh3ph1n"unread"
+mb1_ic16oc16_kd1kh3kw1_id1ih3iw1_od1oh1ow1_sd1sh1sw1_pd0ph0pw0_dd0dh3dw0n"ph-bottom(6)"
+mb1ic16id10ih10iw10oc16od10oh10ow10kd3kh3kw3pd1ph1pw1n"conv3d"
+'''
+
+
+def test_padding_after_and_skipped_lines(tmp_path):
+    """More after than before, fewer after than before (a negative padding after leaves input
+    rows unread), a kernel that fits only with the padding after, and a 3-D line: skipped with
+    its reason when asked, an error otherwise."""
+    path = write(tmp_path, PADDED_UNEQUALLY, "shapes_mixed")
+    skipped = []
+    layers = read(path, skipped=skipped)
+    pads = {lay.name: lay.problem.pad for lay in layers}
+    assert pads == {"tails_conv:1": ((0, 1), (0, 1)),          # after > before
+                    "dw_128_ph-bottom(1)": ((0, 1), (0, 0)),  # the kernel needs the row after
+                    # 2 short of 0 after, less than the stride 9: the same as 0 both sides
+                    "dw_125_ph-bottom(-2)": 0,
+                    "unread": ((1, -2), (1, -2)),             # before > after: 2 rows unread
+                    "ph-bottom(6)": ((0, 6), (0, 0))}
+    assert [lay.problem.p for lay in layers] == [12, 1, 23, 10, 1]
+    (skip,) = skipped
+    assert (skip.line, skip.name, skip.field) == (7, "conv3d", "id")
+    assert str(skip) == (f"{path}:7: id: 3-D convolution (id=10, kd=3, od=10): convbench "
+                         "runs 2-D")
+    with pytest.raises(ProblemFileError, match=r":7: id: 3-D convolution"):
+        read(path)
+
+
+def test_a_file_of_skipped_lines_only(tmp_path):
+    path = write(tmp_path, "mb1ic16id10ih10iw10oc16od10oh10ow10kd3kh3kw3pd1ph1pw1\n")
+    with pytest.raises(ProblemFileError, match=r":1: file: no problems in it that convbench runs "
+                                               r"\(1 skipped, the first: id: 3-D"):
+        read(path, skipped=[])
+
+
+def test_a_malformed_line_still_refuses_the_file(tmp_path):
+    path = write(tmp_path, PADDED_UNEQUALLY + "ic1ih5oc1kh3xx\n")
+    with pytest.raises(ProblemFileError, match=r":8: descriptor: unrecognized entry"):
+        read(path, skipped=[])
+
+
+# --- oneDNN's own files, where they are ----------------------------------------------------
+#: A folder holding oneDNN's tests/benchdnn/inputs/conv (its shapes_* files), if given.
+ONEDNN_INPUTS = os.environ.get("CONVBENCH_BENCHDNN_INPUTS")
+
+
+def _shape_files() -> list:
+    if not ONEDNN_INPUTS:
+        return []
+    return sorted(Path(ONEDNN_INPUTS).glob("shapes_*"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ONEDNN_INPUTS, reason="set CONVBENCH_BENCHDNN_INPUTS to a folder of "
+                                              "oneDNN's tests/benchdnn/inputs/conv files")
+@pytest.mark.parametrize("path", _shape_files(), ids=lambda p: p.name)
+def test_onednns_shape_files_read_and_run(path):
+    """Every shape file reads (3-D lines skipped with their reasons; a file of 3-D lines only
+    says so); each 2-D problem at batch 1 is run forward by every CPU algorithm that takes it,
+    both layouts, and checked against float64 (every other algorithm gives a one-line reason)."""
+    skipped: list = []
+    try:
+        layers = read(path, batch=1, skipped=skipped)
+    except ProblemFileError as err:
+        assert skipped or "no problems in it" in str(err), err
+        assert all("3-D convolution" in s.what for s in skipped), skipped
+        return
+    assert all(s.field in ("id", "iw", "ih") for s in skipped), skipped
+    impls = registry.implementations("numpy")
+    for problem in dict.fromkeys(lay.problem for lay in layers):
+        if problem.min_bytes() > 256 << 20:  # past what a CI machine's test should allocate
+            continue
+        for layout in ("nchw", "nhwc"):
+            a, b = reference.random_operands(problem, "fwd", layout, np.float32)
+            ref = reference.reference(problem, "fwd", layout, a, b)
+            for impl in impls:
+                reason = registry.supports(impl, problem, "fwd", layout, "fp32")
+                if reason:
+                    assert "\n" not in reason
+                    continue
+                out = reference.nan_output(problem, "fwd", layout)
+                impl.prepare(problem, "fwd", layout, "fp32")(a, b, out)
+                chk = verify.check(out, ref, impl.algo, "fp32", problem, "fwd")
+                assert chk.ok, f"{path.name} {impl.algo} {layout} {problem}: {chk.reason}"

@@ -316,4 +316,10 @@ def test_network_cost_weighs_each_problem_by_its_occurrences():
                                         "unmeasured": {"odd": "padding_mode 'reflect'"}}})
     assert "## Network cost" in text and "m:net: 4 conv layers, 2 distinct problems" in text
     assert "odd (padding_mode 'reflect')" in text
+    skipped = [f"f:{i}: id: 3-D convolution (id=2, kd=2, od=1): convbench runs 2-D"
+               for i in range(5)]
+    text = report.markdown(df, {"run": {"problems": "f", "occurrences": occurrences,
+                                        "skipped": skipped}})
+    assert ("Skipped: 5 lines of the file are convolutions convbench cannot hold (env.json lists "
+            "them all): f:0: id: 3-D") in text and "f:2: id" in text and "f:3: id" not in text
     assert "## Network cost" not in report.markdown(df, {"run": {}})

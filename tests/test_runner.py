@@ -126,7 +126,10 @@ STICKY = RuntimeError("CUDARuntimeError: cudaErrorIllegalAddress: an illegal mem
 @pytest.mark.parametrize("error", [
     STICKY, RuntimeError("CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure"),
     RuntimeError("CUDA error: misaligned address"),
-    RuntimeError("CUDA error: device-side assert triggered")], ids=str)
+    RuntimeError("CUDA error: device-side assert triggered"),
+    RuntimeError("cuDNN error: CUDNN_STATUS_EXECUTION_FAILED"),
+    RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, ...)`"),
+    RuntimeError("cuFFT error: CUFFT_EXEC_FAILED")], ids=str)
 def test_a_gpu_fault_is_recognised(error):
     assert runner.is_sticky_fault(error)
     assert not runner.is_sticky_fault(RuntimeError("CUFFT_INVALID_PLAN"))
@@ -372,7 +375,7 @@ def test_a_per_axis_problem_round_trips_through_the_csv_and_resumes(tmp_path):
     back = results.read_rows(path)
     assert {(r["stride"], r["pad"], r["dilation"]) for r in back} == {("2x1", "0x3", "1")}
     assert {results.problem_from_row(r) for r in back} == {PER_AXIS}
-    assert results.done_keys(path) == {c.key() for c in todo}
+    assert {results.row_key(r) for r in back} == {c.key() for c in todo}
     df = results.frame(back)
     assert {results.problem_from_row(r) for _, r in df.iterrows()} == {PER_AXIS}
 
@@ -385,3 +388,68 @@ def test_a_committed_run_with_integer_geometry_still_loads():
     problems = {results.problem_from_row(r) for _, r in df.iterrows()}
     assert problems and not any(p.per_axis for p in problems)
     assert all(isinstance(p.stride, int) and isinstance(p.pad, int) for p in problems)
+
+
+def _alive(cls) -> int:
+    import gc
+
+    return sum(isinstance(o, cls) for o in gc.get_objects())
+
+
+def test_no_phased_pass_outlives_its_case_without_the_garbage_collector():
+    """A prepared pass frees its arrays, plans and workspaces when its case is done, by
+    reference counting alone: a reference cycle would keep them (on a GPU, gigabytes) until the
+    collector next ran, so every phased pass of a sweep run with the collector off must be gone
+    when the sweep returns."""
+    import gc
+
+    from convbench.phases import Phased
+
+    problems = [ConvProblem(n=1, c=2, h=6 + i, w=6, k=3, r=3, s=3, pad=1) for i in range(3)]
+    layers = [Layer("custom", f"tiny{i}", p) for i, p in enumerate(problems)]
+    sweep = runner.sweep(layers, ["torch-cpu"], "numpy", ["fwd", "bwd_data", "bwd_filter"],
+                         ["nchw", "nhwc"], ["fp32"])
+    runner.run(sweep[:1], BUDGET)  # the first imports (torch's raise and catch: frame cycles)
+    gc.collect()
+    before = _alive(Phased)
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        rows = runner.run(sweep, BUDGET)
+        assert [r["status"] for r in rows] == ["ok"] * len(sweep)
+        assert _alive(Phased) == before
+    finally:
+        if was:
+            gc.enable()
+
+
+def test_torch_s_result_is_not_counted_as_its_workspace():
+    """torch allocates its result and the harness copies it into the output; our kernels write
+    into the output they are given and never count it. A torch-cpu row counts its result like
+    ours: a 1x1 channels-last forward, which oneDNN runs without a buffer torch allocates (in
+    NCHW it reorders into one of the output's size, a real workspace), peaks below half an
+    output's size (counting the result, it peaked above one output)."""
+    p = ConvProblem(n=8, c=8, h=64, w=64, k=32, r=1, s=1)
+    (r,) = runner.run(runner.sweep([Layer("custom", "1x1", p)], ["torch-cpu"], "numpy",
+                                   ["fwd"], ["nhwc"], ["fp32"]), BUDGET)
+    out_bytes = 4 * p.n * p.k * p.h * p.w
+    assert r["status"] == "ok" and r["peak_bytes"] is not None
+    assert r["peak_bytes"] < out_bytes / 2
+
+
+def test_a_fault_while_describing_is_blamed_on_that_case_and_stops_the_run():
+    """A case whose description (cuDNN's profiled call) faults the GPU is that case's failure:
+    swallowed into its note, the next case would be blamed for the unusable device."""
+    class Faulty(Fake):
+        def describe(self, *args):
+            raise STICKY
+
+    impls = {"good": Fake("good"), "faulty": Faulty("faulty"), "later": Fake("later")}
+    seen = []
+    with pytest.raises(runner.DeviceFault, match="tiny faulty fwd nchw faulted the GPU") as exc:
+        runner.run(cases(["good", "faulty", "later"]) + cases(["good"], passes=("bwd_data",)),
+                   BUDGET, impls, on_row=seen.append)
+    assert [(r["algo"], r["pass"], r["status"]) for r in seen] == [
+        ("good", "fwd", "ok"), ("later", "fwd", "ok"), ("faulty", "fwd", "failed")]
+    assert "illegal memory access" in exc.value.row["reason"]
+    assert seen[1]["note"] == "(no description: the GPU faulted describing faulty nchw)"

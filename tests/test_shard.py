@@ -17,8 +17,9 @@ ROOT = Path(convbench.__file__).resolve().parent.parent
 BENCH = ["bench", "--algos", "torch-cpu,gemm", "--batch", "1", "--passes", "fwd", "--layouts",
          "nhwc", "--budget", "0.002"]
 #: What a row says besides its times and measured memory: equal in a sharded and an unsharded
-#: run; its errors to rounding (each rank gets its share of the cores, one thread here, which
-#: sums in another order than two: errors differ by far less than fp32's 6e-8 rounding).
+#: run, errors included: each rank gets its share of the cores (one thread here), so the
+#: unsharded run is given one thread too (BLAS sums in another order with two, which moves a
+#: max_abs_error by a few percent).
 CONTENT = (*results.KEY, "net", "status", "reason", "tolerance", "workspace_bytes", "algo_ops",
            "memory_method")
 ERRORS = ("rel_error", "max_abs_error")
@@ -62,7 +63,7 @@ def assert_same_rows(got: list[tuple], want: list[tuple]) -> None:
 @pytest.fixture(scope="module")
 def unsharded(tmp_path_factory):
     folder = tmp_path_factory.mktemp("unsharded") / "run"
-    assert cli.main([*BENCH, "--out", str(folder)]) == 0
+    assert cli.main([*BENCH, "--threads", "1", "--out", str(folder)]) == 0
     rows = content(folder)
     assert len(rows) == 10 and len({r[0] for r in rows}) == 10
     return rows
@@ -123,3 +124,28 @@ def test_round_robin_shares_cover_every_case_once():
     cases = list(range(11))
     shares = [Shard(rank, 3).share(cases) for rank in range(3)]
     assert sorted(c for s in shares for c in s) == cases and shares[1] == [1, 4, 7, 10]
+
+
+def test_a_bad_local_rank_is_one_line_and_exit_2(monkeypatch, capsys):
+    from convbench import shard
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "first")
+    assert cli.main([*BENCH]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "LOCAL_RANK='first' is not an integer" in err[0]
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    monkeypatch.setattr(shard, "_gpu_count", lambda: 2)
+    with pytest.raises(ValueError, match="LOCAL_RANK=2, but this node has 2 GPU"):
+        shard.from_env("cuda")
+
+
+def test_each_rank_gets_its_share_of_the_host_threads(monkeypatch):
+    from convbench import shard
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert shard.host_threads(None, 16) is None
+    assert shard.host_threads(Shard(1, 4), 16) == 4
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # 4 ranks, 2 on this node
+    assert shard.host_threads(Shard(1, 4), 16) == 8
+    assert shard.host_threads(Shard(1, 4), 1) == 1

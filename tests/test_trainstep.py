@@ -6,28 +6,31 @@ from pathlib import Path
 import pytest
 import torch
 
-from convbench import trainstep, tune
+from convbench import models
 from convbench.cli import trainstep as cli_trainstep
 from convbench.layers import net_layers
 from convbench.plan import Choice, Constraints, LayerPlan, Plan, current_env_key
 from convbench.problem import PASSES
+from convbench.studies import trainstep
+from convbench.studies.workload import CLASSES, NETS, Workload
 
 
-@pytest.mark.parametrize("net", trainstep.NETS)
+@pytest.mark.parametrize("net", NETS)
 def test_the_model_has_the_catalogs_conv_layers(net):
-    model = trainstep.build_model(net)
-    x, target = trainstep.example_batch(net, 1, "cpu")
-    sites, refused = tune.find_convs(model, x)
+    load = Workload.parse(net)
+    model = load.build()
+    x, target = load.example_batch(1, "cpu")
+    sites, refused = models.find_convs(model, x)
     assert refused == []
     assert [(s.name, s.problem) for s in sites] == [
         (layer.name, layer.problem.with_batch(1)) for layer in net_layers(net)]
-    assert model(x).shape == (1, trainstep.CLASSES) and target.shape == (1,)
+    assert model(x).shape == (1, CLASSES) and target.shape == (1,)
 
 
 def catalog_plan(tmp_path, algos: dict) -> str:
     """A plan file for the AlexNet-shaped model at batch 1 choosing `algos` for every layer."""
-    x, _ = trainstep.example_batch("alexnet", 1, "cpu")
-    sites, _ = tune.find_convs(trainstep.build_model("alexnet"), x)
+    run = Workload.parse("alexnet").prepare(1, "cpu")
+    sites, _ = models.find_convs(run.model, run.x)
     layers = [LayerPlan(s.name, s.problem, "nhwc" if i % 2 else "nchw",
                         {p: Choice(algos[p], "numpy", 1.0, 0.1) if p in s.passes else None
                          for p in PASSES})
@@ -41,8 +44,9 @@ def catalog_plan(tmp_path, algos: dict) -> str:
 def test_every_configuration_trains_the_same_model(tmp_path):
     plan_file = catalog_plan(tmp_path, {"fwd": "gemm", "bwd_data": "gemm",
                                         "bwd_filter": "torch-cpu"})
-    defaults = trainstep.Trainer("defaults", "alexnet", 1, "cpu")
-    planned = trainstep.Trainer("plan", "alexnet", 1, "cpu", plan_file)
+    alexnet = Workload.parse("alexnet")
+    defaults = trainstep.ConfigTrainer("defaults", alexnet, 1, "cpu")
+    planned = trainstep.ConfigTrainer("plan", alexnet, 1, "cpu", plan_file)
     assert planned.first_loss == pytest.approx(defaults.first_loss, rel=1e-5)
     assert defaults.applied == "" and "| conv4   | replaced | nhwc" in planned.applied
     assert torch.backends.cudnn.benchmark is False
@@ -55,7 +59,8 @@ def test_configurations_take_turns_in_their_own_processes(tmp_path, monkeypatch)
     monkeypatch.setattr(trainstep, "ROUNDS", 2)
     plan_file = catalog_plan(tmp_path, {p: "torch-cpu" for p in PASSES})
     lines = []
-    rows = trainstep.time_configs("alexnet", 1, "cpu", 0.03, plan_file, lines.append)
+    rows = trainstep.time_configs(Workload.parse("alexnet"), 1, "cpu", 0.03, plan_file,
+                                  lines.append)
     assert [r["config"] for r in rows] == list(trainstep.CONFIGS)
     assert lines == [f"starting {c}" for c in trainstep.CONFIGS]
     losses = {r["first_loss"] for r in rows}
@@ -71,15 +76,16 @@ def test_configurations_take_turns_in_their_own_processes(tmp_path, monkeypatch)
 def test_a_failing_worker_says_why(tmp_path):
     with tempfile.TemporaryFile(mode="w+") as log, pytest.raises(
             RuntimeError, match="train-step plan: worker exited with 1: FileNotFoundError"):
-        trainstep.Worker(log, "plan", "alexnet", 1, "cpu", str(tmp_path / "missing.json"))
+        trainstep.Worker(log, "plan", Workload.parse("alexnet"), 1, "cpu",
+                         str(tmp_path / "missing.json"))
 
 
 def test_train_step_command(tmp_path, capsys, monkeypatch):
     """The command end to end but for the timed processes (tested above)."""
     seen = {}
 
-    def fake_times(net, batch, device, budget_s, plan_file, log=None):
-        seen.update(net=net, batch=batch, budget_s=budget_s,
+    def fake_times(load, batch, device, budget_s, plan_file, log=None):
+        seen.update(net=load.name, batch=batch, budget_s=budget_s,
                     plan=json.loads(Path(plan_file).read_text()))
         return [{"config": c, "median_ms": 10.0 * (i + 1), "iqr_ms": 0.5, "reps": 9,
                  "noisy": False, "first_loss": 6.9, "times_ms": [10.0] * 9,
@@ -102,14 +108,14 @@ def test_train_step_command(tmp_path, capsys, monkeypatch):
     assert [layer["layer"] for layer in seen["plan"]["layers"]] == [
         "conv1", "conv2", "conv3", "conv4", "conv5"]
     assert sorted(p.name for p in out.iterdir()) == [
-        "env.json", "plan.json", "trainstep.csv", "trainstep.json", "trainstep.md"]
+        "env.json", "plan.json", "report.md", "trainstep.csv", "trainstep.json"]
     assert json.loads((out / "trainstep.json").read_text())["rows"][2]["config"] == "plan"
     assert Plan.load(out / "plan.json").layers[0].passes["bwd_data"] is None
 
 
 @pytest.mark.gpu
 def test_train_step_on_a_gpu(tmp_path):
-    rows, plan, _ = trainstep.compare("alexnet", 16, "cuda", budget_s=0.5, tune_budget_s=0.01,
+    rows, plan, _ = trainstep.compare(Workload.parse("alexnet"), 16, "cuda", budget_s=0.5, tune_budget_s=0.01,
                                       algos="direct,cudnn,cudnn-autotune", store=tmp_path)
     assert plan.backend == "cuda"
     losses = [r["first_loss"] for r in rows]

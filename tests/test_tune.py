@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from convbench import advice, envinfo, results, runner, tune
+from convbench import advice, envinfo, models, results, runner, tune
 from convbench.layers import Layer
 from convbench.plan import Constraints, Plan
 from convbench.problem import ConvProblem
@@ -95,7 +95,7 @@ def test_find_convs_in_call_order_with_refusals():
     model.train()
     bn = model.body[0]
     stats = bn.running_mean.clone()
-    sites, refused = tune.find_convs(model, torch.randn(2, 3, 10, 10))
+    sites, refused = models.find_convs(model, torch.randn(2, 3, 10, 10))
     assert [s.name for s in sites] == ["stem", "body.2", "body.4"]
     assert sites[0].passes == ("fwd", "bwd_filter")  # the input needs no gradient
     assert sites[1].passes == ("fwd", "bwd_data", "bwd_filter")
@@ -115,7 +115,7 @@ def test_find_convs_refuses_a_layer_called_with_two_shapes():
         def forward(self, x):
             return self.conv(self.conv(x)[:, :, :4, :4])
 
-    sites, refused = tune.find_convs(Twice(), torch.randn(1, 2, 6, 6))
+    sites, refused = models.find_convs(Twice(), torch.randn(1, 2, 6, 6))
     assert sites == [] and "several input shapes" in refused[0].reason
 
 

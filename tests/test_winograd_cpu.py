@@ -1,4 +1,4 @@
-"""`winograd-2x2` and `winograd-4x4` on the CPU: every pass and layout against the float64
+"""`winograd-2x2`, `winograd-4x4` and `winograd-6x6` on the CPU: every pass and layout against the float64
 reference, what they refuse, their fp32 error on AlexNet, and proof the checker bites."""
 
 import dataclasses
@@ -14,26 +14,29 @@ from convbench.layers import net_layers
 from convbench.problem import LAYOUTS, PASSES, ConvProblem
 from convbench.testing import (
     assert_matches_reference,
+    assert_phases_replay,
     matmul_dtypes,
     run_and_check,
     small_catalog_problems,
 )
 from convbench.transforms import WinogradTransform, winograd_matrices
 
-ALGOS = ("winograd-2x2", "winograd-4x4")
+ALGOS = ("winograd-2x2", "winograd-4x4", "winograd-6x6")
+TILES = dict(zip(ALGOS, (2, 4, 6)))
 PRECISIONS = ("fp64", "fp32")
 
 
 @st.composite
-def problems_3x3(draw):
-    """Small stride-1 3x3 problems: odd and even, rectangular inputs, padding 0-3 (pad 3 makes
-    bwd_data crop dy rather than pad it), sizes that leave partial edge tiles."""
-    pad = draw(st.integers(0, 3))
-    low = max(1, 3 - 2 * pad)
+def problems_square(draw, sizes=(3, 5)):
+    """Small stride-1 3x3 or 5x5 problems: odd and even, rectangular inputs, padding 0 to r
+    (pad r makes bwd_data crop dy rather than pad it), sizes that leave partial edge tiles."""
+    r = draw(st.sampled_from(sizes))
+    pad = draw(st.integers(0, r))
+    low = max(1, r - 2 * pad)
     try:
         return ConvProblem(n=draw(st.integers(1, 2)), c=draw(st.integers(1, 4)),
                            h=draw(st.integers(low, 13)), w=draw(st.integers(low, 13)),
-                           k=draw(st.integers(1, 4)), r=3, s=3, pad=pad)
+                           k=draw(st.integers(1, 4)), r=r, s=r, pad=pad)
     except ValueError:
         assume(False)
 
@@ -58,15 +61,17 @@ def test_catalog_layers_match_reference(algo, pass_, layout, precision):
 @pytest.mark.parametrize("pass_", PASSES)
 @pytest.mark.parametrize("algo", ALGOS)
 @settings(max_examples=25, deadline=None)
-@given(problem=problems_3x3(), precision=st.sampled_from(PRECISIONS), seed=st.integers(0, 99))
-def test_random_3x3_problems_match_reference(algo, pass_, layout, problem, precision, seed):
+@given(problem=problems_square(), precision=st.sampled_from(PRECISIONS), seed=st.integers(0, 99))
+def test_random_problems_match_reference(algo, pass_, layout, problem, precision, seed):
+    assume(problem.r in _impl(algo).filter_sizes)
     chk = run_and_check(_impl(algo), problem, pass_, layout, precision, seed)
     assert chk.ok, f"{algo} {pass_} {layout} {precision} {problem}: {chk.reason}"
 
 
 @pytest.mark.parametrize("change, reason", [
-    ({"r": 5, "s": 5, "pad": 2}, "needs 3x3 filters (got 5x5)"),
-    ({"s": 1, "pad": 1}, "needs 3x3 filters (got 3x1)"),
+    ({"r": 7, "s": 7, "pad": 3}, "needs 3x3 or 5x5 filters (got 7x7)"),
+    ({"s": 1, "pad": 1}, "needs 3x3 or 5x5 filters (got 3x1)"),
+    ({"r": 5, "s": 3, "pad": 1}, "needs 3x3 or 5x5 filters (got 5x3)"),
     ({"stride": 2}, "needs stride 1 (got 2)"),
     ({"dilation": 2, "pad": 2}, "needs dilation 1 (got 2)"),
     ({"stride": (2, 1)}, "needs stride 1 (got 2x1)"),
@@ -79,6 +84,8 @@ def test_random_3x3_problems_match_reference(algo, pass_, layout, problem, preci
 def test_unsupported_combinations_give_one_line_reasons(algo, change, reason):
     problem = dataclasses.replace(ConvProblem(n=1, c=4, h=9, w=9, k=4, r=3, s=3, pad=1),
                                   **change)
+    if algo == "winograd-6x6":
+        reason = reason.replace("3x3 or 5x5", "3x3")
     for pass_ in PASSES:
         assert registry.supports(_impl(algo), problem, pass_, "nchw", "fp32") == \
             f"{algo} {reason}"
@@ -102,7 +109,8 @@ def test_fp32_error_on_alexnet_4x4_worse_than_2x2(layer, pass_):
     rounding: measured ~6x (fwd, bwd_data) and ~5x (bwd_filter) on the same data. Both stay far
     inside their tolerances, and far above float64 rounding, so fp32 really is fp32."""
     problem = _alexnet(layer)
-    two, four = (run_and_check(_impl(a), problem, pass_, "nchw", "fp32", seed=1) for a in ALGOS)
+    two, four = (run_and_check(_impl(a), problem, pass_, "nchw", "fp32", seed=1)
+                 for a in ("winograd-2x2", "winograd-4x4"))
     assert two.ok and four.ok, (two.reason, four.reason)
     assert four.rel_error > 3 * two.rel_error, (four.rel_error, two.rel_error)
     assert two.rel_error > 1e-8
@@ -115,7 +123,9 @@ def test_fp32_is_computed_in_fp32(algo, pass_, layout):
     """Every GEMM — transforms and per-frequency products — gets float32 operands and output."""
     problem = ConvProblem(n=2, c=3, h=7, w=10, k=5, r=3, s=3, pad=1)
     seen = matmul_dtypes(_impl(algo), problem, pass_, layout)
-    assert len(seen) == 7  # 2 per transform (2 in, 1 out), the batched per-frequency GEMM
+    # 2 per data transform (Bᵀ, then the columns; G's for bwd_filter's dy), 1 for the filters
+    # (G⊗G), the batched per-frequency GEMM, 1 for the inverse (Aᵀ⊗Aᵀ)
+    assert len(seen) == (6 if pass_ == "bwd_filter" else 5)
     assert {d for ds in seen for d in ds} == {np.dtype(np.float32)}
 
 
@@ -124,7 +134,7 @@ def test_workspace_holds_the_transformed_operands(pass_):
     """At least the transformed tiles of both tiled operands (or tiles and product) and the
     alpha²·K·C transformed filter (or product), at most a few times that (gathers, padding)."""
     conv3 = _alexnet("conv3").with_batch(8)
-    for algo, m in zip(ALGOS, (2, 4)):
+    for algo, m in TILES.items():
         tiles = 8 * (-(-13 // m)) ** 2
         alpha2 = (m + 2) ** 2
         transformed = alpha2 * (256 * 384 + (256 + 384) * tiles) * 4
@@ -161,3 +171,47 @@ def test_checker_bites_on_a_sign_error_in_bt(pass_, monkeypatch):
     problem = ConvProblem(n=1, c=3, h=8, w=7, k=2, r=3, s=3, pad=1)
     for algo in ALGOS:
         assert not run_and_check(_impl(algo), problem, pass_, "nchw", "fp64").ok
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+@pytest.mark.parametrize("algo", ALGOS)
+def test_phases_replay_the_pass(algo, pass_, layout):
+    """transform, transform, product, inverse: run one by one they give the full call's bits
+    (partial edge tiles in both axes)."""
+    problem = ConvProblem(n=2, c=3, h=11, w=9, k=4, r=3, s=3, pad=1)
+    assert_phases_replay(_impl(algo), problem, pass_, layout)
+
+
+def test_6x6_error_is_larger_than_4x4_but_inside_its_tolerance():
+    """F(6x6,3x3)'s coefficients (up to 32 in Aᵀ) amplify rounding further: measured ~2x
+    F(4x4)'s on the same data, still ~25x inside its tolerance."""
+    problem = _alexnet("conv3")
+    four, six = (run_and_check(_impl(a), problem, "fwd", "nchw", "fp32", seed=1)
+                 for a in ("winograd-4x4", "winograd-6x6"))
+    assert six.ok and six.rel_error > 1.2 * four.rel_error, (six.rel_error, four.rel_error)
+    assert six.rel_error < six.tolerance / 10
+
+
+def test_6x6_refuses_5x5_filters():
+    """F(6x6, 5x5) needs alpha = 10, the points ±3 and an fp32 error of ~2.5e-4: refused."""
+    problem = ConvProblem(n=1, c=4, h=9, w=9, k=4, r=5, s=5, pad=2)
+    assert registry.supports(_impl("winograd-6x6"), problem, "fwd", "nchw", "fp32") == \
+        "winograd-6x6 needs 3x3 filters (got 5x5)"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+@pytest.mark.parametrize("algo", ["winograd-2x2", "winograd-4x4"])
+def test_5x5_on_alexnet_conv2(algo, pass_, layout):
+    """F(2x2, 5x5) and F(4x4, 5x5) on AlexNet's conv2 in fp32, inside the tolerance of their
+    transform size (alpha 6 and 8)."""
+    problem = _alexnet("conv2")
+    chk = run_and_check(_impl(algo), problem, pass_, layout, "fp32", seed=1)
+    assert chk.ok, chk.reason
+    # the 3x3 tile of the same alpha: 4x4's 1e-4 for alpha 6, 6x6's 2e-4 for alpha 8 (conv2's
+    # reductions are short of 4096 terms but in bwd_filter, 8·27·27 = 5832)
+    base = verify.tolerance("winograd-4x4" if algo == "winograd-2x2" else "winograd-6x6",
+                            "fp32")
+    assert chk.tolerance == pytest.approx(base * max(1, (verify.reduction_length(
+        problem, pass_) / 4096) ** 0.5))

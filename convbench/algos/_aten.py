@@ -73,7 +73,7 @@ def aten_phased(problem: ConvProblem, pass_: str, views: Views,
 
         run(work)
 
-    return Phased(dict(zip(PHASES, (convolution, copy))))
+    return Phased(dict(zip(PHASES, (convolution, copy))), on_forget=views.clear)
 
 
 def aten_pass(problem: ConvProblem, pass_: str):
@@ -85,10 +85,9 @@ def aten_pass(problem: ConvProblem, pass_: str):
     """
     import torch
 
-    p = problem
-    kw = {"stride": [p.stride_h, p.stride_w], "padding": [p.pad_h, p.pad_w],
-          "dilation": [p.dil_h, p.dil_w], "transposed": False, "output_padding": [0, 0],
-          "groups": problem.groups}
+    kw = {name: list(v) if isinstance(v, tuple) else v
+          for name, v in problem.torch_args().items()}
+    kw.update(transposed=False, output_padding=[0, 0])
     conv, backward = torch.ops.aten.convolution, torch.ops.aten.convolution_backward
     if pass_ == "fwd":
         return lambda x, w, y: conv(x, w, None, **kw)

@@ -101,10 +101,12 @@ def nbytes(elements: int, precision: str) -> int:
     return elements * ELEMENT_BYTES[precision]
 
 
-def contiguous_inputs(run):
-    """Wrap a pass so its two inputs arrive C-contiguous (a no-op for the usual operands), so
-    `reshaped` views of them exist; the output must already be."""
-    def wrapped(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-        run(np.ascontiguousarray(a), np.ascontiguousarray(b), out)
+def tensor(a: np.ndarray):
+    """A torch tensor sharing `a`'s memory, so the CPU algorithms run their copies and products
+    through torch (MKL, its thread pool) on NumPy's buffers; a copy only for what torch cannot
+    view (negative strides, read-only arrays)."""
+    import torch
 
-    return wrapped
+    if not a.flags.writeable or any(s < 0 for s in a.strides):
+        a = a.copy()
+    return torch.from_numpy(a)

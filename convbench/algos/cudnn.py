@@ -238,8 +238,7 @@ class CuDNN(Implementation):
         run(*(torch.randn(s, dtype=dtype, device=device)
               for s in problem.operand_shapes(pass_, layout)))
         torch.cuda.synchronize()
-        views.clear()
-        run.forget()
+        run.forget()  # and the views (`aten_phased`)
         return run
 
     def describe(self, problem: ConvProblem, pass_: str, layout: str, precision: str) -> str:

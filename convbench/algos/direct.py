@@ -78,13 +78,13 @@ class _Geometry:
         self.problem, self.layout = p, layout
         # One spare row: the wide window of the bottom tap runs up to ws - 1 elements past the
         # last row it needs (only into columns that are discarded).
-        self.hs = -(-(p.h + 2 * p.pad_h) // sh) + 1
-        self.ws = -(-(p.w + 2 * p.pad_w) // sw)
+        self.hs = -(-(p.h + p.pad_top + p.pad_bottom) // sh) + 1
+        self.ws = -(-(p.w + p.pad_left + p.pad_right) // sw)
         folded = layout == "nhwc"
         self.batch = 1 if folded else p.n
         self.length = (p.n - 1) * self.hs * self.ws * folded + p.p * self.ws
-        self.windows = windows(axis_pairs(sh, 1, self.hs, p.h, sh, p.pad_h),
-                               axis_pairs(sw, 1, self.ws, p.w, sw, p.pad_w), layout,
+        self.windows = windows(axis_pairs(sh, 1, self.hs, p.h, sh, p.pad_top),
+                               axis_pairs(sw, 1, self.ws, p.w, sw, p.pad_left), layout,
                                taps_first=True)
         self.taps = []
         for r in range(p.r):
@@ -214,6 +214,7 @@ def _mac(a: np.ndarray, b: np.ndarray, acc: np.ndarray, tmp: np.ndarray, first: 
 @register("direct", "numpy")
 class DirectCPU(Implementation):
     precisions = ("fp64", "fp32")
+    asymmetric_pad = True  # the planes hold the padded input, whatever its two sides
 
     def supports(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         return None
@@ -272,11 +273,15 @@ class DirectCPU(Implementation):
                          t is geo.taps[0])
                 out[...] = wide[geo.crop]
         else:
+            unread = p.pad_bottom < 0 or p.pad_right < 0
+
             def run(dy, w, out):
                 wide[geo.crop] = dy
                 tw = taps(w)
                 planes.fill(0)
                 for n, m, k, c, t in geo.steps(blocks):
                     _mac(tw[t.r, t.s, k].T, ym[n, k, m], window(t, n, m, c), tmp, False)
+                if unread:  # input rows past the last window: the planes hold none of them
+                    out.fill(0)
                 scatter(indexed, out, geo.windows)
         return run

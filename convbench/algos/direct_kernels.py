@@ -108,6 +108,8 @@ def _geometry(problem: ConvProblem, pass_: str) -> _GatherGeometry | _FilterGeom
 class DirectKernels(kernels.KernelImplementation):
     """`direct` through kernels/direct.cu."""
 
+    asymmetric_pad = True  # the kernels take the padding before and the output size
+
     def check_launch(self, problem: ConvProblem, pass_: str, layout: str) -> None:
         _geometry(problem, pass_)
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..phases import Phased, phase_names
 from ..problem import ConvProblem, pair_text
 from ..registry import Implementation, register
 
@@ -423,10 +424,10 @@ class FFTConv(Implementation):
         left, right = (torch.from_numpy(_side(mats, side)) for side in _PRODUCT[pass_])
         product = torch.from_numpy(_matrices(inverse.array))  # a view: written in place
 
-        def run(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-            forward[0](a)
-            forward[1](b)
-            torch.matmul(left, right, out=product)
-            inverse(out)
+        steps = (lambda a, b, out: forward[0](a), lambda a, b, out: forward[1](b),
+                 lambda a, b, out: torch.matmul(left, right, out=product),
+                 lambda a, b, out: inverse(out))
+        return Phased(dict(zip(phase_names(pass_), steps)))
 
-        return run
+    def phases(self, problem, pass_, layout, precision) -> list[str]:
+        return phase_names(pass_)

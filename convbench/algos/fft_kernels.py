@@ -51,6 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import kernels, registry
+from ..fmt import first_line
 from ..kernels import ceil_div
 from ..phases import OPERAND_NAMES, Phased, phase_names
 from ..problem import LAYOUTS, ConvProblem
@@ -330,7 +331,7 @@ class FFTKernels(kernels.KernelImplementation):
             try:
                 from cupy.cuda import cufft  # noqa: F401  (CuPy loads libcufft on first use)
             except ImportError as exc:
-                return f"CuPy cannot load cuFFT: {str(exc).splitlines()[0]}"
+                return f"CuPy cannot load cuFFT: {first_line(exc)}"
         return reason
 
     def refuses(self, problem: ConvProblem, pass_: str, layout: str,

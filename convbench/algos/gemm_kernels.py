@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import kernels
+from ..fmt import first_line
 from ..kernels import ceil_div
 from ..problem import LAYOUTS, ConvProblem
 from ..registry import register
@@ -188,7 +189,7 @@ def cublas_available() -> str | None:
     try:
         from cupy_backends.cuda.libs import cublas  # noqa: F401  (loads libcublas)
     except ImportError as exc:
-        return f"CuPy cannot load cuBLAS: {str(exc).splitlines()[0]}"
+        return f"CuPy cannot load cuBLAS: {first_line(exc)}"
     return None
 
 
@@ -324,6 +325,8 @@ def _sgemm_geometry(problem: ConvProblem, pass_: str, layout: str) -> SgemmGeome
 @kernels.register_kernels("gemm")
 class GemmKernels(kernels.KernelImplementation):
     """`gemm` through kernels/im2col.cu and kernels/gemm.cu."""
+
+    asymmetric_pad = True  # im2col takes the padding before and the output size
 
     def check_launch(self, problem: ConvProblem, pass_: str, layout: str) -> None:
         _sgemm_geometry(problem, pass_, layout)

@@ -25,6 +25,7 @@ writes its report), then exits 130; `--resume` finishes the folder.
 from __future__ import annotations
 
 from .. import __version__
+from ..fmt import first_line
 from ..threads import sleep_idle_threads
 
 sleep_idle_threads()  # before NumPy or torch loads: see convbench.threads
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # a reader that left is met here, not in Python's flush at exit
         return code
     except UsageError as exc:
-        print(f"convbench: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        print(f"convbench: error: {first_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:  # `convbench ... | head`: the reader left; so do we, quietly
         devnull = os.open(os.devnull, os.O_WRONLY)

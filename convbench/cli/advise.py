@@ -8,7 +8,7 @@ import time
 from ..advice import constraint_cost, plan_text
 from ..plan import Constraints, PlanStore
 from ..tune import advise_run
-from .common import UsageError, positive, size, tie_options
+from .common import UsageError, positive, tie_options, workspace_budget_option
 
 
 def cmd_advise(args) -> int:
@@ -47,8 +47,7 @@ def add_parsers(sub) -> None:
                    "it, else its first)")
     p.add_argument("--batch", type=positive(int), help="plan the run's rows of this batch size "
                    "(for a run that holds several)")
-    p.add_argument("--workspace-budget", type=size, metavar="SIZE",
-                   help="most workspace a pass may use: bytes, or 256MiB, 1GiB, 2GB")
+    workspace_budget_option(p)
     p.add_argument("--deterministic", action="store_true",
                    help="only algorithms with bitwise-reproducible results (not cudnn, "
                         "cudnn-autotune)")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 from .. import convset, selection
-from .common import UsageError, positive, usage_errors
+from .common import UsageError, positive, seed, usage_errors
 
 
 def add_options(p) -> None:
@@ -18,7 +18,7 @@ def add_options(p) -> None:
     p.add_argument("--sample", type=positive(int), metavar="N",
                    help="N problems drawn at random (without replacement, after --class) from "
                         "the catalog or problem file, e.g. --net convset --sample 40")
-    p.add_argument("--seed", type=int, default=0,
+    p.add_argument("--seed", type=seed, default=0,
                    help="seed of --sample's draw (default 0: the same N problems each time)")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import shutil
 import sys
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 from .. import memory, results
+from ..fmt import first_line
 from ..problem import FIELD_MAX, check_choice
 
 EXIT_FAULT = 1
@@ -40,7 +42,7 @@ def usage_errors(prefix: str = ""):
     try:
         yield
     except ValueError as exc:
-        raise UsageError(prefix + str(exc).splitlines()[0]) from None
+        raise UsageError(prefix + first_line(exc)) from None
 
 
 # --- argument types -------------------------------------------------------------------------
@@ -61,6 +63,17 @@ def positive(kind):
         return v
 
     return parse
+
+
+def seed(text: str) -> int:
+    """A random seed: a whole number from 0 to 2**32 - 1 (what NumPy's generators take)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= v < 2 ** 32:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a seed from 0 to {2 ** 32 - 1}")
+    return v
 
 
 def counts(what: str):
@@ -101,14 +114,54 @@ def choices(text: str, kind: str, valid: tuple[str, ...]) -> list[str]:
     return [check_choice(kind, t, valid) for t in dict.fromkeys(items)]
 
 
+# --- options declared once ------------------------------------------------------------------
+#: The two meanings `--budget` once had: seconds (layer, bench, sweep, tune, train-step,
+#: gpu-check) and bytes (memplan, memprofile). Each has its own name now; `--budget` is still
+#: read, unlisted, where it meant one of them.
+def time_budget_option(p, help: str, default: float | None = None,
+                       old_spelling: bool = True) -> None:
+    """--time-budget S (dest `time_budget`): seconds of timing; with `old_spelling`, also the
+    unlisted --budget it was called before."""
+    p.add_argument("--time-budget", type=positive(float), default=default, metavar="S",
+                   help=help)
+    if old_spelling:
+        p.add_argument("--budget", type=positive(float), dest="time_budget",
+                       default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def memory_budget_option(p, help: str) -> None:
+    """--memory-budget SIZE (dest `memory_budget`): bytes, or 512MiB, 2GiB; also the unlisted
+    --budget it was called before."""
+    p.add_argument("--memory-budget", type=size, metavar="SIZE", help=help)
+    p.add_argument("--budget", type=size, dest="memory_budget", default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS)
+
+
+def workspace_budget_option(p, help: str = "most workspace a pass may use: bytes, or "
+                            "256MiB, 1GiB, 2GB", default: int | None = None) -> None:
+    """--workspace-budget SIZE: the most workspace a planned pass may use."""
+    p.add_argument("--workspace-budget", type=size, default=default, metavar="SIZE", help=help)
+
+
+def device_option(p, help: str = "default cuda where a GPU is, else cpu",
+                  choices: tuple[str, ...] = ("cpu", "cuda")) -> None:
+    """--device: where the work runs (`devices.DEVICES` names them)."""
+    p.add_argument("--device", choices=choices, help=help)
+
+
+def model_options(p, model_help: str, input_help: str, required: bool = False) -> None:
+    """--model MODULE:CALLABLE and --input N,C,H,W: a user's own network and its input."""
+    p.add_argument("--model", required=required, metavar="MODULE:CALLABLE", help=model_help)
+    p.add_argument("--input", required=required, metavar="N,C,H,W", help=input_help)
+
+
 def step_options(p, net_help: str | None = None, net_default: str | None = "alexnet") -> None:
     """--net and --device of the commands that run a training step (train-step, memprofile,
-    memplan): trainstep's nets, on the CPU or a GPU."""
-    from .. import trainstep
+    memplan): the workload's nets, on the CPU or a GPU."""
+    from ..studies.workload import NETS
 
-    p.add_argument("--net", default=net_default, choices=trainstep.NETS, help=net_help)
-    p.add_argument("--device", choices=("cpu", "cuda"),
-                   help="default cuda where a GPU is, else cpu")
+    p.add_argument("--net", default=net_default, choices=NETS, help=net_help)
+    device_option(p)
 
 
 def tie_options(p) -> None:
@@ -125,10 +178,18 @@ def tie_options(p) -> None:
 
 
 # --- output ---------------------------------------------------------------------------------
-def emit(df, fmt: str, table_text: str) -> None:
-    """The results as the table given, or as CSV or JSON rows."""
-    print({"table": lambda: table_text, "csv": lambda: results.to_csv(df).rstrip("\n"),
-           "json": lambda: results.to_json(df)}[fmt]())
+def emit(df, fmt: str, table_text: str, json_data=None) -> None:
+    """The results as the table given, or as CSV rows, or as JSON: `json_data` where given
+    (a study's rows with their raw times), else the rows of `df`."""
+    print({"table": lambda: table_text,
+           "csv": lambda: results.to_csv(df).rstrip("\n"),
+           "json": lambda: (results.to_json(df) if json_data is None
+                            else json.dumps(json_data, indent=1))}[fmt]())
+
+
+def command_line(args) -> str:
+    """The command as it was typed (env.json's "run"), for a study's folder."""
+    return " ".join(["convbench", *getattr(args, "argv", [])])
 
 
 def percent(text: str) -> float:

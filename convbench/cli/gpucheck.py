@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .. import gpucheck, layers, registry, runs
 from ..devices import DEVICES
-from .common import EXIT_FAULT, choices, positive, usage_errors
+from .common import EXIT_FAULT, choices, device_option, positive, time_budget_option, usage_errors
 from .measure import device as resolve_device
 
 
@@ -23,7 +23,7 @@ def cmd_gpu_check(args) -> int:
         pytest_args = tuple(shlex.split(args.pytest_args))
     done = gpucheck.check(
         folder, device, net=args.net, layers=chosen, algos=args.algos, batch=args.batch,
-        budget_s=args.budget, tests=not args.no_tests, pytest_args=pytest_args,
+        budget_s=args.time_budget, tests=not args.no_tests, pytest_args=pytest_args,
         tests_timeout_s=args.tests_timeout,
         command=" ".join(["convbench", *getattr(args, "argv", [])]))
     print(done.text.rstrip("\n"))
@@ -41,17 +41,15 @@ def add_parsers(sub) -> None:
                        "algo × pass × layout of a net, the ratios, the gpu tests' log")
     p.add_argument("--out", help="folder for everything (default results/<date>-<device>-"
                    "<net>-gpu-check); a folder holding a run is resumed")
-    p.add_argument("--device", choices=list(DEVICES),
-                   help="default cuda where a GPU is, else cpu (the dry form)")
+    device_option(p, "default cuda where a GPU is, else cpu (the dry form)", tuple(DEVICES))
     p.add_argument("--net", default="alexnet", choices=layers.NETS)
     p.add_argument("--layers", help="comma list of layers of --net (default: all)")
     p.add_argument("--algos", default="all", help="comma list of algos (default all)")
     p.add_argument("--batch", type=positive(int),
                    help="batch size (default: the catalog's on cuda, the study's 256 for "
                         f"alexnet; {DEVICES['cpu'].batch} on cpu)")
-    p.add_argument("--budget", type=positive(float),
-                   help="seconds of timed repetitions per measurement (default "
-                        f"{DEVICES['cuda'].budget_s} on cuda)")
+    time_budget_option(p, "seconds of timed repetitions per measurement (default "
+                          f"{DEVICES['cuda'].budget_s} on cuda)")
     p.add_argument("--no-tests", action="store_true", help="skip the gpu tests")
     p.add_argument("--pytest-args", default=" ".join(gpucheck.PYTEST_ARGS),
                    help="what the tests are run with (default: %(default)s)")

@@ -42,11 +42,14 @@ from .common import (
     UsageError,
     batches,
     choices,
+    device_option,
     emit,
     finish,
+    model_options,
     percent,
     positive,
     size,
+    time_budget_option,
     usage_errors,
 )
 
@@ -70,17 +73,14 @@ def _measure(args, specs: list, device: devices.Device, folder: Path | None,
             device, registry.expand_algos(args.algos, device.backend),
             choices(args.passes, "pass", PASSES), choices(args.layouts, "layout", LAYOUTS),
             choices(args.precision, "precision", PRECISIONS))
-    budget = args.budget or device.budget_s
+    budget = args.time_budget or device.budget_s
     target = args.target_noise or timing.TARGET_NOISE
-    sharded = shard.from_env(device.backend)  # torchrun, several ranks: this rank's share
+    with usage_errors():
+        sharded = shard.from_env(device.backend)  # torchrun, several ranks: this rank's share
     if sharded and sharded.rank:  # rank 0 prints the results; the other ranks' stdout is dropped
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process
-    count = args.threads
-    if count is None and sharded:  # the ranks on this machine share its cores
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", sharded.world))
-        count = max(1, threads.available_cores() // local)
-    with usage_errors():
-        threads.use(count)
+    with usage_errors():  # the ranks on this machine share its cores
+        threads.use(args.threads or shard.host_threads(sharded, threads.available_cores()))
     run_folder = None
     if folder is not None:
         env = runs.environment(device, args.net, cases, budget, batch=args.batch, limit=limit,
@@ -111,7 +111,7 @@ _PRESENTATION = {"resume", "out", "format", "quiet", "command", "func", "argv",
                  "build_parser"}
 #: Options whose default a run resolved and recorded in env.json's run: an explicit value is
 #: compared with what the run used, not with "not given".
-_RESOLVED = {"net": "net", "device": "device", "batch": "batch", "budget": "budget_s",
+_RESOLVED = {"net": "net", "device": "device", "batch": "batch", "time_budget": "budget_s",
              "threads": "threads", "target_noise": "target_noise"}
 #: Comma lists whose order does not change what is measured.
 _LISTS = {"algos", "passes", "layouts", "precision", "layers"}
@@ -227,11 +227,19 @@ def network(args, dev: devices.Device) -> tuple[list, dict | None]:
                              "--problems, not of --model")
         return _model_layers(args, dev)
     if args.problems:
+        skipped: list[problemfile.Skipped] = []
         with usage_errors():
-            found = problemfile.read(args.problems)
+            found = problemfile.read(args.problems, skipped=skipped)
         args.net = found[0].net
         found, chosen = catalog.choose(args, found, args.net)
-        return found, {"problems": str(args.problems), "occurrences": _counts(found), **chosen}
+        source = {"problems": str(args.problems), "occurrences": _counts(found), **chosen}
+        if skipped:
+            # Lines that read as convolutions convbench cannot hold (3-D ones): said, kept in
+            # env.json with their reasons, and the file's other problems run.
+            print(f"convbench: {args.problems}: {len(skipped)} of its convolutions skipped "
+                  f"(the first: {skipped[0]}); env.json lists them", file=sys.stderr)
+            source["skipped"] = [str(s) for s in skipped]
+        return found, source
     args.net = args.net or layers.NETS[0]
     found, chosen = catalog.choose(args, layers.net_layers(args.net), args.net)
     if args.net in layers.OWN_BATCH:  # a list of problems, weighed by how often each occurs
@@ -311,12 +319,10 @@ def _sweep_options(p, layer: bool, batch_list: bool = False) -> None:
     p.add_argument("--net", choices=layers.NETS,
                    help="catalog the layers come from (default alexnet)")
     if not batch_list:
-        p.add_argument("--model", metavar="MODULE:CALLABLE",
-                       help="measure this model's conv layers instead of a catalog's: the "
-                            "callable returns an nn.Module (e.g. torchvision.models:resnet18); "
-                            "each distinct problem once, named by its first module")
-        p.add_argument("--input", metavar="N,C,H,W",
-                       help="with --model: the input batch's shape (e.g. 8,3,224,224)")
+        model_options(p, "measure this model's conv layers instead of a catalog's: the "
+                         "callable returns an nn.Module (e.g. torchvision.models:resnet18); "
+                         "each distinct problem once, named by its first module",
+                      "with --model: the input batch's shape (e.g. 8,3,224,224)")
         p.add_argument("--problems", metavar="FILE",
                        help="measure the problems of FILE: CSV with ConvProblem's fields "
                             "(n,c,h,w,k,r,s[,stride,pad,dilation,groups,name,count]) or oneDNN "
@@ -342,12 +348,11 @@ def _sweep_options(p, layer: bool, batch_list: bool = False) -> None:
                         "allocators refuse beyond it, on cpu the predicted and measured "
                         "footprints are checked against it (sweep default on cpu: "
                         f"{batchsweep.HOST_LIMIT_FRACTION:.0%}% of the memory available)")
-    p.add_argument("--device", choices=list(DEVICES),
-                   help="cpu (numpy), cuda (GPU kernels) or emu (CUDA sources on the CPU); "
-                        "default cuda where a GPU is, else cpu")
-    p.add_argument("--budget", type=positive(float),
-                   help="seconds of timed repetitions per measurement (default "
-                        f"{DEVICES['cpu'].budget_s} on cpu, {DEVICES['cuda'].budget_s} on cuda)")
+    device_option(p, "cpu (numpy), cuda (GPU kernels) or emu (CUDA sources on the CPU); "
+                     "default cuda where a GPU is, else cpu", tuple(DEVICES))
+    time_budget_option(p, "seconds of timed repetitions per measurement (default "
+                          f"{DEVICES['cpu'].budget_s} on cpu, {DEVICES['cuda'].budget_s} on "
+                          "cuda)")
     p.add_argument("--threads", type=positive(int), metavar="N",
                    help="threads every algorithm may use (NumPy's BLAS, OpenMP, torch, the "
                         "FFT's workers); default the cores this process may run on "

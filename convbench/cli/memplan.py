@@ -3,24 +3,36 @@ images/s (`convbench.memplan`)."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-from .. import envinfo, memory, memplan, models, registry, results, runs, trainstep
-from .common import FORMATS, UsageError, positive, size, step_options, usage_errors
+from .. import envinfo, memory, models, registry, runs
+from ..studies import memplan
+from ..studies.workload import Workload
+from .common import (
+    FORMATS,
+    UsageError,
+    command_line,
+    emit,
+    memory_budget_option,
+    model_options,
+    positive,
+    step_options,
+    time_budget_option,
+    usage_errors,
+)
 from .measure import device as resolve_device
 
 
-def _network(args, device) -> str:
-    """The net the steps are built from: `--net`, or `--model` with `--input` (whose N is the
-    common batch unless --batch gives one)."""
+def _workload(args, device) -> Workload:
+    """What the steps train: `--net`, or `--model` with `--input` (whose N is the common batch
+    unless --batch gives one)."""
     if not args.model:
         if args.input:
             raise UsageError("--input goes with --model MODULE:CALLABLE")
-        return args.net or "alexnet"
+        return Workload.parse(args.net or "alexnet")
     if args.net:
         raise UsageError("--model and --net are sources of the network: give one")
     if not args.input:
@@ -30,39 +42,37 @@ def _network(args, device) -> str:
         models.conv_layers(models.load(args.model), shape, device=(
             "cuda" if device.backend == "cuda" else "cpu"))  # the model takes the input
     args.batch = args.batch or shape[0]
-    return trainstep.model_net(args.model, shape[1:])
+    return Workload.of_model(args.model, shape[1:])
 
 
 def cmd_memplan(args) -> int:
     device = resolve_device(args.device)
-    net = _network(args, device)
-    name = models.net_name(args.model) if args.model else net
+    load = _workload(args, device)
+    name = models.net_name(args.model) if args.model else load.name
     with usage_errors("--strategies: "):
         strategies = memplan.parse_strategies(args.strategies)
     with usage_errors("--algos: "):
         registry.expand_algos(args.algos, device.backend)
-    budget = args.budget or memory.capacity(device.backend)
+    budget = args.memory_budget or memory.capacity(device.backend)
     log = (lambda line: print(f"convbench: {line}", file=sys.stderr))
     try:
-        found, common = memplan.plan(net, device.name, budget, strategies,
+        found, common = memplan.plan(load, device.name, budget, strategies,
                                      time_s=args.time_budget, common_batch=args.batch,
                                      max_batch=args.max_batch, algos=args.algos, log=log)
     except ValueError as exc:  # a budget too small for batch 1
-        raise UsageError(f"--budget {memory.format_size(budget)}: {exc}") from None
+        raise UsageError(f"--memory-budget {memory.format_size(budget)}: {exc}") from None
     env = envinfo.collect(device.backend)
-    env["run"] = {"net": net, "device": device.name, "budget_bytes": budget,
+    env["run"] = {"net": load.name, "device": device.name, "budget_bytes": budget,
                   "strategies": strategies, "common_batch": common,
-                  "command": " ".join(["convbench", *getattr(args, "argv", [])])}
-    text = memplan.markdown(net, device.name, budget, found, common, env)
+                  "command": command_line(args)}
+    text = memplan.markdown(load.name, device.name, budget, found, common, env)
     folder = Path(args.out) if args.out else runs.default_folder(name, device.backend,
                                                                  "-memplan")
     written = memplan.write(folder, text, found, env,
                             f"{name} on {env['device']}, {memory.format_size(budget)}")
     print(f"convbench: {', '.join(written)} in {folder}", file=sys.stderr)
     rows = memplan.rows(found)
-    print({"table": lambda: text.rstrip("\n"),
-           "csv": lambda: results.to_csv(pd.DataFrame(rows)).rstrip("\n"),
-           "json": lambda: json.dumps(rows, indent=1)}[args.format]())
+    emit(pd.DataFrame(rows), args.format, text.rstrip("\n"), rows)
     return 0
 
 
@@ -70,28 +80,25 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("memplan", help="the largest batch each memory strategy (recompute, "
                        "offload) trains under a budget, and its images/s")
     step_options(p, "the catalog net (default alexnet)", net_default=None)
-    p.add_argument("--model", metavar="MODULE:CALLABLE",
-                   help="a model of your own instead of --net: the callable returns the "
-                        "nn.Module (e.g. torchvision.models:resnet18); recomputation wraps its "
-                        "top-level children (checkpoint) or its cheap layers (recompute-cheap)")
-    p.add_argument("--input", metavar="N,C,H,W",
-                   help="with --model: one batch's shape; N is the common batch")
-    p.add_argument("--budget", type=size, metavar="SIZE",
-                   help="memory the whole training step may use, e.g. 8GiB (default: the "
-                        "GPU's memory, or the host memory available)")
+    model_options(p, "a model of your own instead of --net: the callable returns the "
+                     "nn.Module (e.g. torchvision.models:resnet18); recomputation wraps its "
+                     "top-level children (checkpoint) or its cheap layers (recompute-cheap)",
+                  "with --model: one batch's shape; N is the common batch")
+    memory_budget_option(p, "memory the whole training step may use, e.g. 8GiB (default: the "
+                            "GPU's memory, or the host memory available)")
     p.add_argument("--strategies", default=",".join(memplan.STRATEGIES),
                    help="comma list of " + ", ".join(memplan.STRATEGIES) + " and their "
                         "combinations with + (default: %(default)s)")
     p.add_argument("--batch", type=positive(int),
                    help="the common batch every strategy is also timed at (default: the "
                         "largest batch all of them fit)")
-    p.add_argument("--time-budget", type=positive(float), default=1.0, metavar="S",
-                   help="seconds of timed steps per probe (at least 3 steps; default 1.0)")
+    time_budget_option(p, "seconds of timed steps per probe (at least 3 steps; default 1.0)",
+                       default=1.0, old_spelling=False)  # --budget is the memory's here
     p.add_argument("--algos", default="all",
                    help="the algorithms the workspace strategy chooses from (comma list; all)")
     p.add_argument("--max-batch", type=positive(int), default=memplan.MAX_BATCH,
                    help="largest batch the search tries (default %(default)s)")
-    p.add_argument("--out", help="folder for memplan.md, memplan.csv, memplan.png, env.json "
+    p.add_argument("--out", help="folder for report.md, memplan.csv, env.json, memplan.png "
                    "(default results/<date>-<device>-<net>-memplan)")
     p.add_argument("--format", choices=FORMATS, default="table")
     p.set_defaults(func=cmd_memplan)

@@ -3,16 +3,27 @@ a budget (`convbench.memprofile`)."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-from .. import layers, memory, memprofile, results, trainstep
+from .. import envinfo, memory
 from ..plan import Constraints
+from ..studies import footprint, memprofile
+from ..studies.workload import CPU_STEP_BATCH, Workload
 from ..tune import advise_run
-from .common import FORMATS, UsageError, positive, size, step_options, usage_errors
+from .common import (
+    FORMATS,
+    UsageError,
+    command_line,
+    emit,
+    memory_budget_option,
+    positive,
+    step_options,
+    usage_errors,
+    workspace_budget_option,
+)
 from .measure import device as resolve_device
 
 
@@ -27,9 +38,9 @@ def cmd_memprofile(args) -> int:
     under torch's defaults and (with `--run`) the advisor's fastest and workspace-budgeted
     plans."""
     device = resolve_device(args.device)
-    batch = args.batch or (trainstep.CPU_STEP_BATCH if device.backend == "numpy" else
-                           layers.net_layers(args.net)[0].problem.n)
-    budget = args.budget or memory.capacity(device.backend)
+    load = Workload.parse(args.net)
+    batch = args.batch or load.default_batch(device.backend)
+    budget = args.memory_budget or memory.capacity(device.backend)
     plans = {"defaults": None}
     if args.run:
         plans["fastest"] = _advised(args.run, None)
@@ -37,25 +48,26 @@ def cmd_memprofile(args) -> int:
     if args.config not in plans:
         raise UsageError(f"--config {args.config} needs --run RUN, a bench run folder to "
                          "advise from")
-    configs = memprofile.configurations(args.net, plans, args.workspace_budget)
+    configs = memprofile.configurations(load, plans, args.workspace_budget)
     with usage_errors(f"--config {args.config}: "):  # a plan for another device
-        events = memprofile.profile_step(
-            args.net, batch, device.name,
-            memprofile.declared_workspace(args.net, configs[args.config][0]),
+        events = footprint.profile_step(
+            load, batch, device.name,
+            footprint.declared_workspace(load, configs[args.config][0]),
             plan=plans[args.config], measure=True)
-    found = memprofile.fits(args.net, configs, budget)
-    text = memprofile.markdown(args.net, batch, device.name, args.config, events, found,
+    found = memprofile.fits(load, configs, budget)
+    text = memprofile.markdown(load.name, batch, device.name, args.config, events, found,
                                budget)
     if args.out:
-        written = memprofile.write(Path(args.out), text, events, found,
-                                   f"{args.net}, batch {batch}, {device.name}, {args.config}")
+        env = envinfo.collect(device.backend)
+        env["run"] = {"net": load.name, "batch": batch, "device": device.name,
+                      "config": args.config, "budget_bytes": budget,
+                      "command": command_line(args)}
+        written = memprofile.write(Path(args.out), text, events, found, env,
+                                   f"{load.name}, batch {batch}, {device.name}, {args.config}")
         print(f"convbench: {', '.join(written)} in {args.out}", file=sys.stderr)
     rows = memprofile.timeline_rows(events)
-    print({"table": lambda: text.rstrip("\n"),
-           "csv": lambda: results.to_csv(pd.DataFrame(rows)).rstrip("\n"),
-           "json": lambda: json.dumps({"timeline": rows,
-                                       "largest_batch": memprofile.fit_rows(found)}, indent=1)}
-          [args.format]())
+    emit(pd.DataFrame(rows), args.format, text.rstrip("\n"),
+         {"timeline": rows, "largest_batch": memprofile.fit_rows(found)})
     return 0
 
 
@@ -64,19 +76,18 @@ def add_parsers(sub) -> None:
                        "the largest batch that fits a budget")
     step_options(p)
     p.add_argument("--batch", type=positive(int),
-                   help=f"images in the profiled step (default {trainstep.CPU_STEP_BATCH} on cpu, "
+                   help=f"images in the profiled step (default {CPU_STEP_BATCH} on cpu, "
                         "the catalog's on cuda)")
-    p.add_argument("--budget", type=size, metavar="SIZE",
-                   help="memory the step may use, e.g. 8GiB (default: the GPU's memory, or the "
-                        "host memory available)")
+    memory_budget_option(p, "memory the step may use, e.g. 8GiB (default: the GPU's memory, "
+                            "or the host memory available)")
     p.add_argument("--run", help="bench run folder the advisor plans from: adds its fastest "
                    "plan and its plan under --workspace-budget")
-    p.add_argument("--workspace-budget", type=size, default=256 << 20, metavar="SIZE",
-                   help="workspace budget of the advisor's budgeted plan (default 256MiB)")
+    workspace_budget_option(p, "workspace budget of the advisor's budgeted plan (default "
+                               "256MiB)", default=256 << 20)
     p.add_argument("--config", choices=("defaults", "fastest", "budgeted"), default="defaults",
                    help="configuration whose timeline is measured and shown (default "
                         "defaults; the others need --run)")
-    p.add_argument("--out", help="folder for memprofile.md, timeline.csv, largest_batch.csv, "
-                   "timeline.png")
+    p.add_argument("--out", help="folder for report.md, memprofile.csv (the timeline), "
+                   "env.json, largest_batch.csv, timeline.png")
     p.add_argument("--format", choices=FORMATS, default="table")
     p.set_defaults(func=cmd_memprofile)

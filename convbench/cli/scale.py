@@ -11,20 +11,30 @@ Under torchrun every rank runs this command; rank 0 alone writes the folder and 
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-from .. import envinfo, results, runs, scale
+from .. import envinfo, runs
 from ..devices import backend_of
-from .common import FORMATS, batches, counts, positive, usage_errors
+from ..studies import scale
+from ..studies.workload import Workload
+from .common import (
+    FORMATS,
+    batches,
+    command_line,
+    counts,
+    device_option,
+    emit,
+    positive,
+    usage_errors,
+)
 
 
 def job_from(args) -> scale.Job:
-    """The job the options ask for, checked here (`scale.check`); UsageError naming what is
-    wrong."""
+    """The job the options ask for, checked here (`scale.check_job`); UsageError naming what
+    is wrong."""
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -33,11 +43,11 @@ def job_from(args) -> scale.Job:
         per_rank = args.per_rank_batch is not None
         batches = args.per_rank_batch or args.batch or (
             scale.GPU_BATCHES if device == "cuda" else scale.CPU_BATCHES)
-        job = scale.Job(scale.workload(args.net), device,
+        job = scale.Job(Workload.parse(args.net), device,
                         tuple(args.world_sizes or scale.default_world_sizes(device)),
                         tuple(batches), hooks, args.steps or scale.STEPS[device], args.warmup,
                         args.powersgd_rank, per_rank)
-        scale.check(job)
+        scale.check_job(job)
     return job
 
 
@@ -48,15 +58,12 @@ def cmd_scale(args) -> int:
         return 0
     backend = backend_of(job.device)
     env = envinfo.collect(backend)
-    env["run"] = {**result.run_info(),
-                  "command": " ".join(["convbench", *getattr(args, "argv", [])])}
+    env["run"] = {**result.run_info(), "command": command_line(args)}
     text = scale.markdown(result, env)
     folder = Path(args.out) if args.out else runs.default_folder(args.net, backend, "-scale")
     written = scale.write(folder, text, result, env, f"{args.net} on {env['device']}")
     print(f"convbench: {', '.join(written)} in {folder}", file=sys.stderr)
-    print({"table": lambda: text.rstrip("\n"),
-           "csv": lambda: results.to_csv(pd.DataFrame(result.rows)).rstrip("\n"),
-           "json": lambda: json.dumps(result.rows, indent=1)}[args.format]())
+    emit(pd.DataFrame(result.rows), args.format, text.rstrip("\n"), result.rows)
     return 0
 
 
@@ -66,9 +73,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--net", default="alexnet", choices=scale.NETS,
                    help="the training-step model; -fcfree: fc6-fc8 as 1x1 convolutions "
                         "(default alexnet)")
-    p.add_argument("--device", choices=("cpu", "cuda"),
-                   help="cuda: a GPU per rank, NCCL; cpu: a core per rank, gloo (default cuda "
-                        "where a GPU is, else cpu)")
+    device_option(p, "cuda: a GPU per rank, NCCL; cpu: a core per rank, gloo (default cuda "
+                     "where a GPU is, else cpu)")
     p.add_argument("--world-sizes", type=counts("world sizes"),
                    help="comma list of rank counts (default 1, 2, 4, ... up to the GPUs or "
                         "cores here, or the ranks torchrun started)")

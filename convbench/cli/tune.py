@@ -21,10 +21,13 @@ from .common import (
     EXIT_INTERRUPTED,
     UsageError,
     choices,
+    device_option,
+    model_options,
     positive,
-    size,
     tie_options,
+    time_budget_option,
     usage_errors,
+    workspace_budget_option,
 )
 
 
@@ -43,7 +46,7 @@ def cmd_tune(args) -> int:
         x = torch.randn(*shape, generator=torch.Generator().manual_seed(0)).to(device)
         try:
             plan, advice = tune_advice(
-                model, x, algos=args.algos, layouts=layouts, budget_s=args.budget,
+                model, x, algos=args.algos, layouts=layouts, budget_s=args.time_budget,
                 constraints=Constraints(args.workspace_budget, args.deterministic,
                                         args.max_error, args.tie_break, args.include_busy),
                 store=args.store, log=lambda line: print(f"convbench: {line}", file=sys.stderr))
@@ -66,18 +69,14 @@ def cmd_tune(args) -> int:
 def add_parsers(sub) -> None:
     p = sub.add_parser("tune", help="measure a model's conv layers and plan them (the "
                        "advisor's tune): --model MODULE:CALLABLE --input N,C,H,W")
-    p.add_argument("--model", required=True, metavar="MODULE:CALLABLE",
-                   help="a callable returning the nn.Module, e.g. torchvision.models:resnet18")
-    p.add_argument("--input", required=True, metavar="N,C,H,W",
-                   help="the shape of one input batch, e.g. 8,3,224,224")
-    p.add_argument("--device", choices=("cpu", "cuda"),
-                   help="default cuda where a GPU is, else cpu")
+    model_options(p, "a callable returning the nn.Module, e.g. torchvision.models:resnet18",
+                  "the shape of one input batch, e.g. 8,3,224,224", required=True)
+    device_option(p)
     p.add_argument("--algos", default="all", help="comma list of algos to consider (all)")
     p.add_argument("--layouts", default="all", help=f"comma list of {', '.join(LAYOUTS)}; all")
-    p.add_argument("--budget", type=positive(float),
-                   help="seconds of timed repetitions per measurement (the device's default)")
-    p.add_argument("--workspace-budget", type=size, metavar="SIZE",
-                   help="most workspace a pass may use: bytes, or 256MiB, 1GiB, 2GB")
+    time_budget_option(p, "seconds of timed repetitions per measurement (the device's "
+                          "default)")
+    workspace_budget_option(p)
     p.add_argument("--deterministic", action="store_true",
                    help="only algorithms with bitwise-reproducible results")
     p.add_argument("--max-error", type=positive(float), metavar="REL",

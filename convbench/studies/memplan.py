@@ -50,31 +50,24 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import (
-    apply,
-    devices,
-    launch,
-    memory,
-    memprofile,
-    opcount,
-    registry,
-    results,
-    runner,
-    timing,
-    trainstep,
-    tune,
-    verify,
+from .. import launch, memory, timing
+from ..devices import backend_of
+from ..fmt import NO_MATPLOTLIB, fmt_mib, pyplot, save_figure
+from ..measurement import Measurement
+from .folder import write_study
+from .footprint import modelled_peak
+from .workload import Training, Workload, worker_environment
+from .workspace import (
+    REFERENCE_BATCH,
+    Choices,
+    budgeted_plan,
+    measure_choices,
+    plan_summary,
+    plan_tolerance,
 )
-from .advice import advise, build_plan
-from .devices import backend_of
-from .measurement import Measurement
-from .plan import Constraints, Plan, current_env_key
-from .problem import LAYOUTS
 
 STRATEGIES = ("none", "checkpoint", "recompute-cheap", "offload", "workspace")
 WORKSPACE = "workspace"
-#: The batch the conv passes are measured at for the `workspace` strategy's choices.
-REFERENCE_BATCH = 2
 #: A plan that overshoots the budget is chosen again for the room divided by this.
 ROOM_SHRINK = 4
 #: Relative gradient error a strategy may introduce (it reorders nothing: recomputation repeats
@@ -168,58 +161,42 @@ def _wrap_modules(model, parts: set[str]) -> None:
                      checkpoint(_f, *a, use_reentrant=False, **k))
 
 
-def step_function(model, opt, x, target, strategy: str) -> Callable[[], object]:
-    """One training step of `model` under `strategy`: zero the gradients, forward (recomputed
-    and offloaded as the strategy says), the loss (`trainstep.loss`), backward, SGD update;
-    returns the loss. The `workspace` part is the plan applied to the model beforehand
-    (`_setup`). A catalog model runs its stages through the strategy; a user's model has its
-    modules wrapped (`_wrap_modules`)."""
+def step_function(run: Training, strategy: str) -> Callable[[], object]:
+    """One training step of the workload (`Training.step`) under `strategy`: forward recomputed
+    and offloaded as the strategy says; returns the loss. The `workspace` part is the plan
+    applied to the model beforehand (`Workload.prepare`). A catalog model runs its stages
+    through the strategy; a user's model has its modules wrapped (`_wrap_modules`)."""
     import torch
 
     parts = set(strategy.split("+"))
-    staged = hasattr(model, "stages")
-    run = _stage_runner(parts)
-    if not staged:
+    model = run.model
+    forward = None
+    if hasattr(model, "stages"):
+        stage = _stage_runner(parts)
+
+        def forward(x):
+            return model(x, stage)
+    else:
         _wrap_modules(model, parts)
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with (torch.autograd.graph.save_on_cpu(pin_memory=True) if "offload" in parts
-              else contextlib.nullcontext()):
-            loss = trainstep.loss(model(x, run) if staged else model(x), target)
-        loss.backward()
-        opt.step()
-        return loss
+    def saving():
+        if "offload" in parts:
+            return torch.autograd.graph.save_on_cpu(pin_memory=True)
+        return contextlib.nullcontext()
 
-    return step
+    return lambda: run.step(forward, saving)
 
 
-def _setup(net: str, batch: int, device: str, plan_file: str | None = None):
-    """The model (running `plan_file`'s plan, if given), its SGD optimizer and a batch, seeded
-    as `trainstep` seeds them."""
-    import torch
-
-    torch.manual_seed(0)
-    model = trainstep.build_model(net).to(device)
-    if plan_file:
-        apply.apply(model, plan_file)
-    x, target = trainstep.example_batch(net, batch, device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    return model, opt, x, target
-
-
-def gradient_error(net: str, strategy: str, device: str, batch: int = CHECK_BATCH,
+def gradient_error(load: Workload, strategy: str, device: str, batch: int = CHECK_BATCH,
                    plan_file: str | None = None) -> float:
     """‖g − g_plain‖ / ‖g_plain‖ over all parameters' gradients after one step's backward,
     from the same weights and data (in this process); the strategy's step runs `plan_file`'s
     plan if given."""
-    import torch
-
     grads = []
     for how, plan in (("none", None), (strategy, plan_file)):
-        model, opt, x, target = _setup(net, batch, device, plan)
-        step_function(model, opt, x, target, how)()
-        grads.append(torch.cat([p.grad.flatten().double() for p in model.parameters()]))
+        run = load.prepare(batch, device, plan)
+        step_function(run, how)()
+        grads.append(run.gradient())
     return float((grads[1] - grads[0]).norm() / grads[0].norm())
 
 
@@ -248,8 +225,9 @@ class Probe:
 
 def probe_here(net: str, strategy: str, batch: int, device: str, budget: int,
                time_s: float, plan_file: str | None = None) -> Probe:
-    """The probe, in this process (`probe` runs it in a fresh one). On the GPU torch's
-    allocator is held to the budget, so a step beyond it fails instead of taking more."""
+    """The probe, in this process (`probe` runs it in a fresh one; `net`: the workload's text
+    form). On the GPU torch's allocator is held to the budget, so a step beyond it fails
+    instead of taking more."""
     import torch
 
     backend = backend_of(device)
@@ -258,8 +236,8 @@ def probe_here(net: str, strategy: str, batch: int, device: str, budget: int,
         torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total))
     try:
         with memory.trace(backend) as trace:
-            model, opt, x, target = _setup(net, batch, device, plan_file)
-            step = step_function(model, opt, x, target, strategy)
+            step = step_function(Workload.parse(net).prepare(batch, device, plan_file),
+                                 strategy)
             step()  # the momentum buffers appear here
             trace.mark()
             step()
@@ -270,118 +248,19 @@ def probe_here(net: str, strategy: str, batch: int, device: str, budget: int,
     return Probe(batch, peak, times)
 
 
-def probe(net: str, strategy: str, batch: int, device: str, budget: int,
+def probe(load: Workload, strategy: str, batch: int, device: str, budget: int,
           time_s: float = 0.0, plan_file: str | None = None) -> Probe:
     """One probe in a process of its own: a fresh allocator, nothing left from the last probe."""
-    job = {"net": net, "strategy": strategy, "batch": batch, "device": device,
+    job = {"net": load.name, "strategy": strategy, "batch": batch, "device": device,
            "budget": budget, "time_s": time_s, "plan_file": plan_file}
-    proc = subprocess.run(launch.module_command("convbench.memplan", json.dumps(job)),
+    proc = subprocess.run(launch.module_command(__name__, json.dumps(job)),
                           capture_output=True, text=True, check=False,
-                          env=trainstep.worker_environment(device))
+                          env=worker_environment(device))
     if proc.returncode:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"memplan probe {strategy} at batch {batch} exited with "
                            f"{proc.returncode}: {tail}")
     return Probe(**json.loads(proc.stdout.strip().splitlines()[-1]))
-
-
-# --- workspace choice -----------------------------------------------------------------------
-@dataclass
-class Choices:
-    """The rows of every algorithm and layout of the model's conv passes, measured and verified
-    at batch `reference` on `backend`: what the `workspace` strategy chooses from."""
-
-    rows: list[dict]
-    reference: int
-    backend: str
-
-
-def measure_choices(net: str, device: str, algos: str = "all", budget_s: float | None = None,
-                    log: Callable[[str], None] = lambda line: None) -> Choices:
-    """Every algorithm × layout of each conv pass the model's training step runs (`find_convs`:
-    no bwd_data for the first layer), measured by the runner at `REFERENCE_BATCH` (for
-    `budget_s` seconds each: by default the device's, on the CPU train-step's tuning budget,
-    so the ranking is made in seconds, not minutes)."""
-    backend = backend_of(device)
-    algo_list = registry.expand_algos(algos, backend)
-    model = trainstep.build_model(net).to(device)
-    x, _ = trainstep.example_batch(net, REFERENCE_BATCH, device)
-    sites, _ = tune.find_convs(model, x)
-    cases = [runner.Case(net, site.name, site.problem, algo, backend, pass_, layout, "fp32")
-             for site in sites for pass_ in site.passes for layout in LAYOUTS
-             for algo in algo_list]
-    log(f"workspace: measuring {len(cases)} conv passes at batch {REFERENCE_BATCH}")
-    rows: list[dict] = []
-    default = (trainstep.CPU_TUNE_BUDGET_S if backend == "numpy"
-               else devices.of_backend(backend).budget_s)
-    runner.run(cases, budget_s or default, on_row=rows.append)
-    return Choices(rows, REFERENCE_BATCH, backend)
-
-
-def _at_batch(row: dict, batch: int, choices: Choices) -> dict:
-    """A reference row as the choice at `batch` sees it: its problem at that batch, its
-    workspace as the implementation declares it there (a measured peak, for an algorithm that
-    declares none, grown in proportion to the batch); its time stays the reference's."""
-    problem = results.problem_from_row(row).with_batch(batch)
-    out = {**row, **problem.axis_fields()}
-    if row["status"] == "ok":
-        impl = registry.get(row["algo"], choices.backend)
-        out["workspace_bytes"] = opcount.workspace_bytes(impl, problem, row["pass"],
-                                                         row["layout"], row["precision"])
-        if out["workspace_bytes"] is None and row.get("peak_bytes") is not None:
-            out["peak_bytes"] = float(row["peak_bytes"]) * batch / choices.reference
-    return out
-
-
-def held_workspace(plan: Plan) -> int:
-    """Bytes of workspace the plan's convbench passes hold together (each from its first call
-    on: `functional.run` keeps a prepared pass with its buffers)."""
-    problems = {lp.layer: lp.problem for lp in plan.layers}
-    return sum(opcount.workspace_bytes(registry.get(algo, backend), problems[layer], pass_,
-                                       layout, plan.precision) or 0
-               for (layer, pass_), (algo, backend, layout)
-               in memprofile.plan_algos(plan).items())
-
-
-def budgeted_plan(choices: Choices, batch: int, room: int) -> tuple[Plan, int]:
-    """The advisor's plan at `batch` whose held workspace fits `room`: the largest per-pass
-    workspace limit (bisected over the workspaces the choices have) under which the plan's
-    passes fit together; (the plan, the bytes it holds). A limit of 0 always fits: every pass
-    then needs no workspace, or is left to torch."""
-    df = results.frame([_at_batch(r, batch, choices) for r in choices.rows])
-    used = df["workspace_bytes"].fillna(df["peak_bytes"]).dropna()
-    limits = sorted({0, *(int(v) for v in used)})
-    env = current_env_key(choices.backend)
-
-    def planned(limit: int) -> tuple[Plan, int]:
-        chosen = build_plan(advise(df, Constraints(limit, False, None), "fp32"), env, None,
-                            measurements=[])
-        return chosen, held_workspace(chosen)
-
-    lo, hi = 0, len(limits) - 1  # limits[lo] fits; find the largest that does
-    best = planned(limits[lo])
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        candidate = planned(limits[mid])
-        if candidate[1] <= room:
-            lo, best = mid, candidate
-        else:
-            hi = mid - 1
-    return best
-
-
-def plan_summary(plan: Plan) -> str:
-    """`conv1 nchw: gemm, -, direct; ...`: each layer's layout and its passes' algorithms."""
-    return "; ".join(f"{lp.layer} {lp.layout}: " + ", ".join(
-        c.algo if c else "torch" for c in lp.passes.values()) for lp in plan.layers)
-
-
-def plan_tolerance(plan: Plan) -> float:
-    """The loosest verification tolerance among the plan's passes: what its gradients may
-    differ by from the plain step's (FFT and Winograd round differently from direct sums)."""
-    return max([GRADIENT_TOLERANCE, *(verify.tolerance(c.algo, plan.precision, lp.problem, p)
-                                      for lp in plan.layers for p, c in lp.passes.items()
-                                      if c is not None)])
 
 
 # --- the search -----------------------------------------------------------------------------
@@ -397,8 +276,8 @@ class Search:
         return self.probes[self.batch].peak
 
 
-def largest_batch(measure: Callable[[int], Probe], budget: int, slope_bound: float,
-                  max_batch: int = MAX_BATCH) -> Search:
+def largest_measured_batch(measure: Callable[[int], Probe], budget: int, slope_bound: float,
+                           max_batch: int = MAX_BATCH) -> Search:
     """The largest batch whose peak fits `budget`, found by probes that each stay within it as
     long as the peak grows by no more than `slope_bound` bytes per image: from the largest batch
     that fits, the next probe is as many images larger as the room left holds at that rate.
@@ -423,17 +302,17 @@ def largest_batch(measure: Callable[[int], Probe], budget: int, slope_bound: flo
             over = nxt
 
 
-def per_image_bound(net: str, batch: int = 8) -> float:
+def per_image_bound(load: Workload, batch: int = 8) -> float:
     """`SLOPE_MARGIN` × the bytes per image the plain step's model on `meta` holds at its
     peak: an upper bound on how fast the measured peak grows with the batch, for any strategy
     (recomputation and offloading only keep less)."""
-    at = memprofile.modelled_peak(net, {})
+    at = modelled_peak(load, {})
     return SLOPE_MARGIN * (at(2 * batch).total - at(batch).total) / batch
 
 
 # --- the whole plan -------------------------------------------------------------------------
 @dataclass
-class Result:
+class StrategyResult:
     """One strategy: why it does not run here, or its limit, its probes (the search's, and the
     timed ones along its curve), its gradient error and the common batch."""
 
@@ -458,81 +337,115 @@ def curve(limit: int, common: int | None) -> list[int]:
     return sorted(points)
 
 
-def _prober(net: str, strategy: str, device: str, budget: int, choices: Choices | None,
-            folder: Path, peaks: dict[tuple[str, int], Probe]) -> Callable[..., Probe]:
-    """(batch, seconds to time) -> the strategy's probe. With `workspace`, more: the base
-    strategy's step says what it leaves of the budget, then the step runs under the plan
-    chosen for that room (saved in `folder`), its note saying what was chosen. Running a plan
-    takes more than its workspaces (convbench's passes convert between torch and their arrays),
-    so a plan that fills the room can overshoot the budget: then the plan for a quarter of the
-    room is tried, then the plan for none (every pass left to torch, its layouts still the
-    plan's), and last the base step itself, which fits: the strategy never trains a smaller
-    batch than its base. A
-    step's peak is read once per strategy and batch (`peaks`, shared by the strategies): the
-    base step's at a batch its own search probed is not probed again."""
-    def plain(how: str, b: int, time_s: float = 0.0) -> Probe:
-        if time_s or (how, b) not in peaks:
-            peaks[how, b] = probe(net, how, b, device, budget, time_s)
-        return peaks[how, b]
+class Prober:
+    """(batch, seconds to time) -> a strategy's probe, each in a process of its own (`probe`).
+    A step's peak is read once per strategy and batch (`peaks`, shared by the strategies' probers):
+    a step already probed is not probed again unless it is to be timed."""
 
-    if WORKSPACE not in strategy.split("+"):
-        return lambda b, time_s=0.0: plain(strategy, b, time_s)
+    def __init__(self, load: Workload, strategy: str, device: str, budget: int,
+                 peaks: dict[tuple[str, int], Probe]):
+        self.load, self.strategy, self.device, self.budget = load, strategy, device, budget
+        self.peaks = peaks
 
-    def run(b: int, time_s: float = 0.0) -> Probe:
-        before = plain(base(strategy), b)
-        if not before.fits(budget):
-            return Probe(b, before.peak, oom=before.oom,
-                         note=f"{base(strategy)} alone does not fit")
-        left = budget - before.peak
+    def plain(self, how: str, b: int, time_s: float = 0.0) -> Probe:
+        """Strategy `how`'s step at batch `b`, no plan applied."""
+        if time_s or (how, b) not in self.peaks:
+            self.peaks[how, b] = probe(self.load, how, b, self.device, self.budget, time_s)
+        return self.peaks[how, b]
+
+    def __call__(self, b: int, time_s: float = 0.0) -> Probe:
+        return self.plain(self.strategy, b, time_s)
+
+    def search(self, bound: float, max_batch: int) -> Search:
+        """The strategy's largest batch: probes that stay within the budget as long as the
+        peak grows by no more than `bound` per image (`largest_measured_batch`)."""
+        return largest_measured_batch(self, self.budget, bound, max_batch)
+
+
+class WorkspaceProber(Prober):
+    """A strategy with `workspace`: the base strategy's step says what it leaves of the budget,
+    then the step runs under the plan chosen for that room (saved in `folder`), its note saying
+    what was chosen. Running a plan takes more than its workspaces (convbench's passes convert
+    between torch and their arrays), so a plan that fills the room can overshoot the budget:
+    then the plan for a quarter of the room is tried, then the plan for none (every pass left to
+    torch, its layouts still the plan's), and last the base step itself, which fits: the
+    strategy never trains a smaller batch than its base."""
+
+    def __init__(self, load: Workload, strategy: str, device: str, budget: int,
+                 peaks: dict[tuple[str, int], Probe], choices: Choices, folder: Path):
+        super().__init__(load, strategy, device, budget, peaks)
+        self.choices, self.folder, self.base = choices, folder, base(strategy)
+
+    def __call__(self, b: int, time_s: float = 0.0) -> Probe:
+        before = self.plain(self.base, b)
+        if not before.fits(self.budget):
+            return Probe(b, before.peak, oom=before.oom, note=f"{self.base} alone does not fit")
+        left = self.budget - before.peak
         for room in (left, left // ROOM_SHRINK, 0):
-            chosen, held = budgeted_plan(choices, b, room)
-            path = chosen.save(folder / f"{strategy}-{b}-{room}.json")
-            got = probe(net, strategy, b, device, budget, time_s, str(path))
-            if got.fits(budget):
+            chosen, held = budgeted_plan(self.choices, b, room)
+            path = chosen.save(self.folder / f"{self.strategy}-{b}-{room}.json")
+            got = probe(self.load, self.strategy, b, self.device, self.budget, time_s,
+                        str(path))
+            if got.fits(self.budget):
                 got.note = (f"workspace left {memory.format_size(left)}, planned for "
                             f"{memory.format_size(room)}, the plan holds "
                             f"{memory.format_size(held)}: {plan_summary(chosen)}")
                 return got
         # Even the plan for no workspace overshot (its layouts cost conversions): the base
         # step, which fits, is what the strategy runs at this batch.
-        got = plain(base(strategy), b, time_s)
+        got = self.plain(self.base, b, time_s)
         return Probe(got.batch, got.peak, got.times_ms, got.oom,
                      f"workspace left {memory.format_size(left)}: no plan fits, the "
-                     f"{base(strategy)} step runs")
+                     f"{self.base} step runs")
 
-    run.base = lambda b: plain(base(strategy), b)
-    return run
+    def search(self, bound: float, max_batch: int) -> Search:
+        """The strategy fills whatever room its base step leaves, so its own peak says nothing
+        of the next batch: its limit is its base's (searched on the base step's peaks, already
+        read when the base was searched itself), where it always fits, and its one probe is
+        there."""
+        limit = largest_measured_batch(lambda b: self.plain(self.base, b), self.budget, bound,
+                                       max_batch).batch
+        return Search(limit, {limit: self(limit)})
 
 
-def plan(net: str, device: str, budget: int, strategies: list[str], *, time_s: float = 1.0,
-         common_batch: int | None = None, max_batch: int = MAX_BATCH, algos: str = "all",
-         log: Callable[[str], None] = lambda line: None) -> tuple[list[Result], int | None]:
+def prober(load: Workload, strategy: str, device: str, budget: int, choices: Choices | None,
+           folder: Path, peaks: dict[tuple[str, int], Probe]) -> Prober:
+    """The prober of `strategy`: a `WorkspaceProber` where it chooses algorithms."""
+    if WORKSPACE in strategy.split("+"):
+        return WorkspaceProber(load, strategy, device, budget, peaks, choices, folder)
+    return Prober(load, strategy, device, budget, peaks)
+
+
+def plan(load: Workload, device: str, budget: int, strategies: list[str], *,
+         time_s: float = 1.0, common_batch: int | None = None, max_batch: int = MAX_BATCH,
+         algos: str = "all", log: Callable[[str], None] = lambda line: None
+         ) -> tuple[list[StrategyResult], int | None]:
     """Every strategy measured on `device` under `budget`; (their results, the common batch:
     `common_batch`, else the largest batch every supported strategy fits). `algos` are the
     `workspace` strategy's candidates."""
-    modelled = memprofile.modelled_peak(net, {})(1).total
+    modelled = modelled_peak(load, {})(1).total
     if modelled > budget:
-        raise ValueError(f"{net}'s training step at batch 1 needs about "
+        raise ValueError(f"{load.name}'s training step at batch 1 needs about "
                          f"{memory.format_size(modelled)} (weights, gradients, optimizer state, "
                          f"activations), over the budget of {memory.format_size(budget)}")
-    bound = per_image_bound(net)
+    bound = per_image_bound(load)
     choices = None
     if any(WORKSPACE in s.split("+") and not unsupported(s, device) for s in strategies):
-        choices = measure_choices(net, device, algos, log=log)
+        choices = measure_choices(load, device, algos, log=log)
     out, probers, peaks = [], {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for strategy in strategies:
             reason = unsupported(strategy, device)
             if reason:
-                out.append(Result(strategy, reason))
+                out.append(StrategyResult(strategy, reason))
                 log(f"{strategy}: unsupported ({reason})")
                 continue
-            probers[strategy] = _prober(net, strategy, device, budget, choices, Path(tmp),
-                                        peaks)
+            probers[strategy] = prober(load, strategy, device, budget, choices, Path(tmp),
+                                       peaks)
             log(f"{strategy}: searching the largest batch")
-            search = _search(probers[strategy], budget, bound, max_batch)
-            error, tolerance = _gradient_check(net, strategy, device, choices, Path(tmp))
-            out.append(Result(strategy, "", search, error, tolerance=tolerance))
+            search = probers[strategy].search(bound, max_batch)
+            error, tolerance = _gradient_check(load, strategy, device, choices, Path(tmp))
+            out.append(StrategyResult(strategy, "", search, error, tolerance=tolerance))
             log(f"{strategy}: batch {search.batch} ({memory.format_size(search.peak)}) after "
                 f"{len(search.probes)} probes")
         ran = [r for r in out if r.search]
@@ -544,36 +457,25 @@ def plan(net: str, device: str, budget: int, strategies: list[str], *, time_s: f
     return out, common
 
 
-def _search(prober: Callable[..., Probe], budget: int, bound: float,
-            max_batch: int) -> Search:
-    """The strategy's largest batch. A `workspace` strategy fills whatever room its base step
-    leaves, so its own peak says nothing of the next batch: its limit is its base's (searched
-    on the base step's peaks, already read when the base was searched itself), where it always
-    fits (`_prober`), and its one probe is there."""
-    if not hasattr(prober, "base"):
-        return largest_batch(prober, budget, bound, max_batch)
-    limit = largest_batch(prober.base, budget, bound, max_batch).batch
-    return Search(limit, {limit: prober(limit)})
-
-
-def _gradient_check(net: str, strategy: str, device: str, choices: Choices | None,
+def _gradient_check(load: Workload, strategy: str, device: str, choices: Choices | None,
                     folder: Path) -> tuple[float, float]:
     """(the gradients' error against the plain step's, what it may be): with `workspace`,
     under the plan the whole budget allows at `CHECK_BATCH` (the fastest)."""
     if strategy == "none":
         return 0.0, GRADIENT_TOLERANCE
     if WORKSPACE not in strategy.split("+"):
-        return gradient_error(net, strategy, device), GRADIENT_TOLERANCE
+        return gradient_error(load, strategy, device), GRADIENT_TOLERANCE
     fastest, _ = budgeted_plan(choices, CHECK_BATCH, 1 << 62)
     path = fastest.save(folder / f"{strategy}-check.json")
-    return gradient_error(net, strategy, device, plan_file=str(path)), plan_tolerance(fastest)
+    return (gradient_error(load, strategy, device, plan_file=str(path)),
+            plan_tolerance(fastest, GRADIENT_TOLERANCE))
 
 
 # --- output ---------------------------------------------------------------------------------
-def rows(results: list[Result]) -> list[dict]:
+def rows(found: list[StrategyResult]) -> list[dict]:
     """One row per strategy and probed batch: peak bytes and images/s."""
     out = []
-    for r in results:
+    for r in found:
         if r.search is None:
             out.append({"strategy": r.strategy, "status": "unsupported", "reason": r.reason})
             continue
@@ -590,35 +492,42 @@ def rows(results: list[Result]) -> list[dict]:
     return out
 
 
-def _mib(nbytes: float | None) -> str:
-    return "" if nbytes is None else f"{nbytes / 2**20:.0f}"
-
-
 def _rate(p: Probe | None) -> str:
     return "" if p is None or p.images_per_s is None else f"{p.images_per_s:.3g}"
 
 
-def table(results: list[Result], common: int | None) -> str:
+def _ran(found: list[StrategyResult]) -> list[StrategyResult]:
+    """The strategies that ran here (the others are unsupported on this device)."""
+    return [r for r in found if r.search is not None]
+
+
+def table(found: list[StrategyResult], common: int | None) -> str:
+    """A row per strategy: its largest batch, its peak and speed there and at the common batch
+    (columns left out where no strategy ran: there is no common batch), its gradient error."""
     from tabulate import tabulate
 
+    at_common = common is not None
     body = []
-    for r in results:
+    for r in found:
         if r.search is None:
-            body.append([r.strategy, "unsupported", "", "", "", "", "", r.reason])
+            body.append([r.strategy, "unsupported", "", "", *(["", ""] if at_common else []),
+                         "", r.reason])
             continue
         at = r.timed.get(common)
-        body.append([r.strategy, r.search.batch, _mib(r.search.peak), _rate(r.largest),
-                     _mib(at.peak if at else None), _rate(at),
+        body.append([r.strategy, r.search.batch, fmt_mib(r.search.peak, 0), _rate(r.largest),
+                     *([fmt_mib(at.peak if at else None, 0), _rate(at)] if at_common else []),
                      f"{r.gradient_error:.1e} (<= {r.tolerance:.0e})",
                      f"{len(r.search.probes)} search probes"])
     return tabulate(body, headers=["strategy", "largest batch", "peak MiB", "images/s",
-                                   f"peak MiB at {common}", f"images/s at {common}",
+                                   *([f"peak MiB at {common}", f"images/s at {common}"]
+                                     if at_common else []),
                                    "gradient error", "note"],
                     tablefmt="github", disable_numparse=True)
 
 
-def markdown(net: str, device: str, budget: int, results: list[Result], common: int | None,
-             env: dict) -> str:
+def markdown(net: str, device: str, budget: int, found: list[StrategyResult],
+             common: int | None, env: dict) -> str:
+    ran = _ran(found)
     facts = [
         (f"budget: {memory.format_size(budget)} for the whole training step (weights, "
          "gradients, SGD momentum, the batch, what is kept for backward, temporaries)"),
@@ -628,17 +537,27 @@ def markdown(net: str, device: str, budget: int, results: list[Result], common: 
         (f"gradient error: against the plain step's at batch {CHECK_BATCH}, and its tolerance: "
          f"{GRADIENT_TOLERANCE:g} where the same arithmetic is repeated or copied, the loosest "
          "of the chosen algorithms' verification tolerances under a plan"),
+    ] if ran else [
+        (f"budget: {memory.format_size(budget)} for the whole training step"),
+        ("no strategy asked for runs on this device: nothing was measured (why: the table's "
+         "note)"),
     ]
+    if any("offload" in r.strategy.split("+") for r in ran):
+        facts.append("offload: torch's `save_on_cpu` copies each saved tensor to the host and "
+                     "back blocking, overlapping none of it with computation (vDNN overlaps "
+                     "them on a side stream): its images/s is a lower bound for offloading")
     lines = [f"# memplan: {net} on {env.get('device', device)}", "",
-             *[f"- {f}" for f in facts], "", table(results, common), "",
-             *_workspace_notes(results), "![images/s against batch size](memplan.png)"]
-    return "\n".join(lines) + "\n"
+             *[f"- {f}" for f in facts], "", table(found, common), "",
+             *_workspace_notes(found)]
+    if ran:
+        lines.append(f"![images/s against batch size]({PLOT})")
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def _workspace_notes(results: list[Result]) -> list[str]:
+def _workspace_notes(found: list[StrategyResult]) -> list[str]:
     """What the `workspace` strategies chose at their largest batch and at the smallest."""
     out = []
-    for r in results:
+    for r in found:
         if r.search is None or WORKSPACE not in r.strategy.split("+"):
             continue
         if not out:
@@ -652,17 +571,17 @@ def _workspace_notes(results: list[Result]) -> list[str]:
     return out
 
 
-def plot(results: list[Result], path: Path, title: str) -> str | None:
-    """Images/s against batch size per strategy, each line ending at its largest batch."""
-    from . import report
+#: The plot's file name in the study's folder.
+PLOT = "memplan.png"
 
-    plt = report.pyplot()
+
+def plot(found: list[StrategyResult], path: Path, title: str) -> str | None:
+    """Images/s against batch size per strategy, each line ending at its largest batch."""
+    plt = pyplot()
     if plt is None:
-        return report.NO_MATPLOTLIB
+        return NO_MATPLOTLIB
     fig, ax = plt.subplots(figsize=(7, 4.5), layout="constrained")
-    for r in results:
-        if r.search is None:
-            continue
+    for r in _ran(found):
         points = [(b, p.images_per_s) for b, p in sorted(r.timed.items()) if p.images_per_s]
         if points:
             ax.plot(*zip(*points), marker="o", label=f"{r.strategy} (≤ {r.search.batch})")
@@ -670,20 +589,18 @@ def plot(results: list[Result], path: Path, title: str) -> str | None:
     ax.set_xlabel("batch size")
     ax.set_ylabel("images/s")
     ax.set_title(title)
-    report.save_figure(fig, path)
+    save_figure(fig, path)
     return None
 
 
-def write(folder: Path, text: str, results: list[Result], env: dict, title: str) -> list[str]:
-    """memplan.md, memplan.csv, memplan.png and env.json in `folder`."""
+def write(folder: Path, text: str, found: list[StrategyResult], env: dict,
+          title: str) -> list[str]:
+    """The study's folder (`folder.write_study`): report.md, memplan.csv, env.json and, where a
+    strategy ran, memplan.png."""
     import pandas as pd
 
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "memplan.md").write_text(text)
-    pd.DataFrame(rows(results)).to_csv(folder / "memplan.csv", index=False)
-    (folder / "env.json").write_text(json.dumps(env, indent=1) + "\n")
-    note = plot(results, folder / "memplan.png", title)
-    return ["memplan.md", "memplan.csv", "env.json"] + ([] if note else ["memplan.png"])
+    plots = {PLOT: lambda path: plot(found, path, title)} if _ran(found) else {}
+    return write_study(folder, "memplan", text, pd.DataFrame(rows(found)), env, plots=plots)
 
 
 if __name__ == "__main__":  # a probe of `probe`'s: memplan JOB

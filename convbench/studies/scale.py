@@ -46,23 +46,30 @@ share counts fc6-fc8, whether `nn.Linear` or the FC-free variant's 1x1 convoluti
 
 from __future__ import annotations
 
-import datetime
 import functools
 import gc
 import os
-import socket
-import time
-import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import envinfo, layers, trainstep
-from .measurement import Measurement
-from .threads import CPU_THREAD_ENV
+from ..fmt import fmt_mib, pyplot, save_figure
+from ..measurement import Measurement
+from ..threads import CPU_THREAD_ENV
+from . import ddp
+from .ddp import (
+    POWERSGD_START,
+    RankTrainer,
+    devices_here,
+    interconnect,
+    launch,
+    launched,
+    process_group,
+    rank_info,
+)
+from .folder import write_study
+from .workload import VARIANTS, Workload
 
 #: The net options: the training-step nets, and each as the study's FC-free variant.
-FC_FREE = "-fcfree"
-NETS = (*trainstep.NETS, *(f"{net}{FC_FREE}" for net in trainstep.NETS))
+NETS = VARIANTS
 HOOKS = ("allreduce", "fp16", "bf16", "powersgd")
 KINDS = ("compute", "exchange", "serial", "step")
 #: The layers counted as fully connected, whichever form they take.
@@ -74,51 +81,14 @@ CPU_BATCHES = (2, 4)
 #: Timed steps per measurement and warm-up steps before them (the first builds DDP's buckets).
 STEPS = {"cpu": 5, "cuda": 20}
 WARMUP = 3
-#: PowerSGD: exact all-reduces before compressing (it refuses fewer than 2 with error
-#: feedback), and the rank of its approximation unless told otherwise.
-POWERSGD_START = 2
+#: PowerSGD: the rank of its approximation unless told otherwise.
 POWERSGD_RANK = 4
 #: PowerSGD compresses a gradient only when that shrinks it at least this many times (its
 #: default `min_compression_rate`, which the hook is run with).
 POWERSGD_MIN_RATE = 2
-#: Instrumented steps per timeline; the one with the median time is drawn.
-TIMELINE_STEPS = 3
-#: How long a rank may wait for the others (idle ranks wait while a subgroup measures).
-TIMEOUT = datetime.timedelta(hours=2)
 
 
 # --- what is trained --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Workload:
-    """A model to train data-parallel and the seeded batches it trains on. `build` must pickle
-    (by reference): the ranks are other processes."""
-
-    name: str
-    build: Callable
-    image: tuple[int, int, int]
-    classes: int
-
-    def batch(self, n: int, device: str):
-        """n seeded images and labels, the same in every process (`trainstep.example_batch`'s
-        for the catalog nets)."""
-        import torch
-
-        g = torch.Generator().manual_seed(1)
-        x = torch.randn(n, *self.image, generator=g)
-        return x.to(device), torch.randint(0, self.classes, (n,), generator=g).to(device)
-
-
-def workload(net: str) -> Workload:
-    """The training-step model of `net` (`alexnet-fcfree`: fc6-fc8 as 1x1 convolutions);
-    ValueError for a net it does not know."""
-    if net not in NETS:
-        raise ValueError(f"unknown net {net!r}; valid: {', '.join(NETS)}")
-    base = net.removesuffix(FC_FREE)
-    first = layers.net_layers(base)[0].problem
-    return Workload(net, functools.partial(trainstep.build_model, base, net.endswith(FC_FREE)),
-                    (first.c, first.h, first.w), trainstep.CLASSES)
-
-
 def gradient_bytes(model) -> dict[str, int]:
     """Bytes of fp32 gradient per step, split into the conv layers' and the fully connected
     ones' (`FC_LAYERS`)."""
@@ -196,21 +166,7 @@ def default_world_sizes(device: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys([*sizes, most]))
 
 
-def launched() -> bool:
-    """Whether this process is a rank torchrun started (its environment names the group)."""
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
-
-
-def devices_here(device: str) -> int:
-    """How many ranks one node can give a device each: GPUs, or CPU cores."""
-    if device == "cuda":
-        import torch
-
-        return torch.cuda.device_count()
-    return os.cpu_count() or 1
-
-
-def check(job: Job) -> None:
+def check_job(job: Job) -> None:
     """ValueError, in one line, for a job that cannot run here: a world size beyond the ranks
     torchrun started or the devices of this node, a global batch that does not split evenly."""
     if job.device == "cuda" and devices_here("cuda") == 0:
@@ -236,254 +192,28 @@ def check(job: Job) -> None:
                                  f"{world} ranks")
 
 
-# --- one rank -----------------------------------------------------------------------------------
-class Clock:
-    """Time stamps where the work runs: the host's clock on the CPU, CUDA events on the GPU
-    (recorded on the current stream, read after a synchronize)."""
-
-    def __init__(self, cuda: bool):
-        self.cuda = cuda
-
-    def stamp(self):
-        if not self.cuda:
-            return time.perf_counter()
-        import torch
-
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def ms(self, a, b) -> float:
-        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
-
-    def sync(self) -> None:
-        if self.cuda:
-            import torch
-
-            torch.cuda.synchronize()
-
-
-def one_at_a_time(hook: Callable) -> Callable:
-    """`hook`, each bucket's exchange starting when the previous one's has ended. PowerSGD
-    issues its second and third all-reduces from the completion callback of the one before;
-    gloo runs those callbacks on its own threads, so with two buckets in flight the ranks could
-    issue their collectives in different orders (gloo aborts: "collective mismatch"). NCCL runs
-    them where they were enqueued, and needs none of this."""
-    import torch
-
-    last = []
-
-    def settle(out, value: Callable) -> None:
-        """`out` takes `value()`, or what it raised: DDP waits on `out`, it must hear of it."""
-        try:
-            out.set_result(value())
-        except Exception as exc:  # noqa: BLE001 - handed on, not swallowed
-            out.set_exception(exc)
-
-    def call(state, bucket):
-        out = torch.futures.Future()
-
-        def start(_=None):  # on gloo's thread when the last bucket's exchange ends: no waiting
-            try:
-                hook(state, bucket).add_done_callback(lambda f: settle(out, f.value))
-            except Exception as exc:  # noqa: BLE001 - handed on, not swallowed
-                out.set_exception(exc)
-
-        if last:
-            last.pop().add_done_callback(start)
-        else:
-            start()
-        last.append(out)
-        return out
-
-    return call
-
-
-def comm_hook(name: str, group, powersgd_rank: int) -> tuple[Callable, object, int]:
-    """(the hook, its state, how many exact iterations it starts with)."""
-    import torch.distributed as dist
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
-
-    if name == "powersgd":
-        state = powerSGD_hook.PowerSGDState(process_group=group,
-                                            matrix_approximation_rank=powersgd_rank,
-                                            start_powerSGD_iter=POWERSGD_START)
-        hook = powerSGD_hook.powerSGD_hook
-        if dist.get_backend(group) == "gloo":
-            hook = one_at_a_time(hook)
-        return hook, state, POWERSGD_START
-    hooks = {"allreduce": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
-             "bf16": default_hooks.bf16_compress_hook}
-    return hooks[name], group, 0
-
-
-class Exchange:
-    """The comm hook DDP calls per bucket, wrapping the hook measured: as it is (`overlap`),
-    waited for before backward goes on and timed (`serial`), or with the bucket's ready and done
-    stamped (`timeline`)."""
-
-    def __init__(self, hook: Callable, clock: Clock):
-        self.mode, self.clock = "overlap", clock
-        self.spent: list[float] = []  # ms per bucket, serial mode
-        self.stamps: list[tuple] = []  # (ready, done) per bucket, timeline mode
-
-        def exchange(state, bucket):  # DDP asks for a function with a `bucket` parameter
-            if self.mode == "serial":
-                clock.sync()
-                t0 = time.perf_counter()
-                fut = hook(state, bucket)
-                fut.wait()
-                clock.sync()
-                self.spent.append((time.perf_counter() - t0) * 1e3)
-                return fut
-            if self.mode == "timeline":
-                ready = clock.stamp()
-
-                def done(f):
-                    self.stamps.append((ready, clock.stamp()))
-                    return f.value()
-
-                return hook(state, bucket).then(done)
-            return hook(state, bucket)
-
-        self.hook = exchange
-
-
-class Trainer:
-    """One rank's DDP model with one hook, its optimizer and its share of the batch."""
-
-    def __init__(self, job: Job, hook: str, group, x, y):
-        import torch
-        from torch.nn.parallel import DistributedDataParallel
-
-        cuda = job.device == "cuda"
-        torch.manual_seed(0)
-        module = job.load.build().to(job.device)
-        ids = [torch.cuda.current_device()] if cuda else None
-        self.ddp = DistributedDataParallel(module, device_ids=ids, process_group=group)
-        fn, state, self.exact_iters = comm_hook(hook, group, job.powersgd_rank)
-        self.clock = Clock(cuda)
-        self.exchange = Exchange(fn, self.clock)
-        self.ddp.register_comm_hook(state, self.exchange.hook)
-        self.opt = torch.optim.SGD(self.ddp.parameters(), lr=0.01, momentum=0.9)
-        self.group, self.x, self.y = group, x, y
-
-    def backward(self) -> None:
-        import torch.nn.functional as F
-
-        self.opt.zero_grad(set_to_none=True)
-        F.cross_entropy(self.ddp(self.x), self.y).backward()
-
-    def step(self) -> None:
-        self.backward()
-        self.opt.step()
-
-    def compute_step(self) -> None:
-        with self.ddp.no_sync():
-            self.step()
-
-    def gradient(self):
-        import torch
-
-        return torch.cat([p.grad.flatten().double() for p in self.ddp.parameters()])
-
-    def gradient_error(self) -> float:
-        """The averaged gradient of one backward pass through the hook against the exact
-        average of the same local gradients (no_sync, then one all-reduce), at the hook's first
-        compressed iteration; nothing is updated."""
-        import torch.distributed as dist
-
-        for _ in range(self.exact_iters):
-            self.backward()
-        with self.ddp.no_sync():
-            self.backward()
-        exact = self.gradient().float()
-        dist.all_reduce(exact, group=self.group)
-        exact = exact.double() / dist.get_world_size(self.group)
-        self.backward()
-        return float((self.gradient() - exact).norm() / exact.norm())
-
-    def against_one_process(self, load: Workload, x, y) -> float:
-        """The last backward pass's averaged gradient against one process's gradient of the
-        whole global batch (`x`, `y`) from the same initial weights: data parallelism with the
-        exact all-reduce computes the same gradient, to rounding."""
-        import torch
-        import torch.nn.functional as F
-
-        torch.manual_seed(0)
-        model = load.build().to(x.device)
-        F.cross_entropy(model(x), y).backward()
-        one = torch.cat([p.grad.flatten().double() for p in model.parameters()])
-        return float((self.gradient() - one).norm() / one.norm())
-
-    def times(self, step: Callable[[], None], steps: int, barrier: Callable[[], None]) -> list:
-        """ms of each of `steps` steps, every rank starting each at a barrier."""
-        out = []
-        for _ in range(steps):
-            self.clock.sync()
-            barrier()
-            t0 = time.perf_counter()
-            step()
-            self.clock.sync()
-            out.append((time.perf_counter() - t0) * 1e3)
-        return out
-
-    def timeline(self, barrier: Callable[[], None]) -> dict:
-        """One instrumented step (the median of `TIMELINE_STEPS`): when forward ended, when each
-        bucket was ready and its exchange done, when backward returned and the step ended, in
-        ms from its start."""
-        import torch.nn.functional as F
-
-        self.exchange.mode = "timeline"
-        seen = []
-        for _ in range(TIMELINE_STEPS):
-            self.exchange.stamps = []
-            self.clock.sync()
-            barrier()
-            start = self.clock.stamp()
-            self.opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(self.ddp(self.x), self.y)
-            forward = self.clock.stamp()
-            loss.backward()
-            backward = self.clock.stamp()
-            self.opt.step()
-            end = self.clock.stamp()
-            self.clock.sync()
-            ms = functools.partial(self.clock.ms, start)
-            seen.append({"forward": ms(forward), "backward": ms(backward), "end": ms(end),
-                         "buckets": sorted((ms(a), ms(b)) for a, b in self.exchange.stamps)})
-        self.exchange.mode = "overlap"
-        return sorted(seen, key=lambda t: t["end"])[len(seen) // 2]
-
-
 def measure_point(job: Job, world: int, batch: int, group, barrier, rank: int) -> list[dict]:
     """This rank's records at one world size and global batch: per hook, the step's times in
     each mode (and the exchange's), the gradient error; the compute alone and a timeline with
     the exact all-reduce, and on rank 0 its gradient against one process's."""
-    whole = job.load.batch(batch, job.device)
+    whole = job.load.example_batch(batch, job.device)
     share = batch // world
     x, y = (t[rank * share:(rank + 1) * share] for t in whole)
     at = {"world_size": world, "batch": batch, "rank": rank}
     out = []
     for hook in job.hooks_at(world):
-        trainer = Trainer(job, hook, group, x, y)
+        trainer = RankTrainer(job.load, job.device, hook, job.powersgd_rank, group, x, y)
         if world > 1:
             out.append({**at, "hook": hook, "kind": "error",
                         "value": trainer.gradient_error()})
             if hook == "allreduce" and rank == 0:
                 out.append({**at, "hook": hook, "kind": "one_process",
-                            "value": trainer.against_one_process(job.load, *whole)})
+                            "value": trainer.against_one_process(*whole)})
         for _ in range(job.warmup):
             trainer.step()
         out.append({**at, "hook": hook, "kind": "step",
                     "times_ms": trainer.times(trainer.step, job.steps, barrier)})
-        trainer.exchange.mode = "serial"
-        serial, spent = [], []
-        for _ in range(job.steps):
-            trainer.exchange.spent = []
-            serial += trainer.times(trainer.step, 1, barrier)
-            spent.append(sum(trainer.exchange.spent))
-        trainer.exchange.mode = "overlap"
+        serial, spent = trainer.serial_times(job.steps, barrier)
         out += [{**at, "hook": hook, "kind": "serial", "times_ms": serial},
                 {**at, "hook": hook, "kind": "exchange", "times_ms": spent}]
         if hook == "allreduce":
@@ -496,55 +226,21 @@ def measure_point(job: Job, world: int, batch: int, group, barrier, rank: int) -
     return out
 
 
-def rank_info(device: str) -> dict:
-    """Where this rank ran: host, local rank, device."""
-    import torch
-
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    name = (torch.cuda.get_device_name(local) if device == "cuda" else envinfo.cpu_model())
-    return {"host": socket.gethostname(), "local_rank": local, "device": name}
-
-
-def interconnect(backend: str) -> dict:
-    """What torch says about the links between ranks on this node."""
-    import torch
-
-    info = {"backend": backend,
-            "env": {k: v for k, v in sorted(os.environ.items())
-                    if k.startswith(("NCCL_", "GLOO_", "MASTER_", "TORCHELASTIC_RUN"))}}
-    if backend == "nccl":
-        count = torch.cuda.device_count()
-        info.update(cuda_devices=[torch.cuda.get_device_name(i) for i in range(count)],
-                    nccl=".".join(map(str, torch.cuda.nccl.version())),
-                    peer_access=[[i == j or torch.cuda.can_device_access_peer(i, j)
-                                  for j in range(count)] for i in range(count)])
-    return info
-
-
-def rank_main(job: Job, launcher: str) -> Result | None:
+def rank_main(job: Job, launcher: str) -> ScaleResult | None:
     """One rank's whole run: join the group (torchrun's or the launcher's, from the
     environment), measure every world size whose subgroup holds this rank, send the records to
-    rank 0; rank 0 returns the Result, the others None."""
-    import torch
+    rank 0; rank 0 returns the ScaleResult, the others None."""
     import torch.distributed as dist
 
     cuda = job.device == "cuda"
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cuda.matmul.allow_tf32 = False
-    else:
-        torch.set_num_threads(1)
-    backend = "nccl" if cuda else "gloo"
-    dist.init_process_group(backend, timeout=TIMEOUT)
-    try:
+    with process_group(job.device) as backend:
         rank = dist.get_rank()
-        ctl = dist.new_group(backend="gloo", timeout=TIMEOUT) if cuda else dist.group.WORLD
+        ctl = dist.new_group(backend="gloo", timeout=ddp.TIMEOUT) if cuda else dist.group.WORLD
         records = []
         for world in job.world_sizes:  # every rank creates every subgroup, in the same order
             ranks = list(range(world))
-            group = dist.new_group(ranks, timeout=TIMEOUT)
-            sub = dist.new_group(ranks, backend="gloo", timeout=TIMEOUT) if cuda else group
+            group = dist.new_group(ranks, timeout=ddp.TIMEOUT)
+            sub = dist.new_group(ranks, backend="gloo", timeout=ddp.TIMEOUT) if cuda else group
             if rank < world:
                 for batch in job.batches:
                     records += measure_point(job, world, job.global_batch(world, batch), group,
@@ -554,30 +250,23 @@ def rank_main(job: Job, launcher: str) -> Result | None:
         dist.gather_object((records, rank_info(job.device)), gathered, dst=0, group=ctl)
         if rank:
             return None
-        return Result(job, [r for recs, _ in gathered for r in recs],
-                      [info for _, info in gathered], interconnect(backend), launcher)
-    finally:
-        dist.destroy_process_group()
+        return ScaleResult(job, [r for recs, _ in gathered for r in recs],
+                           [info for _, info in gathered], interconnect(backend), launcher)
 
 
-def run(job: Job) -> Result | None:
+def run(job: Job) -> ScaleResult | None:
     """Measure `job`: as this rank of torchrun's group (None on every rank but 0), or on
     max(world sizes) ranks of this node started through torch's launcher API."""
-    check(job)
+    check_job(job)
     if launched():
         return rank_main(job, "torchrun")
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=max(job.world_sizes),
-                          run_id=str(uuid.uuid4()), rdzv_backend="c10d",
-                          rdzv_endpoint="127.0.0.1:0", max_restarts=0)
-    return elastic_launch(config, rank_main)(job, "torch's launcher API (elastic_launch), "
-                                             "one node")[0]
+    return launch(max(job.world_sizes), rank_main, job,
+                  "torch's launcher API (elastic_launch), one node")
 
 
 # --- the records, summed up -------------------------------------------------------------------
 @dataclass
-class Result:
+class ScaleResult:
     """Every rank's records, where each rank ran, the interconnect, how it was launched."""
 
     job: Job
@@ -682,16 +371,12 @@ def bytes_table(load: Workload) -> str:
     without FC layers."""
     from tabulate import tabulate
 
-    loads = [load]
-    if load.name in NETS:
-        net = load.name
-        loads.append(workload(net.removesuffix(FC_FREE) if net.endswith(FC_FREE)
-                              else f"{net}{FC_FREE}"))
+    loads = [load] if load.user else [load, load.counterpart()]
     body = []
     for each in loads:
         split = gradient_bytes(on_meta(each))
         total = sum(split.values())
-        body.append([each.name, f"{total / 4:,.0f}", f"{total / 2**20:.1f}",
+        body.append([each.name, f"{total / 4:,.0f}", fmt_mib(total, 1),
                      f"{split['conv'] / total:.1%}", f"{split['fc'] / total:.1%}"])
     return tabulate(body, headers=["net", "parameters", "gradient MiB/step", "conv share",
                                    "fc6-fc8 share"], tablefmt="github", disable_numparse=True)
@@ -725,7 +410,7 @@ def hooks_table(rows: list[dict]) -> str:
     for r in (r for r in rows if r["kind"] == "step" and r["world_size"] > 1):
         at = {"world_size": r["world_size"], "batch": r["batch"], "hook": r["hook"]}
         body.append([r["world_size"], r["batch"], r["hook"],
-                     f"{r['exchanged_bytes'] / 2**20:.1f}",
+                     fmt_mib(r["exchanged_bytes"], 1),
                      _ms(_pick(rows, **at, kind="exchange")), _ms(r),
                      _num(r["speedup"], ".2f"), _num(r["hidden_share"], ".0%"),
                      _num(r["gradient_error"], ".1e")])
@@ -734,7 +419,7 @@ def hooks_table(rows: list[dict]) -> str:
                     tablefmt="github", disable_numparse=True)
 
 
-def markdown(result: Result, env: dict) -> str:
+def markdown(result: ScaleResult, env: dict) -> str:
     """The report: how it was measured, the gradient bytes, the scaling and the hooks."""
     job, info = result.job, result.run_info()
     threads = ("one compute thread per rank, idle threads sleeping "
@@ -774,9 +459,7 @@ def markdown(result: Result, env: dict) -> str:
 def plot_speedup(rows: list[dict], path, title: str, per_rank: bool = False) -> None:
     """Speedup against the batch (global, or per rank), a line per world size (colour) and
     hook (style)."""
-    from . import report
-
-    plt = report.pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), layout="constrained")
     styles = dict(zip(HOOKS, ("o-", "s--", "^-.", "D:")))
     worlds = sorted({r["world_size"] for r in rows if r["world_size"] > 1})
@@ -794,15 +477,13 @@ def plot_speedup(rows: list[dict], path, title: str, per_rank: bool = False) -> 
     ax.set_xlabel("batch per rank" if per_rank else "global batch")
     ax.set_ylabel("speedup over one rank")
     ax.set_title(title)
-    report.save_figure(fig, path)
+    save_figure(fig, path)
 
 
 def plot_timeline(timelines: dict[tuple[int, int], dict], path, title: str) -> None:
     """Rank 0's step per world size above 1 (or 1 alone) and batch: forward, backward and the
     optimizer on one lane, each bucket's exchange (ready to done) on the other."""
-    from . import report
-
-    plt = report.pyplot()
+    plt = pyplot()
     shown = {k: v for k, v in timelines.items() if k[0] > 1} or timelines
     fig, axes = plt.subplots(len(shown), 1, figsize=(9, 1.6 * len(shown) + 0.8), squeeze=False,
                              layout="constrained")
@@ -820,27 +501,15 @@ def plot_timeline(timelines: dict[tuple[int, int], dict], path, title: str) -> N
         ax.set_title(f"{world} ranks, batch {batch}", fontsize="small", loc="left")
     axes[-1, 0].set_xlabel("ms from the start of the step")
     fig.suptitle(title)
-    report.save_figure(fig, path)
+    save_figure(fig, path)
 
 
-def write(folder, text: str, result: Result, env: dict, title: str) -> list[str]:
-    """report.md, scale.csv, env.json and the plots in `folder`."""
-    import json
-    from pathlib import Path
-
+def write(folder, text: str, result: ScaleResult, env: dict, title: str) -> list[str]:
+    """The study's folder (`folder.write_study`): report.md, scale.csv, env.json and the plots."""
     import pandas as pd
 
-    from . import report
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "report.md").write_text(text)
     df = pd.DataFrame(result.rows).astype({"exchanged_bytes": "Int64"})  # None: not a float
-    df.to_csv(folder / "scale.csv", index=False)
-    (folder / "env.json").write_text(json.dumps(env, indent=1) + "\n")
-    names = ["report.md", "scale.csv", "env.json"]
-    if report.pyplot() is None:
-        return names
-    plot_speedup(result.rows, folder / "speedup.png", title, result.job.per_rank)
-    plot_timeline(result.timelines(), folder / "timeline.png", title)
-    return [*names, "speedup.png", "timeline.png"]
+    return write_study(folder, "scale", text, df, env, plots={
+        "speedup.png": lambda path: plot_speedup(result.rows, path, title,
+                                                 result.job.per_rank),
+        "timeline.png": lambda path: plot_timeline(result.timelines(), path, title)})

@@ -1,0 +1,91 @@
+"""Formatting and plotting helpers every renderer shares (as PyTorch keeps them in
+`torch/utils/benchmark/utils/common.py`): data and formatting low, renderers that only render.
+
+Cells: `fmt_ms`, `fmt_mib`, `fmt_gflop`, `fmt_error`, `fmt_ratio` (a missing value is an empty
+cell); `md_table` (a DataFrame as a github-style table); `first_line` (an exception's message
+for one line of output). Plots: `pyplot` (matplotlib on Agg, or None where it is missing, said
+by `NO_MATPLOTLIB`) and `save_figure`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def is_missing(x) -> bool:
+    """Whether a cell's value is absent (None, NaN, pandas' NA). pandas is imported here, not
+    above: the layers that only want `first_line` (the registry, the kernels) stay free of it."""
+    import pandas as pd
+
+    return x is None or bool(pd.isna(x))
+
+
+def fmt_ms(ms: float) -> str:
+    return "" if is_missing(ms) else f"{ms:.0f}" if ms >= 1000 else f"{ms:.4g}"
+
+
+def fmt_mib(nbytes: float | None, places: int | None = None) -> str:
+    """Bytes as MiB: four significant digits, or `places` decimals; "" where missing."""
+    if is_missing(nbytes):
+        return ""
+    return f"{nbytes / 2**20:.4g}" if places is None else f"{nbytes / 2**20:.{places}f}"
+
+
+def fmt_gflop(x: float) -> str:
+    return "n/a" if is_missing(x) else f"{x / 1e9:.4g}"
+
+
+def fmt_error(x: float) -> str:
+    return "" if is_missing(x) else "inf" if math.isinf(x) else f"{x:.2g}"
+
+
+def fmt_ratio(x: float, digits: int = 2) -> str:
+    """A ratio to `digits` significant digits: `1.3×`."""
+    return f"{x:.{digits}g}×"
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message ("" for none): what one line of output says."""
+    return (str(exc).strip().splitlines() or [""])[0]
+
+
+def md_table(df: pd.DataFrame) -> str:
+    """A github-style (markdown pipe) table, index as the first column, values right-aligned."""
+    from tabulate import tabulate
+
+    names = [str(n) for n in df.index.names]
+    align = ("left",) * len(names) + ("right",) * len(df.columns)
+    return tabulate(df.reset_index(), headers=names + [str(c) for c in df.columns],
+                    tablefmt="github", showindex=False, disable_numparse=True, colalign=align)
+
+
+NO_MATPLOTLIB = "Plots skipped: matplotlib is not installed (pip install 'convbench[plot]')."
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files only, no display), or None if missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def save_figure(fig, path: Path, legend: bool = True) -> None:
+    """One legend for all panels, outside them (unless the panels carry their own); write the
+    PNG and free the figure."""
+    import matplotlib.pyplot as plt
+
+    if legend:
+        fig.legend(*fig.axes[0].get_legend_handles_labels(), loc="outside right upper",
+                   fontsize="small")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

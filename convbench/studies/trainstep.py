@@ -1,0 +1,240 @@
+"""`convbench train-step`: a whole training step, three ways — defaults, cudnn.benchmark, the plan.
+
+The study found that once the frameworks were tuned they differed little: what is left is the
+convolution algorithms, the layouts, and everything around them. This times a full step
+(forward, cross-entropy loss, backward, SGD update) of an AlexNet-shaped model — the catalog's
+conv layers with ReLU and 3x3/2 max-pooling after conv1, conv2 and conv5, then fc6-fc8 (4096,
+4096, 1000; no dropout, so every configuration computes the same thing) — with
+
+- `defaults`: torch as installed (cuDNN heuristics on a GPU);
+- `cudnn.benchmark`: `torch.backends.cudnn.benchmark = True` (on the CPU this does nothing:
+  torch's CPU convolutions never read it, so that row is a control of run-to-run noise);
+- `plan`: `advisor.tune` on the model, then `advisor.apply`.
+
+Each configuration runs in its own process: cuDNN remembers the algorithm it picked for a shape
+for the life of a process (per thread, whatever `benchmark` was when it picked), so in one
+process the first configuration would decide the others' algorithms. Every process seeds the
+same weights and data, so their first-step losses agree. fp32 is fp32: TF32 is off for cuDNN and
+cuBLAS. Step times are measured like every other time here (`convbench.timing`, sized by a
+budget), after one untimed step that also does cuDNN's autotuning. The three processes stay up
+and take turns, a few rounds each, so a machine whose load drifts while they are timed (a shared
+CPU) slows all three alike rather than whichever ran last. On the CPU every process, the tuning
+one included, runs with idle threads sleeping (`threads.CPU_THREAD_ENV`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+from tabulate import tabulate
+
+from .. import launch, registry, timing, tune
+from ..devices import backend_of
+from ..fmt import fmt_ms
+from ..measurement import Measurement
+from ..plan import Plan
+from ..threads import CPU_THREAD_ENV
+from .folder import write_study
+from .workload import Workload, worker_environment
+
+CONFIGS = ("defaults", "cudnn.benchmark", "plan")
+#: 6 s of timed steps per configuration: with the workload's CPU defaults (`CPU_STEP_BATCH`,
+#: `CPU_TUNE_BUDGET_S`), `convbench train-step` ends within about three minutes on 2 cores.
+STEP_BUDGET_S = 6.0
+#: The configurations take turns this many times, each timing budget / ROUNDS seconds of steps.
+ROUNDS = 3
+
+
+class ConfigTrainer:
+    """One configuration's model, data and optimizer (the workload's), ready to step (in this
+    process)."""
+
+    def __init__(self, config: str, load: Workload, batch: int, device: str,
+                 plan_file: str | None = None):
+        import torch
+
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.benchmark = config == "cudnn.benchmark"
+        self.run = load.prepare(batch, device, plan_file if config == "plan" else None)
+        self.backend = backend_of(device)
+        self.applied = str(self.run.applied) if config == "plan" else ""
+        self.first_loss = self.run.step().item()  # untimed: cuDNN autotunes here
+
+    def time(self, budget_s: float) -> list[float]:
+        return list(timing.timer_for(self.backend)(self.run.step, budget_s).times_ms)
+
+
+class Worker:
+    """A `ConfigTrainer` in its own Python process (see the module docstring for why), asked for
+    timings one round at a time over a pipe: one JSON line per answer."""
+
+    def __init__(self, log, config: str, load: Workload, batch: int, device: str,
+                 plan_file: str | None = None):
+        job = {"config": config, "net": load.name, "batch": batch, "device": device,
+               "plan_file": plan_file}
+        self.config, self.log = config, log
+        self.proc = subprocess.Popen(_command("train", job), stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     env=worker_environment(device))
+        self.ready = self._answer()
+
+    def _answer(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            self.log.seek(0)
+            tail = (self.log.read().strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"train-step {self.config}: worker exited with "
+                               f"{self.proc.returncode}: {tail}")
+        return json.loads(line)
+
+    def time(self, budget_s: float) -> list[float]:
+        self.proc.stdin.write(f"{budget_s}\n")
+        self.proc.stdin.flush()
+        return self._answer()["times_ms"]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait()
+
+
+def _command(kind: str, job: dict) -> list[str]:
+    return launch.module_command(__name__, kind, json.dumps(job))
+
+
+def serve(net: str, **job) -> None:
+    """The worker's side: build the ConfigTrainer, say it is ready, then answer each budget
+    read from stdin with that round's step times."""
+    trainer = ConfigTrainer(load=Workload.parse(net), **job)
+    print(json.dumps({"first_loss": trainer.first_loss, "applied": trainer.applied}), flush=True)
+    for line in sys.stdin:
+        print(json.dumps({"times_ms": trainer.time(float(line))}), flush=True)
+
+
+def time_configs(load: Workload, batch: int, device: str, budget_s: float, plan_file: str,
+                 log=None) -> list[dict]:
+    """Each configuration's step times, in ROUNDS interleaved rounds of `budget_s / ROUNDS`
+    seconds, so a change in the machine's load while timing affects all three alike."""
+    with contextlib.ExitStack() as stack:
+        workers = []
+        for config in CONFIGS:  # one at a time: a first step (cuDNN's search) runs alone
+            if log:
+                log(f"starting {config}")
+            stderr = stack.enter_context(tempfile.TemporaryFile(mode="w+"))
+            workers.append(stack.enter_context(Worker(stderr, config, load, batch, device,
+                                                      plan_file if config == "plan" else None)))
+        times: dict[str, list[float]] = {w.config: [] for w in workers}
+        for _ in range(ROUNDS):
+            for w in workers:
+                times[w.config] += w.time(budget_s / ROUNDS)
+    rows = []
+    for w in workers:
+        m = Measurement(tuple(times[w.config]))
+        rows.append({"config": w.config, "median_ms": m.median, "iqr_ms": m.iqr,
+                     "reps": m.reps, "noisy": m.noisy, **w.ready, "times_ms": list(m.times_ms)})
+    return rows
+
+
+def tune_here(net: str, batch: int, device: str, plan_file: str, budget_s: float | None,
+              algos: str, store: str | None) -> None:
+    """`tune.tune` on the workload's model (`net`: its text form), the plan saved to
+    `plan_file`; progress on stderr."""
+    run = Workload.parse(net).prepare(batch, device)
+    plan = tune.tune(run.model, run.x, algos=algos, budget_s=budget_s,
+                     store=store, log=lambda line: print(f"convbench: {line}", file=sys.stderr))
+    plan.save(plan_file)
+
+
+def compare(load: Workload, batch: int, device: str, *, budget_s: float = STEP_BUDGET_S,
+            tune_budget_s: float | None = None, algos: str = "all", store=None,
+            log=None) -> tuple[list[dict], Plan, float]:
+    """Tune the model, then time the three configurations; (their rows, the plan, seconds the
+    tuning took). Tuning runs in a process of its own too, with the workers' environment: with
+    spinning threads, a measurement just after another thread pool's work (torch-cpu after a
+    NumPy algorithm) is slowed by that pool's spinning threads, 2-3x for torch-cpu at the small
+    budgets used here."""
+    registry.expand_algos(algos, backend_of(device))  # a bad list fails here, in one line
+    with tempfile.TemporaryDirectory() as tmp:
+        plan_file = str(Path(tmp) / "plan.json")
+        started = time.monotonic()
+        job = {"net": load.name, "batch": batch, "device": device, "plan_file": plan_file,
+               "budget_s": tune_budget_s, "algos": algos,
+               "store": None if store is None else str(store)}
+        tuned = subprocess.run(_command("tune", job), env=worker_environment(device), check=False)
+        if tuned.returncode:
+            raise RuntimeError(f"train-step: tuning exited with {tuned.returncode} (its "
+                               "error is above)")
+        tuning_s = time.monotonic() - started
+        plan = Plan.load(plan_file)
+        rows = time_configs(load, batch, device, budget_s, plan_file, log)
+    return rows, plan, tuning_s
+
+
+def table(rows: list[dict], backend: str) -> str:
+    """The three configurations side by side."""
+    base = rows[0]["median_ms"]
+    notes = {"cudnn.benchmark": "no effect on the CPU: torch's CPU convolutions never read "
+                                "cudnn.benchmark (a control of run-to-run noise)"
+             if backend == "numpy" else "cuDNN times its algorithms on the first step",
+             "plan": "advisor.tune + advisor.apply (the plan below)"}
+    body = [[r["config"], ("~" if r["noisy"] else "") + fmt_ms(r["median_ms"]),
+             fmt_ms(r["iqr_ms"]), r["reps"], f"{base / r['median_ms']:.2f}x",
+             f"{r['first_loss']:.6f}", notes.get(r["config"], "torch as installed")]
+            for r in rows]
+    return tabulate(body, headers=["configuration", "ms/step", "IQR ms", "steps", "speed-up",
+                                   "first-step loss", "note"],
+                    tablefmt="github", disable_numparse=True)
+
+
+def markdown(rows: list[dict], plan: Plan, load: Workload, batch: int, device_name: str,
+             backend: str, tuning_s: float, default_batch: bool) -> str:
+    """The report: what was timed, the table, and the plan as applied."""
+    c, h, w = load.image_shape
+    why = (" (the CPU default, so the run ends in about three minutes; the study used 256)"
+           if backend == "numpy" and default_batch else "")
+    facts = [f"batch {batch}{why}, {c}x{h}x{w} images, fp32 (TF32 off)",
+             ("step: forward, cross-entropy loss, backward, SGD (momentum 0.9) update; no "
+              "dropout; each configuration in its own process, with the same weights and data")]
+    if backend == "numpy":
+        facts.append("every process runs with " + " ".join(
+            f"{k}={os.environ.get(k, v)}" for k, v in CPU_THREAD_ENV.items())
+            + " (idle threads sleep: NumPy's BLAS threads and torch's share the cores)")
+    facts.append(f"tuning took {tuning_s:.0f} s; the plan rests on {len(plan.measurements)} "
+                 "measurements (plan-store hits included)")
+    return "\n".join([f"# train-step: {load.name} on {device_name}", "",
+                      *[f"- {f}" for f in facts], "", table(rows, backend), "",
+                      "## The plan as applied", "", rows[-1]["applied"]])
+
+
+def write(folder: str | Path, rows: list[dict], plan: Plan, text: str, env: dict,
+          meta: dict) -> list[str]:
+    """The study's folder (`folder.write_study`): report.md (`text`), trainstep.csv (a row per
+    configuration), env.json, trainstep.json (`meta`, how it was asked for, and the rows with
+    their raw times) and plan.json."""
+    return write_study(
+        folder, "trainstep", text, summary_frame(rows), env,
+        extra={"trainstep.json": lambda path: path.write_text(
+                   json.dumps({**meta, "rows": rows}, indent=1) + "\n"),
+               "plan.json": plan.save})
+
+
+def summary_frame(rows: list[dict]) -> pd.DataFrame:
+    """The configurations' rows without the raw times and the applied-plan text."""
+    return pd.DataFrame(rows).drop(columns=["applied", "times_ms"])
+
+
+if __name__ == "__main__":  # a process of compare's: `tune JOB` or `train JOB`
+    {"tune": tune_here, "train": serve}[sys.argv[1]](**json.loads(sys.argv[2]))

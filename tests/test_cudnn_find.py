@@ -1,0 +1,129 @@
+"""`cudnn-find-*` on the CPU, through a fake libcudnn (tests/fake_libcudnn.c, built here with
+gcc): the ctypes signatures, descriptors and strides of both layouts, the find's entries and
+their names, the math types a precision may run, status handling; the fake computes every pass
+naively from the descriptors it was given, so a marshalling mistake shows as a wrong answer
+against the float64 reference. The real library is checked by the `gpu` test at the end."""
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from convbench import advice, reference, registry, runner
+from convbench.algos import cudnn_find as cf
+from convbench.problem import ConvProblem
+
+SOURCE = Path(__file__).with_name("fake_libcudnn.c")
+PROBLEM = ConvProblem(n=2, c=4, h=7, w=6, k=6, r=3, s=2, stride=(2, 1), pad=(1, 0),
+                      dilation=(1, 2), groups=2)
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory):
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler for the fake libcudnn")
+    lib = tmp_path_factory.mktemp("fake") / "libcudnn.so.9"
+    subprocess.run([cc, "-O1", "-shared", "-fPIC", "-o", str(lib), str(SOURCE)], check=True)
+    return cf.Binding.load(str(lib))
+
+
+def pointer(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("pass_", ["fwd", "bwd_data", "bwd_filter"])
+def test_each_found_algorithm_runs_the_pass_it_was_described(fake, pass_, layout):
+    a, b = reference.random_operands(PROBLEM, pass_, layout, np.float32, 0)
+    want = reference.reference(PROBLEM, pass_, layout, a, b)
+    out = np.full(PROBLEM.operand_shapes(pass_, layout)[2], np.nan, np.float32)
+    handle = fake.handle()
+    with cf.Descriptors(fake, PROBLEM, pass_, layout, "fp32") as desc:
+        perfs = cf.find(fake, handle, desc, pointer(a), pointer(b), pointer(out), 0, 1 << 21)
+        ran = [p for p in perfs if p.ok]
+        # the descriptor's math type came back (the fake's one tensor-op entry apart)
+        assert [p.math for p in ran].count("FMA_MATH") == len(ran) - (pass_ == "fwd")
+        for enum in dict.fromkeys(p.algo for p in ran):
+            chosen = cf.choose(perfs, enum, "fp32")
+            if pass_ == "fwd" and enum == "WINOGRAD_NONFUSED":
+                continue  # the fake's faulting algorithm (below)
+            out[...] = np.nan
+            cf.run(fake, handle, desc, chosen.enum, pointer(a), pointer(b), pointer(out), 0,
+                   chosen.workspace)
+            err = np.linalg.norm(out - want) / np.linalg.norm(want)
+            assert err < 1e-5, (enum, err)
+    assert fake.lib.fake_live_descriptors() == 0
+
+
+def test_the_find_s_entries_are_named_and_chosen_by_precision(fake):
+    a, b = reference.random_operands(PROBLEM, "fwd", "nchw", np.float32, 0)
+    out = np.empty(PROBLEM.operand_shapes("fwd", "nchw")[2], np.float32)
+    with cf.Descriptors(fake, PROBLEM, "fwd", "nchw", "fp32") as desc:
+        perfs = cf.find(fake, fake.handle(), desc, pointer(a), pointer(b), pointer(out), 0, 0)
+    assert [(p.algo, p.status) for p in perfs] == [
+        ("IMPLICIT_PRECOMP_GEMM", "CUDNN_STATUS_SUCCESS"),
+        ("IMPLICIT_PRECOMP_GEMM", "CUDNN_STATUS_SUCCESS"),
+        ("IMPLICIT_GEMM", "CUDNN_STATUS_SUCCESS"), ("FFT", "CUDNN_STATUS_SUCCESS"),
+        ("WINOGRAD_NONFUSED", "CUDNN_STATUS_SUCCESS"), ("WINOGRAD", "CUDNN_STATUS_NOT_SUPPORTED")]
+    assert perfs[1].math == "TENSOR_OP_MATH" and perfs[2].workspace == 1024
+    # fp32 never runs a tensor-op entry (TF32); tf32 takes the faster one
+    assert cf.choose(perfs, "IMPLICIT_PRECOMP_GEMM", "fp32").time_ms == pytest.approx(0.5)
+    assert cf.choose(perfs, "IMPLICIT_PRECOMP_GEMM", "tf32").time_ms == pytest.approx(0.1)
+    assert not cf.choose(perfs, "WINOGRAD", "fp32").ok
+    assert cf.choose(perfs, "DIRECT", "fp32") is None
+    assert cf.note(perfs, cf.choose(perfs, "FFT", "fp32"), "fp32") == (
+        "cuDNN find: 0.6 ms (rank 2 of 4), workspace 1048576 B, deterministic, FMA_MATH")
+
+
+def test_a_failing_call_raises_with_cudnn_s_status_and_a_fault_is_sticky(fake):
+    with pytest.raises(cf.CudnnError, match="cudnnSetConvolutionGroupCount: "
+                       "CUDNN_STATUS_BAD_PARAM"):
+        _bad_groups(fake)
+    a, b = reference.random_operands(PROBLEM, "fwd", "nhwc", np.float32, 0)
+    out = np.empty(PROBLEM.operand_shapes("fwd", "nhwc")[2], np.float32)
+    with (cf.Descriptors(fake, PROBLEM, "fwd", "nhwc", "fp32") as desc,
+          pytest.raises(cf.CudnnError) as exc):
+        cf.run(fake, fake.handle(), desc, cf.ALGO_ENUMS["fwd"].index("WINOGRAD_NONFUSED"),
+               pointer(a), pointer(b), pointer(out), 0, 4096)
+    assert str(exc.value) == "cudnnConvolutionForward: CUDNN_STATUS_EXECUTION_FAILED"
+    assert runner.is_sticky_fault(exc.value)
+    assert fake.lib.fake_live_descriptors() == 0
+
+
+def _bad_groups(fake):
+    """A group count cuDNN refuses, through the descriptor calls."""
+    desc = fake._create("ConvolutionDescriptor")
+    try:
+        fake.call("cudnnSetConvolutionGroupCount", desc, 0)
+    finally:
+        fake.lib.cudnnDestroyConvolutionDescriptor(ctypes.c_void_p(desc))
+
+
+def test_every_cudnn_algorithm_is_an_algo_of_its_own():
+    registry.load()
+    assert registry.expand_algos("cudnn-find", "cuda") == list(cf.ALGO_NAMES)
+    assert len(cf.ALGO_NAMES) == 11 and "cudnn-find-implicit-precomp-gemm" in cf.ALGO_NAMES
+    assert not set(cf.ALGO_NAMES) & set(registry.expand_algos("all", "cuda"))
+    impl = registry.get("cudnn-find-fft-tiling", "cuda")
+    assert impl.supports(PROBLEM, "bwd_filter", "nchw", "fp32") is None
+    assert "no ALGO_3 algorithm for fwd" in registry.get("cudnn-find-algo-3", "cuda").supports(
+        PROBLEM, "fwd", "nchw", "fp32")
+    # cuDNN documents these as nondeterministic (atomics in the backward passes)
+    assert {"cudnn-find-algo-0", "cudnn-find-algo-3"} <= set(advice.NONDETERMINISTIC_ALGOS)
+
+
+@pytest.mark.gpu
+def test_cudnn_find_on_the_real_library():
+    from convbench.layers import Layer
+
+    p = ConvProblem(n=4, c=16, h=14, w=14, k=32, r=3, s=3, pad=1)
+    cases = runner.sweep([Layer("custom", "c", p)], list(cf.ALGO_NAMES), "cuda",
+                         ["fwd", "bwd_data", "bwd_filter"], ["nchw", "nhwc"], ["fp32"])
+    rows = runner.run(cases, 0.01)
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert len(ok) >= 6 and all(r["note"].startswith("cuDNN find: ") for r in ok)
+    assert not [r for r in rows if r["status"] == "failed"]
