@@ -598,7 +598,7 @@ def _rate(p: Probe | None) -> str:
 
 
 def table(results: list[Result], common: int | None) -> str:
-    from tabulate import tabulate
+    from .tables import tabulate
 
     body = []
     for r in results:

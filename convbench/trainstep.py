@@ -34,13 +34,13 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from tabulate import tabulate
 
 from . import apply, layers, models, registry, results, timing, tune
 from .devices import backend_of
 from .measurement import Measurement
 from .plan import Plan
 from .report import fmt_ms
+from .tables import tabulate
 from .threads import CPU_THREAD_ENV
 
 CONFIGS = ("defaults", "cudnn.benchmark", "plan")

@@ -3,10 +3,9 @@ on them, with the reasons for what it does not."""
 
 from __future__ import annotations
 
-from tabulate import tabulate
-
 from .. import layers, registry, report
 from ..problem import LAYOUTS, PASSES, PRECISIONS
+from ..tables import tabulate
 
 
 def cmd_list(args) -> int:
