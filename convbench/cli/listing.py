@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import re
 
-from tabulate import tabulate
-
 from .. import convset, layers, registry, report, selection
 from ..problem import LAYOUTS, PASSES, PRECISIONS
+from ..tables import tabulate
 
 #: A catalog with more problems than this is listed by class, not problem by problem.
 MANY = 40
