@@ -110,7 +110,7 @@ def test_a_row_convbench_cannot_hold_is_left_out_with_its_reason():
     header = ",".join(convert_convset.COLUMNS)
     ok = "cb0001,4,8,8,4,3,3,1,1,1,1,1,1,1,False,1,1,m1"
     bad = "cb0002,6,8,8,4,3,3,1,1,4,1,1,1,1,False,1,1,m2"  # 4 groups of 6 channels
-    catalog = convset.parse("\n".join([header, ok, bad]) + "\n")
+    catalog = convset.parse(f"{header}\n{ok}\n{bad}\n")
     assert catalog.total == 2 and [e.name for e in catalog.entries] == ["cb0001"]
     assert list(catalog.skipped) == ["cb0002"] and "group" in catalog.skipped["cb0002"]
 

@@ -25,7 +25,7 @@ from test_cli import run_cli
 from convbench import cli
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 #: Wildcards for what differs from run to run in a `convbench:` line: numbers and paths.
 NUMBER = re.compile(r"\d[\d.,]*")
 PATH = re.compile(r"\S*/\S*")
