@@ -8,6 +8,7 @@ VENV   := .venv
 TORCH  ?= torch==2.13.0
 BENCH_ARGS ?=
 CHECK_ARGS ?=
+PHASES_ARGS ?=
 
 ifdef USE_ENV
 PY     := $(PYTHON)
@@ -17,7 +18,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 endif
 
-.PHONY: test bench gpu-check lint clean install
+.PHONY: test bench phases gpu-check lint clean install
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +34,12 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m convbench bench $(BENCH_ARGS)
+
+# Each CPU algorithm's phases, a baseline commit's convbench/algos against the working tree's,
+# side by side (python -m convbench.tools.phases_bench --help), e.g.
+#   make phases PHASES_ARGS="--baseline main --layers alexnet:conv2 --algos fft"
+phases: $(STAMP)
+	$(PY) -m convbench.tools.phases_bench $(PHASES_ARGS)
 
 # The first GPU check: env, every algo x pass x layout of AlexNet at batch 256, the ratios, the
 # gpu tests' log, all in results/<date>-<gpu>-alexnet-gpu-check/ (convbench gpu-check --help).

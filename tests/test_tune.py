@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from convbench import advice, envinfo, models, results, runner, tune
+from convbench import advice, apply, envinfo, models, results, runner, tune
 from convbench.layers import Layer
 from convbench.plan import Constraints, Plan
 from convbench.problem import ConvProblem
@@ -165,7 +165,7 @@ def test_deterministic_plan_on_a_gpu_avoids_cudnn(store):
                         constraints=Constraints(deterministic=True))
     algos = {c.algo for lp in plan.layers for c in lp.passes.values() if c}
     assert algos <= {"direct"} and plan.cudnn["deterministic"] is True
-    tune.apply(model, plan)
+    apply.apply(model, plan)
     assert torch.backends.cudnn.deterministic is True
     torch.backends.cudnn.deterministic = False
 
