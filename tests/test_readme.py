@@ -15,6 +15,7 @@ Its fenced code blocks are read:
 
 from __future__ import annotations
 
+import itertools
 import re
 import shlex
 from pathlib import Path
@@ -113,7 +114,7 @@ def examples() -> list[tuple[dict[str, str], str, list[str]]]:
 
 def _headers(shown: list[str]) -> list[str]:
     """The header lines of the tables shown: a `|` line followed by a `|---` line."""
-    return [" ".join(a.split()) for a, b in zip(shown, shown[1:])
+    return [" ".join(a.split()) for a, b in itertools.pairwise(shown)
             if a.startswith("|") and b.startswith("|-")]
 
 
