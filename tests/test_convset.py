@@ -140,6 +140,7 @@ def test_a_sampled_run_records_its_choice_and_resumes_it(tmp_path, capsys):
     assert run["selection"] == {"classes": ["pointwise"], "sample": 3, "seed": 7, "of": 8498,
                                 "in_classes": 5092, "chosen": 3}
     assert run["catalog"]["left_out"] == {}
+    assert run["batch"] == 1  # the catalog's own batch, not the CPU's default of 8
     chosen = selection.select(layers.net_layers("convset"), ["pointwise"], 3, 7)
     assert set(run["occurrences"]) == {la.name for la in chosen}
     code, _, err = run_cli(capsys, "bench", "--resume", "--out", str(out), "--quiet")
