@@ -37,8 +37,8 @@ def catalogs_table() -> str:
         found = layers.net_layers(net)
         note = ""
         if net == convset.NAME:
-            left = sum(convset.load().skipped_counts().values())
-            note = f"{left} more left out (padding before and after differ)"
+            left = convset.load().skipped_counts()
+            note = "; ".join(f"{n} more left out ({reason})" for reason, n in left.items())
         rows.append((net, len(found), sum(la.count for la in found), _batch(found, net),
                      _classes(found), note))
     return tabulate(rows, headers=["net", "problems", "conv layers", "batch", "classes",
