@@ -1,12 +1,13 @@
 """The `--model` door: any nn.Module from the command line, its conv layers found, deduplicated,
 counted, named by module path, and measured like a catalog; bad doors are one line, exit 2."""
 
+import dataclasses
 import json
 import textwrap
 
 import pytest
 
-from convbench import cli, models, results
+from convbench import cli, layers, models, results
 from convbench.problem import ConvProblem
 
 torch = pytest.importorskip("torch")
@@ -55,6 +56,17 @@ def test_layers_are_deduplicated_counted_and_named_by_module_path(user_module):
     assert found.layers[2].problem == ConvProblem(n=2, c=4, h=8, w=8, k=8, r=1, s=1, stride=2)
     assert [u.layer for u in found.unplanned] == ["odd"]
     assert "reflect" in found.unplanned[0].reason
+
+
+def test_the_catalog_net_loads_by_module_and_callable():
+    """The README's `--model convbench.studies.workload:build_model`: the AlexNet-shaped model
+    whose conv layers are the catalog's, named as in it, at the input's batch."""
+    found = models.conv_layers(models.load("convbench.studies.workload:build_model"),
+                               (1, 3, 227, 227), "alexnet")
+    catalog = layers.net_layers("alexnet")
+    assert [layer.name for layer in found.layers] == [layer.name for layer in catalog]
+    assert [layer.problem for layer in found.layers] == [
+        dataclasses.replace(layer.problem, n=1) for layer in catalog]
 
 
 @pytest.mark.parametrize("spec, input_, says", [

@@ -155,6 +155,17 @@ def model_options(p, model_help: str, input_help: str, required: bool = False) -
     p.add_argument("--input", required=required, metavar="N,C,H,W", help=input_help)
 
 
+def study_output_options(p, study: str, extras: str, csv_says: str = "",
+                         always: bool = False) -> None:
+    """--out and --format of a training-step study: its folder, written one way
+    (`studies.folder`: report.md, `<study>.csv`, env.json, then the study's own `extras`);
+    `always`: written to a folder under results/ when --out is not given."""
+    p.add_argument("--out", help=f"folder for report.md, {study}.csv"
+                   + (f" ({csv_says})" if csv_says else "") + f", env.json, {extras}"
+                   + (f" (default results/<date>-<device>-<net>-{study})" if always else ""))
+    p.add_argument("--format", choices=FORMATS, default="table")
+
+
 def step_options(p, net_help: str | None = None, net_default: str | None = "alexnet") -> None:
     """--net and --device of the commands that run a training step (train-step, memprofile,
     memplan): the workload's nets, on the CPU or a GPU."""

@@ -1,5 +1,5 @@
 """`convbench memplan`: the largest batch each memory strategy trains under a budget, and its
-images/s (`convbench.memplan`)."""
+images/s (`convbench.studies.memplan`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from .. import envinfo, memory, models, registry, runs
 from ..studies import memplan
 from ..studies.workload import Workload
 from .common import (
-    FORMATS,
     UsageError,
     command_line,
     emit,
@@ -20,6 +19,7 @@ from .common import (
     model_options,
     positive,
     step_options,
+    study_output_options,
     time_budget_option,
     usage_errors,
 )
@@ -98,7 +98,5 @@ def add_parsers(sub) -> None:
                    help="the algorithms the workspace strategy chooses from (comma list; all)")
     p.add_argument("--max-batch", type=positive(int), default=memplan.MAX_BATCH,
                    help="largest batch the search tries (default %(default)s)")
-    p.add_argument("--out", help="folder for report.md, memplan.csv, env.json, memplan.png "
-                   "(default results/<date>-<device>-<net>-memplan)")
-    p.add_argument("--format", choices=FORMATS, default="table")
+    study_output_options(p, "memplan", "memplan.png", always=True)
     p.set_defaults(func=cmd_memplan)

@@ -1,5 +1,5 @@
 """`convbench memprofile`: one training step's memory by layer, and the largest batch that fits
-a budget (`convbench.memprofile`)."""
+a budget (`convbench.studies.memprofile`)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from ..studies import footprint, memprofile
 from ..studies.workload import CPU_STEP_BATCH, Workload
 from ..tune import advise_run
 from .common import (
-    FORMATS,
     UsageError,
     command_line,
     emit,
     memory_budget_option,
     positive,
     step_options,
+    study_output_options,
     usage_errors,
     workspace_budget_option,
 )
@@ -87,7 +87,6 @@ def add_parsers(sub) -> None:
     p.add_argument("--config", choices=("defaults", "fastest", "budgeted"), default="defaults",
                    help="configuration whose timeline is measured and shown (default "
                         "defaults; the others need --run)")
-    p.add_argument("--out", help="folder for report.md, memprofile.csv (the timeline), "
-                   "env.json, largest_batch.csv, timeline.png")
-    p.add_argument("--format", choices=FORMATS, default="table")
+    study_output_options(p, "memprofile", "largest_batch.csv, timeline.png",
+                         csv_says="the timeline")
     p.set_defaults(func=cmd_memprofile)

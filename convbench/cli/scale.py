@@ -1,5 +1,5 @@
 """`convbench scale`: the training step under DistributedDataParallel per world size, batch and
-communication hook (`convbench.scale`).
+communication hook (`convbench.studies.scale`).
 
     convbench scale --device cpu --world-sizes 1,2
     convbench scale --device cuda --world-sizes 1,2,4 --batch 128,256,512
@@ -21,13 +21,13 @@ from ..devices import backend_of
 from ..studies import scale
 from ..studies.workload import Workload
 from .common import (
-    FORMATS,
     batches,
     command_line,
     counts,
     device_option,
     emit,
     positive,
+    study_output_options,
     usage_errors,
 )
 
@@ -96,7 +96,5 @@ def add_parsers(sub) -> None:
                         f"{scale.STEPS['cpu']} on cpu)")
     p.add_argument("--warmup", type=positive(int), default=scale.WARMUP,
                    help="untimed steps first (default %(default)s)")
-    p.add_argument("--out", help="folder for report.md, scale.csv, env.json, speedup.png, "
-                   "timeline.png (default results/<date>-<device>-<net>-scale)")
-    p.add_argument("--format", choices=FORMATS, default="table")
+    study_output_options(p, "scale", "speedup.png, timeline.png", always=True)
     p.set_defaults(func=cmd_scale)

@@ -1,4 +1,4 @@
-"""`convbench train-step`: a whole training step timed three ways (`convbench.trainstep`)."""
+"""`convbench train-step`: a whole training step timed three ways (`convbench.studies.trainstep`)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from ..registry import available
 from ..studies import trainstep
 from ..studies.workload import CPU_STEP_BATCH, CPU_TUNE_BUDGET_S, Workload
 from .common import (
-    FORMATS,
     UsageError,
     command_line,
     emit,
     positive,
     step_options,
+    study_output_options,
     time_budget_option,
     usage_errors,
 )
@@ -63,7 +63,5 @@ def add_parsers(sub) -> None:
     p.add_argument("--algos", default="all", help="algorithms the advisor may choose from")
     p.add_argument("--store", help="plan store folder (default $CONVBENCH_PLAN_DIR, else "
                    "~/.cache/convbench/plans)")
-    p.add_argument("--out", help="folder for report.md, trainstep.csv, env.json, "
-                   "trainstep.json, plan.json")
-    p.add_argument("--format", choices=FORMATS, default="table")
+    study_output_options(p, "trainstep", "trainstep.json, plan.json")
     p.set_defaults(func=cmd_train_step)

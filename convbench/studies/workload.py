@@ -248,6 +248,12 @@ class Training:
         return torch.cat([p.grad.flatten().double() for p in self.model.parameters()])
 
 
+def build_model(net: str = "alexnet"):
+    """A catalog net's model as `MODULE:CALLABLE` names one for `tune`, `memplan` and
+    `models.load`: `--model convbench.studies.workload:build_model --input 2,3,227,227`."""
+    return Workload.parse(net).build()
+
+
 def _alexnet_shaped(convs: list, fc_free: bool):
     """The AlexNet-shaped model of a catalog's conv layers (`Workload.build`)."""
     import torch

@@ -1,0 +1,160 @@
+"""The README's commands, so that it cannot drift from the code.
+
+Its fenced code blocks are read:
+
+- every `convbench ...` command in a `console` block (also `python -m convbench ...`, `torchrun
+  ... -m convbench ...`, and the `BENCH_ARGS`/`CHECK_ARGS` of a `make` line) is parsed by the
+  command line's own parser: an option the code no longer has fails here;
+- an example `$ convbench ...` is run (in a folder of its own, with a plan store of its own),
+  after the files its `$ cat FILE` lines show; what the README shows under it must be what it
+  prints: each table's header, each `convbench:` line (numbers and paths aside), an error line
+  word for word (and then exit code 2, else 0);
+- a `python` block is run, and the tables' headers of the `text` block after it must be in
+  what it prints.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from test_cli import run_cli
+
+from convbench import cli
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+#: Wildcards for what differs from run to run in a `convbench:` line: numbers and paths.
+NUMBER = re.compile(r"\d[\d.,]*")
+PATH = re.compile(r"\S*/\S*")
+
+
+def blocks(kind: str | None = None) -> list[tuple[str, str]]:
+    return [(k, body) for k, body in FENCE.findall(README.read_text())
+            if kind is None or k == kind]
+
+
+def _strip_comment(line: str) -> str:
+    return re.split(r"\s{2,}#", line)[0].strip()
+
+
+def convbench_argv(line: str) -> list[str] | None:
+    """The arguments a README command line gives `convbench`, or None if it runs no convbench
+    command."""
+    words = shlex.split(_strip_comment(line.removeprefix("$ ")).split(" | ")[0])
+    if not words:
+        return None
+    if words[0] == "make":
+        for word in words[1:]:
+            name, _, value = word.partition("=")
+            if name in ("BENCH_ARGS", "CHECK_ARGS"):
+                return [{"BENCH_ARGS": "bench", "CHECK_ARGS": "gpu-check"}[name],
+                        *shlex.split(value)]
+        return None
+    if words[0] == "convbench":
+        return words[1:]
+    if "-m" in words and words[words.index("-m") + 1:][:1] == ["convbench"]:
+        return words[words.index("-m") + 2:]
+    return None
+
+
+def commands() -> list[str]:
+    out = []
+    for _, body in blocks("console"):
+        out += [line for line in body.splitlines() if convbench_argv(line) is not None]
+    return out
+
+
+def test_the_readme_has_commands_and_examples():
+    assert len(commands()) > 40
+    assert sum(line.startswith("$ convbench") for line in commands()) >= 5
+    assert blocks("python")
+
+
+@pytest.mark.parametrize("line", commands())
+def test_every_command_parses(line):
+    argv = convbench_argv(line)
+    if argv[:1] == ["kernels"]:  # the compile gate parses its own arguments
+        return
+    try:
+        cli.build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help and --version end here, with 0
+        if exc.code:
+            pytest.fail(f"README: `{line}` does not parse (exit {exc.code})")
+
+
+def examples() -> list[tuple[dict[str, str], str, list[str]]]:
+    """Per `$ convbench` example: (the files the block's `$ cat` lines showed before it, the
+    command, the lines shown under it)."""
+    out = []
+    for _, body in blocks("console"):
+        files: dict[str, str] = {}
+        current, shown = None, []
+        for line in [*body.splitlines(), "$ end"]:
+            if not line.startswith("$ "):
+                shown.append(line)
+                continue
+            if current is not None:
+                words = shlex.split(current)
+                if words[0] == "cat":
+                    files[words[1]] = "\n".join(shown) + "\n"
+                elif convbench_argv(current) is not None:
+                    out.append((dict(files), current, shown))
+            current, shown = line[2:], []
+    return out
+
+
+def _headers(shown: list[str]) -> list[str]:
+    """The header lines of the tables shown: a `|` line followed by a `|---` line."""
+    return [" ".join(a.split()) for a, b in zip(shown, shown[1:])
+            if a.startswith("|") and b.startswith("|-")]
+
+
+def _pattern(line: str) -> re.Pattern:
+    parts = re.split(r"(\d[\d.,]*|\S*/\S*)", line)
+    return re.compile("".join(r"\S+" if PATH.fullmatch(p) or NUMBER.fullmatch(p)
+                              else re.escape(p) for p in parts if p))
+
+
+@pytest.mark.parametrize("files, command, shown", examples(),
+                         ids=lambda v: v if isinstance(v, str) else "")
+def test_every_example_prints_what_the_readme_shows(files, command, shown, tmp_path,
+                                                    monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CONVBENCH_PLAN_DIR", str(tmp_path / "plans"))
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    code, out, err = run_cli(capsys, *convbench_argv(command))
+    errors = [line for line in shown if line.startswith("convbench: error:")]
+    if errors:
+        assert code == 2, err
+        assert err.strip().splitlines() == errors
+        return
+    assert code == 0, err
+    printed = {" ".join(line.split()) for line in out.splitlines()}
+    for header in _headers(shown):
+        assert header in printed, f"README: `{command}` no longer prints {header!r}"
+    said = err.splitlines() + out.splitlines()
+    for line in shown:
+        if line.startswith("convbench: "):
+            assert any(_pattern(line).fullmatch(s) for s in said), \
+                f"README: `{command}` no longer says {line!r}"
+
+
+def python_examples() -> list[tuple[str, list[str]]]:
+    found = FENCE.findall(README.read_text())
+    return [(body, found[i + 1][1].splitlines() if i + 1 < len(found)
+             and found[i + 1][0] == "text" else [])
+            for i, (kind, body) in enumerate(found) if kind == "python"]
+
+
+@pytest.mark.parametrize("code, shown", python_examples())
+def test_the_python_example_runs_as_shown(code, shown, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CONVBENCH_PLAN_DIR", str(tmp_path / "plans"))
+    exec(compile(code, str(README), "exec"), {"__name__": "readme"})  # noqa: S102 - our README
+    printed = {" ".join(line.split()) for line in capsys.readouterr().out.splitlines()}
+    for header in _headers(shown):
+        assert header in printed, f"README's python example no longer prints {header!r}"
