@@ -87,9 +87,12 @@ def test_apply_keeps_outputs_and_gradients_and_dispatches_as_planned(monkeypatch
     assert "(no effect on the CPU)" in str(summary)
     for name in CPU_THREAD_ENV:
         monkeypatch.delenv(name, raising=False)
-    assert "start Python with OMP_WAIT_POLICY=PASSIVE OPENBLAS_THREAD_TIMEOUT=4" in str(summary)
+    assert ("start Python with OMP_WAIT_POLICY=PASSIVE OPENBLAS_THREAD_TIMEOUT=4 "
+            "GOMP_SPINCOUNT=10000") in str(summary)
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     monkeypatch.setenv("OPENBLAS_THREAD_TIMEOUT", "4")
+    assert "start Python" in str(summary)  # the spin count is still missing
+    monkeypatch.setenv("GOMP_SPINCOUNT", "10000")
     assert "start Python" not in str(summary)
 
 

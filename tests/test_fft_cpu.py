@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 
 import convbench
-from convbench import reference, registry, testing, verify
+from convbench import reference, registry, testing, threads, verify
 from convbench.algos import fft
 from convbench.layers import net_layers
 from convbench.problem import LAYOUTS, PASSES, ConvProblem
@@ -76,7 +76,7 @@ def test_many_chunks_on_every_worker_match_reference(problem, workers, monkeypat
     """One image or filter per chunk: several chunks per worker, plans reused across chunks
     that start off SIMD boundaries (odd sizes; one worker takes consecutive chunks)."""
     monkeypatch.setattr(fft, "CHUNK_BYTES", 1)
-    monkeypatch.setattr(fft, "_WORKERS", workers)
+    monkeypatch.setattr(threads, "_count", workers)
     for pass_ in PASSES:
         for layout in LAYOUTS:
             for precision in PRECISIONS:
@@ -175,7 +175,7 @@ def test_describe_names_library_threads_and_transform():
     conv2 = {layer.name: layer.problem for layer in net_layers("alexnet")}["conv2"]
     text = IMPL.describe(conv2, "fwd", "nchw", "fp32")
     assert text.startswith(f"pyFFTW {pyfftw.__version__}, ") and "threads" in text
-    assert text.endswith("transform 30x30")  # 27 + pad 2 = 29, rounded up to 2·3·5
+    assert ", transform 30x30; " in text  # 27 + pad 2 = 29, rounded up to 2·3·5
 
 
 def test_transform_sizes_are_fast_and_minimal():
@@ -235,3 +235,16 @@ def test_phases_replay_the_pass(pass_, layout):
     call's bits (padding per axis: the operands wrap around the grid)."""
     problem = ConvProblem(n=2, c=3, h=11, w=9, k=4, r=3, s=5, pad=(1, 2))
     testing.assert_phases_replay(registry.get("fft", "numpy"), problem, pass_, layout)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 5])
+def test_transform_threads_follow_the_policy_and_the_chunks(workers, monkeypatch):
+    """The workers are the run's thread policy, read when a pass is prepared (not a count frozen
+    at import), at most one per chunk; the note says each operand's and the product's."""
+    monkeypatch.setattr(fft, "CHUNK_BYTES", 1)  # one item per chunk
+    monkeypatch.setattr(threads, "_count", workers)
+    p = ConvProblem(n=2, c=3, h=9, w=8, k=4, r=3, s=3, pad=1)
+    note = IMPL.describe(p, "fwd", "nchw", "fp32")
+    lanes = f"{min(workers, 2)}/{min(workers, 4)}/{min(workers, 2)}"
+    assert f"transform threads {lanes} (x/w/y" in note and f"{workers} threads" in note
+    testing.assert_matches_reference("fft", "numpy", p, "fwd", "nchw", "fp32")

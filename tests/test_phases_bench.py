@@ -1,6 +1,8 @@
 """The phases benchmark (`convbench.tools.phases_bench`) runs: a tiny problem, the last commit's
 algorithm modules against the working tree's, every phase of each side in the table."""
 
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -47,3 +49,29 @@ def test_bad_baseline_is_one_line(capsys):
     assert rc == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("phases_bench: --baseline no-such-commit-xyz") and "\n" not in err
+
+
+def _readme_lines() -> list[list[str]]:
+    """The phases_bench command lines of the README's console blocks, as the tool's
+    arguments."""
+    readme = REPO / "README.md"
+    text = readme.read_text() if readme.exists() else ""
+    out = []
+    for body in re.findall(r"^```console\n(.*?)^```", text, re.DOTALL | re.MULTILINE):
+        for line in body.splitlines():
+            words = shlex.split(line.strip().removeprefix("$ ")) if "phases" in line else []
+            if words[:1] == ["make"] and words[1:2] == ["phases"]:
+                out.append([a for w in words[2:] if w.startswith("PHASES_ARGS=")
+                            for a in shlex.split(w.partition("=")[2])])
+            elif "convbench.tools.phases_bench" in words:
+                out.append(words[words.index("convbench.tools.phases_bench") + 1:])
+    return out
+
+
+def test_the_readme_commands_parse():
+    """Every phases_bench command the README quotes parses with the tool's own parser."""
+    lines = _readme_lines()
+    if not lines:
+        pytest.skip("the README quotes no phases_bench command yet")
+    for argv in lines:
+        phases_bench._parser().parse_args(argv)

@@ -25,7 +25,18 @@ Why it is built this way:
   goes through placement and both stages while it is still in cache, only the spectra that the
   product needs are full size, and FFTW_MEASURE plans on one chunk in milliseconds. Each worker
   thread takes every n-th chunk with single-threaded plans: one hand-off per transform
-  (`_run_all`).
+  (`_run_all`). The workers are the run's thread policy (`threads.count()`, read in `prepare`),
+  never more than an operand has chunks; the note says how many each operand gets, and the
+  product runs on torch's pool, which the same policy sizes.
+- The product stays one batched complex GEMM (MKL's cgemm through torch): the 3-multiplication
+  form on planar real and imaginary parts measured 5x slower on AlexNet's conv2 at batch 8 (three
+  real batched GEMMs and the sums, 137 ms, against 24 ms), and a frequency-major copy of the
+  filter spectrum no faster (24 ms): at small batch each filter frequency is used by few
+  images, so the product, like the filter transform, is bound by the filter spectrum's memory
+  traffic (K·C·Th·(Tw/2+1) complex values written once and read once), not by multiplications.
+  Transforming and multiplying the filters in cache-sized groups does not help either: conv2's
+  filter transform and product took 31 ms for all 256 filters at once, 37-56 ms as 8-32 groups
+  (smaller GEMMs, one hand-off per group).
 - Plans and buffers are made once in `prepare`; zeros outside an operand's window are written
   once, since every chunk overwrites the same window and FFTW's out-of-place real-to-complex and
   complex transforms preserve their input.
@@ -41,6 +52,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import threads
 from ..phases import Phased, phase_names
 from ..problem import ConvProblem, pair_text
 from ..registry import Implementation, register
@@ -51,8 +63,6 @@ PLANNER_EFFORT = "FFTW_MEASURE"
 #: Target bytes of one chunk's spectrum: about a core's L2.
 CHUNK_BYTES = 2 << 20
 
-#: Worker threads, each running single-threaded transforms on its own chunks.
-_WORKERS = os.cpu_count() or 1
 _SPATIAL = {"nchw": (2, 3), "nhwc": (1, 2)}
 _DTYPES = {"fp64": (np.float64, np.complex128), "fp32": (np.float32, np.complex64)}
 
@@ -144,6 +154,7 @@ class _Geometry:
     a: _Window
     b: _Window
     out: _Window
+    workers: int = 1  #: the run's threads (`threads.count()`) when the pass was prepared
 
     @property
     def spatial(self) -> tuple[int, int]:
@@ -206,7 +217,7 @@ class _Geometry:
 
     def lanes(self, win: _Window) -> int:
         """Workers sharing an operand's chunks: never more than there are chunks."""
-        return min(_WORKERS, win.shape[0] // self.chunk(win))
+        return min(self.workers, win.shape[0] // self.chunk(win))
 
     def workspace_bytes(self) -> int:
         def size(shape, dtype) -> int:
@@ -227,7 +238,8 @@ def _geometry(problem: ConvProblem, pass_: str, layout: str, precision: str) -> 
     a_shape, b_shape, out_shape = problem.operand_shapes(pass_, layout)
     real, cplx = _DTYPES[precision]
     return _Geometry(layout, (th, tw), real, cplx, _Window(a_shape, (ah, aw)),
-                     _Window(b_shape, (bh, bw), _FLIP_B[pass_]), _Window(out_shape, (oh, ow)))
+                     _Window(b_shape, (bh, bw), _FLIP_B[pass_]), _Window(out_shape, (oh, ow)),
+                     threads.count())
 
 
 class _FFTW:
@@ -288,10 +300,10 @@ def _library():
 
 
 @functools.cache
-def _pool(pid: int) -> ThreadPoolExecutor:
-    """Helper threads for `_run_all` (the calling thread is the last worker), one pool per
-    process: threads do not survive a fork, so a forked child must not inherit the pool."""
-    return ThreadPoolExecutor(max(1, _WORKERS - 1), thread_name_prefix="convbench-fft")
+def _pool(pid: int, helpers: int) -> ThreadPoolExecutor:
+    """`helpers` threads for `_run_all` (the calling thread is the last worker), one pool per
+    process and size: threads do not survive a fork, so a forked child must not inherit it."""
+    return ThreadPoolExecutor(helpers, thread_name_prefix="convbench-fft")
 
 
 def _run_all(tasks: list) -> None:
@@ -301,7 +313,7 @@ def _run_all(tasks: list) -> None:
     which on a busy machine costs a scheduler slice each time (measured up to 6x slower).
     """
     *rest, last = tasks
-    futures = [_pool(os.getpid()).submit(task) for task in rest]
+    futures = [_pool(os.getpid(), len(rest)).submit(task) for task in rest] if rest else []
     last()
     for future in futures:
         future.result()
@@ -396,8 +408,13 @@ class FFTConv(Implementation):
         return fft_refusal(self.algo, problem)
 
     def describe(self, problem, pass_, layout, precision) -> str:
-        th, tw = _geometry(problem, pass_, layout, precision).size
-        return f"{_library().name()}, {_WORKERS} threads, transform {th}x{tw}"
+        geom = _geometry(problem, pass_, layout, precision)
+        lanes = "/".join(str(geom.lanes(win)) for win in (geom.a, geom.b, geom.out))
+        th, tw = geom.size
+        return (f"{_library().name()}, transform {th}x{tw}; transform threads {lanes} "
+                f"({'/'.join(phase_names(pass_)[i].split()[1] for i in (0, 1, 3))}: the "
+                f"policy's {geom.workers}, at most one per chunk), product on MKL through torch, "
+                f"{geom.workers} threads")
 
     def transform_grid(self, problem: ConvProblem, pass_: str) -> tuple[int, int, int]:
         """(transform height, width, tiles per image): one whole-image grid, on FFTW's fast

@@ -157,18 +157,23 @@ def bench(cases, before: dict, budget_s: float, precision: str = "fp32"):
 
 
 def table(df) -> str:
-    """Markdown: one line per case and side, the phases as columns in their order."""
+    """Markdown, one table per algo and pass (their phases as columns, in order), one line per
+    case and side."""
     import pandas as pd
 
     if df.empty:
         return "(no case ran)"
-    phases = list(dict.fromkeys(p for p in df["phase"] if p != "total")) + ["total"]
     keys = ["layer", "algo", "pass_", "layout", "side"]
-    wide = df.pivot_table(index=keys, columns="phase", values="ms", sort=False)
-    wide = wide[[p for p in phases if p in wide.columns]].round(2)
-    extra = df[df["phase"] == "total"].set_index(keys)[["reps", "after/before"]]
-    wide = pd.concat([wide, extra], axis=1).reset_index().rename(columns={"pass_": "pass"})
-    return wide.to_markdown(index=False, missingval="")
+    out = []
+    for (algo, pass_), group in df.groupby(["algo", "pass_"], sort=False):
+        phases = list(dict.fromkeys(p for p in group["phase"] if p != "total")) + ["total"]
+        wide = group.pivot_table(index=keys, columns="phase", values="ms", sort=False)
+        wide = wide[phases].round(2)
+        extra = group[group["phase"] == "total"].set_index(keys)[["reps", "after/before"]]
+        wide = pd.concat([wide, extra], axis=1).reset_index().drop(columns=["algo", "pass_"])
+        wide = wide.astype(object).where(wide.notna(), None)
+        out.append(f"{algo} {pass_}\n\n{wide.to_markdown(index=False, missingval='')}")
+    return "\n\n".join(out)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -180,7 +185,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--layers", nargs="+", default=["alexnet:conv2", "alexnet:conv3"],
                     help="layers (alexnet:conv3) or problem specs (n=1,c=3,h=9,w=9,k=4,r=3,"
                     "s=3,pad=1), space-separated")
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=None,
+                    help="batch size (default: a spec's own n, 8 for a catalog layer)")
     ap.add_argument("--algos", default="gemm,fft,winograd",
                     help="numpy algos, comma-separated ('winograd' means every tile)")
     ap.add_argument("--passes", default="fwd,bwd_data,bwd_filter")
@@ -207,8 +213,11 @@ def main(argv=None) -> int:
         for lay in layouts:
             check_choice("layout", lay, LAYOUTS)
         algos = registry.expand_algos(args.algos, "numpy")
-        problems = [(spec, layers.resolve(spec).problem.with_batch(args.batch))
-                    for spec in args.layers]
+        problems = []
+        for spec in args.layers:
+            p = layers.resolve(spec).problem
+            batch = args.batch or (None if "=" in spec else 8)
+            problems.append((spec, p.with_batch(batch) if batch else p))
         cases = [(spec, p, algo, pass_, layout) for spec, p in problems for algo in algos
                  for pass_ in passes for layout in layouts]
         repo = Path(__file__).resolve().parents[2]
@@ -223,8 +232,9 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"phases_bench: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
+    batches = ", ".join(sorted({str(p.n) for _, p in problems}))
     print(f"before: {args.baseline}'s convbench/algos; after: the working tree; batch "
-          f"{args.batch}, {args.precision}, {threads.count()} threads; median ms\n")
+          f"{batches}, {args.precision}, {threads.count()} threads; median ms\n")
     print(table(df))
     if args.csv:
         df.to_csv(args.csv, index=False)
