@@ -22,13 +22,12 @@ from dataclasses import dataclass
 import pandas as pd
 
 from . import layoutplan, stats
-from .fmt import fmt_ms
+from .fmt import fmt_ms, tabulate
 from .memory import format_size
 from .plan import TORCH_ALGOS, Constraints, LayerPlan, NetworkTotals, Plan, Unplanned
 from .problem import LAYOUTS, PASSES, ConvProblem
 from .ranking import Candidate, busy_mask, preferred, tied
 from .results import PROBLEM_FIELDS, problem_from_row
-from .tables import tabulate
 
 #: Algorithms whose results may differ bitwise from run to run. cuDNN's own choice (benchmark
 #: off or on) may be one of its algorithms that accumulate with atomics (several bwd_data and

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import registry
+from .fmt import tabulate
 from .plan import TORCH_ALGOS, LayerPlan, Plan, PlanError, current_env_key, stale_fields
 from .problem import AXIS_FIELDS, PASSES
-from .tables import tabulate
 from .threads import CPU_THREAD_ENV  # the environment a CPU plan with NumPy passes wants
 
 

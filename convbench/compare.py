@@ -28,9 +28,8 @@ import math
 import pandas as pd
 
 from . import ranking, stats
-from .fmt import fmt_ms
+from .fmt import fmt_ms, tabulate
 from .results import KEY, PROBLEM_FIELDS
-from .tables import tabulate
 
 #: What a row is compared by: its key less the problem fields that its layer name implies
 #: (the batch stays: it is what most often differs).

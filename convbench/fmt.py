@@ -2,8 +2,9 @@
 `torch/utils/benchmark/utils/common.py`): data and formatting low, renderers that only render.
 
 Cells: `fmt_ms`, `fmt_mib`, `fmt_gflop`, `fmt_error`, `fmt_ratio` (a missing value is an empty
-cell); `md_table` (a DataFrame as a github-style table); `first_line` (an exception's message
-for one line of output). Plots: `pyplot` (matplotlib on Agg, or None where it is missing, said
+cell); `first_line` (an exception's message for one line of output). Tables: `tabulate`
+(`tabulate.tabulate` with the arguments convbench uses, or a plain github table where the
+package is missing) and `md_table` (a DataFrame as such a table). Plots: `pyplot` (matplotlib on Agg, or None where it is missing, said
 by `NO_MATPLOTLIB`) and `save_figure`.
 """
 
@@ -54,10 +55,58 @@ def first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [""])[0]
 
 
+# --- tables: every table convbench prints or writes is a github pipe table of strings
+# (numbers formatted before, `disable_numparse`); without the `tabulate` package the same
+# table is drawn here, so a missing package costs alignment niceties, never a report.
+def tabulate(data, headers=(), tablefmt: str = "github", showindex: bool = False,
+             disable_numparse: bool = True, colalign=None) -> str:
+    """`tabulate.tabulate` with the arguments convbench uses; a plain github table without
+    the package. `data`: a DataFrame, a list of rows (lists or dicts) or a dict of columns;
+    `headers`: a list, or "keys" for the columns' names."""
+    try:
+        from tabulate import tabulate as real
+    except ImportError:
+        return _github(*_rows(data, headers), colalign)
+    kw = {"colalign": colalign} if colalign is not None else {}
+    return real(data, headers=headers, tablefmt=tablefmt, showindex=showindex,
+                disable_numparse=disable_numparse, **kw)
+
+
+def _rows(data, headers) -> tuple[list[str], list[list]]:
+    if hasattr(data, "columns") and hasattr(data, "values"):  # a DataFrame
+        keys, rows = list(data.columns), data.values.tolist()
+    elif isinstance(data, dict):
+        keys, rows = list(data), [list(r) for r in zip(*data.values())]
+    else:
+        rows = list(data)
+        if rows and isinstance(rows[0], dict):
+            keys = list(dict.fromkeys(k for r in rows for k in r))
+            rows = [[r.get(k, "") for k in keys] for r in rows]
+        else:
+            keys, rows = [], [list(r) for r in rows]
+    heads = keys if headers == "keys" else list(headers)
+    return [str(h) for h in heads], rows
+
+
+def _github(heads: list[str], rows: list[list], colalign) -> str:
+    cells = [["" if v is None else str(v) for v in r] for r in rows]
+    ncol = max([len(heads)] + [len(r) for r in cells])
+    heads = heads + [""] * (ncol - len(heads))
+    cells = [r + [""] * (ncol - len(r)) for r in cells]
+    width = [max(3, *(len(r[i]) for r in [heads, *cells])) for i in range(ncol)]
+    align = list(colalign or ["left"] * ncol) + ["left"] * ncol
+
+    def line(values) -> str:
+        return "| " + " | ".join(v.rjust(w) if a == "right" else v.ljust(w)
+                                 for v, w, a in zip(values, width, align)) + " |"
+
+    rule = "|" + "|".join((":" + "-" * (w + 1) if a != "right" else "-" * (w + 1) + ":")
+                          for w, a in zip(width, align)) + "|"
+    return "\n".join([line(heads), rule, *(line(r) for r in cells)])
+
+
 def md_table(df: pd.DataFrame) -> str:
     """A github-style (markdown pipe) table, index as the first column, values right-aligned."""
-    from .tables import tabulate
-
     names = [str(n) for n in df.index.names]
     align = ("left",) * len(names) + ("right",) * len(df.columns)
     return tabulate(df.reset_index(), headers=names + [str(c) for c in df.columns],

@@ -42,12 +42,12 @@ from .fmt import (
     md_table,
     pyplot,
     save_figure,
+    tabulate,
 )
 from .measurement import CONTENDED_SHARE, NOISE_THRESHOLD, Measurement, is_host_bound
 from .phases import APART, CONVOLUTION, FUSED
 from .problem import PASSES
 from .results import KEY, RESULTS_CSV, parse_phases
-from .tables import tabulate
 
 REPORT_MD = "report.md"
 #: Suffix of a column's fastest time where it wins beyond noise, and of every time tied with

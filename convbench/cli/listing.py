@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 
 from .. import convset, layers, registry, report, selection
+from ..fmt import tabulate
 from ..problem import LAYOUTS, PASSES, PRECISIONS
-from ..tables import tabulate
 
 #: A catalog with more problems than this is listed by class, not problem by problem.
 MANY = 40

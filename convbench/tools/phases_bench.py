@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .. import threads
+from ..fmt import first_line
 
 #: The package name the baseline's algorithm modules are loaded under.
 BASELINE_PACKAGE = "convbench._baseline_algos"
@@ -230,7 +231,7 @@ def main(argv=None) -> int:
                              BASELINE_PACKAGE.split(".")]:
                     del sys.modules[name]
     except ValueError as e:
-        print(f"phases_bench: {str(e).splitlines()[0]}", file=sys.stderr)
+        print(f"phases_bench: {first_line(e)}", file=sys.stderr)
         return 2
     batches = ", ".join(sorted({str(p.n) for _, p in problems}))
     print(f"before: {args.baseline}'s convbench/algos; after: the working tree; batch "
