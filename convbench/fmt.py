@@ -56,8 +56,9 @@ def first_line(exc: BaseException) -> str:
 
 
 # --- tables: every table convbench prints or writes is a github pipe table of strings
-# (numbers formatted before, `disable_numparse`); without the `tabulate` package the same
-# table is drawn here, so a missing package costs alignment niceties, never a report.
+# (numbers formatted before, `disable_numparse`; the kernel gate's alone is `simple`); without
+# the `tabulate` package a github table is drawn here whatever the format asked, so a missing
+# package costs alignment niceties, never a report.
 def tabulate(data, headers=(), tablefmt: str = "github", showindex: bool = False,
              disable_numparse: bool = True, colalign=None) -> str:
     """`tabulate.tabulate` with the arguments convbench uses; a plain github table without
