@@ -56,7 +56,7 @@ class Tests:
 
 
 @dataclass
-class Check:
+class CheckRun:
     """What the run left in its folder: its outcome, the summary's text."""
 
     folder: Path
@@ -104,9 +104,9 @@ def never_tiles(case: runner.Case) -> bool:
         impl.transform_grid(case.problem, case.pass_)[2] == 1
 
 
-def check(folder: str | Path, device: Device, *, net: str = "alexnet",
+def run_check(folder: str | Path, device: Device, *, net: str = "alexnet",
           layers: list[str] | None = None, algos: str | None = None, batch: int | None = None,
-          budget_s: float | None = None, command: str = "") -> Check:
+          budget_s: float | None = None, command: str = "") -> CheckRun:
     """Run the check into `folder` (a resumed run if it has one) and write its summary; see the
     module docstring. ValueError for a bad net, layer or algo list, before anything runs."""
     folder = Path(folder)
@@ -129,7 +129,7 @@ def check(folder: str | Path, device: Device, *, net: str = "alexnet",
                "transforms)")] if untiled else []
     text = markdown(env, outcome, seconds, notes)
     (folder / SUMMARY_MD).write_text(text)
-    return Check(folder, outcome, text)
+    return CheckRun(folder, outcome, text)
 
 
 def tests(folder: str | Path, pytest_args=PYTEST_ARGS,

@@ -27,7 +27,7 @@ def cmd_gpu_check(args) -> int:
         print(gpucheck.tests_line(tested))
         print(f"convbench: {gpucheck.TESTS_LOG} in {folder}", file=sys.stderr)
         return 0 if tested.passed else EXIT_FAULT
-    done = gpucheck.check(
+    done = gpucheck.run_check(
         folder, device, net=args.net, layers=chosen, algos=args.algos, batch=args.batch,
         budget_s=args.time_budget,
         command=" ".join(["convbench", *getattr(args, "argv", [])]))
