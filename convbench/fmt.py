@@ -3,9 +3,9 @@
 
 Cells: `fmt_ms`, `fmt_mib`, `fmt_gflop`, `fmt_error`, `fmt_ratio` (a missing value is an empty
 cell); `first_line` (an exception's message for one line of output). Tables: `tabulate`
-(`tabulate.tabulate` with the arguments convbench uses, or a plain github table where the
-package is missing) and `md_table` (a DataFrame as such a table). Plots: `pyplot` (matplotlib on Agg, or None where it is missing, said
-by `NO_MATPLOTLIB`) and `save_figure`.
+(`tabulate.tabulate`, or a plain github table where the package is missing) and `md_table` (a
+DataFrame as a github table). Plots: `pyplot` (matplotlib on Agg, or None where it is missing,
+said by `NO_MATPLOTLIB`) and `save_figure`.
 """
 
 from __future__ import annotations
@@ -55,22 +55,19 @@ def first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [""])[0]
 
 
-# --- tables: every table convbench prints or writes is a github pipe table of strings
-# (numbers formatted before, `disable_numparse`; the kernel gate's alone is `simple`); without
-# the `tabulate` package a github table is drawn here whatever the format asked, so a missing
-# package costs alignment niceties, never a report.
-def tabulate(data, headers=(), tablefmt: str = "github", showindex: bool = False,
-             disable_numparse: bool = True, colalign=None) -> str:
-    """`tabulate.tabulate` with the arguments convbench uses; a plain github table without
-    the package. `data`: a DataFrame, a list of rows (lists or dicts) or a dict of columns;
-    `headers`: a list, or "keys" for the columns' names."""
+# --- tables: `tabulate` takes what `tabulate.tabulate` takes and passes it on unchanged (its
+# defaults stay tabulate's), so a call site reads and prints as before; when the package is not
+# installed the same rows are drawn as a github pipe table, whatever format was asked for, and a
+# missing package costs its formats and alignment niceties, never a report or a GPU check.
+def tabulate(data, headers=(), **options) -> str:
+    """`tabulate.tabulate(data, headers, **options)`; a plain github table without the package.
+    `data`: a DataFrame, a list of rows (lists or dicts) or a dict of columns; `headers`: a
+    list, or "keys" for the columns' names (a DataFrame's index is left out)."""
     try:
         from tabulate import tabulate as real
     except ImportError:
-        return _github(*_rows(data, headers), colalign)
-    kw = {"colalign": colalign} if colalign is not None else {}
-    return real(data, headers=headers, tablefmt=tablefmt, showindex=showindex,
-                disable_numparse=disable_numparse, **kw)
+        return _github(*_rows(data, headers), options.get("colalign"))
+    return real(data, headers=headers, **options)
 
 
 def _rows(data, headers) -> tuple[list[str], list[list]]:

@@ -603,7 +603,7 @@ def render(rows: list[GateRow]) -> str:
              for file, common in shared.items() if common]
     return "\n".join([tabulate(table, headers=["file", "defines", "arch", "kernel", "registers",
                                                 "static smem B", "stack B", "spill B",
-                                                "status"], tablefmt="simple"),
+                                                "status"]),
                       *notes])
 
 
