@@ -1,7 +1,7 @@
 # convbench: `make bench` measures, `make test` checks. Both set up .venv from nothing.
 # On a machine that already has its Python environment (a GPU machine with CUDA torch and CuPy
 # and no package registry), USE_ENV=1 runs in it instead: no .venv, nothing installed, e.g.
-#   make gpu-check USE_ENV=1
+#   make gpu-check USE_ENV=1 && make gpu-check-tests USE_ENV=1
 PYTHON ?= python3
 VENV   := .venv
 # torch is pinned to the CPU build the CI machine carries; on a GPU machine install torch first.
@@ -18,7 +18,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 endif
 
-.PHONY: test bench phases gpu-check lint clean install
+.PHONY: test bench phases gpu-check gpu-check-tests lint clean install
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -41,10 +41,14 @@ bench: $(STAMP)
 phases: $(STAMP)
 	$(PY) -m convbench.tools.phases_bench $(PHASES_ARGS)
 
-# The first GPU check: env, every algo x pass x layout of AlexNet at batch 256, the ratios, the
-# gpu tests' log, all in results/<date>-<gpu>-alexnet-gpu-check/ (convbench gpu-check --help).
+# The first GPU check in two commands, each within ten minutes, into one folder,
+# results/<date>-<gpu>-alexnet-gpu-check/ (convbench gpu-check --help): env, every algo x pass x
+# layout of AlexNet at batch 256 and the ratios; then the gpu tests' log and their summary line.
 gpu-check: $(STAMP)
 	$(PY) -m convbench gpu-check $(CHECK_ARGS)
+
+gpu-check-tests: $(STAMP)
+	$(PY) -m convbench gpu-check --tests $(CHECK_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check convbench tests

@@ -20,7 +20,6 @@ from collections import Counter
 from dataclasses import dataclass
 
 import pandas as pd
-from tabulate import tabulate
 
 from . import layoutplan, stats
 from .fmt import fmt_ms
@@ -29,6 +28,7 @@ from .plan import TORCH_ALGOS, Constraints, LayerPlan, NetworkTotals, Plan, Unpl
 from .problem import LAYOUTS, PASSES, ConvProblem
 from .ranking import Candidate, busy_mask, preferred, tied
 from .results import PROBLEM_FIELDS, problem_from_row
+from .tables import tabulate
 
 #: Algorithms whose results may differ bitwise from run to run. cuDNN's own choice (benchmark
 #: off or on) may be one of its algorithms that accumulate with atomics (several bwd_data and

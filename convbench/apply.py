@@ -16,11 +16,10 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from tabulate import tabulate
-
 from . import registry
 from .plan import TORCH_ALGOS, LayerPlan, Plan, PlanError, current_env_key, stale_fields
 from .problem import AXIS_FIELDS, PASSES
+from .tables import tabulate
 from .threads import CPU_THREAD_ENV  # the environment a CPU plan with NumPy passes wants
 
 

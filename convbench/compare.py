@@ -26,11 +26,11 @@ from __future__ import annotations
 import math
 
 import pandas as pd
-from tabulate import tabulate
 
 from . import ranking, stats
 from .fmt import fmt_ms
 from .results import KEY, PROBLEM_FIELDS
+from .tables import tabulate
 
 #: What a row is compared by: its key less the problem fields that its layer name implies
 #: (the batch stays: it is what most often differs).

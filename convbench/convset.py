@@ -8,10 +8,10 @@ distinct problems, shipped as `data/convset.csv.gz` with each one's sources (how
 and models have it, each model with its count) — converted from the study's own file by
 `convbench.tools.convert_convset`, whose docstring says how.
 
-Each problem keeps its batch of 1 (the study's) unless `--batch` gives another. A problem whose
-padding before and after differ (TIMM's "SAME" padding with an odd total: 228 of them) is left
-out, counted, with the reason: `ConvProblem` pads both sides of an axis alike. `_pad` is the
-one place that decides it; a `ConvProblem` that holds both sides takes them there.
+Each problem keeps its batch of 1 (the study's) unless `--batch` gives another. Its padding is
+kept per side: TIMM's "SAME" padding with an odd total (228 problems) pads one more after than
+before (`pad=0+1`). A row that `ConvProblem` refuses would be left out, counted, with its
+reason (the shipped file has none).
 """
 
 from __future__ import annotations
@@ -30,9 +30,6 @@ DATA = Path(__file__).resolve().parent / "data" / "convset.csv.gz"
 SOURCE = ("ConvBench (Alvarenga et al. 2024, arXiv 2407.10730; "
           "github.com/LucasFernando-aes/ConvBench): every distinct nn.Conv2d of TIMM's models "
           "at batch 1")
-#: The reason a problem of the set is not in the catalog.
-ASYMMETRIC = ("padding before and after differ (TIMM's SAME padding, odd total); convbench "
-              "pads both sides of an axis alike")
 
 
 @dataclass(frozen=True)
@@ -64,14 +61,11 @@ class Catalog:
         return out
 
 
-def _pad(row: dict):
-    """ConvProblem's `pad` of a row: (height, width); ValueError where before and after
-    differ."""
+def _pad(row: dict) -> tuple[tuple[int, int], tuple[int, int]]:
+    """ConvProblem's `pad` of a row: (before, after) of height, then of width."""
     top, bottom, left, right = (int(row[k]) for k in ("pad_top", "pad_bottom", "pad_left",
                                                       "pad_right"))
-    if top != bottom or left != right:
-        raise ValueError(ASYMMETRIC)
-    return top, left
+    return (top, bottom), (left, right)
 
 
 def parse(text: str) -> Catalog:
@@ -80,14 +74,13 @@ def parse(text: str) -> Catalog:
     for row in csv.DictReader(io.StringIO(text)):
         total += 1
         try:
-            pad = _pad(row)
+            problem = ConvProblem(n=1, c=int(row["c"]), h=int(row["h"]), w=int(row["w"]),
+                                  k=int(row["k"]), r=int(row["r"]), s=int(row["s"]),
+                                  stride=row["stride"], pad=_pad(row),
+                                  dilation=row["dilation"], groups=int(row["groups"]))
         except ValueError as exc:
             skipped[row["name"]] = str(exc)
             continue
-        problem = ConvProblem(n=1, c=int(row["c"]), h=int(row["h"]), w=int(row["w"]),
-                              k=int(row["k"]), r=int(row["r"]), s=int(row["s"]),
-                              stride=row["stride"], pad=pad, dilation=row["dilation"],
-                              groups=int(row["groups"]))
         entries.append(Entry(row["name"], problem, int(row["layers"]), int(row["models"]),
                              row["sources"], row["bias"]))
     return Catalog(tuple(entries), skipped, total)

@@ -56,7 +56,7 @@ def first_line(exc: BaseException) -> str:
 
 def md_table(df: pd.DataFrame) -> str:
     """A github-style (markdown pipe) table, index as the first column, values right-aligned."""
-    from tabulate import tabulate
+    from .tables import tabulate
 
     names = [str(n) for n in df.index.names]
     align = ("left",) * len(names) + ("right",) * len(df.columns)

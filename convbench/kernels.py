@@ -586,7 +586,7 @@ def _brief(value: str) -> str:
 def render(rows: list[GateRow]) -> str:
     """The resource table. Its `defines` column shows what varies between a file's
     configurations; what they share is listed once per file below the table."""
-    from tabulate import tabulate
+    from .tables import tabulate
 
     shared: dict[str, set[tuple[str, str]]] = {}
     for r in rows:

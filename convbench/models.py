@@ -15,6 +15,8 @@ Optional dependencies stay optional: torchvision is imported only if the spec na
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -118,9 +120,17 @@ def load(spec: str):
     """The `nn.Module` that `MODULE:CALLABLE` returns when called without arguments
     (`torchvision.models:resnet18`, `mypkg.nets:Net`); ValueError with one line naming why
     not: no colon, a module that does not import, no such callable, a call that fails, or a
-    result that is not an `nn.Module`."""
+    result that is not an `nn.Module`.
+
+    A module in the current folder imports too (`--model mynet:net` beside `mynet.py`), as
+    `python script.py` would find it: the folder is appended to `sys.path`, after the
+    installed packages, so a clone's folder there never hides convbench itself (the `convbench`
+    command's sys.path starts at its script's folder, and `python -P -m convbench` leaves the
+    current folder out)."""
     import torch
 
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"--model {spec!r} is not MODULE:CALLABLE (e.g. "

@@ -30,10 +30,8 @@ from .problem import (
     PASSES,
     ConvProblem,
     Pair,
-    axes,
     axis_pair,
     check_choice,
-    pair_text,
 )
 
 #: The memory format that stores a tensor in each layout.
@@ -51,21 +49,19 @@ def conv_geometry(conv: nn.Conv2d) -> dict[str, Pair]:
     if padding == "valid":
         padding = 0
     elif padding == "same":
+        # torch pads an odd total one more after than before, as TensorFlow's SAME does
         totals = [d * (k - 1) for d, k in zip(dilation, conv.kernel_size)]
-        if any(total % 2 for total in totals):
-            raise ValueError(f"padding='same' with kernel {tuple(conv.kernel_size)} and "
-                             f"dilation {pair_text(axis_pair('dilation', dilation))} pads one "
-                             "side of an axis more than the other: convbench pads both sides "
-                             "of an axis alike")
-        padding = tuple(total // 2 for total in totals)
+        padding = tuple((t // 2, t - t // 2) if t % 2 else t // 2 for t in totals)
     return {"stride": axis_pair("stride", conv.stride), "pad": axis_pair("pad", padding),
             "dilation": axis_pair("dilation", dilation), "groups": conv.groups}
 
 
-def torch_geometry(geometry: dict[str, Pair]) -> tuple[list[int], list[int], list[int]]:
-    """stride, padding and dilation of a `conv_geometry` as torch's convolutions take them:
-    [height, width] each."""
-    return tuple(list(axes(geometry[f])) for f in ("stride", "pad", "dilation"))
+def torch_geometry(problem: ConvProblem) -> tuple[list[int], list[int], list[int]]:
+    """stride, padding and dilation of `problem` as torch's convolutions take them: [height,
+    width] each; for a problem padded unequally, those of its `symmetric_part()`, which runs
+    after the explicit pad."""
+    args = problem.torch_args()
+    return tuple(list(args[f]) for f in ("stride", "padding", "dilation"))
 
 
 def problem_of(conv: nn.Conv2d, x_shape) -> ConvProblem:
@@ -171,11 +167,14 @@ class Dispatch:
     def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """y from x and w, both already in the layer's layout."""
         in_torch, benchmark = self._torch_mode("fwd")
-        if in_torch:
-            with _cudnn_benchmark(benchmark):
-                return torch.nn.functional.conv2d(x, w, None, *torch_geometry(self.geometry),
-                                                  self.geometry["groups"])
         problem = self.problem_from_shapes(x.shape, w.shape)
+        if in_torch:
+            explicit = problem.symmetric_part()[1]
+            if any(explicit):  # torch pads both sides of an axis alike
+                x = torch.nn.functional.pad(x, explicit)
+            with _cudnn_benchmark(benchmark):
+                return torch.nn.functional.conv2d(x, w, None, *torch_geometry(problem),
+                                                  self.geometry["groups"])
         return self._ours("fwd", problem, x, w, problem.y_shape())
 
     def backward(self, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, need_dx: bool,
@@ -195,12 +194,16 @@ class Dispatch:
                 grads[pass_] = self._ours(pass_, problem, dy, w, problem.x_shape())
             else:
                 grads[pass_] = self._ours(pass_, problem, x, dy, problem.w_shape())
+        explicit = problem.symmetric_part()[1]
+        padded = torch.nn.functional.pad(x, explicit) if by_mode and any(explicit) else x
         for benchmark, passes in by_mode.items():
             with _cudnn_benchmark(benchmark):
                 dx, dw, _ = torch.ops.aten.convolution_backward(
-                    dy, x, w, None, *torch_geometry(self.geometry), False, [0, 0],
+                    dy, padded, w, None, *torch_geometry(problem), False, [0, 0],
                     self.geometry["groups"],
                     ["bwd_data" in passes, "bwd_filter" in passes, False])
+            if dx is not None and any(explicit):  # the padded x's gradient, cropped back
+                dx = torch.nn.functional.pad(dx, [-e for e in explicit])
             grads.update({p: {"bwd_data": dx, "bwd_filter": dw}[p] for p in passes})
         return grads["bwd_data"], grads["bwd_filter"]
 

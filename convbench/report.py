@@ -29,7 +29,6 @@ import math
 from pathlib import Path
 
 import pandas as pd
-from tabulate import tabulate
 
 from . import contention, memory, ranking, registry, speedup
 from .devices import DEVICES
@@ -48,6 +47,7 @@ from .measurement import CONTENDED_SHARE, NOISE_THRESHOLD, Measurement, is_host_
 from .phases import APART, CONVOLUTION, FUSED
 from .problem import PASSES
 from .results import KEY, RESULTS_CSV, parse_phases
+from .tables import tabulate
 
 REPORT_MD = "report.md"
 #: Suffix of a column's fastest time where it wins beyond noise, and of every time tied with

@@ -42,8 +42,11 @@ from __future__ import annotations
 import contextlib
 import itertools
 import secrets
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+
+import numpy as np
 
 from . import kernels, memory, opcount, reference, registry, results, timing, verify
 from .fmt import first_line
@@ -97,24 +100,65 @@ def sweep(layers: Iterable[Layer], algos: Iterable[str], backend: str, passes: I
 class Operands:
     """Seeded operands and their float64 reference for the current (problem, pass, precision),
     handed out as fresh copies in the layout and array module asked for, so an implementation
-    that scribbles on its inputs cannot spoil the next one's."""
+    that scribbles on its inputs cannot spoil the next one's.
 
-    def __init__(self, seed: int = 0):
-        self.seed = seed
+    Each layout is made once per (problem, pass, precision), not once per case: the transposes
+    (and on the GPU the copies to the device) are done when a layout is first asked for, and
+    every case gets a copy made where the operands live (on the GPU, device to device). With
+    `on_device` the reference is kept on the GPU too, so a GPU case is verified there
+    (`verify.errors` on CuPy arrays) instead of copying its output back to be checked on the
+    host; off (the default under a memory limit) the GPU holds nothing between cases."""
+
+    def __init__(self, seed: int = 0, on_device: bool = False):
+        self.seed, self.on_device = seed, on_device
         self._key = None
         self._nchw = None
+        self._layouts: dict = {}
 
     def get(self, case: Case, xp):
-        """(a, b) in `case.layout` on the backend's device, and the reference in that layout."""
+        """(a, b) in `case.layout` on the backend's device, and the reference in that layout
+        (on the device with `on_device` on the GPU, else on the host)."""
         key = (case.problem, case.pass_, case.precision)
         if key != self._key:
             self._key = self._nchw = None  # drop the old arrays before making new ones
+            self._layouts = {}
             a, b = reference.random_operands(case.problem, case.pass_, "nchw",
                                              DTYPES[case.precision], self.seed)
             self._nchw = a, b, reference.reference(case.problem, case.pass_, "nchw", a, b)
             self._key = key
-        a, b, ref = (reference.to_layout(v, case.layout) for v in self._nchw)
+        held = (case.layout, xp.__name__)
+        if held not in self._layouts:
+            a, b, ref = (reference.to_layout(v, case.layout) for v in self._nchw)
+            if xp is not np and self.on_device:
+                a, b, ref = xp.asarray(a), xp.asarray(b), xp.asarray(ref)
+            self._layouts[held] = a, b, ref
+        a, b, ref = self._layouts[held]
         return xp.array(a), xp.array(b), ref
+
+
+#: Host seconds per stage of the cases measured in this process, for a GPU check's summary:
+#: drawing operands and the float64 reference (`operands`), giving the GPU's memory back
+#: (`release`), preparing and running the pass once (`prepare`: compiles, plans, cuDNN's
+#: search), checking its output (`verify`), timing (`time`) and describing (`describe`).
+STAGES = ("operands", "release", "prepare", "verify", "time", "describe")
+_STAGE_S = dict.fromkeys(STAGES, 0.0)
+
+
+@contextlib.contextmanager
+def _stage(name: str):
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        _STAGE_S[name] += time.perf_counter() - start
+
+
+def stage_seconds(reset: bool = False) -> dict[str, float]:
+    """Seconds spent in each of `STAGES` since the last reset; `reset` starts them again."""
+    out = dict(_STAGE_S)
+    if reset:
+        _STAGE_S.update(dict.fromkeys(STAGES, 0.0))
+    return out
 
 
 class NotMeasured(Exception):
@@ -230,19 +274,21 @@ def prepare(case: Case, operands: Operands, impl=None,
     try:
         # An empty GPU for every case, before its operands: the last case's cached blocks (in
         # either pool, an out-of-memory's included) and plans are given back.
-        memory.release_device_memory(case.backend)
+        with _stage("release"):
+            memory.release_device_memory(case.backend)
         workspace = opcount.workspace_bytes(impl, *args)
         if limit is not None:
             limit.check(case.backend, footprint + (workspace or 0),
                         "predicted footprint (operands and workspace)")
-        a, b, ref = operands.get(case, xp)
-        out = reference.nan_output(p, case.pass_, case.layout, DTYPES[case.precision], xp)
-        with memory.trace(case.backend) as trace:
+        with _stage("operands"):
+            a, b, ref = operands.get(case, xp)
+            out = reference.nan_output(p, case.pass_, case.layout, DTYPES[case.precision], xp)
+        with _stage("prepare"), memory.trace(case.backend) as trace:
             fn = impl.prepare(*args)
             trace.mark()
             fn(a, b, out)
-        if case.backend == "cuda":  # a fault in the pass surfaces here, as this case's failure
-            xp.cuda.Device().synchronize()
+            if case.backend == "cuda":  # a fault in the pass surfaces here, as this case's
+                xp.cuda.Device().synchronize()  # failure
         # A library that returns its own result (`OUTPUT_COPY`) allocates one output more
         # than our kernels, which write into `out`: counted like ours, not as workspace.
         own_result = OUTPUT_COPY in (impl.phases(*args) or ())
@@ -252,7 +298,8 @@ def prepare(case: Case, operands: Operands, impl=None,
         phase_fns = _phase_fns(impl, fn, args)
     except Exception as exc:
         raise _not_measured(exc) from exc
-    chk = verify.check(out, ref, case.algo, case.precision, p, case.pass_)
+    with _stage("verify"):
+        chk = verify.check(out, ref, case.algo, case.precision, p, case.pass_)
     if not chk.ok:
         raise NotMeasured("failed", chk.reason, chk)
     return Ready(impl, lambda: fn(a, b, out), chk, workspace, peak, trace.method, phase_fns)
@@ -338,12 +385,13 @@ def _time_part(part: list[tuple[Case, Ready]], budget_s: float, target: float,
     backend, group = part[0][0].backend, f"{_PROCESS}-{next(_GROUPS)}"
     options = {"target": target, "seed": seed, **_head_start(backend)}
     try:
-        timed = timing.time_rounds([_contender(i, ready) for i, (_, ready) in enumerate(part)],
-                                   budget_s, backend, **options)
-        phases = [timing.time_rounds([Contender(ready.phase_fns)], budget_s, backend,
-                                     min_reps=timing.MIN_REPS_ALONE, **options)[0].steps
-                  if ready.phase_fns and not set(APART) & set(ready.phase_fns) else None
-                  for _, ready in part]
+        with _stage("time"):
+            timed = timing.time_rounds([_contender(i, ready) for i, (_, ready)
+                                        in enumerate(part)], budget_s, backend, **options)
+            phases = [timing.time_rounds([Contender(ready.phase_fns)], budget_s, backend,
+                                         min_reps=timing.MIN_REPS_ALONE, **options)[0].steps
+                      if ready.phase_fns and not set(APART) & set(ready.phase_fns) else None
+                      for _, ready in part]
     except _Blame as blame:
         case = part[blame.index][0]
         nm = _not_measured(blame.__cause__)
@@ -386,7 +434,9 @@ def _time_part(part: list[tuple[Case, Ready]], budget_s: float, target: float,
 def _timed_row(case: Case, ready: Ready, t: Timed, phases: dict[str, Measurement] | None,
                group: str, note: str | None = None) -> dict:
     if note is None:
-        note = _describe(ready.impl, (case.problem, case.pass_, case.layout, case.precision))
+        with _stage("describe"):
+            note = _describe(ready.impl, (case.problem, case.pass_, case.layout,
+                                          case.precision))
     if set(APART) & set(t.steps):
         phases = t.steps
     for step, what in ((EXPLICIT_PAD, "explicit pad of x"), (CROP, "crop of dx"),
@@ -481,7 +531,9 @@ def run_groups(groups: Iterable[list[Case]], budget_s: float, impls: dict | None
     as soon as its group is done (to stream it). `impls` maps algo names to implementation
     objects that replace the registry's. `groups` may be a generator that decides what comes
     next from the rows `on_row` has seen (as the batch sweep does)."""
-    operands, rows = Operands(), []
+    # The reference on the GPU, beside the operands, unless a memory limit must see the
+    # pools hold only the case's own memory.
+    operands, rows = Operands(on_device=limit is None), []
     for group in groups:
         try:
             done = measure_group(group, operands, budget_s, impls, limit, target, seed)

@@ -83,8 +83,11 @@ def environment(device: Device, net: str, cases: list[runner.Case], budget_s: fl
     layers not from a catalog came from (a model and its input, a problem file) and how often
     each occurs in the network (`occurrences`), which the report weighs by."""
     env = envinfo.collect(device.backend)
+    # without --batch, the batch the cases have: a problem list keeps each problem's own
+    ran = sorted({c.problem.n for c in cases})
     env["run"] = {"net": net, "device": device.name, "backend": device.backend,
-                  "batch": batch or device.batch or "catalog", "budget_s": budget_s,
+                  "batch": batch or (ran[0] if len(ran) == 1 else ran) or device.batch
+                  or "catalog", "budget_s": budget_s,
                   "memory_limit_bytes": limit.nbytes if limit else None,
                   "algos": list(dict.fromkeys(c.algo for c in cases)),
                   "passes": list(dict.fromkeys(c.pass_ for c in cases)),

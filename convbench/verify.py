@@ -77,16 +77,28 @@ def tolerance(algo: str, precision: str, problem: ConvProblem | None = None,
 
 def errors(out, ref) -> tuple[float, float]:
     """(relative Frobenius error, max abs error) of `out` against `ref`; inf if out is not finite
-    or has the wrong shape."""
-    out = np.asarray(out.get() if hasattr(out, "get") and not isinstance(out, np.ndarray)
-                     else out, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    if out.shape != ref.shape or not np.all(np.isfinite(out)):
+    or has the wrong shape. Both on the GPU (CuPy), it is computed there, in float64, and only
+    the two numbers come back; otherwise on the host."""
+    xp = _array_module(out) if _array_module(out) is _array_module(ref) else np
+    out, ref = (xp.asarray(_host(v) if xp is np else v, dtype=xp.float64) for v in (out, ref))
+    if out.shape != ref.shape or not bool(xp.all(xp.isfinite(out))):
         return math.inf, math.inf
     diff = out - ref
-    denom = float(np.linalg.norm(ref))
-    rel = float(np.linalg.norm(diff)) / denom if denom > 0 else float(np.linalg.norm(diff))
-    return rel, float(np.max(np.abs(diff))) if diff.size else 0.0
+    denom = float(xp.linalg.norm(ref))
+    rel = float(xp.linalg.norm(diff)) / denom if denom > 0 else float(xp.linalg.norm(diff))
+    return rel, float(xp.max(xp.abs(diff))) if diff.size else 0.0
+
+
+def _array_module(a):
+    if type(a).__module__.split(".")[0] == "cupy":
+        import cupy
+
+        return cupy
+    return np
+
+
+def _host(a):
+    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else a
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,17 @@ from convbench.tools import convert_convset
 def test_the_catalog_loads_with_its_counts():
     catalog = convset.load()
     assert catalog.total == 8498  # 9,017 entries of the study, merged where only the bias differs
-    assert len(catalog.entries) == 8270
-    assert catalog.skipped_counts() == {convset.ASYMMETRIC: 228}
-    assert sum(e.count for e in catalog.entries) == 77476
-    assert len(layers.net_layers("convset")) == 8270
+    assert len(catalog.entries) == 8498 and catalog.skipped == {}
+    assert sum(e.count for e in catalog.entries) == 77820  # every conv module of the study
+    assert len(layers.net_layers("convset")) == 8498
+    # TIMM's SAME padding with an odd total pads one more after than before
+    uneven = [e for e in catalog.entries if e.problem.pad_top != e.problem.pad_bottom
+              or e.problem.pad_left != e.problem.pad_right]
+    assert len(uneven) == 228
+    cb1108 = next(e for e in catalog.entries if e.name == "cb1108")
+    assert cb1108.problem == ConvProblem(1, 3, 192, 192, 16, 3, 3, stride=2, pad=((0, 1), (0, 1)))
+    assert cb1108.problem.spec().endswith("stride=2,pad=0+1")
+    assert len({e.problem for e in catalog.entries}) == 8498  # distinct, the sides kept
     names = [e.name for e in catalog.entries]
     assert len(set(names)) == len(names) and names[0] == "cb0001"
 
@@ -42,8 +49,8 @@ def test_every_conv_module_and_model_of_the_study_is_kept():
 
 def test_the_classes_of_the_catalog():
     counts = selection.class_counts(layers.net_layers("convset"))
-    assert counts == {"pointwise": 5092, "grouped": 571, "depthwise": 1553, "dilated": 10,
-                      "rectangular": 31, "dense": 1013}
+    assert counts == {"pointwise": 5092, "grouped": 590, "depthwise": 1697, "dilated": 10,
+                      "rectangular": 31, "dense": 1078}
 
 
 @pytest.mark.parametrize("problem, cls", [
@@ -91,11 +98,21 @@ def test_conversion_merges_bias_and_deduces_same_padding(tmp_path):
     out = tmp_path / "convset.csv.gz"
     assert convert_convset.main([str(path), "--out", str(out)]) == 0
     catalog = convset.parse(gzip.decompress(out.read_bytes()).decode())
-    assert catalog.total == 3
-    first, same5 = catalog.entries
+    assert catalog.total == 3 and catalog.skipped == {}
+    first, same3, same5 = catalog.entries
     assert (first.count, first.models, first.sources, first.bias) == (3, 2, "m1*2 m2", "both")
+    assert same3.problem == ConvProblem(1, 3, 8, 8, 4, 3, 3, stride=2, pad=((0, 1), (0, 1)))
+    assert same3.problem.p == 4
     assert same5.problem == ConvProblem(1, 3, 8, 8, 4, 5, 5, pad=2)
-    assert catalog.skipped == {"cb0002": convset.ASYMMETRIC}
+
+
+def test_a_row_convbench_cannot_hold_is_left_out_with_its_reason():
+    header = ",".join(convert_convset.COLUMNS)
+    ok = "cb0001,4,8,8,4,3,3,1,1,1,1,1,1,1,False,1,1,m1"
+    bad = "cb0002,6,8,8,4,3,3,1,1,4,1,1,1,1,False,1,1,m2"  # 4 groups of 6 channels
+    catalog = convset.parse(f"{header}\n{ok}\n{bad}\n")
+    assert catalog.total == 2 and [e.name for e in catalog.entries] == ["cb0001"]
+    assert list(catalog.skipped) == ["cb0002"] and "group" in catalog.skipped["cb0002"]
 
 
 def test_conversion_refuses_a_pickle_that_names_a_class(tmp_path, capsys):
@@ -116,13 +133,14 @@ def test_a_sampled_run_records_its_choice_and_resumes_it(tmp_path, capsys):
                            "--sample", "3", "--seed", "7", *ALGOS, "--out", str(out), "--quiet",
                            "--format", "csv")
     assert code == 0, err
-    assert ("convbench: convset: 3 of 5092 of class pointwise of 8270 problems, a sample drawn "
+    assert ("convbench: convset: 3 of 5092 of class pointwise of 8498 problems, a sample drawn "
             "with seed 7") in err
-    assert "228 of 8498 problems left out: padding before and after differ" in err
+    assert "left out" not in err
     run = json.loads((out / "env.json").read_text())["run"]
-    assert run["selection"] == {"classes": ["pointwise"], "sample": 3, "seed": 7, "of": 8270,
+    assert run["selection"] == {"classes": ["pointwise"], "sample": 3, "seed": 7, "of": 8498,
                                 "in_classes": 5092, "chosen": 3}
-    assert run["catalog"]["left_out"] == {convset.ASYMMETRIC: 228}
+    assert run["catalog"]["left_out"] == {}
+    assert run["batch"] == 1  # the catalog's own batch, not the CPU's default of 8
     chosen = selection.select(layers.net_layers("convset"), ["pointwise"], 3, 7)
     assert set(run["occurrences"]) == {la.name for la in chosen}
     code, _, err = run_cli(capsys, "bench", "--resume", "--out", str(out), "--quiet")

@@ -1,19 +1,28 @@
-"""`convbench gpu-check` in its dry form (on the CPU, a tiny batch): the one command the first GPU
-session runs, kept working by CI."""
+"""`convbench gpu-check` and `gpu-check --tests` in their dry forms (on the CPU, a tiny batch):
+the two commands the first GPU session runs, kept working by CI, also with the optional
+packages hidden."""
 
+import importlib.abc
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 from test_cli import run_cli
 
-from convbench import results
+from convbench import gpucheck, registry, results, runner
+from convbench.layers import net_layers
 
-DRY = ["gpu-check", "--device", "cpu", "--batch", "1", "--budget", "0.002", "--layers", "conv3",
-       "--pytest-args", "-m gpu -q -p no:cacheprovider -k cuda_timer_flushes"]
+DRY = ["gpu-check", "--device", "cpu", "--batch", "1", "--budget", "0.002", "--layers", "conv3"]
+TESTS = ["--pytest-args", "-m gpu -q -p no:cacheprovider -k cuda_timer_flushes"]
+ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_the_gpu_check_leaves_everything_in_one_folder_and_resumes(tmp_path, capsys):
+def test_the_run_leaves_its_folder_and_summary_and_resumes(tmp_path, capsys):
     folder = tmp_path / "check"
     code, out, err = run_cli(capsys, *DRY, "--out", str(folder))
     assert code == 0, err
-    assert {p.name for p in folder.iterdir()} == {"env.json", "run", "summary.md", "tests.log"}
+    assert {p.name for p in folder.iterdir()} == {"env.json", "run", "summary.md"}
     df, env = results.load_run(folder / "run")
     assert set(df["layer"]) == {"conv3"} and set(df["n"]) == {1}
     assert set(df["status"]) <= {"ok", "unsupported"}  # every CPU algo, pass and layout
@@ -26,14 +35,32 @@ def test_the_gpu_check_leaves_everything_in_one_folder_and_resumes(tmp_path, cap
     for section in ("## Own SGEMM / cuBLAS", "## Best own kernel / cudnn-autotune",
                     "## NCHW / NHWC", "## Achieved FP32 TFLOP/s"):
         assert section in text
-    assert "- tests: `pytest -m gpu -q -p no:cacheprovider -k cuda_timer_flushes`: 1 skipped" \
-        in text
-    assert "skipped" in (folder / "tests.log").read_text()
+    stages = next(ln for ln in text.splitlines() if ln.startswith("- host stages of the run: "))
+    assert all(f"{name} " in stages for name in runner.STAGES)
+    assert "gpu-check --tests --out" in err
 
-    code, _, _ = run_cli(capsys, *DRY, "--out", str(folder), "--no-tests")
+    code, _, _ = run_cli(capsys, *DRY, "--out", str(folder))
     assert code == 0 and len(results.read_rows(folder / "run" / "measurements.csv")) == len(df)
-    assert "- tests: `pytest -m gpu" in (folder / "summary.md").read_text()
-    assert "not run (--no-tests)" in (folder / "summary.md").read_text()
+
+
+def test_the_tests_command_adds_its_line_to_the_summary(tmp_path, capsys):
+    folder = tmp_path / "check"
+    assert run_cli(capsys, *DRY, "--out", str(folder))[0] == 0
+    code, out, err = run_cli(capsys, *DRY, "--out", str(folder), "--tests", *TESTS)
+    assert code == 0, err
+    line = "- tests: `pytest -m gpu -q -p no:cacheprovider -k cuda_timer_flushes`: 1 skipped"
+    assert out.startswith(line)
+    text = (folder / "summary.md").read_text()
+    assert text.count("- tests: ") == 1 and line in text and "skipped" in (
+        folder / "tests.log").read_text()
+    code, _, _ = run_cli(capsys, *DRY, "--out", str(folder), "--tests", *TESTS)
+    assert code == 0 and (folder / "summary.md").read_text().count("- tests: ") == 1
+
+
+def test_the_tests_command_needs_no_run(tmp_path, capsys):
+    code, out, _ = run_cli(capsys, *DRY, "--out", str(tmp_path / "t"), "--tests", *TESTS)
+    assert code == 0 and "1 skipped" in out
+    assert {p.name for p in (tmp_path / "t").iterdir()} == {"tests.log"}
 
 
 def test_bad_input_is_one_line(capsys):
@@ -41,3 +68,72 @@ def test_bad_input_is_one_line(capsys):
                         (["--algos", "magic"], "unknown algo 'magic'")):
         code, _, err = run_cli(capsys, "gpu-check", "--device", "cpu", *argv)
         assert code == 2 and err.count("\n") == 1 and words in err
+
+
+def test_fft_tiled_is_left_out_where_it_never_tiles():
+    registry.load()
+    conv2, conv1_1 = net_layers("alexnet")[1].problem, net_layers("vgg16")[0].problem
+    case = runner.Case("n", "l", conv2, "fft-tiled", "cuda", "fwd", "nchw", "fp32")
+    assert gpucheck.never_tiles(case)  # 27x27 with its padding fits one 32x32 tile
+    assert not gpucheck.never_tiles(runner.Case("n", "l", conv1_1, "fft-tiled", "cuda", "fwd",
+                                                "nchw", "fp32"))
+    assert not gpucheck.never_tiles(runner.Case("n", "l", conv2, "fft", "cuda", "fwd", "nchw",
+                                                "fp32"))
+
+
+class _Hide(importlib.abc.MetaPathFinder):
+    def __init__(self, names):
+        self.names = set(names)
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in self.names:
+            raise ImportError(f"No module named {name!r} (hidden by the test)")
+
+
+@pytest.fixture
+def hidden(monkeypatch):
+    """`hidden(*names)`: those packages cannot be imported (and are forgotten) for the test."""
+    def hide(*names):
+        for name in [m for m in sys.modules if m.split(".")[0] in names]:
+            monkeypatch.delitem(sys.modules, name)
+        monkeypatch.setattr(sys, "meta_path", [_Hide(names), *sys.meta_path])
+
+    return hide
+
+
+def test_the_run_without_the_optional_packages_loses_only_what_needs_them(tmp_path, capsys,
+                                                                          hidden):
+    """Without pyFFTW, matplotlib and tabulate the run still measures every case (fft on
+    numpy.fft), writes its report and summary (tables drawn without tabulate) and says the
+    plots are skipped."""
+    hidden("pyfftw", "matplotlib", "tabulate")
+    folder = tmp_path / "check"
+    code, out, err = run_cli(capsys, *DRY, "--out", str(folder), "--algos", "fft,gemm")
+    assert code == 0, err
+    df, _ = results.load_run(folder / "run")
+    assert set(df["status"]) == {"ok"} and len(df) == 12
+    assert all(n.startswith("numpy.fft (pyFFTW missing)") for n in df[df["algo"] == "fft"]["note"])
+    assert "| layer" in out and "Plots skipped: matplotlib is not installed" in (
+        folder / "run" / "report.md").read_text()
+
+
+def test_the_tests_without_hypothesis_skip_only_the_property_tests(tmp_path):
+    """`gpu-check --tests` collects every test module without hypothesis: its property tests
+    skip, the others in the same modules run (a collection error would lose them all)."""
+    script = tmp_path / "nohyp.py"
+    script.write_text(
+        "import importlib.abc, sys\n"
+        "class Hide(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'hypothesis':\n"
+        "            raise ImportError(name)\n"
+        "sys.meta_path.insert(0, Hide())\n"
+        "import pytest\n"
+        "sys.exit(pytest.main(sys.argv[1:]))\n")
+    proc = subprocess.run(
+        [sys.executable, str(script), "-q", "-p", "no:cacheprovider", "-p",
+         "no:hypothesispytest", "tests/test_direct_gemm_cpu.py", "-k",
+         "random_problems or test_workspaces", "-rs"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert "hypothesis is not installed" in proc.stdout and " passed" in proc.stdout

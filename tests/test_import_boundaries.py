@@ -33,7 +33,7 @@ PACKAGE = Path(convbench.__file__).parent
 #: The layers of DESIGN.md §1, bottom up. A module imports only from its own layer or below.
 LAYERS = {
     "core": ["convbench", "problem", "layers", "deepbench", "problemfile", "transforms",
-             "measurement", "phases", "threads", "stats", "fmt", "convset", "selection", "launch",
+             "measurement", "phases", "threads", "stats", "fmt", "tables", "convset", "selection", "launch",
              "tools", "tools.convert_convset"],
     "implementations": ["registry", "padding", "algos", "algos.*", "kernels", "emu", "emu.*",
                         "reference", "verify", "functional", "testing"],

@@ -3,6 +3,7 @@ counted, named by module path, and measured like a catalog; bad doors are one li
 
 import dataclasses
 import json
+import sys
 import textwrap
 
 import pytest
@@ -202,3 +203,15 @@ def test_a_malformed_problem_file_is_one_line_and_nothing_runs(tmp_path, capsys)
     _, err = capsys.readouterr()
     assert code == 2 and err.count("\n") == 1 and f"{problems}:3: w:" in err
     assert not out.exists()
+
+
+def test_a_module_in_the_current_folder_loads_without_pythonpath(tmp_path, monkeypatch):
+    """`--model mynet:net` beside mynet.py, as a newcomer types it: the current folder is
+    searched after the installed packages, never before them."""
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cwd_model_for_test.py").write_text(
+        "import torch\ndef net():\n    return torch.nn.Conv2d(3, 4, 3)\n")
+    model = models.load("cwd_model_for_test:net")
+    assert model.out_channels == 4
+    assert sys.path[-1] == str(tmp_path)

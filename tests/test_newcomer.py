@@ -100,7 +100,7 @@ def test_list_of_a_large_catalog_is_by_class(capsys):
 
     code, out, _ = run_cli(capsys, "list", "--net", "convset")
     assert code == 0
-    assert "The 15 most frequent of 8270 problems" in out
+    assert "The 15 most frequent of 8498 problems" in out
     assert "| algo         | precisions   | runs here   | pointwise" in out
     assert len(out.splitlines()) < 250
 

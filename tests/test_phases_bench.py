@@ -59,7 +59,8 @@ def _readme_lines() -> list[list[str]]:
     out = []
     for body in re.findall(r"^```console\n(.*?)^```", text, re.DOTALL | re.MULTILINE):
         for line in body.splitlines():
-            words = shlex.split(line.strip().removeprefix("$ ")) if "phases" in line else []
+            words = (shlex.split(line.strip().removeprefix("$ "), comments=True)
+                     if "phases" in line else [])
             if words[:1] == ["make"] and words[1:2] == ["phases"]:
                 out.append([a for w in words[2:] if w.startswith("PHASES_ARGS=")
                             for a in shlex.split(w.partition("=")[2])])

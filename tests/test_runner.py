@@ -453,3 +453,47 @@ def test_a_fault_while_describing_is_blamed_on_that_case_and_stops_the_run():
         ("good", "fwd", "ok"), ("later", "fwd", "ok"), ("faulty", "fwd", "failed")]
     assert "illegal memory access" in exc.value.row["reason"]
     assert seen[1]["note"] == "(no description: the GPU faulted describing faulty nchw)"
+
+
+def test_each_layout_is_transposed_once_per_problem_and_pass(monkeypatch):
+    """Every algorithm of a (problem, pass) shares the operands and the reference: a layout is
+    made once (three transposes: a, b, the reference), not once per case."""
+    calls = []
+    real = reference.to_layout
+
+    def counting(a, layout):
+        calls.append(layout)
+        return real(a, layout)
+
+    monkeypatch.setattr(reference, "to_layout", counting)
+    rows = runner.run(cases(["torch-cpu", "good"], layouts=("nchw", "nhwc")), BUDGET,
+                      {"good": Fake("good")})
+    assert [r["status"] for r in rows] == ["ok"] * 4
+    assert calls.count("nhwc") == 3  # (before: 3 per case)
+
+
+def test_each_host_stage_of_a_run_is_timed():
+    runner.stage_seconds(reset=True)
+    runner.run(cases(["torch-cpu"]), BUDGET)
+    seconds = runner.stage_seconds(reset=True)
+    assert list(seconds) == list(runner.STAGES)
+    assert all(seconds[s] > 0 for s in ("operands", "prepare", "verify", "time"))
+    assert set(runner.stage_seconds().values()) == {0.0}
+
+
+@pytest.mark.gpu
+def test_a_gpu_case_is_verified_on_the_device():
+    """On the GPU the reference stays on the device and the check runs there, in float64, with
+    the host's answer."""
+    import cupy
+
+    from convbench import verify
+
+    case = runner.sweep([LAYER], ["cudnn"], "cuda", ["fwd"], ["nhwc"], ["fp32"])[0]
+    ref = runner.Operands(on_device=True).get(case, cupy)[2]
+    assert isinstance(ref, cupy.ndarray) and ref.dtype == cupy.float64
+    out = (ref + 1e-3 * cupy.random.standard_normal(ref.shape)).astype(cupy.float32)
+    on_device, on_host = verify.errors(out, ref), verify.errors(out.get(), ref.get())
+    assert on_device == pytest.approx(on_host, rel=1e-6)
+    out[0, 0, 0, 0] = cupy.nan
+    assert verify.errors(out, ref) == (float("inf"), float("inf"))

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import re
 
-from tabulate import tabulate
-
 from .. import convset, layers, registry, report, selection
 from ..problem import LAYOUTS, PASSES, PRECISIONS
+from ..tables import tabulate
 
 #: A catalog with more problems than this is listed by class, not problem by problem.
 MANY = 40
@@ -38,8 +37,8 @@ def catalogs_table() -> str:
         found = layers.net_layers(net)
         note = ""
         if net == convset.NAME:
-            left = sum(convset.load().skipped_counts().values())
-            note = f"{left} more left out (padding before and after differ)"
+            left = convset.load().skipped_counts()
+            note = "; ".join(f"{n} more left out ({reason})" for reason, n in left.items())
         rows.append((net, len(found), sum(la.count for la in found), _batch(found, net),
                      _classes(found), note))
     return tabulate(rows, headers=["net", "problems", "conv layers", "batch", "classes",

@@ -504,7 +504,7 @@ def _ran(found: list[StrategyResult]) -> list[StrategyResult]:
 def table(found: list[StrategyResult], common: int | None) -> str:
     """A row per strategy: its largest batch, its peak and speed there and at the common batch
     (columns left out where no strategy ran: there is no common batch), its gradient error."""
-    from tabulate import tabulate
+    from ..tables import tabulate
 
     at_common = common is not None
     body = []

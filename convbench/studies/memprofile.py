@@ -61,7 +61,7 @@ def timeline_rows(events: list[Event]) -> list[dict]:
 
 def timeline_table(events: list[Event]) -> str:
     """The timeline in MiB, the modelled peak marked `*`."""
-    from tabulate import tabulate
+    from ..tables import tabulate
 
     top = events.index(peak(events))
     measured = events[0].allocated is not None
@@ -105,7 +105,7 @@ def fit_rows(found: list[Fit]) -> list[dict]:
 
 
 def fit_table(found: list[Fit]) -> str:
-    from tabulate import tabulate
+    from ..tables import tabulate
 
     body = [[f.config, *[_fit_cell(*f.found[mode]) for mode in WORKSPACE_MODES], f.note]
             for f in found]

@@ -369,7 +369,7 @@ def _ms(row: dict | None) -> str:
 def bytes_table(load: Workload) -> str:
     """Gradient bytes per step of the model and, for a catalog net, of its counterpart with or
     without FC layers."""
-    from tabulate import tabulate
+    from ..tables import tabulate
 
     loads = [load] if load.user else [load, load.counterpart()]
     body = []
@@ -384,7 +384,7 @@ def bytes_table(load: Workload) -> str:
 
 def scaling_table(rows: list[dict]) -> str:
     """Per world size and batch, with the exact all-reduce: the step, its parts, the speedup."""
-    from tabulate import tabulate
+    from ..tables import tabulate
 
     body = []
     for r in (r for r in rows if r["kind"] == "step" and r["hook"] == "allreduce"):
@@ -404,7 +404,7 @@ def scaling_table(rows: list[dict]) -> str:
 
 def hooks_table(rows: list[dict]) -> str:
     """Per world size above 1, batch and hook: what was sent, what it cost, what it changed."""
-    from tabulate import tabulate
+    from ..tables import tabulate
 
     body = []
     for r in (r for r in rows if r["kind"] == "step" and r["world_size"] > 1):

@@ -34,13 +34,13 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from tabulate import tabulate
 
 from .. import launch, registry, timing, tune
 from ..devices import backend_of
 from ..fmt import fmt_ms
 from ..measurement import Measurement
 from ..plan import Plan
+from ..tables import tabulate
 from ..threads import CPU_THREAD_ENV
 from .folder import write_study
 from .workload import Workload, worker_environment
