@@ -1,25 +1,23 @@
-"""Markdown (github pipe) tables: `tabulate`'s, or, where the package is missing, a plain one.
+"""Tables: `tabulate`'s, or, where the package is missing, a plain github pipe table.
 
-Every table convbench prints or writes is a github pipe table of strings (numbers formatted
-before, `disable_numparse`), so when `tabulate` is not installed the same table is drawn here
-and a missing package costs its alignment niceties, never a report, a summary or a GPU check.
+`tabulate` here takes what `tabulate.tabulate` takes and passes it on unchanged (its defaults
+stay tabulate's), so a call site reads and prints as before; when the package is not installed
+the same rows are drawn as a github pipe table, whatever format was asked for, and a missing
+package costs its formats and alignment niceties, never a report, a summary or a GPU check.
 """
 
 from __future__ import annotations
 
 
-def tabulate(data, headers=(), tablefmt: str = "github", showindex: bool = False,
-             disable_numparse: bool = True, colalign=None) -> str:
-    """`tabulate.tabulate` with the arguments convbench uses; a plain github table without
-    the package. `data`: a DataFrame, a list of rows (lists or dicts) or a dict of columns;
-    `headers`: a list, or "keys" for the columns' names."""
+def tabulate(data, headers=(), **options) -> str:
+    """`tabulate.tabulate(data, headers, **options)`; a plain github table without the package.
+    `data`: a DataFrame, a list of rows (lists or dicts) or a dict of columns; `headers`: a
+    list, or "keys" for the columns' names (a DataFrame's index is left out)."""
     try:
         from tabulate import tabulate as real
     except ImportError:
-        return _github(*_rows(data, headers), colalign)
-    kw = {"colalign": colalign} if colalign is not None else {}
-    return real(data, headers=headers, tablefmt=tablefmt, showindex=showindex,
-                disable_numparse=disable_numparse, **kw)
+        return _github(*_rows(data, headers), options.get("colalign"))
+    return real(data, headers=headers, **options)
 
 
 def _rows(data, headers) -> tuple[list[str], list[list]]:

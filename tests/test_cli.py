@@ -350,7 +350,10 @@ def test_resume_of_a_folder_from_before_argv_reads_its_command(tmp_path, capsys,
 def test_a_run_ends_on_a_summary_line(tmp_path, capsys):
     code, _, err = run_cli(capsys, "layer", TINY, "--algos", "torch-cpu,fft", "--passes", "fwd",
                            "--layouts", "nhwc", "--quiet", *FAST)
-    last = err.splitlines()[-1]
+    lines = err.splitlines()
+    if lines[-1].startswith("convbench: warning: ") and "contended" in lines[-1]:
+        lines.pop()  # the machine running the tests was busy: the warning follows the summary
+    last = lines[-1]
     assert code == 0 and last.startswith("convbench: 2 cases in 0m")
     assert last.endswith("1 ok, 0 unsupported, 0 failed, 0 oom; 0 noisy, 0 contended, "
                          "0 throttled, 0 host-bound") or "noisy" in last
