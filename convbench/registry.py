@@ -22,7 +22,7 @@ from .phases import CONVOLUTION, CROP, EXPLICIT_PAD, Phased
 from .problem import LAYOUTS, PASSES, PRECISIONS, ConvProblem, check_choice, pair_text
 
 ALGOS = ("direct", "gemm", "gemm-cublas", "fft", "fft-tiled", "winograd-2x2", "winograd-4x4",
-         "winograd-6x6", "winograd-fused-2x2", "winograd-fused-4x4", "cudnn", "cudnn-autotune",
+         "winograd-5x5", "winograd-6x6", "winograd-fused-2x2", "winograd-fused-4x4", "cudnn", "cudnn-autotune",
          "torch-cpu",
          # cuDNN's algorithms one by one, through its find API (`algos.cudnn_find`)
          "cudnn-find-implicit-gemm", "cudnn-find-implicit-precomp-gemm", "cudnn-find-gemm",

@@ -30,8 +30,8 @@ from .fmt import fmt_ratio, md_table
 #: Implementations of other people: everything else in a run is convbench's own kernel.
 LIBRARIES = ("gemm-cublas", "cudnn", "cudnn-autotune", "torch-cpu", *registry.OPT_IN)
 #: The FFT and Winograd kernels, compared one by one with cuDNN's autotuned pick.
-TRANSFORM_ALGOS = ("fft", "fft-tiled", "winograd-2x2", "winograd-4x4", "winograd-6x6",
-                   "winograd-fused-2x2", "winograd-fused-4x4")
+TRANSFORM_ALGOS = ("fft", "fft-tiled", "winograd-2x2", "winograd-4x4", "winograd-5x5",
+                   "winograd-6x6", "winograd-fused-2x2", "winograd-fused-4x4")
 AUTOTUNE = "cudnn-autotune"
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from convbench.transforms import WinogradTransform, c_source, default_points, winograd_matrices
 
-SIZES = [(2, 3), (4, 3), (3, 2), (3, 4), (6, 3)]
+SIZES = [(2, 3), (4, 3), (3, 2), (3, 4), (5, 3), (6, 3)]
 
 # Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks" (2016), F(2,3) and F(4,3),
 # typed in here (and only here) to compare against.

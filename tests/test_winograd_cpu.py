@@ -21,7 +21,7 @@ from convbench.testing import (
 )
 from convbench.transforms import WinogradTransform, winograd_matrices
 
-ALGOS = ("winograd-2x2", "winograd-4x4", "winograd-6x6")
+ALGOS = ("winograd-2x2", "winograd-4x4", "winograd-5x5", "winograd-6x6")
 TILES = dict(zip(ALGOS, (2, 4, 6)))
 PRECISIONS = ("fp64", "fp32")
 
@@ -84,7 +84,7 @@ def test_random_problems_match_reference(algo, pass_, layout, problem, precision
 def test_unsupported_combinations_give_one_line_reasons(algo, change, reason):
     problem = dataclasses.replace(ConvProblem(n=1, c=4, h=9, w=9, k=4, r=3, s=3, pad=1),
                                   **change)
-    if algo == "winograd-6x6":
+    if algo in ("winograd-5x5", "winograd-6x6"):
         reason = reason.replace("3x3 or 5x5", "3x3")
     for pass_ in PASSES:
         assert registry.supports(_impl(algo), problem, pass_, "nchw", "fp32") == \

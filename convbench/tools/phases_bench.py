@@ -162,6 +162,8 @@ def table(df) -> str:
     case and side."""
     import pandas as pd
 
+    from ..tables import tabulate
+
     if df.empty:
         return "(no case ran)"
     keys = ["layer", "algo", "pass_", "layout", "side"]
@@ -173,7 +175,8 @@ def table(df) -> str:
         extra = group[group["phase"] == "total"].set_index(keys)[["reps", "after/before"]]
         wide = pd.concat([wide, extra], axis=1).reset_index().drop(columns=["algo", "pass_"])
         wide = wide.astype(object).where(wide.notna(), None)
-        out.append(f"{algo} {pass_}\n\n{wide.to_markdown(index=False, missingval='')}")
+        text = tabulate(wide, headers="keys", tablefmt="pipe", showindex=False, missingval="")
+        out.append(f"{algo} {pass_}\n\n{text}")
     return "\n\n".join(out)
 
 
