@@ -162,7 +162,7 @@ def table(df) -> str:
     case and side."""
     import pandas as pd
 
-    from ..tables import tabulate
+    from ..fmt import tabulate
 
     if df.empty:
         return "(no case ran)"
