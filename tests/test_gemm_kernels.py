@@ -90,23 +90,102 @@ def test_emu_split_reduction_is_right_and_deterministic(monkeypatch, layout):
     np.testing.assert_array_equal(first, second)
 
 
-def test_cublas_gets_the_shape_of_work_of_our_kernel():
-    """NCHW bwd_filter sums per-image products. Our SGEMM does it in one split-K launch; cuBLAS
-    is given one strided-batched call per group into per-image partial results and one sum,
-    not one small sequential product per image."""
+def _matrix(flat, offset, rows, cols, ld):
+    return flat[offset + np.arange(rows)[:, None] * ld + np.arange(cols)[None, :]]
+
+
+def _op(flat, offset, trans, rows, cols, ld):
+    """op(X), rows × cols, of a row-major X stored transposed when `trans`."""
+    return _matrix(flat, offset, cols, rows, ld).T if trans else _matrix(flat, offset, rows,
+                                                                           cols, ld)
+
+
+def _run_cublas_plan(p, a, b):
+    """What `cublas_runner` makes cuBLAS and gemm_sum_splits do, in float64 NumPy: the calls in
+    order (beta 0 or 1), then the partial results added in slice order."""
+    calls = gemm_kernels.cublas_calls(p)
+    out = np.full(_c_size(p), np.nan)
+    target = np.full(max(gemm_kernels.cublas_partial_elements(p), 1), np.nan) \
+        if calls[0].into_partial else out
+    for call in calls:
+        for i in range(call.batch):
+            c0 = call.c + i * call.strides[2]
+            idx = c0 + np.arange(p.m)[:, None] * p.ldc + np.arange(p.n)[None, :]
+            prod = (_op(a, call.a + i * call.strides[0], p.trans_a, p.m, p.k, p.lda)
+                    @ _op(b, call.b + i * call.strides[1], p.trans_b, p.k, p.n, p.ldb))
+            target[idx] = (target[idx] if call.accumulate else 0) + prod
+    if calls[0].into_partial:
+        out[:] = target.reshape(-1, p.c_extent).sum(axis=0)
+    return out
+
+
+def _c_size(p):
+    return p.c_extent + (0 if p.reduce else (p.images - 1) * p.c_image)
+
+
+def _expected(p, a, b):
+    out = np.full(_c_size(p), np.nan)
+    for g in range(p.groups):
+        for i in range(p.images):
+            idx = (g * p.c_group + (0 if p.reduce else i * p.c_image)
+                   + np.arange(p.m)[:, None] * p.ldc + np.arange(p.n)[None, :])
+            prod = (_op(a, g * p.a_group + i * p.a_image, p.trans_a, p.m, p.k, p.lda)
+                    @ _op(b, g * p.b_group + i * p.b_image, p.trans_b, p.k, p.n, p.ldb))
+            out[idx] = (out[idx] if p.reduce and i else 0) + prod
+    return out
+
+
+@pytest.mark.parametrize("ours", [1, 2, 3, 4, 7, 50])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+def test_cublas_plan_computes_every_pass(monkeypatch, ours, pass_, layout):
+    """The calls `cublas_runner` gives cuBLAS, run in NumPy on random operands, give each pass's
+    product: separate per-image products, and a sum over 7 images split like our kernel splits
+    it (1 slice, 2 and 3 uneven ones, 4, 7 = one per image, and more splits than images)."""
+    class Ours:
+        splits = ours
+    monkeypatch.setattr(gemm_kernels, "sgemm_geometry", lambda product: Ours)
+    problem = ConvProblem(n=7, c=6, h=5, w=6, k=4, r=3, s=3, pad=1, groups=2)
+    p = gemm_kernels.conv_product(problem, pass_, layout)[0]
+    rng = np.random.default_rng(0)
+    size = 4 * (problem.n * problem.c * problem.h * problem.w + problem.n * problem.k * 30
+                + gemm_kernels.col_elements(problem) + problem.k * problem.c * 9) + 1000
+    a, b = rng.standard_normal(size), rng.standard_normal(size)
+    got, want = _run_cublas_plan(p, a, b), _expected(p, a, b)
+    written = ~np.isnan(want)
+    np.testing.assert_allclose(got[written], want[written], rtol=1e-12)
+    assert np.isnan(got[~written]).all()  # nothing outside the products written
+
+
+def test_cublas_sums_over_images_in_our_kernels_slices():
+    """NCHW bwd_filter sums per-image products. Our SGEMM does it in one split-K launch of S
+    slices; cuBLAS is given the same number of slices (at most one per image): the same partial
+    results written and re-read, in `per` strided-batched calls a group, the first writing and
+    the others adding, not one per image. AlexNet at batch 256, and one with groups."""
+    for layer, slices, per in (("conv2", 26, 10), ("conv3", 19, 14), ("conv4", 13, 20),
+                               ("conv5", 19, 14), ("conv1", 256, 1)):
+        problem = next(lay.problem for lay in net_layers("alexnet") if lay.name == layer)
+        product = gemm_kernels.conv_product(problem, "bwd_filter", "nchw")[0]
+        ours = sgemm_geometry(product).splits
+        assert gemm_kernels.cublas_slices(product) == (slices, per), layer
+        assert slices == min(ours, problem.n) or ours < slices * (per + 1), layer
+        calls = gemm_kernels.cublas_calls(product)
+        assert len(calls) == per and all(c.into_partial for c in calls)
+        assert [c.accumulate for c in calls] == [False] + [True] * (per - 1)
+        assert calls[0].batch == slices and sum(c.batch for c in calls) == problem.n
+        assert gemm_kernels.cublas_partial_elements(product) == slices * product.c_extent
     p = ConvProblem(n=4, c=6, h=9, w=9, k=8, r=3, s=3, pad=1, groups=2)
     for pass_, layout in ((q, lay) for q in PASSES for lay in LAYOUTS):
         product = gemm_kernels.conv_product(p, pass_, layout)[0]
         calls = gemm_kernels.cublas_calls(product)
-        assert len(calls) == p.groups, (pass_, layout)
-        summed = pass_ == "bwd_filter" and layout == "nchw"
-        assert all(c.into_partial == summed for c in calls)
-        assert gemm_kernels.cublas_partial_elements(product) == \
-            (p.n * product.c_extent if summed else 0)
-        if summed:
-            assert {c.batch for c in calls} == {p.n}
-            assert [c.c for c in calls] == [g * product.c_group for g in range(p.groups)]
-            assert {c.strides[2] for c in calls} == {product.c_extent}
+        summed = pass_ == "bwd_filter" and layout == "nchw"  # over images; nhwc's is one
+        assert summed == (product.reduce and product.images > 1)
+        slices, per = gemm_kernels.cublas_slices(product)
+        assert len(calls) == p.groups * (per if summed else 1), (pass_, layout)
+        assert all(c.into_partial == (summed and slices > 1) for c in calls)
+        if not product.reduce:
+            assert {c.batch for c in calls} == {product.images}
+            assert not any(c.accumulate for c in calls)
 
 
 def test_workspace_is_the_column_matrix():

@@ -215,7 +215,8 @@ def _fp32_cublas(handle: int):
 @dataclass(frozen=True)
 class CublasCall:
     """One cublasSgemmStridedBatched of a product: the element offsets of A, B and C, the batch
-    and its (A, B, C) strides; C is the per-image partial results when `into_partial`."""
+    and its (A, B, C) strides; C is the partial results of a split sum when `into_partial`, and
+    the call adds into C (beta 1) when `accumulate`."""
 
     a: int
     b: int
@@ -223,34 +224,55 @@ class CublasCall:
     batch: int
     strides: tuple[int, int, int]
     into_partial: bool = False
+    accumulate: bool = False
+
+
+def cublas_slices(product: Product) -> tuple[int, int]:
+    """(slices, images per slice) of cuBLAS's sum over images (NCHW bwd_filter): as many slices
+    as our SGEMM splits the same product into (`sgemm_geometry`), at most one per image, so both
+    write and re-read the same number of partial results. (1, images) when nothing is summed."""
+    p = product
+    if not (p.reduce and p.images > 1):
+        return 1, p.images
+    try:
+        ours = sgemm_geometry(p).splits
+    except ValueError:  # past our kernel's grid: cuBLAS still runs, a slice per image
+        ours = p.images
+    per = ceil_div(p.images, max(1, min(ours, p.images)))
+    return ceil_div(p.images, per), per  # no empty slice
 
 
 def cublas_partial_elements(product: Product) -> int:
-    """The per-image partial results a sum over images needs ([image][C]), else 0."""
-    p = product
-    return p.images * p.c_extent if p.reduce and p.images > 1 else 0
+    """The partial results ([slice][C]) of cuBLAS's split sum over images, else 0."""
+    slices = cublas_slices(product)[0]
+    return slices * product.c_extent if slices > 1 else 0
 
 
 def cublas_calls(product: Product) -> list[CublasCall]:
-    """The cuBLAS calls of a product, one strided-batched call per group. Separate products
-    per image are its batch. A sum over images (NCHW bwd_filter) is the same batch into per-image
-    partial results, which gemm.cu's `gemm_sum_splits` then adds into C: one launch and one
-    reduction, the shape of work of our own split-K kernel, not one small product per image."""
+    """The cuBLAS calls of a product, in order. Separate products per image are one
+    strided-batched call per group, the images its batch. A sum over images (NCHW bwd_filter)
+    is split like our own split-K kernel splits it (`cublas_slices`): slice s sums images
+    s·per … s·per + per - 1 into its partial result, and gemm.cu's `gemm_sum_splits` adds the
+    slices. The batch of a call is the slices: call j multiplies the j-th image of every slice
+    (that has one), the first writing (beta 0), the others adding (beta 1); `per` calls a
+    group, not one small product per image."""
     p = product
-    partial = cublas_partial_elements(p) > 0
-    if p.reduce and not partial:  # one image: the product is the sum
-        strides = (0, 0, 0)
-    else:
-        strides = (p.a_image, p.b_image, p.c_extent if partial else p.c_image)
-    return [CublasCall(g * p.a_group, g * p.b_group, g * p.c_group, p.images, strides, partial)
-            for g in range(p.groups)]
+    if not p.reduce:
+        return [CublasCall(g * p.a_group, g * p.b_group, g * p.c_group, p.images,
+                           (p.a_image, p.b_image, p.c_image)) for g in range(p.groups)]
+    slices, per = cublas_slices(p)
+    partial = slices > 1
+    strides = (per * p.a_image, per * p.b_image, p.c_extent if partial else 0)
+    return [CublasCall(g * p.a_group + j * p.a_image, g * p.b_group + j * p.b_image,
+                       g * p.c_group, ceil_div(p.images - j, per), strides, partial, j > 0)
+            for g in range(p.groups) for j in range(per)]
 
 
 def cublas_runner(product: Product) -> Callable:
     """``run(a, b, c)``: the product by cuBLAS (CuPy arrays), as `cublas_calls` plans it. cuBLAS
     is column-major, so the row-major C = op(A)·op(B) is computed as Cᵀ = op(B)ᵀ·op(A)ᵀ: B goes
     first, and an operand stored as is (row-major) is exactly the transpose cuBLAS reads. The
-    partial results of a sum over images are allocated here, once."""
+    partial results of a split sum over images are allocated here, once."""
     import cupy
     from cupy_backends.cuda.libs import cublas
 
@@ -259,19 +281,21 @@ def cublas_runner(product: Product) -> Callable:
     one, zero = np.ones(1, np.float32), np.zeros(1, np.float32)
     op = {False: cublas.CUBLAS_OP_N, True: cublas.CUBLAS_OP_T}
 
-    def products(a, b, c):  # into C, or into the per-image partials (then C is those)
+    def products(a, b, c):  # into C, or into the slices' partials (then C is those)
         with _fp32_cublas(handle):
             for call in calls:
+                beta = one if call.accumulate else zero
                 cublas.sgemmStridedBatched(
                     handle, op[p.trans_b], op[p.trans_a], p.n, p.m, p.k, one.ctypes.data,
                     b.data.ptr + 4 * call.b, p.ldb, call.strides[1],
-                    a.data.ptr + 4 * call.a, p.lda, call.strides[0], zero.ctypes.data,
+                    a.data.ptr + 4 * call.a, p.lda, call.strides[0], beta.ctypes.data,
                     c.data.ptr + 4 * call.c, p.ldc, call.strides[2], call.batch)
 
+    slices = cublas_slices(p)[0]
     if not cublas_partial_elements(p):
         return products
     return kernels.split_sum(kernels.launcher("cuda", "gemm", TILES["small"]), products,
-                             "gemm_sum_splits", p.c_extent, p.images, threads("small"))
+                             "gemm_sum_splits", p.c_extent, slices, threads("small"))
 
 
 # --- the convolution ----------------------------------------------------------------------------
@@ -388,19 +412,21 @@ class GemmCublas(GemmKernels):
 
     def workspace_buffers(self, problem: ConvProblem, pass_: str, layout: str
                           ) -> dict[str, int]:
-        """The column matrix, and the per-image partial results of an NCHW bwd_filter
+        """The column matrix, and the slices' partial results of an NCHW bwd_filter
         (cuBLAS's own workspace is not counted)."""
         product = conv_product(problem, pass_, layout)[0]
         return {"the im2col workspace": col_elements(problem),
-                "cuBLAS's per-image partial results": cublas_partial_elements(product)}
+                "cuBLAS's partial results of the split sum": cublas_partial_elements(product)}
 
     def describe(self, problem: ConvProblem, pass_: str, layout: str, precision: str) -> str:
         product = conv_product(problem, pass_, layout)[0]
         calls = cublas_calls(product)
-        summed = (f", {calls[0].batch} images' products summed by gemm_sum_splits"
-                  if calls[0].into_partial else "")
+        slices, per = cublas_slices(product)
+        summed = (f", the sum over {product.images} images in {slices} slices of up to {per}"
+                  f" (our SGEMM's split), added by gemm_sum_splits" if calls[0].into_partial
+                  else "")
         return (f"cuBLAS sgemm (CUBLAS_DEFAULT_MATH: FP32, no TF32), {len(calls)} strided-"
-                f"batched call(s) of {calls[0].batch}{summed}")
+                f"batched call(s) of up to {calls[0].batch}{summed}")
 
     def _multiplier(self, product: Product) -> Callable:
         return cublas_runner(product)
