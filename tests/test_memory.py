@@ -234,11 +234,37 @@ def test_prediction_and_measurement_agree_for_the_cuda_algorithms():
 
 
 @pytest.mark.gpu
-def test_cudnn_rows_are_measured_by_torchs_allocator():
-    rows = traced_rows(["cudnn"], backend="cuda")
+def test_cudnn_rows_count_cudnns_memory_not_torchs_result():
+    """A cudnn row's peak is what cuDNN takes beyond the operands and the result (its
+    workspace), as for our kernels: checked against torch's own peak counter around the same
+    prepared pass, less the one output torch allocates. Counting torch's result as workspace
+    (a 6.1 MiB output here) fails it; so does a trace that misses cuDNN's workspace."""
+    import cupy
+    import torch
+
+    from convbench import reference
+
+    problem = ConvProblem(n=8, c=64, h=56, w=56, k=64, r=3, s=3, pad=1)
+    impl = registry.get("cudnn", "cuda")
+    rows = traced_rows(["cudnn"], problem=problem, backend="cuda", layouts=LAYOUTS)
+    assert len(rows) == 6
     for r in rows:
-        assert r["status"] == "ok" and r["memory_method"] == "cupy-pool+torch-cuda"
-        assert r["peak_bytes"] > 0  # torch's result tensor at least
+        assert r["status"] == "ok" and r["memory_method"] == "cupy-pool+torch-cuda", r["reason"]
+        a, b = (cupy.asarray(v) for v in reference.random_operands(problem, r["pass"],
+                                                                    r["layout"]))
+        out = cupy.asarray(reference.nan_output(problem, r["pass"], r["layout"]))
+        fn = impl.prepare(problem, r["pass"], r["layout"], "fp32")
+        fn(a, b, out)  # cuDNN's plan and torch's cache made before the count
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn(a, b, out)
+        torch.cuda.synchronize()
+        cudnns = max(0, torch.cuda.max_memory_allocated() - base - out.nbytes)
+        assert out.nbytes > 4 * MiB
+        assert abs(r["peak_bytes"] - cudnns) <= MiB, (r["pass"], r["layout"], r["peak_bytes"],
+                                                     cudnns)
+        del fn, a, b, out
 
 
 @pytest.mark.gpu

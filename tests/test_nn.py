@@ -221,12 +221,15 @@ def test_cuda_runs_on_torchs_current_stream():
                      dtype=torch.float32, device="cuda")
     stream = torch.cuda.Stream()
     x = torch.randn(2, 8, 10, 10, device="cuda")
+    ours(x)  # compiled and prepared now: below, the kernels are launched while the sleep runs
+    x_late = torch.full_like(x, float("nan"))
     torch.cuda.synchronize()
     with torch.cuda.stream(stream):
         # The stream is busy for a while before it writes the layer's input: a kernel launched
-        # on any other stream would read that input unwritten.
+        # on any other stream would read that input unwritten (NaN).
         torch.cuda._sleep(200_000_000)
-        x_late = x * 1.0
+        x_late.copy_(x)
         y = ours(x_late)
+        assert not stream.query()  # still sleeping when the layer's kernels were enqueued
     stream.synchronize()
     torch.testing.assert_close(y, ref(x), rtol=1e-4, atol=1e-4)
