@@ -296,6 +296,17 @@ def verdict(a: PassAdvice, tie_break: str) -> str:
     return f"tie within noise with {', '.join(others)}{how}"
 
 
+def compared(a: PassAdvice) -> tuple[Candidate, str, stats.Ratio | None]:
+    """The choice, what it is compared with, and the ratio of the slower's median to the
+    faster's with its interval: the runner-up where the choice is the fastest, else (a
+    tie-break chose another of the tied) the fastest itself."""
+    if a.best is a.fastest:
+        up = a.runner_up
+        return a.best, f"{up.algo} {up.layout}" if up else "", a.ratio
+    f = a.fastest
+    return a.best, f"{f.algo} {f.layout} (the fastest)", a.best.ratio_to(f)
+
+
 def _regret_shown(advice: Advice) -> bool:
     """cuDNN's regret is a GPU's: on the CPU there is no cuDNN to regret."""
     return advice.backend == "cuda"
@@ -313,14 +324,13 @@ def advice_table(advice: Advice) -> str:
                 none = "(none admissible)" if (layer, p) in advice.measured else "(not measured)"
                 rows.append([layer, p, none, "", "", "", "", "", *([""] if regret else [])])
                 continue
-            best, up = a.best, a.runner_up
+            best, other, ratio = compared(a)
             rows.append([layer, p, best.algo, best.layout, fmt_ms(best.median_ms),
-                         f"{up.algo} {up.layout}" if up else "",
-                         a.ratio.text() if a.ratio else "",
+                         other, ratio.text() if ratio else "",
                          verdict(a, advice.constraints.tie_break),
                          *([_pct(a.regret)] if regret else [])])
-    return tabulate(rows, headers=["layer", "pass", "best", "layout", "median ms", "runner-up",
-                                   "runner-up / fastest", "verdict",
+    return tabulate(rows, headers=["layer", "pass", "best", "layout", "median ms",
+                                   "compared with", "slower / faster", "verdict",
                                    *(["cudnn regret"] if regret else [])],
                     tablefmt="github", disable_numparse=True)
 
@@ -342,10 +352,11 @@ def plan_table(plan: Plan) -> str:
 def plan_text(plan: Plan, advice: Advice) -> str:
     """What `convbench advise` prints: the advice, the plan, totals, exclusions."""
     out = [f"## Per-layer best ({advice.backend}, {advice.precision})", "", advice_table(advice),
-           "", ("runner-up / fastest: the ratio of their medians with its 95% interval "
-                "(bootstrap, paired by round where they were timed side by side); the fastest "
-                "wins only where the interval excludes 1, else it is a tie within noise and the "
-                f"{advice.constraints.tie_break} tie-break chooses among the tied"
+           "", ("compared with: the runner-up, or the fastest where a tie-break chose another "
+                "of those tied with it; slower / faster: the ratio of their medians with its 95% "
+                "interval (bootstrap, paired by round where they were timed side by side); the "
+                "fastest wins only where the interval excludes 1, else it is a tie within noise "
+                f"and the {advice.constraints.tie_break} tie-break chooses among the tied"
                 + ("; cudnn regret: how much slower cuDNN's heuristic pick is than the best, in "
                    "the same layout." if _regret_shown(advice) else ".")),
            ""]

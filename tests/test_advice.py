@@ -191,6 +191,15 @@ def test_a_tie_within_noise_goes_to_the_tie_break_and_a_real_gap_wins():
     assert b.best.algo == "gemm" and not b.within_noise and b.ratio.low > 1.1
     table = advice.advice_table(advice.advise(df))
     assert "tie within noise with gemm nchw, fft nchw, workspace tie-break" in table
+    # The choice (direct, by the tie-break) is compared with the fastest, not with itself
+    # (it is the runner-up here), and the ratio is its own to the fastest's.
+    best, other, ratio = advice.compared(a)
+    assert (best.algo, other) == ("direct", "gemm nchw (the fastest)")
+    assert ratio.value == pytest.approx(a.best.median_ms / a.fastest.median_ms)
+    row = next(line for line in table.splitlines() if "| l1 " in line)
+    assert row.count("direct nchw") == 0 and "gemm nchw (the fastest)" in row
+    best, other, ratio = advice.compared(b)
+    assert (best.algo, other, ratio) == ("gemm", "direct nchw", b.ratio)
     with pytest.raises(ValueError, match="tie-break 'luck'"):
         Constraints(tie_break="luck")
 
