@@ -15,7 +15,9 @@ Phase names use the pass's tensor names: ``transform <a>``, ``transform <b>``, `
 ``inverse <out>``, with ``x``, ``w``, ``y`` for fwd, ``dy``, ``w``, ``dx`` for bwd_data and
 ``x``, ``dy``, ``dw`` for bwd_filter; a transform includes packing or tiling, the inverse
 includes cropping into the output. A fused kernel, which transforms, multiplies and transforms
-back in one launch, is one phase named `FUSED`, after the transforms that run apart from it.
+back in one launch, is one phase named `FUSED`, after the transforms that run apart from it;
+so is a CPU pass that alternates its transform and product block by block (`gemm`'s blocked
+nhwc passes).
 A library call that returns its own result (torch's convolution) is the phase `CONVOLUTION`,
 then `OUTPUT_COPY` into the harness's buffer, which the pass's time leaves out. A problem
 padded unequally before and after, run through an explicit pad on an implementation that pads
@@ -34,7 +36,8 @@ OPERAND_NAMES = {"fwd": ("x", "w", "y"), "bwd_data": ("dy", "w", "dx"),
 
 #: A library's whole convolution as one call (torch's, into a result it allocates).
 CONVOLUTION = "convolution"
-#: The phase of a kernel that fuses the transforms with the product (`winograd-fused-*`).
+#: The phase of a kernel that fuses the transforms with the product (`winograd-fused-*`), or of
+#: a pass that alternates them block by block (`gemm` in nhwc on large images).
 FUSED = "fused"
 #: The copy of a library's own result into the harness's output buffer (torch's convolution
 #: allocates its result; the harness hands every pass a buffer to write): timed as a phase and

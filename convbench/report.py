@@ -389,16 +389,22 @@ def phase_section(df: pd.DataFrame) -> list[str]:
     for (algo, pass_, precision), rows in groups:
         out += [f"### {algo}, {pass_}, {precision}", "", md_table(phase_table(rows)), ""]
     for algo, rows in phased.groupby("algo", sort=False):
-        if any(FUSED in p for p in rows["phases"]):
-            shares = [p[FUSED] / sum(p.values()) for p in rows["phases"] if sum(p.values()) > 0]
+        fused = [p for p in rows["phases"] if FUSED in p]
+        if fused and len(fused) == len(rows) and any(len(p) > 1 for p in fused):
+            shares = [p[FUSED] / sum(p.values()) for p in fused if sum(p.values()) > 0]
             out.append(f"- {algo}: one fused kernel (input transform, product, output "
                        f"transform) takes {min(shares):.0%}–{max(shares):.0%} of the phases' "
                        f"time in {len(rows)} (layer, pass, layout) cases; the rest is the "
                        "filter transform.")
             continue
-        product = sum(_product_share(p) > 0.5 for p in rows["phases"])
-        out.append(f"- {algo}: the transforms dominate in {len(rows) - product} of {len(rows)} "
-                   f"(layer, pass, layout) cases, the product in {product}.")
+        apart = [p for p in rows["phases"] if FUSED not in p]
+        product = sum(_product_share(p) > 0.5 for p in apart)
+        line = (f"- {algo}: the transforms dominate in {len(apart) - product} of {len(rows)} "
+                f"(layer, pass, layout) cases, the product in {product}")
+        if fused:
+            line += (f"; in {len(fused)} the transform and the product alternate block by "
+                     f"block, one phase (`{FUSED}`)")
+        out.append(line + ".")
     return out + [""]
 
 

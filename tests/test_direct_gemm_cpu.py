@@ -1,12 +1,16 @@
 """`direct` and `gemm` on the CPU against the float64 reference, and proof the checker bites."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from convbench import memory, reference, registry
-from convbench.algos import direct
+from convbench.algos import direct, gemm
+from convbench.layers import net_layers
+from convbench.phases import FUSED
 from convbench.problem import LAYOUTS, PASSES, ConvProblem
 from convbench.testing import (
     PER_AXIS_PROBLEMS,
@@ -75,15 +79,21 @@ def test_direct_blocks_cover_the_output(pass_, layout, monkeypatch):
 
 
 def test_workspaces():
-    """gemm's is the im2col matrix and the zero-bordered input it is copied from; direct's
-    (input planes, wide output) is activation-sized."""
+    """gemm's is the im2col matrix (one image's where nhwc lowers an image at a time) and the
+    zero-bordered input it is copied from; direct's (input planes, wide output) is
+    activation-sized."""
     conv2 = ConvProblem(n=8, c=96, h=27, w=27, k=256, r=5, s=5, pad=2)
-    gemm = registry.get("gemm", "numpy").workspace_bytes(conv2, "fwd", "nhwc", "fp32")
+    lowered = registry.get("gemm", "numpy").workspace_bytes(conv2, "fwd", "nchw", "fp32")
     direct = registry.get("direct", "numpy").workspace_bytes(conv2, "fwd", "nhwc", "fp32")
-    assert gemm == (8 * 27 * 27 * 5 * 5 * 96 + 8 * 31 * 31 * 96) * 4
+    assert lowered == (8 * 27 * 27 * 5 * 5 * 96 + 8 * 31 * 31 * 96) * 4
+    assert registry.get("gemm", "numpy").workspace_bytes(conv2, "fwd", "nhwc", "fp32") \
+        == lowered
+    conv1 = ConvProblem(n=8, c=3, h=227, w=227, k=96, r=11, s=11, stride=4)
+    assert registry.get("gemm", "numpy").workspace_bytes(conv1, "fwd", "nhwc", "fp32") \
+        == 55 * 55 * 11 * 11 * 3 * 4  # one image's columns
     assert registry.get("gemm", "numpy").workspace_bytes(conv2, "bwd_data", "nhwc", "fp32") \
         == 8 * 27 * 27 * 5 * 5 * 96 * 4
-    assert direct < 2 * conv2.min_bytes("fp32") < gemm / 2
+    assert direct < 2 * conv2.min_bytes("fp32") < lowered / 2
 
 
 #: Strided and grouped, with a 576 KiB filter: a filter-sized buffer left undeclared (a packed
@@ -171,3 +181,64 @@ def test_gemm_phases_replay_the_pass(pass_, layout):
     problem = ConvProblem(n=2, c=4, h=9, w=8, k=6, r=3, s=2, stride=(2, 1), pad=(1, 0),
                           groups=2)
     assert_phases_replay(registry.get("gemm", "numpy"), problem, pass_, layout)
+
+
+#: A problem that runs blocked once the thresholds are lowered: 5 images (blocks of 2, 2, 1),
+#: padded unequally, strided and dilated per axis, grouped.
+_BLOCKED = ConvProblem(n=5, c=6, h=11, w=9, k=8, r=3, s=2, stride=(2, 1), pad=((1, 2), 1),
+                       dilation=(1, 2), groups=2)
+
+
+def _block_of(monkeypatch, problem, images: int, precision: str = "fp32") -> None:
+    """Make `gemm` lower `images` images at a time on `problem` in nhwc."""
+    per_image = problem.p * problem.q * problem.r * problem.s * problem.c
+    monkeypatch.setattr(gemm, "BLOCK_MIN_ROWS", 1)
+    monkeypatch.setattr(gemm, "BLOCK_BYTES", images * per_image * (4 if precision == "fp32"
+                                                                    else 8))
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("images", [1, 2, 4])
+@pytest.mark.parametrize("pass_", ["fwd", "bwd_filter"])
+def test_gemm_blocks_of_images_match_reference(pass_, images, precision, monkeypatch):
+    """nhwc's blocked fwd and bwd_filter (im2col and product a block of images at a time, the
+    last block partial, dw summed over the blocks) against float64; one phase, which
+    replays; the note names the block; nchw and bwd_data never block."""
+    _block_of(monkeypatch, _BLOCKED, images, precision)
+    impl = registry.get("gemm", "numpy")
+    assert gemm.images_per_block(_BLOCKED, pass_, "nhwc", precision) == images
+    assert gemm.images_per_block(_BLOCKED, pass_, "nchw", precision) == _BLOCKED.n
+    assert gemm.images_per_block(_BLOCKED, "bwd_data", "nhwc", precision) == _BLOCKED.n
+    assert impl.phases(_BLOCKED, pass_, "nhwc", precision) == [FUSED]
+    plural = "s" if images > 1 else ""
+    assert f"in blocks of {images} image{plural} (" in impl.describe(_BLOCKED, pass_, "nhwc",
+                                                                     precision)
+    assert_matches_reference("gemm", "numpy", _BLOCKED, pass_, "nhwc", precision)
+    if precision == "fp32":
+        assert_phases_replay(impl, _BLOCKED, pass_, "nhwc")
+
+
+def test_gemm_blocks_only_large_images_in_nhwc():
+    """AlexNet at batch 8: conv1 (55x55 outputs) lowers one image at a time in nhwc's fwd and
+    bwd_filter; conv2-conv5 (27x27, 13x13) and nchw lower the batch whole."""
+    layers = {layer.name: layer.problem for layer in net_layers("alexnet")}
+    for name, problem in layers.items():
+        problem = dataclasses.replace(problem, n=8)
+        blocks = {(pass_, layout): gemm.images_per_block(problem, pass_, layout, "fp32")
+                  for pass_ in PASSES for layout in LAYOUTS}
+        large = name == "conv1"
+        assert blocks == {(pass_, layout): 1 if large and layout == "nhwc"
+                          and pass_ != "bwd_data" else 8
+                          for pass_ in PASSES for layout in LAYOUTS}, name
+
+
+@pytest.mark.parametrize("pass_", ["fwd", "bwd_filter"])
+def test_blocked_workspace_is_what_the_pass_allocates(pass_, monkeypatch):
+    """A blocked pass holds one block of columns (and the padded input): `workspace_bytes`
+    says so, and tracemalloc agrees."""
+    impl = registry.get("gemm", "numpy")
+    whole = impl.workspace_bytes(_TRACED, pass_, "nhwc", "fp32")
+    _block_of(monkeypatch, _TRACED, 2)
+    columns = gemm.nbytes(_TRACED.p * _TRACED.q * _TRACED.r * _TRACED.s * _TRACED.c, "fp32")
+    assert impl.workspace_bytes(_TRACED, pass_, "nhwc", "fp32") == whole - columns  # 3 -> 2
+    test_workspace_is_what_the_pass_allocates("gemm", pass_, "nhwc", _TRACED)
