@@ -26,7 +26,7 @@ Why it is built this way (measured on a 2-core AVX-512 Xeon, AlexNet at batch 8)
   NumPy add per tap (each one small: a threaded call would cost more to start than to run).
 - nhwc's fwd and bwd_filter on large images lower and multiply a block of images at a time
   (`images_per_block`): the block's columns are still in cache when its product reads them,
-  where the whole matrix (35 MiB for conv1) went out to memory and back. One phase then,
+  where the whole matrix (33.5 MiB for conv1) went out to memory and back. One phase then,
   `FUSED`; the row's note gives the block.
 
 The column buffer (and the padded input) are allocated in `prepare`; their sizes are
