@@ -188,7 +188,8 @@ class Ready:
 
 #: How the CUDA libraries word a failed allocation in errors of their own types (cuFFT's
 #: CUFFT_ALLOC_FAILED, cuBLAS's and cuDNN's *_STATUS_ALLOC_FAILED, the runtime's out of memory).
-_OOM_WORDS = ("ALLOC_FAILED", "cudaErrorMemoryAllocation", "CUDA_ERROR_OUT_OF_MEMORY")
+_OOM_WORDS = ("ALLOC_FAILED", "cudaErrorMemoryAllocation", "CUDA_ERROR_OUT_OF_MEMORY",
+              "DefaultCPUAllocator: can't allocate memory")  # torch's host allocator
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -231,6 +232,8 @@ class DeviceFault(Exception):
 
 
 def _not_measured(exc: Exception) -> NotMeasured:
+    if isinstance(exc, NotMeasured):
+        return exc
     lines = str(exc).strip().splitlines()
     if isinstance(exc, UnsupportedError):  # known only once prepared (cuDNN's find)
         return NotMeasured("unsupported", lines[0] if lines else type(exc).__name__)
@@ -277,12 +280,25 @@ def prepare(case: Case, operands: Operands, impl=None,
         with _stage("release"):
             memory.release_device_memory(case.backend)
         workspace = opcount.workspace_bytes(impl, *args)
+        if footprint + (workspace or 0) > total:  # refused before a byte of it is allocated:
+            # on the host an allocation the kernel grants but cannot back is touched into the
+            # out-of-memory killer, which no `except` sees
+            raise memory.OverLimit(
+                f"its operands and workspace need "
+                f"{memory.format_size(footprint + workspace)}, more than the "
+                f"{memory.format_size(total)} this device has")
         if limit is not None:
             limit.check(case.backend, footprint + (workspace or 0),
                         "predicted footprint (operands and workspace)")
         with _stage("operands"):
-            a, b, ref = operands.get(case, xp)
-            out = reference.nan_output(p, case.pass_, case.layout, DTYPES[case.precision], xp)
+            try:
+                a, b, ref = operands.get(case, xp)
+                out = reference.nan_output(p, case.pass_, case.layout, DTYPES[case.precision],
+                                           xp)
+            except Exception as exc:  # not the algorithm's failure: say whose it is
+                nm = _not_measured(exc)
+                raise NotMeasured(nm.status, f"the operands or the float64 reference: "
+                                  f"{nm.reason}", fatal=nm.fatal) from exc
         with _stage("prepare"), memory.trace(case.backend) as trace:
             fn = impl.prepare(*args)
             trace.mark()

@@ -289,6 +289,19 @@ def test_a_problem_larger_than_any_machine_is_an_oom_row_saying_what_it_needs(ca
                r["reason"] and r["reason"].endswith("this device has") for r in rows)
 
 
+def test_a_workspace_larger_than_the_machine_is_an_oom_row_before_it_is_allocated(capsys):
+    """Operands that fit (256 MiB of input) but an im2col matrix that does not (993 GiB): the
+    row says what the case would need, and nothing was allocated for it (on the host an
+    allocation the kernel cannot back would be touched into the out-of-memory killer)."""
+    code, out, _ = run_cli(capsys, "layer", "n=1,c=64,h=1024,w=1024,k=1,r=63,s=63,pad=31",
+                           "--algos", "gemm", "--passes", "fwd", "--layouts", "nchw",
+                           "--format", "json")
+    (row,) = json.loads(out)
+    assert code == 0 and row["status"] == "oom", row
+    assert row["reason"].startswith("OverLimit: its operands and workspace need ") and \
+        row["reason"].endswith("this device has"), row
+
+
 # --- resuming with the run's own options ------------------------------------------------------
 SMALL = ["bench", "--algos", "torch-cpu", "--batch", "2", "--passes", "fwd", "--layouts",
          "nhwc", "--quiet", *FAST]

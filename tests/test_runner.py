@@ -105,6 +105,21 @@ def test_oom_during_timing_is_recorded_and_the_run_goes_on():
     assert [r["status"] for r in rows] == ["oom", "ok"]
 
 
+def test_a_reference_that_cannot_be_made_is_blamed_on_the_reference(monkeypatch):
+    """The float64 reference failing to allocate (torch's im2col for a huge filter) makes each
+    case `oom`, its reason saying it was the operands or the reference, not the algorithm."""
+    def no_room(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: "
+                           "can't allocate memory: you tried to allocate 2130840649728 bytes.")
+
+    monkeypatch.setattr(reference, "reference", no_room)
+    impls = {"good": Fake("good")}
+    rows = runner.run(cases(["good"]), BUDGET, impls)
+    assert [r["status"] for r in rows] == ["oom"]
+    assert rows[0]["reason"].startswith("the operands or the float64 reference: RuntimeError: ")
+    assert impls["good"].calls == 0
+
+
 def test_torch_oom_is_recognised_by_name():
     OutOfMemoryError = type("OutOfMemoryError", (RuntimeError,), {})
     assert runner._is_oom(OutOfMemoryError("CUDA out of memory"))
@@ -117,6 +132,12 @@ def test_library_allocation_failures_are_oom():
     assert runner._is_oom(CuFFTError("CUFFT_ALLOC_FAILED"))
     assert runner._is_oom(RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"))
     assert not runner._is_oom(RuntimeError("CUFFT_INVALID_PLAN"))
+    # torch's host allocator (the float64 reference of a 63x63 filter on 1024x1024 through
+    # torch's im2col asked for 2 TB)
+    assert runner._is_oom(RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+        "memory: you tried to allocate 2130840649728 bytes. Error code 12 (Cannot allocate "
+        "memory)"))
 
 
 STICKY = RuntimeError("CUDARuntimeError: cudaErrorIllegalAddress: an illegal memory access was "
