@@ -3,6 +3,7 @@ import json
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -73,6 +74,51 @@ def test_configurations_take_turns_in_their_own_processes(tmp_path, monkeypatch)
     assert "no effect on the CPU" in table and "1.00x" in table
 
 
+def test_a_speed_up_within_noise_is_a_tie_and_a_real_one_is_faster():
+    """The control (the same step, noise of a few percent) ties with defaults; a plan 20%
+    faster wins; one 20% slower loses; each with its interval in the table."""
+    rng = np.random.default_rng(0)
+    steps = {"defaults": 240.0, "cudnn.benchmark": 240.0, "plan": 200.0}
+    rows = [{"config": c, "median_ms": ms, "iqr_ms": 5.0, "reps": 24, "noisy": False,
+             "first_loss": 6.9, "applied": "",
+             "times_ms": list(ms * (1 + 0.03 * rng.standard_normal(24)))}
+            for c, ms in steps.items()]
+    rows = trainstep.with_speedups(rows)
+    assert [r["verdict"] for r in rows] == ["baseline", "tie within noise", "faster"]
+    assert rows[1]["speedup_low"] < 1 < rows[1]["speedup_high"]
+    assert 1.1 < rows[2]["speedup_low"] < rows[2]["speedup"] < rows[2]["speedup_high"] < 1.3
+    rows[2]["times_ms"] = [t * 1.44 for t in rows[2]["times_ms"]]  # 288 ms: 20% slower
+    assert trainstep.with_speedups(rows)[2]["verdict"] == "slower"
+    text = trainstep.table(rows, "numpy")
+    assert "| verdict " in text and "| tie within noise |" in text and "| faster " in text
+
+
+def _steps(ms: float, rng) -> list[float]:
+    return list(ms * (1 + 0.03 * rng.standard_normal(30)))
+
+
+def test_on_the_cpu_the_plan_must_also_beat_the_control():
+    """Where the control (a configuration that changes nothing) is itself apart from defaults
+    beyond the steps' noise, that distance is the processes' noise: a plan as far as the
+    control ties; one beyond both wins."""
+    rng = np.random.default_rng(1)
+    def rows(plan_ms):
+        return [{"config": c, "times_ms": _steps(ms, rng)} for c, ms in
+                (("defaults", 240.0), ("cudnn.benchmark", 230.0), ("plan", plan_ms))]
+    near = trainstep.with_speedups(rows(228.0), control="cudnn.benchmark")
+    assert [r["verdict"] for r in near] == [
+        "baseline", f"control: the processes differ by {near[1]['speedup'] - 1:.0%}",
+        "tie within noise of the control"]
+    assert near[1]["speedup_low"] > 1
+    assert near[2]["speedup_low"] > 1  # beyond the steps' noise, not beyond the control's
+    far = trainstep.with_speedups(rows(200.0), control="cudnn.benchmark")
+    assert far[2]["verdict"] == "faster"
+    assert trainstep.with_speedups(rows(228.0))[2]["verdict"] == "faster"  # no control (GPU)
+    same = trainstep.with_speedups([{"config": c, "times_ms": _steps(240.0, rng)}
+                                    for c in trainstep.CONFIGS], control="cudnn.benchmark")
+    assert same[1]["verdict"] == "control: tie within noise"
+
+
 def test_a_failing_worker_says_why(tmp_path):
     with tempfile.TemporaryFile(mode="w+") as log, pytest.raises(
             RuntimeError, match="train-step plan: worker exited with 1: FileNotFoundError"):
@@ -87,10 +133,11 @@ def test_train_step_command(tmp_path, capsys, monkeypatch):
     def fake_times(load, batch, device, budget_s, plan_file, log=None):
         seen.update(net=load.name, batch=batch, budget_s=budget_s,
                     plan=json.loads(Path(plan_file).read_text()))
-        return [{"config": c, "median_ms": 10.0 * (i + 1), "iqr_ms": 0.5, "reps": 9,
-                 "noisy": False, "first_loss": 6.9, "times_ms": [10.0] * 9,
-                 "applied": "| the plan |" if c == "plan" else ""}
-                for i, c in enumerate(trainstep.CONFIGS)]
+        return trainstep.with_speedups([
+            {"config": c, "median_ms": 10.0 * (i + 1), "iqr_ms": 0.5, "reps": 9,
+             "noisy": False, "first_loss": 6.9, "times_ms": [10.0 * (i + 1)] * 9,
+             "applied": "| the plan |" if c == "plan" else ""}
+            for i, c in enumerate(trainstep.CONFIGS)])
 
     monkeypatch.setattr(trainstep, "time_configs", fake_times)
     parser = argparse.ArgumentParser()
@@ -103,7 +150,8 @@ def test_train_step_command(tmp_path, capsys, monkeypatch):
     text = capsys.readouterr().out
     assert text.startswith("# train-step: alexnet on ")
     assert "- batch 1, 3x227x227 images, fp32 (TF32 off)" in text
-    assert "| defaults " in text and "0.50x" in text and "| the plan |" in text
+    assert "| defaults " in text and "| 0.50x [0.50, 0.50] | slower " in text
+    assert "| the plan |" in text
     assert seen["batch"] == 1 and seen["budget_s"] == 0.5
     assert [layer["layer"] for layer in seen["plan"]["layers"]] == [
         "conv1", "conv2", "conv3", "conv4", "conv5"]

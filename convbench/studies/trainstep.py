@@ -20,6 +20,14 @@ budget), after one untimed step that also does cuDNN's autotuning. The three pro
 and take turns, a few rounds each, so a machine whose load drifts while they are timed (a shared
 CPU) slows all three alike rather than whichever ran last. On the CPU every process, the tuning
 one included, runs with idle threads sleeping (`threads.CPU_THREAD_ENV`).
+
+Each speed-up over `defaults` comes with its 95% interval (a bootstrap of both configurations'
+steps) and a verdict: `faster` or `slower` only where the interval excludes 1, else a `tie
+within noise`. On the CPU, where `cudnn.benchmark` changes nothing, that row is a control: two
+processes running the same step differ by more than their steps' intervals say (measured on 2
+cores: 4% [1%, 8%] at the default budget; at `--time-budget 3` a few 2-3x slower first steps
+made `defaults` look 2.2x slower), so there the plan wins or loses only where it does so
+against the control too, else it is a `tie within noise of the control`.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import launch, registry, timing, tune
+from .. import launch, registry, stats, timing, tune
 from ..devices import backend_of
 from ..fmt import fmt_ms, tabulate
 from ..measurement import Measurement
@@ -144,7 +152,42 @@ def time_configs(load: Workload, batch: int, device: str, budget_s: float, plan_
         m = Measurement(tuple(times[w.config]))
         rows.append({"config": w.config, "median_ms": m.median, "iqr_ms": m.iqr,
                      "reps": m.reps, "noisy": m.noisy, **w.ready, "times_ms": list(m.times_ms)})
-    return rows
+    return with_speedups(rows, "cudnn.benchmark" if backend_of(device) == "numpy" else None)
+
+
+def with_speedups(rows: list[dict], control: str | None = None) -> list[dict]:
+    """Each row's speed-up over the first (`defaults`): the ratio of the medians with its 95%
+    interval (a bootstrap of each one's steps), and a verdict: the first row is the `baseline`;
+    another is `faster` or `slower` where the interval excludes 1, else a `tie within noise`.
+
+    `control` names a configuration that changes nothing (on the CPU, `cudnn.benchmark`): its
+    distance from the baseline is the noise between two processes running the same step, which
+    the step-to-step intervals do not see (measured: 4% [1%, 8%] on 2 cores). Its verdict says
+    whether the processes differed, and another row wins or loses only where it does so against
+    the control as well, else it is a `tie within the control's noise`."""
+    base = rows[0]["times_ms"]
+    ctrl = next((r for r in rows if r["config"] == control), None)
+    out = []
+    for i, r in enumerate(rows):
+        ratio = stats.ratio(base, r["times_ms"])
+        verdict = "baseline" if i == 0 else _verdict(ratio)
+        if i and r is ctrl:
+            verdict = ("control: tie within noise" if not ratio.decided else
+                       f"control: the processes differ by {abs(ratio.value - 1):.0%}")
+        elif (i and ctrl is not None and verdict != TIE
+              and _verdict(stats.ratio(ctrl["times_ms"], r["times_ms"])) != verdict):
+            verdict = f"{TIE} of the control"
+        out.append({**r, "speedup": ratio.value, "speedup_low": ratio.low,
+                    "speedup_high": ratio.high, "verdict": verdict})
+    return out
+
+
+TIE = "tie within noise"
+
+
+def _verdict(ratio: stats.Ratio) -> str:
+    """`faster`, `slower` (the interval of old/new excludes 1) or a tie."""
+    return TIE if not ratio.decided else "faster" if ratio.low > 1 else "slower"
 
 
 def tune_here(net: str, batch: int, device: str, plan_file: str, budget_s: float | None,
@@ -184,18 +227,24 @@ def compare(load: Workload, batch: int, device: str, *, budget_s: float = STEP_B
 
 def table(rows: list[dict], backend: str) -> str:
     """The three configurations side by side."""
-    base = rows[0]["median_ms"]
     notes = {"cudnn.benchmark": "no effect on the CPU: torch's CPU convolutions never read "
                                 "cudnn.benchmark (a control of run-to-run noise)"
              if backend == "numpy" else "cuDNN times its algorithms on the first step",
              "plan": "advisor.tune + advisor.apply (the plan below)"}
     body = [[r["config"], ("~" if r["noisy"] else "") + fmt_ms(r["median_ms"]),
-             fmt_ms(r["iqr_ms"]), r["reps"], f"{base / r['median_ms']:.2f}x",
+             fmt_ms(r["iqr_ms"]), r["reps"], _speedup_text(r), r["verdict"],
              f"{r['first_loss']:.6f}", notes.get(r["config"], "torch as installed")]
             for r in rows]
     return tabulate(body, headers=["configuration", "ms/step", "IQR ms", "steps", "speed-up",
-                                   "first-step loss", "note"],
+                                   "verdict", "first-step loss", "note"],
                     tablefmt="github", disable_numparse=True)
+
+
+def _speedup_text(row: dict) -> str:
+    """`1.04x [0.98, 1.10]`: the speed-up over defaults and its 95% interval."""
+    if row["verdict"] == "baseline" or row["speedup_low"] is None:
+        return f"{row['speedup']:.2f}x"
+    return f"{row['speedup']:.2f}x [{row['speedup_low']:.2f}, {row['speedup_high']:.2f}]"
 
 
 def markdown(rows: list[dict], plan: Plan, load: Workload, batch: int, device_name: str,
