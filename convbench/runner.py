@@ -280,16 +280,15 @@ def prepare(case: Case, operands: Operands, impl=None,
         with _stage("release"):
             memory.release_device_memory(case.backend)
         workspace = opcount.workspace_bytes(impl, *args)
-        if footprint + (workspace or 0) > total:  # refused before a byte of it is allocated:
-            # on the host an allocation the kernel grants but cannot back is touched into the
-            # out-of-memory killer, which no `except` sees
+        predicted = footprint + (workspace or 0)
+        if predicted > total:  # refused before a byte of it is allocated: on the host an
+            # allocation the kernel grants but cannot back is touched into the out-of-memory
+            # killer, which no `except` sees
             raise memory.OverLimit(
-                f"its operands and workspace need "
-                f"{memory.format_size(footprint + workspace)}, more than the "
-                f"{memory.format_size(total)} this device has")
+                f"its operands and workspace need {memory.format_size(predicted)}, more than "
+                f"the {memory.format_size(total)} this device has")
         if limit is not None:
-            limit.check(case.backend, footprint + (workspace or 0),
-                        "predicted footprint (operands and workspace)")
+            limit.check(case.backend, predicted, "predicted footprint (operands and workspace)")
         with _stage("operands"):
             try:
                 a, b, ref = operands.get(case, xp)

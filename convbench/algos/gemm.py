@@ -189,21 +189,22 @@ def _blocked(low: _Lowered, pass_: str):
     def fused(a, b, out):
         src = low.pad(tensor(np.ascontiguousarray(a)))
         other = tensor(np.ascontiguousarray(b))
+        # per group: fwd's (y rows, filter), bwd_filter's (dy rows, dw)
+        if pass_ == "fwd":
+            pairs = list(zip(low.output_side(tensor(out)), low.filters(other)))
+        else:
+            pairs = list(zip(low.output_side(other), low.filters(tensor(out))))
         for first in range(0, p.n, block):
             count = min(block, p.n - first)
             low.im2col(src, first, count)
             lo, hi = first * rows, (first + count) * rows
-            if pass_ == "fwd":
-                ys = low.output_side(tensor(out))
-                for g, wg in enumerate(low.filters(other)):
-                    torch.matmul(low.block(g, count), wg.t(), out=ys[g][lo:hi])
-            else:
-                dys = low.output_side(other)
-                for g, dwg in enumerate(low.filters(tensor(out))):
-                    if first == 0:
-                        torch.matmul(dys[g][lo:hi].t(), low.block(g, count), out=dwg)
-                    else:
-                        dwg.addmm_(dys[g][lo:hi].t(), low.block(g, count))
+            for g, (side, wg) in enumerate(pairs):
+                if pass_ == "fwd":
+                    torch.matmul(low.block(g, count), wg.t(), out=side[lo:hi])
+                elif first == 0:
+                    torch.matmul(side[lo:hi].t(), low.block(g, count), out=wg)
+                else:
+                    wg.addmm_(side[lo:hi].t(), low.block(g, count))
     return fused
 
 

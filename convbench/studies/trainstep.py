@@ -155,6 +155,10 @@ def time_configs(load: Workload, batch: int, device: str, budget_s: float, plan_
     return with_speedups(rows, "cudnn.benchmark" if backend_of(device) == "numpy" else None)
 
 
+#: The verdict where a speed-up's interval includes 1.
+TIE = "tie within noise"
+
+
 def with_speedups(rows: list[dict], control: str | None = None) -> list[dict]:
     """Each row's speed-up over the first (`defaults`): the ratio of the medians with its 95%
     interval (a bootstrap of each one's steps), and a verdict: the first row is the `baseline`;
@@ -164,7 +168,7 @@ def with_speedups(rows: list[dict], control: str | None = None) -> list[dict]:
     distance from the baseline is the noise between two processes running the same step, which
     the step-to-step intervals do not see (measured: 4% [1%, 8%] on 2 cores). Its verdict says
     whether the processes differed, and another row wins or loses only where it does so against
-    the control as well, else it is a `tie within the control's noise`."""
+    the control as well, else it is a `tie within noise of the control`."""
     base = rows[0]["times_ms"]
     ctrl = next((r for r in rows if r["config"] == control), None)
     out = []
@@ -180,9 +184,6 @@ def with_speedups(rows: list[dict], control: str | None = None) -> list[dict]:
         out.append({**r, "speedup": ratio.value, "speedup_low": ratio.low,
                     "speedup_high": ratio.high, "verdict": verdict})
     return out
-
-
-TIE = "tie within noise"
 
 
 def _verdict(ratio: stats.Ratio) -> str:
