@@ -29,7 +29,8 @@ Why it is built this way (measured on a 2-core AVX-512 Xeon, AlexNet at batch 8)
   where the whole matrix (33.5 MiB for conv1) went out to memory and back. One phase then,
   `FUSED`; the row's note gives the block.
 
-The column buffer (and the padded input) are allocated in `prepare`; their sizes are
+The column buffer (and the padded input) are allocated in `prepare`, on 2 MiB transparent huge
+pages where the kernel offers them (`_lowering.workspace`); their sizes are
 `workspace_bytes` — the memory cost that makes this algorithm notable.
 """
 
@@ -45,10 +46,12 @@ from ..registry import Implementation, register
 from ._lowering import (
     axis_pairs,
     nbytes,
+    pages_note,
     scatter_add,
     span,
     tensor,
     windows,
+    workspace,
 )
 
 
@@ -77,10 +80,10 @@ class _Lowered:
         #: Images the column buffer holds: all of them, or one block of the blocked passes.
         self.images = n = images or p.n
         padded = _padded_shape(p, pass_, layout)
-        self.padded = None if padded is None else torch.from_numpy(np.zeros(padded, dtype))
+        self.padded = None if padded is None else torch.from_numpy(workspace(padded, dtype))
         kg = p.k // p.groups
         if layout == "nchw":
-            self.col = torch.from_numpy(np.zeros((p.n, p.c, p.r, p.s, p.p, p.q), dtype))
+            self.col = torch.from_numpy(workspace((p.n, p.c, p.r, p.s, p.p, p.q), dtype))
             self.indexed = self.col.numpy()
             # per group: (N, C/g·R·S, P·Q)
             self.matrices = [self.col[:, span(g, p.cg)].reshape(p.n, -1, p.p * p.q)
@@ -88,7 +91,7 @@ class _Lowered:
         else:
             # Group-major, so each group's (N·P·Q) × (R·S·C/g) matrix is one contiguous block;
             # col2im's windows index it as (N, P, Q, R, S, G, C/g), x viewed as N,H,W,G,C/g.
-            self.col = torch.from_numpy(np.zeros((p.groups, n, p.p, p.q, p.r, p.s, p.cg),
+            self.col = torch.from_numpy(workspace((p.groups, n, p.p, p.q, p.r, p.s, p.cg),
                                                  dtype))
             self.indexed = self.col.numpy().transpose(1, 2, 3, 4, 5, 0, 6)
             self.matrices = [self.col[g].reshape(n * p.p * p.q, -1) for g in range(p.groups)]
@@ -224,7 +227,9 @@ class GemmCPU(Implementation):
                         f"({size:.1f} MiB of columns)")
         else:
             lowering = "im2col: one strided copy"
-        return f"{lowering}; MKL GEMM through torch, {threads.count()} threads"
+        pages = pages_note(self.workspace_bytes(problem, pass_, layout, precision))
+        return (f"{lowering}; MKL GEMM through torch, {threads.count()} threads"
+                + (f"; {pages}" if pages else ""))
 
     def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
                         precision: str) -> int:

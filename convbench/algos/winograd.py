@@ -23,6 +23,9 @@ Why it is built this way (measured on a 2-core AVX-512 Xeon, AlexNet conv3, batc
 - The filter transform is one GEMM with the Kronecker product G⊗G (alpha² × r²) on the filters
   seen as r² × (K·C): a single pass writing the alpha²·K·C transformed filters, which dominate its
   memory traffic (twice as fast as the two-stage form, whose intermediate is as large).
+- Every buffer is on 2 MiB transparent huge pages where the kernel offers them
+  (`_lowering.workspace`): between two calls other work evicts the buffers, and a cold call
+  then walked the page tables for each 4 KiB page (5% of the pass on conv3-conv5).
 - The inverse writes whole tiles straight into the output (up to four rectangles: whole tiles,
   and the partial tiles of the bottom and right edges), without a tile-aligned buffer to crop.
 
@@ -50,7 +53,7 @@ from ..problem import FILTER_LAYOUT, ConvProblem, pair_text
 from ..reference import DTYPES
 from ..registry import Implementation, register
 from ..transforms import winograd_matrices
-from ._lowering import tensor
+from ._lowering import pages_note, tensor, workspace
 
 _R = 3  # the filter size the GPU kernels take
 #: Filter sizes the CPU passes take: 5x5 too, as cuDNN's WINOGRAD_NONFUSED does — F(4x4, 5x5)
@@ -88,8 +91,8 @@ class _Sandwich:
         torch = _torch()
         out_rows, cols = mat.shape
         self.mat = torch.from_numpy(np.array(mat, order="C"))
-        self.mid = torch.from_numpy(np.empty((out_rows, cols) + rest, dtype))
-        self.out = torch.from_numpy(np.empty((out_rows, out_rows) + rest, dtype))
+        self.mid = torch.from_numpy(workspace((out_rows, cols) + rest, dtype))
+        self.out = torch.from_numpy(workspace((out_rows, out_rows) + rest, dtype))
 
     @property
     def nbytes(self) -> int:
@@ -117,7 +120,7 @@ class _Kron:
         self.kron = torch.from_numpy(np.ascontiguousarray(np.kron(mat, mat)))
         m = mat.shape[0]
         self.last = last
-        self.out = torch.from_numpy(np.empty((*rest, m, m) if last else (m, m, *rest), dtype))
+        self.out = torch.from_numpy(workspace((*rest, m, m) if last else (m, m, *rest), dtype))
 
     @property
     def nbytes(self) -> int:
@@ -151,7 +154,7 @@ class _Padding:
             src[axis] = slice(start - before, stop - before)
             needs_zeros |= stop - start != extent
         self.shape, self.src, self.dst = tuple(padded), tuple(src), tuple(dst)
-        self.buf = _torch().from_numpy(np.zeros(padded, dtype)) if needs_zeros else None
+        self.buf = _torch().from_numpy(workspace(padded, dtype)) if needs_zeros else None
 
     @property
     def nbytes(self) -> int:
@@ -181,7 +184,7 @@ class _TileTransform:
         width = mat.shape[1]
         self.perm, self.step, self.width = _order(labels, order), step, width
         self.axes = (order.index("h"), order.index("w"))
-        self.gathered = _torch().from_numpy(np.empty((width, width) + tiled, dtype))
+        self.gathered = _torch().from_numpy(workspace((width, width) + tiled, dtype))
         self.sandwich = _Sandwich(mat, tiled, dtype)
         # unfold appends the windows' widths as the last two axes; they go first.
         n = len(order)
@@ -209,10 +212,10 @@ class _FilterTransform:
         self.kron = torch.from_numpy(np.ascontiguousarray(np.kron(g, g)))
         k, c = (dict(zip(FILTER_LAYOUT[layout], shape))[a] for a in "kc")
         self.layout, self.k, self.c = layout, k, c
-        self.out = torch.from_numpy(np.empty((len(self.kron), k, c), dtype))
+        self.out = torch.from_numpy(workspace((len(self.kron), k, c), dtype))
         self.r2 = g.shape[1] ** 2
         self.taps = None if layout == "nchw" else \
-            torch.from_numpy(np.empty((self.r2, k, c), dtype))
+            torch.from_numpy(workspace((self.r2, k, c), dtype))
 
     @property
     def nbytes(self) -> int:
@@ -299,7 +302,7 @@ class _TiledOutput:
         # the product's order is the output's: (channel, tiles) for nchw, (tiles, channel) nhwc
         size = {"n": p.n, "c": self.cout, "h": counts[0], "w": counts[1]}
         order = _TILE_ORDER[layout]
-        self.prod = torch.from_numpy(np.empty((self.alpha2, *(size[a] for a in order)), dtype))
+        self.prod = torch.from_numpy(workspace((self.alpha2, *(size[a] for a in order)), dtype))
         nchw = layout == "nchw"
         self.untransform = _Kron(t.AT, tuple(size[a] for a in order), dtype, last=nchw)
         self.place = _Placement((order + "ij") if nchw else ("ij" + order), layout, m, extent)
@@ -351,7 +354,7 @@ class _WeightGradient:
         self.x = _TileTransform(self.x_pad.shape, "nhwc", "nhwc", t.BT, m, counts, dtype)
         self.dy = _TileTransform(self.dy_pad.shape, "nhwc", "nhwc", t.G, m, counts, dtype)
         self.alpha2 = t.alpha ** 2
-        self.prod = torch.from_numpy(np.empty((self.alpha2, p.k, p.c), dtype))
+        self.prod = torch.from_numpy(workspace((self.alpha2, p.k, p.c), dtype))
         # kcrs: the untransform's transposed form is (K, C, r, s), the filters' own order
         nchw = layout == "nchw"
         self.untransform = _Kron(t.AT, (p.k, p.c), dtype, last=nchw)
@@ -423,15 +426,16 @@ class WinogradCPU(Winograd):
 
     def describe(self, problem, pass_, layout, precision) -> str:
         rows, depth, cols = self._pass(problem, pass_, layout, precision).gemm_shape()
+        pages = pages_note(self.workspace_bytes(problem, pass_, layout, precision))
         return (f"{super().describe(problem, pass_, layout, precision)} "
                 f"({rows}x{depth})·({depth}x{cols}), MKL through torch, "
-                f"{threads.count()} threads")
+                f"{threads.count()} threads" + (f"; {pages}" if pages else ""))
 
     def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
                         precision: str) -> int:
         """Bytes of the buffers a prepared pass holds beyond its operands: padded inputs,
         gathered and transformed tiles and filters, the per-frequency products, output tiles.
-        (Allocated with np.empty, so asking costs no memory traffic.)"""
+        (Allocated untouched, so asking costs no memory traffic.)"""
         return self._pass(problem, pass_, layout, precision).workspace_bytes
 
     def phases(self, problem, pass_, layout, precision) -> list[str]:
