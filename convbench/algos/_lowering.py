@@ -15,6 +15,8 @@ of a bijective gather) and `scatter_add` (col2im: overlapping windows add up).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..problem import ELEMENT_BYTES
@@ -121,14 +123,13 @@ _NUMPY_TRACE_DOMAIN = 389047
 HUGE_PAGES_ENV = "CONVBENCH_HUGE_PAGES"
 
 
-def huge_pages_available() -> bool:
-    """Whether workspaces go on transparent huge pages: the kernel offers them on request
-    (`/sys/kernel/mm/transparent_hugepage/enabled` is `always` or `madvise`), Python can ask
-    (`mmap.MADV_HUGEPAGE`), and `CONVBENCH_HUGE_PAGES` is not "0"."""
+@functools.cache
+def _kernel_offers_huge_pages() -> bool:
+    """The kernel gives transparent huge pages on request (`enabled` is `always` or `madvise`)
+    and Python can ask (`mmap.MADV_HUGEPAGE`): read once per process."""
     import mmap
-    import os
 
-    if os.environ.get(HUGE_PAGES_ENV, "1") == "0" or not hasattr(mmap, "MADV_HUGEPAGE"):
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
         return False
     try:
         with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
@@ -136,6 +137,15 @@ def huge_pages_available() -> bool:
     except OSError:
         return False
     return "[always]" in mode or "[madvise]" in mode
+
+
+def huge_pages_available() -> bool:
+    """Whether workspaces go on transparent huge pages: the kernel offers them on request
+    (`/sys/kernel/mm/transparent_hugepage/enabled` is `always` or `madvise`), Python can ask
+    (`mmap.MADV_HUGEPAGE`), and `CONVBENCH_HUGE_PAGES` is not "0"."""
+    import os
+
+    return os.environ.get(HUGE_PAGES_ENV, "1") != "0" and _kernel_offers_huge_pages()
 
 
 def workspace(shape: tuple[int, ...], dtype) -> np.ndarray:

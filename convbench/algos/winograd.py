@@ -425,8 +425,9 @@ class WinogradCPU(Winograd):
         return _TiledOutput(problem, pass_, layout, self.m, dtype)
 
     def describe(self, problem, pass_, layout, precision) -> str:
-        rows, depth, cols = self._pass(problem, pass_, layout, precision).gemm_shape()
-        pages = pages_note(self.workspace_bytes(problem, pass_, layout, precision))
+        run = self._pass(problem, pass_, layout, precision)
+        rows, depth, cols = run.gemm_shape()
+        pages = pages_note(run.workspace_bytes)
         return (f"{super().describe(problem, pass_, layout, precision)} "
                 f"({rows}x{depth})·({depth}x{cols}), MKL through torch, "
                 f"{threads.count()} threads" + (f"; {pages}" if pages else ""))
