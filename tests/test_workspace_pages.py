@@ -60,7 +60,7 @@ def test_small_or_switched_off_is_ordinary_numpy(monkeypatch):
     assert not _lowering.huge_pages_available()
     big = workspace((1 << 20,), np.float32)
     assert big.base is None and not big.any()
-    assert pages_note(HUGE_PAGE) == "workspace on 4 KiB pages (no transparent huge pages here)"
+    assert pages_note(HUGE_PAGE) == "workspace on 4 KiB pages (CONVBENCH_HUGE_PAGES=0)"
     assert pages_note(HUGE_PAGE - 1) == ""
 
 

@@ -190,5 +190,9 @@ def pages_note(nbytes_: int) -> str:
     """What a row's note says of its workspace's pages: "" below one huge page."""
     if nbytes_ < HUGE_PAGE:
         return ""
-    return ("workspace on 2 MiB huge pages" if huge_pages_available() else
+    import os
+
+    if os.environ.get(HUGE_PAGES_ENV, "1") == "0":
+        return f"workspace on 4 KiB pages ({HUGE_PAGES_ENV}=0)"
+    return ("workspace on 2 MiB huge pages" if _kernel_offers_huge_pages() else
             "workspace on 4 KiB pages (no transparent huge pages here)")
