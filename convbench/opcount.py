@@ -14,8 +14,10 @@ operations (a multiply-add is 2, a complex multiply-add 8), split into
   which costs GEMM time without being arithmetic.
 
 Algorithms whose kernel a library chooses (cuDNN, torch-cpu) have no count; Winograd counts exist
-where Winograd runs: 3×3 filters, stride 1, dilation 1, groups 1, one padding for both axes. All three passes are two
-inputs transformed and one output produced, so the formulas share their parts across passes.
+where Winograd runs: 3×3 filters, stride 1, dilation 1, groups 1, one padding for both axes, and
+on the CPU strided layers too, counted as the stride-1 problem of their phase split
+(`transforms.phase_split`: AlexNet's conv1 as 48 channels and 3×3 filters). All three passes are
+two inputs transformed and one output produced, so the formulas share their parts across passes.
 
 FFT's count depends on its transform grid, which is the implementation's choice and differs by
 backend (FFTW's fast sizes on the CPU, cuFFT's on the GPU; fft-tiled's tiles), so the grid is
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 
 from . import padding, registry
 from .problem import ELEMENT_BYTES, ConvProblem
+from .transforms import phase_split
 
 #: Flops of a real-to-complex (or complex-to-real) 2-D FFT of n points: half the 5·n·log2(n) of
 #: the classic complex radix-2 count.
@@ -103,6 +106,19 @@ def _winograd_applies(p: ConvProblem) -> bool:
             and not isinstance(p.pad, tuple))
 
 
+def _winograd_problem(algo: str, p: ConvProblem, backend: str) -> ConvProblem | None:
+    """The stride-1 problem Winograd's tiles run for `p`: `p` itself, or its phase split where
+    the implementation on `backend` runs strided problems that way (the CPU's); None where it
+    does not run."""
+    try:
+        impl = registry.get(algo, backend)
+    except ValueError:  # no implementation of it there: counted as written
+        impl = None
+    if p.stride != 1 and getattr(impl, "strided", False):
+        return phase_split(p, impl.filter_sizes)
+    return p if _winograd_applies(p) else None
+
+
 def _sandwich(out: int, inner: int) -> int:
     """Flops of L·X·R taking an inner×inner tile to out×out with dense L (out×inner), R."""
     return 2 * out * inner * inner + 2 * out * out * inner
@@ -158,8 +174,9 @@ def op_count(algo: str, problem: ConvProblem, pass_: str, precision: str = "fp32
         return _fft(problem, _fft_grid(problem, pass_, algo, backend))
     if algo.startswith("winograd-fused-") and pass_ == "bwd_filter":
         return None  # no fused weight gradient
-    if algo.startswith("winograd-") and _winograd_applies(problem):
-        return _winograd(problem, pass_, _winograd_tile(algo))
+    tiled = _winograd_problem(algo, problem, backend) if algo.startswith("winograd-") else None
+    if tiled is not None:
+        return _winograd(tiled, pass_, _winograd_tile(algo))
     return None
 
 
@@ -189,8 +206,9 @@ def theoretical_workspace(algo: str, problem: ConvProblem, pass_: str, precision
             return None
         a = _winograd_tile(algo) + p.r - 1  # only the transformed filters leave the kernel
         return p.k * p.cg * a * a * elem
-    if algo.startswith("winograd-") and _winograd_applies(p):
-        m = _winograd_tile(algo)
+    tiled = _winograd_problem(algo, p, backend) if algo.startswith("winograd-") else None
+    if tiled is not None:
+        p, m = tiled, _winograd_tile(algo)
         a, tiles = m + p.r - 1, _winograd_tiles(p, pass_, m)
         return (p.n * (p.c + p.k) * tiles + p.k * p.cg) * a * a * elem
     return None

@@ -165,3 +165,34 @@ def c_source(m: int, r: int, dtype: str = "float", qualifier: str = "static cons
 def c_literal(value, suffix: str = "f") -> str:
     """`value` as the shortest C literal that reads back as the same number in its dtype."""
     return np.format_float_positional(value, unique=True, trim="0") + suffix
+
+
+def phase_split(problem, sizes: Sequence[int]):
+    """A stride-s convolution as a stride-1 one over its s×s phases (the polyphase
+    decomposition, as DWM — Huang et al., AAAI 2020 — takes strided layers to Winograd), or
+    None where there is none with a filter in `sizes`.
+
+    Tap t = s·a + b of an axis reads padded input s·(o + a) + b for output o: with the phase
+    planes X'[i, b] = x_pad[s·i + b] and W'[a, b] = w[s·a + b] (zero past the filter), y is
+    the stride-1 correlation of X' with W' over the s² phases as channels, C·s² of them, and
+    a filter of ceil(r/s) taps per axis, rounded up to the least size in `sizes` (zero taps
+    again). The phase planes span P + r' - 1 rows and columns, unpadded: padding and input
+    past the last window live in X' (zeros, or rows never read). A stride-1 problem is its own
+    split; the split needs one stride and padding for both axes, a square filter, dilation 1,
+    groups 1, and a phase filter of at least the least size in `sizes` (3x3 at stride 2 would
+    be 2x2 per phase, padded to 3x3: more work than it saves)."""
+    from .problem import ConvProblem
+
+    p = problem
+    if (isinstance(p.stride, tuple) or isinstance(p.pad, tuple) or p.r != p.s
+            or p.dilation != 1 or p.groups != 1):
+        return None
+    if p.stride == 1:
+        return p if p.r in sizes else None
+    taps = -(-p.r // p.stride)
+    fits = [size for size in sorted(sizes) if size >= taps]
+    if taps < min(sizes) or not fits:
+        return None
+    r = fits[0]
+    return ConvProblem(n=p.n, c=p.c * p.stride ** 2, h=p.p + r - 1, w=p.q + r - 1, k=p.k,
+                       r=r, s=r)

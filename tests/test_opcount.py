@@ -5,7 +5,7 @@ import pytest
 
 from convbench import opcount, registry
 from convbench.algos import fft_kernels
-from convbench.layers import resolve
+from convbench.layers import net_layers, resolve
 from convbench.problem import ConvProblem
 
 CONV2 = resolve("alexnet:conv2").problem  # batch 256, the study's
@@ -55,7 +55,7 @@ def test_winograd_counts_5x5_filters():
 def test_winograd_has_no_count_where_it_does_not_apply():
     seven = ConvProblem(n=1, c=1, h=9, w=9, k=1, r=7, s=7, pad=3)
     assert opcount.op_count("winograd-2x2", seven, "fwd") is None
-    strided = ConvProblem(n=1, c=1, h=8, w=8, k=1, r=3, s=3, stride=2)
+    strided = ConvProblem(n=1, c=1, h=8, w=8, k=1, r=3, s=3, stride=2)  # 2x2 per phase
     assert opcount.op_count("winograd-4x4", strided, "fwd") is None
     assert opcount.theoretical_workspace("winograd-4x4", strided, "fwd") is None
     grouped = ConvProblem(n=1, c=4, h=8, w=8, k=4, r=3, s=3, pad=1, groups=2)
@@ -246,3 +246,20 @@ def test_per_axis_fft_grid_pads_each_axis_and_winograd_has_no_count():
                                                   else "emu"), p, "fwd", "nchw", "fp32")
             assert opcount.op_count(algo, p, "fwd") is None
             assert opcount.theoretical_workspace(algo, p, "fwd") is None
+
+
+@pytest.mark.parametrize("pass_", ["fwd", "bwd_data", "bwd_filter"])
+def test_strided_winograd_on_the_cpu_counts_its_phase_split(pass_):
+    """AlexNet's conv1 (11x11, stride 4) runs on the CPU as 48 channels of 3x3 filters: counted
+    as that problem; the GPU kernels take stride 1 only, so there it has no count."""
+    conv1 = next(x.problem for x in net_layers("alexnet") if x.name == "conv1")
+    split = ConvProblem(n=conv1.n, c=48, h=57, w=57, k=conv1.k, r=3, s=3)
+    assert split.p == conv1.p == 55
+    for algo in ("winograd-4x4", "winograd-5x5"):
+        assert opcount.op_count(algo, conv1, pass_) == opcount.op_count(algo, split, pass_)
+        assert opcount.theoretical_workspace(algo, conv1, pass_) == \
+            opcount.theoretical_workspace(algo, split, pass_)
+        assert opcount.op_count(algo, conv1, pass_, backend="cuda") is None
+    # 144/121 zero taps, yet F(5x5, 3x3) does 3.2-3.9x fewer multiplications than direct
+    direct = opcount.op_count("direct", conv1, pass_).multiplications
+    assert 3 < direct / opcount.op_count("winograd-5x5", conv1, pass_).multiplications < 4

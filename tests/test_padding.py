@@ -148,8 +148,8 @@ def test_winograd_says_why_not_in_one_line():
     problem = ASYM[1]  # stride 2
     reason = registry.supports(registry.get("winograd-2x2", "numpy"), problem, "fwd", "nchw",
                                "fp32")
-    assert reason == ("winograd-2x2 needs stride 1 (got 2) (padding 2+0x1 runs as 0x1 after an "
-                      "explicit pad)")
+    assert reason == ("winograd-2x2 needs 5x5 to 10x10 filters at stride 2 (3x3 or 5x5 per phase) "
+                      "(got 3x3) (padding 2+0x1 runs as 0x1 after an explicit pad)")
 
 
 @pytest.mark.parametrize("pass_", PASSES)

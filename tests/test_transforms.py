@@ -190,3 +190,46 @@ def test_c_source_qualifier_and_errors():
                                                                      qualifier="__constant__ const")
     with pytest.raises(ValueError, match="unknown C dtype 'half'"):
         c_source(2, 3, dtype="half")
+
+
+@pytest.mark.parametrize("stride, r, pad, h, w", [(4, 11, 0, 27, 23), (2, 7, 3, 11, 12),
+                                                   (3, 9, 4, 10, 14), (2, 5, 1, 9, 9)])
+def test_phase_split_is_the_strided_convolution(stride, r, pad, h, w):
+    """x's phase planes X'[i, b] = x_pad[s·i + b] correlated (stride 1) with W'[a, b] =
+    w[s·a + b] give the strided convolution exactly, in float64 (the definition the CPU
+    Winograd runs strided layers by)."""
+    from convbench import reference
+    from convbench.problem import ConvProblem
+    from convbench.transforms import phase_split
+
+    p = ConvProblem(n=2, c=3, h=h, w=w, k=4, r=r, s=r, stride=stride, pad=pad)
+    split = phase_split(p, (3, 5))
+    assert split.p == p.p and split.q == p.q and split.c == 3 * stride ** 2
+    rng = np.random.default_rng(0)
+    x, wt = rng.standard_normal(p.x_shape()), rng.standard_normal(p.w_shape())
+    s, e_h, e_w, taps = stride, split.h, split.w, split.r
+    xp = np.zeros((p.n, p.c, s * e_h, s * e_w))
+    rows, cols = min(h, s * e_h - pad), min(w, s * e_w - pad)
+    xp[:, :, pad:pad + rows, pad:pad + cols] = x[:, :, :rows, :cols]
+    planes = xp.reshape(p.n, p.c, e_h, s, e_w, s).transpose(0, 3, 5, 1, 2, 4)
+    wp = np.zeros((p.k, p.c, s * taps, s * taps))
+    wp[:, :, :r, :r] = wt
+    wsplit = wp.reshape(p.k, p.c, taps, s, taps, s).transpose(0, 3, 5, 1, 2, 4)
+    got = reference.reference(split, "fwd", "nchw",
+                              planes.reshape(p.n, split.c, e_h, e_w),
+                              wsplit.reshape(p.k, split.c, taps, taps))
+    np.testing.assert_allclose(got, reference.reference(p, "fwd", "nchw", x, wt), atol=1e-12)
+
+
+def test_phase_split_refuses_what_it_cannot_split():
+    from convbench.problem import ConvProblem
+    from convbench.transforms import phase_split
+
+    base = dict(n=1, c=1, h=16, w=16, k=1)
+    assert phase_split(ConvProblem(**base, r=3, s=3, stride=2), (3, 5)) is None  # 2x2 phases
+    assert phase_split(ConvProblem(**base, r=11, s=11, stride=2), (3, 5)) is None  # 6x6
+    assert phase_split(ConvProblem(**base, r=5, s=5, stride=(2, 1)), (3, 5)) is None
+    assert phase_split(ConvProblem(**base, r=7, s=7, stride=2), (3, 5)).r == 5  # 4 taps, up
+    assert phase_split(ConvProblem(**base, r=7, s=7, stride=2), (3,)) is None
+    same = ConvProblem(**base, r=3, s=3, pad=1)
+    assert phase_split(same, (3,)) is same

@@ -72,9 +72,11 @@ def test_random_problems_match_reference(algo, pass_, layout, problem, precision
     ({"r": 7, "s": 7, "pad": 3}, "needs 3x3 or 5x5 filters (got 7x7)"),
     ({"s": 1, "pad": 1}, "needs 3x3 or 5x5 filters (got 3x1)"),
     ({"r": 5, "s": 3, "pad": 1}, "needs 3x3 or 5x5 filters (got 5x3)"),
-    ({"stride": 2}, "needs stride 1 (got 2)"),
+    ({"stride": 2}, "needs 5x5 to 10x10 filters at stride 2 (3x3 or 5x5 per phase) (got 3x3)"),
+    ({"r": 11, "s": 11, "stride": 2},
+     "needs 5x5 to 10x10 filters at stride 2 (3x3 or 5x5 per phase) (got 11x11)"),
     ({"dilation": 2, "pad": 2}, "needs dilation 1 (got 2)"),
-    ({"stride": (2, 1)}, "needs stride 1 (got 2x1)"),
+    ({"stride": (2, 1)}, "needs one stride for both axes (got 2x1)"),
     ({"dilation": (1, 2), "pad": (1, 2)}, "needs dilation 1 (got 1x2)"),
     ({"pad": (1, 0)}, "needs one padding for both axes (got pad 1x0)"),
     ({"pad": (0, 1)}, "needs one padding for both axes (got pad 0x1)"),
@@ -85,7 +87,7 @@ def test_unsupported_combinations_give_one_line_reasons(algo, change, reason):
     problem = dataclasses.replace(ConvProblem(n=1, c=4, h=9, w=9, k=4, r=3, s=3, pad=1),
                                   **change)
     if algo in ("winograd-5x5", "winograd-6x6"):
-        reason = reason.replace("3x3 or 5x5", "3x3")
+        reason = reason.replace("3x3 or 5x5", "3x3").replace("10x10", "6x6")
     for pass_ in PASSES:
         assert registry.supports(_impl(algo), problem, pass_, "nchw", "fp32") == \
             f"{algo} {reason}"
@@ -215,3 +217,83 @@ def test_5x5_on_alexnet_conv2(algo, pass_, layout):
                             "fp32")
     assert chk.tolerance == pytest.approx(base * max(1, (verify.reduction_length(
         problem, pass_) / 4096) ** 0.5))
+
+
+# --- strided problems: the phase split ---------------------------------------------------------
+@st.composite
+def problems_strided(draw):
+    """Small strided problems whose phase split has 3x3 to 5x5 filters: stride 2 to 4, a
+    filter of 2·stride+1 to 5·stride taps, padding 0 to r-1, odd sizes (partial phase planes
+    and partial tiles at the edges)."""
+    stride = draw(st.integers(2, 4))
+    r = draw(st.integers(2 * stride + 1, 5 * stride))
+    pad = draw(st.integers(0, r - 1))
+    low = max(1, r - 2 * pad)
+    try:
+        return ConvProblem(n=draw(st.integers(1, 2)), c=draw(st.integers(1, 3)),
+                           h=draw(st.integers(low, low + 13)), w=draw(st.integers(low, low + 13)),
+                           k=draw(st.integers(1, 4)), r=r, s=r, stride=stride, pad=pad)
+    except ValueError:
+        assume(False)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+@pytest.mark.parametrize("algo", ALGOS)
+@settings(max_examples=20, deadline=None)
+@given(problem=problems_strided(), precision=st.sampled_from(PRECISIONS), seed=st.integers(0, 99))
+def test_random_strided_problems_match_reference(algo, pass_, layout, problem, precision, seed):
+    """Every pass and layout of a strided problem, run as its phase split, against float64."""
+    assume(registry.supports(_impl(algo), problem, pass_, layout, precision) is None)
+    chk = run_and_check(_impl(algo), problem, pass_, layout, precision, seed)
+    assert chk.ok, f"{algo} {pass_} {layout} {precision} {problem}: {chk.reason}"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+def test_alexnet_conv1_runs_as_its_phase_split(pass_, layout):
+    """AlexNet's 11x11 conv1 at stride 4 in fp32: 16 phases of 3 channels and 3x3 filters,
+    inside F(5x5, 3x3)'s tolerance, and the row's note says how it ran."""
+    problem = _alexnet("conv1")
+    chk = run_and_check(_impl("winograd-5x5"), problem, pass_, layout, "fp32", seed=1)
+    assert chk.ok, chk.reason
+    note = _impl("winograd-5x5").describe(problem, pass_, layout, "fp32")
+    assert "stride 4 as 16 stride-1 phases: 48 channels, 11x11 filters as 3x3" in note
+    assert note.startswith("F(3x3, 5x5)" if pass_ == "bwd_filter" else "F(5x5, 3x3)")
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+def test_strided_phases_replay_and_reuse(algo, pass_, layout):
+    """A 9x9 filter at stride 3 padded 4 (planes past the input, partial tiles): run phase by
+    phase it gives the full call's bits, and a prepared pass stays right on new data (bwd_data's
+    dx rows past the planes are written as zeros, not left as they were)."""
+    problem = ConvProblem(n=2, c=2, h=14, w=11, k=3, r=9, s=9, stride=3, pad=4)
+    assert_phases_replay(_impl(algo), problem, pass_, layout)
+    run = _impl(algo).prepare(problem, pass_, layout, "fp64")
+    for seed in (2, 3):
+        a, b = reference.random_operands(problem, pass_, layout, np.float64, seed)
+        out = reference.nan_output(problem, pass_, layout, np.float64)
+        run(a, b, out)
+        ref = reference.reference(problem, pass_, layout, a, b)
+        assert verify.check(out, ref, algo, "fp64", problem, pass_).ok
+
+
+def test_strided_zero_gradient_rows_past_the_planes():
+    """x rows and columns no window reads (a 6x6 filter at stride 2 on 13 rows reads rows 0-11,
+    the phase planes hold 12) get a zero gradient, written over the NaN the output starts as,
+    in both layouts."""
+    problem = ConvProblem(n=1, c=2, h=13, w=13, k=2, r=6, s=6, stride=2, pad=0)
+    assert problem.p == 4  # rows 0..11 are read, row 12 is not
+    for layout in LAYOUTS:
+        chk = run_and_check(_impl("winograd-4x4"), problem, "bwd_data", layout, "fp64", seed=4)
+        assert chk.ok, chk.reason
+
+
+@pytest.mark.parametrize("pass_", PASSES)
+def test_strided_fp32_is_computed_in_fp32(pass_):
+    problem = ConvProblem(n=2, c=3, h=17, w=15, k=4, r=7, s=7, stride=2, pad=3)
+    seen = matmul_dtypes(_impl("winograd-4x4"), problem, pass_, "nchw")
+    assert len(seen) == (6 if pass_ == "bwd_filter" else 5)
+    assert {d for ds in seen for d in ds} == {np.dtype(np.float32)}
