@@ -266,8 +266,11 @@ class _PhaseScatter:
 
 class _FilterTransform:
     """G g Gᵀ for every r×r filter, as one GEMM with G⊗G (alpha² × r²): the transformed filters
-    as (alpha², K, C). kcrs filters are read in place (a transposed operand); krsc ones are
-    first gathered as (r·s, K, C).
+    as (alpha², K, C), a view. kcrs filters are read in place (a transposed operand); krsc ones
+    are first gathered as (r·s, K, C). With `ck` they are kept as (alpha², C, K) in memory
+    (gathered as (r·s, C, K) from either layout, a copy of the small filter): the nhwc forward
+    product (tiles×C)·(C×K) then reads its right operand untransposed, which MKL runs 10-15%
+    faster (49 GEMMs of 72×256×384: 5.1 against 5.9 ms, AlexNet conv3 at batch 8).
 
     At stride s > 1 the filter is the phase split's (`transforms.phase_split`): copied into a
     zero buffer of s·r' taps per axis (r' G's size; taps past the filter stay zero), whose taps
@@ -275,17 +278,20 @@ class _FilterTransform:
     (two copies, not one per phase: 0.1 against 0.9 ms on AlexNet's conv1), and transformed the
     same way, as (alpha², K, s·s·C)."""
 
-    def __init__(self, g: np.ndarray, shape, layout: str, dtype, stride: int = 1):
+    def __init__(self, g: np.ndarray, shape, layout: str, dtype, stride: int = 1,
+                 ck: bool = False):
         torch = _torch()
         self.kron = torch.from_numpy(np.ascontiguousarray(np.kron(g, g)))
         size = dict(zip(FILTER_LAYOUT[layout], shape))
         k, c = size["k"], size["c"]
-        self.layout, self.k, self.c, self.stride = layout, k, c, stride
-        self.out = torch.from_numpy(workspace((len(self.kron), k, c * stride ** 2), dtype))
+        self.layout, self.k, self.c, self.stride, self.ck = layout, k, c, stride, ck
+        channels = (c * stride ** 2, k) if ck else (k, c * stride ** 2)
+        self.out = torch.from_numpy(workspace((len(self.kron), *channels), dtype))
         taps = g.shape[1]
         self.r2 = taps ** 2
-        self.taps = None if layout == "nchw" and stride == 1 else \
-            torch.from_numpy(workspace((taps, taps, k, stride, stride, c), dtype))
+        phases = (stride, stride, c, k) if ck else (k, stride, stride, c)
+        self.taps = None if layout == "nchw" and stride == 1 and not ck else \
+            torch.from_numpy(workspace((taps, taps, *phases), dtype))
         self.padded = None if stride == 1 else \
             torch.from_numpy(workspace((k, stride * taps, stride * taps, c), dtype))
         self.window = (slice(None), slice(0, size["r"]), slice(0, size["s"]))
@@ -297,21 +303,22 @@ class _FilterTransform:
 
     def __call__(self, w):
         torch = _torch()
+        krsc = w.permute(_order(FILTER_LAYOUT[self.layout], "krsc"))
         if self.taps is None:  # kcrs: (K·C, r²), transposed
             src = w.reshape(self.k * self.c, self.r2).t()
-        elif self.padded is None:  # krsc -> (rs, K, C)
-            self.taps.view(self.r2, self.k, self.c).copy_(
-                w.reshape(self.k, self.r2, self.c).permute(1, 0, 2))
+        elif self.padded is None:  # -> (rs, K, C) or (rs, C, K)
+            taps = self.taps.view(self.r2, *((self.c, self.k) if self.ck else (self.k, self.c)))
+            taps.copy_(krsc.reshape(self.k, self.r2, self.c).permute(
+                (1, 2, 0) if self.ck else (1, 0, 2)))
             src = self.taps.view(self.r2, -1)
-        else:  # (K, s·r', s·r', C) -> (r', r', K, s, s, C)
-            self.padded[self.window].copy_(w.permute(_order(FILTER_LAYOUT[self.layout],
-                                                            "krsc")))
+        else:  # (K, s·r', s·r', C) -> (r', r', K, s, s, C) or (r', r', s, s, C, K)
+            self.padded[self.window].copy_(krsc)
             s, taps = self.stride, self.taps.shape[0]
             phased = self.padded.view(self.k, taps, s, taps, s, self.c)
-            self.taps.copy_(phased.permute(1, 3, 0, 2, 4, 5))
+            self.taps.copy_(phased.permute((1, 3, 2, 4, 5, 0) if self.ck else (1, 3, 0, 2, 4, 5)))
             src = self.taps.view(self.r2, -1)
         torch.matmul(self.kron, src, out=self.out.view(len(self.kron), -1))
-        return self.out
+        return self.out.transpose(1, 2) if self.ck else self.out
 
 
 class _Placement:
@@ -387,7 +394,9 @@ class _TiledOutput:
             self.pad = _Padding(in_shape, layout, r - 1 - eq.pad, sizes, dtype)
             self.data = _TileTransform(self.pad.shape, "nhwc", "nhwc", t.BT, m, counts, dtype)
         g = t.G if pass_ == "fwd" else t.G[:, ::-1]
-        self.filter = _FilterTransform(g, problem.w_shape(layout), layout, dtype, stride)
+        # the nhwc forward product (T×C)·(C×K) reads the filters as (C, K) rows
+        self.filter = _FilterTransform(g, problem.w_shape(layout), layout, dtype, stride,
+                                       ck=pass_ == "fwd" and layout == "nhwc")
         channels = {"fwd": (eq.c, eq.k), "bwd_data": (eq.k, eq.c)}[pass_]
         self.cin, self.cout = channels
         self.tiles = eq.n * counts[0] * counts[1]
