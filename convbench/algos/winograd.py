@@ -18,8 +18,9 @@ Why it is built this way (measured on a 2-core AVX-512 Xeon, AlexNet conv3, batc
   where NumPy's copies use one. Only BLAS and strided copies are borrowed, never a convolution.
 - A data transform is one copy gathering every tile (a strided window view, no loop over tiles)
   and two GEMMs with the small Bᵀ (rows of every tile at once, then columns): ~12 multiply-adds
-  per tile element where Bᵀ⊗Bᵀ would take alpha², in the same time. The inverse is one GEMM
-  with Aᵀ⊗Aᵀ: it shrinks the tiles, so one pass over the products beats two.
+  per tile element where Bᵀ⊗Bᵀ would take alpha², in the same time. The inverse is two GEMMs
+  with Aᵀ too where the tiles stay in the product's order (nhwc), one GEMM with Aᵀ⊗Aᵀ where it
+  writes them transposed (nchw, `_Kron`'s `last`).
 - The filter transform is one GEMM with the Kronecker product G⊗G (alpha² × r²) on the filters
   seen as r² × (K·C): a single pass writing the alpha²·K·C transformed filters, which dominate its
   memory traffic (twice as fast as the two-stage form, whose intermediate is as large).
@@ -110,8 +111,13 @@ class _Sandwich:
 class _Kron:
     """mat·X·matᵀ for a stack of alpha×alpha matrices X laid out (alpha, alpha, ...), as one GEMM
     with mat ⊗ mat: for the wide Aᵀ of the inverse transforms, which shrink alpha² values to m²
-    (or r²), one pass over the products beats two (measured 0.48 against 0.84 ms on AlexNet
-    conv3's output tiles). The result is (m, m, ...), or with `last` (..., m, m): written
+    (or r²). MKL runs this short, wide GEMM well below its peak, and which of one pass over the
+    products and `_Sandwich`'s two (a third of the multiply-adds) is faster depends on the
+    machine: 0.48 against 0.84 ms on AlexNet conv3's output tiles on one 2-core Xeon, while on
+    another (2026-11-26, `make phases` side by side) the two GEMMs made winograd-5x5's inverse
+    3-19% faster on conv1, conv3 and conv5, forward and data gradient — so nhwc's inverse, whose
+    tiles keep their order, takes two; this form stays for `last`. The result is (m, m, ...),
+    or with `last` (..., m, m): written
     transposed (Xᵀ·(mat ⊗ mat)ᵀ), which puts the tile innermost for free, so nchw outputs and
     kcrs filters are copied out in runs of whole tile rows rather than element by element."""
 
@@ -413,7 +419,9 @@ class _TiledOutput:
         order = _TILE_ORDER[tiled]
         self.prod = torch.from_numpy(workspace((self.alpha2, *(size[a] for a in order)), dtype))
         nchw = tiled == "nchw"
-        self.untransform = _Kron(t.AT, tuple(size[a] for a in order), dtype, last=nchw)
+        # nchw: one GEMM writing the tiles transposed; nhwc: two with Aᵀ (`_Kron`'s note)
+        self.untransform = (_Kron(t.AT, tuple(size[a] for a in order), dtype, last=nchw) if nchw
+                            else _Sandwich(t.AT, tuple(size[a] for a in order), dtype))
         self.place = _Placement((order + "ij") if nchw else ("ij" + order), tiled, m, extent)
         self.v = self.u = None
 
