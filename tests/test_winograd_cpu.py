@@ -41,6 +41,23 @@ def problems_square(draw, sizes=(3, 5)):
         assume(False)
 
 
+@st.composite
+def problems_strided(draw):
+    """Small strided problems whose phase split has 3x3 to 5x5 filters: stride 2 to 4, a
+    filter of 2·stride+1 to 5·stride taps, padding 0 to r-1, odd sizes (partial phase planes
+    and partial tiles at the edges)."""
+    stride = draw(st.integers(2, 4))
+    r = draw(st.integers(2 * stride + 1, 5 * stride))
+    pad = draw(st.integers(0, r - 1))
+    low = max(1, r - 2 * pad)
+    try:
+        return ConvProblem(n=draw(st.integers(1, 2)), c=draw(st.integers(1, 3)),
+                           h=draw(st.integers(low, low + 13)), w=draw(st.integers(low, low + 13)),
+                           k=draw(st.integers(1, 4)), r=r, s=r, stride=stride, pad=pad)
+    except ValueError:
+        assume(False)
+
+
 def _impl(algo):
     return registry.get(algo, "numpy")
 
@@ -54,16 +71,18 @@ def test_catalog_layers_match_reference(algo, pass_, layout, precision):
     for _, problem in small_catalog_problems():
         assert_matches_reference(algo, "numpy", problem, pass_, layout, precision)
         runs += registry.supports(_impl(algo), problem, pass_, layout, precision) is None
-    assert runs >= 10  # the catalogs' 3x3 stride-1 layers, not all skipped
+    assert runs >= 10  # the catalogs' 3x3 stride-1 layers and 11x11/4 conv1s, not all skipped
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("pass_", PASSES)
 @pytest.mark.parametrize("algo", ALGOS)
-@settings(max_examples=25, deadline=None)
-@given(problem=problems_square(), precision=st.sampled_from(PRECISIONS), seed=st.integers(0, 99))
+@settings(max_examples=40, deadline=None)
+@given(problem=st.one_of(problems_square(), problems_strided()),
+       precision=st.sampled_from(PRECISIONS), seed=st.integers(0, 99))
 def test_random_problems_match_reference(algo, pass_, layout, problem, precision, seed):
-    assume(problem.r in _impl(algo).filter_sizes)
+    """Stride 1 and strided problems (run as their phase split) against float64."""
+    assume(registry.supports(_impl(algo), problem, pass_, layout, precision) is None)
     chk = run_and_check(_impl(algo), problem, pass_, layout, precision, seed)
     assert chk.ok, f"{algo} {pass_} {layout} {precision} {problem}: {chk.reason}"
 
@@ -221,35 +240,6 @@ def test_5x5_on_alexnet_conv2(algo, pass_, layout):
 
 
 # --- strided problems: the phase split ---------------------------------------------------------
-@st.composite
-def problems_strided(draw):
-    """Small strided problems whose phase split has 3x3 to 5x5 filters: stride 2 to 4, a
-    filter of 2·stride+1 to 5·stride taps, padding 0 to r-1, odd sizes (partial phase planes
-    and partial tiles at the edges)."""
-    stride = draw(st.integers(2, 4))
-    r = draw(st.integers(2 * stride + 1, 5 * stride))
-    pad = draw(st.integers(0, r - 1))
-    low = max(1, r - 2 * pad)
-    try:
-        return ConvProblem(n=draw(st.integers(1, 2)), c=draw(st.integers(1, 3)),
-                           h=draw(st.integers(low, low + 13)), w=draw(st.integers(low, low + 13)),
-                           k=draw(st.integers(1, 4)), r=r, s=r, stride=stride, pad=pad)
-    except ValueError:
-        assume(False)
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("pass_", PASSES)
-@pytest.mark.parametrize("algo", ALGOS)
-@settings(max_examples=20, deadline=None)
-@given(problem=problems_strided(), precision=st.sampled_from(PRECISIONS), seed=st.integers(0, 99))
-def test_random_strided_problems_match_reference(algo, pass_, layout, problem, precision, seed):
-    """Every pass and layout of a strided problem, run as its phase split, against float64."""
-    assume(registry.supports(_impl(algo), problem, pass_, layout, precision) is None)
-    chk = run_and_check(_impl(algo), problem, pass_, layout, precision, seed)
-    assert chk.ok, f"{algo} {pass_} {layout} {precision} {problem}: {chk.reason}"
-
-
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("pass_", PASSES)
 def test_alexnet_conv1_runs_as_its_phase_split(pass_, layout):
