@@ -8,6 +8,7 @@ that exists is a problem that can be run.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import numbers
 from dataclasses import dataclass
 
@@ -266,6 +267,8 @@ class ConvProblem:
         A problem padded alike already is its own symmetric part, with (0, 0, 0, 0). With
         `whole`, a problem padded unequally is padded explicitly on every side, keeping no
         padding (for an implementation that takes one padding for both axes)."""
+        if not _nested(self.pad):  # each axis pads its sides alike: its own part
+            return self, (0, 0, 0, 0)
         (top, bottom), (left, right) = pad_sides(self.pad)
         keep_h, keep_w = max(0, min(top, bottom)), max(0, min(left, right))
         if whole and self.asymmetric:
@@ -297,14 +300,14 @@ class ConvProblem:
         """Filter width as it covers the input, dilation included."""
         return (self.s - 1) * self.dil_w + 1
 
-    @property
+    @functools.cached_property
     def p(self) -> int:
-        """Output height."""
+        """Output height (kept once computed: the problem is frozen)."""
         return (self.h + self.pad_top + self.pad_bottom - self.eff_r) // self.stride_h + 1
 
-    @property
+    @functools.cached_property
     def q(self) -> int:
-        """Output width."""
+        """Output width (kept once computed)."""
         return (self.w + self.pad_left + self.pad_right - self.eff_s) // self.stride_w + 1
 
     @property

@@ -59,12 +59,21 @@ def problems_table(net: str, found: list[layers.Layer], every: bool) -> str:
     return text
 
 
-def _support(impl, found: list[layers.Layer], precision: str) -> tuple[list[str], dict]:
+def _columns(found: list[layers.Layer]) -> dict[str, list[layers.Layer]]:
+    """The layers of each column: one layer a column, or for a large catalog a class (each
+    layer classified once, not once per implementation)."""
+    if len(found) <= MANY:
+        return {la.name: [la] for la in found}
+    groups: dict[str, list[layers.Layer]] = {c: [] for c in selection.CLASSES}
+    for la in found:
+        groups[selection.classify(la.problem)].append(la)
+    return groups
+
+
+def _support(impl, groups: dict[str, list[layers.Layer]], by_class: bool,
+             precision: str) -> tuple[list[str], dict]:
     """Per column (a layer, or for a large catalog a class): the cell; and reason -> cases."""
     cells, reasons = [], {}
-    by_class = len(found) > MANY
-    groups = ({c: [la for la in found if selection.classify(la.problem) == c]
-               for c in selection.CLASSES} if by_class else {la.name: [la] for la in found})
     for group in groups.values():
         ok_cases, runs = [], 0
         for layer in group:
@@ -106,6 +115,7 @@ def support_tables(net: str, found: list[layers.Layer], precision: str,
     out = []
     by_class = len(found) > MANY
     columns = list(selection.CLASSES) if by_class else [la.name for la in found]
+    groups = _columns(found)
     for backend in backends:
         reason = registry.available(backend)
         impls = registry.implementations(backend)
@@ -115,7 +125,7 @@ def support_tables(net: str, found: list[layers.Layer], precision: str,
             continue
         table, notes = [], []
         for impl in impls:
-            cells, reasons = _support(impl, found, precision)
+            cells, reasons = _support(impl, groups, by_class, precision)
             own = registry.impl_available(impl)
             table.append([impl.algo, "/".join(impl.precisions),
                           *([] if reason else [own or "yes"]), *cells])
