@@ -228,6 +228,7 @@ class _Geometry:
         return 4 * f * m * n * l + sum(p.items for p in self.places) * self.th * self.tw
 
 
+@functools.lru_cache(maxsize=4096)  # pure, frozen: asked per layout, backend and check
 def _geometry(problem: ConvProblem, pass_: str, tile: int | None) -> _Geometry:
     p, recipe = problem, _RECIPES[pass_]
     axes = (_axis(recipe, p.h, p.r, p.pad_h, tile), _axis(recipe, p.w, p.s, p.pad_w, tile))
