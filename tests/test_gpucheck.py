@@ -14,7 +14,10 @@ from convbench import gpucheck, registry, results, runner
 from convbench.layers import net_layers
 
 DRY = ["gpu-check", "--device", "cpu", "--batch", "1", "--budget", "0.002", "--layers", "conv3"]
-TESTS = ["--pytest-args", "-m gpu -q -p no:cacheprovider -k cuda_timer_flushes"]
+#: One gpu test, its file named so that pytest collects that file alone (seconds, not the
+#: whole suite's collection each time)
+TESTS = ["--pytest-args",
+         "tests/test_timing.py -m gpu -q -p no:cacheprovider -k cuda_timer_flushes"]
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -48,7 +51,8 @@ def test_the_tests_command_adds_its_line_to_the_summary(tmp_path, capsys):
     assert run_cli(capsys, *DRY, "--out", str(folder))[0] == 0
     code, out, err = run_cli(capsys, *DRY, "--out", str(folder), "--tests", *TESTS)
     assert code == 0, err
-    line = "- tests: `pytest -m gpu -q -p no:cacheprovider -k cuda_timer_flushes`: 1 skipped"
+    line = ("- tests: `pytest tests/test_timing.py -m gpu -q -p no:cacheprovider -k "
+            "cuda_timer_flushes`: 1 skipped")
     assert out.startswith(line)
     text = (folder / "summary.md").read_text()
     assert text.count("- tests: ") == 1 and line in text and "skipped" in (
