@@ -86,7 +86,8 @@ class _Sandwich:
 
     Separable, so two GEMMs over the whole stack: mat times every X's rows at once, then mat
     applied, batched, to each transformed row — a half to a third of the work of one GEMM with
-    mat ⊗ mat, and as fast as it for the square Bᵀ (the data transforms)."""
+    mat ⊗ mat, and as fast as it for the square Bᵀ (the data transforms); for the wide Aᵀ of
+    nhwc's inverse too (see `_Kron`)."""
 
     def __init__(self, mat: np.ndarray, rest: tuple[int, ...], dtype):
         torch = _torch()
@@ -374,8 +375,8 @@ class _TiledOutput:
     reversed — and K/C swapped — the transformed filter transposed.
 
     A strided problem runs as its phase split (`transforms.phase_split`, given as `split`):
-    fwd gathers the tiles of x's phase planes straight from the padded x (`_TileTransform`'s
-    `split`) and transforms the split filter; bwd_data computes the gradient of the phase
+    fwd gathers the tiles of x's phase planes, made by one copy from the padded x
+    (`_TileTransform`'s `split`), and transforms the split filter; bwd_data computes the gradient of the phase
     planes, channels last, and scatters it into dx (`_PhaseScatter`).
     """
 
@@ -384,7 +385,7 @@ class _TiledOutput:
         torch = _torch()
         eq = split or problem  # the stride-1 problem the tiles run
         stride = problem.stride
-        self.pass_, self.layout = pass_, layout
+        self.pass_ = pass_
         r = eq.r
         t = winograd_matrices(m, r).astype(dtype)
         in_shape = problem.operand_shapes(pass_, layout)[0]
