@@ -13,6 +13,7 @@ from convbench import cli, contention, results
 from convbench.measurement import CONTENDED_SHARE, Measurement
 
 HOG_SECONDS = 60  # an upper bound: each test ends its hogs itself
+QUIET_ATTEMPTS = 3
 SWEEP = ["layer", "conv3", "--algos", "gemm", "--passes", "fwd", "--layouts", "nhwc",
          "--batch", "2", "--budget", "0.2", "--threads", "2", "--quiet", "--format", "json"]
 
@@ -63,13 +64,22 @@ def measure(capsys, tmp_path, name: str) -> tuple[list[dict], dict, str]:
 def test_a_hog_beside_a_sweep_flags_its_rows_and_a_quiet_run_none(capsys, tmp_path):
     if contention.machine_load()["busy_cores"] > 0.2:  # another job: "quiet" cannot be tested
         pytest.skip("the machine is not quiet: other processes keep its cores busy")
-    with others_cpu() as others:
-        quiet, env, err = measure(capsys, tmp_path, "quiet")
-    if others["cores"] > 0.2:
-        pytest.skip(f"the machine became busy during the quiet sweep: other processes took "
-                    f"{others['cores']:.2f} cores")
-    seen = [{k: r[k] for k in ("algo", "status", "contended", "cpu_share", "reason")} for r in quiet]
-    assert all(r["status"] == "ok" and r["contended"] is False for r in quiet), seen
+    # A blip too short to show in the machine's average (a daemon waking for a few of the
+    # sweep's repetitions) can flag a quiet sweep; a rule that flags quiet runs flags them all.
+    # So a quiet sweep is measured up to three times, and the test fails if every one is flagged.
+    attempts = []
+    for attempt in range(QUIET_ATTEMPTS):
+        with others_cpu() as others:
+            quiet, env, err = measure(capsys, tmp_path, f"quiet{attempt}")
+        if others["cores"] > 0.2:
+            pytest.skip(f"the machine became busy during the quiet sweep: other processes "
+                        f"took {others['cores']:.2f} cores")
+        seen = [{k: r[k] for k in ("algo", "status", "contended", "cpu_share", "reason")}
+                for r in quiet]
+        attempts.append(seen)
+        if all(r["status"] == "ok" and r["contended"] is False for r in quiet):
+            break
+    assert all(r["status"] == "ok" and r["contended"] is False for r in quiet), attempts
     assert all(r["cpu_share"] > CONTENDED_SHARE for r in quiet), seen
     assert "warning" not in err
     with hogs(2) as pids:
