@@ -132,6 +132,15 @@ def test_gate_passes_every_declared_kernel_without_spills():
                            for ln in lines), (entry, arch, layout)
 
 
+@needs_nvrtc
+def test_the_gate_in_processes_gives_the_rows_of_one_process_in_job_order():
+    jobs = [(HERE / "spills.cu", ()), kernels.declared_jobs()[0][0]]
+    serial = kernels.gate(jobs, ["sm_80"], workers=1)
+    files = [r.file for r in serial]
+    assert files[0] == "spills.cu" and files[-1] == jobs[1][0].name
+    assert kernels.gate(jobs, ["sm_80"], workers=2) == serial
+
+
 def test_every_kernel_file_has_declared_configurations():
     jobs, undeclared = kernels.declared_jobs()
     assert undeclared == []

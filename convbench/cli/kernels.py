@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from .. import kernels
-from .common import EXIT_USAGE
+from .common import EXIT_INTERRUPTED, EXIT_USAGE
 
 
 def main(argv: list[str]) -> int:
@@ -35,7 +35,11 @@ def main(argv: list[str]) -> int:
         jobs, undeclared = [(f, defines) for f in args.files], []
     else:
         jobs, undeclared = kernels.declared_jobs()
-    rows = kernels.gate(jobs, args.arch or kernels.GATE_ARCHS)
+    try:
+        rows = kernels.gate(jobs, args.arch or kernels.GATE_ARCHS)
+    except KeyboardInterrupt:
+        print("convbench kernels: interrupted; nothing was checked to the end", file=sys.stderr)
+        return EXIT_INTERRUPTED
     rows += [kernels.GateRow(name, (), "-", None, "no configuration declared (kernels.declare)")
              for name in undeclared]
     print(kernels.render(rows))
