@@ -377,6 +377,15 @@ def _over_index_limit(sizes: Mapping[str, int]) -> str | None:
     return None
 
 
+#: The last answers of `KernelImplementation._kernel_reason`, by (class, algo, problem, pass,
+#: layout, precision): the `cuda` and `emu` wrappers of an algorithm are one class, and a
+#: listing asks both about each case back to back (`convbench list --net convset`: 8498
+#: problems, 2 backends). A few are enough; the oldest goes first.
+_KERNEL_REASONS: dict = {}
+_KERNEL_REASONS_KEPT = 64
+_UNSEEN = object()
+
+
 class KernelImplementation(registry.Implementation):
     """An implementation through kernels/*.cu: one class serves `cuda` and `emu`
     (`register_kernels`), the backend only changing what `launcher` hands back, so the emulated
@@ -395,6 +404,20 @@ class KernelImplementation(registry.Implementation):
 
     def supports(self, problem: ConvProblem, pass_: str, layout: str,
                  precision: str) -> str | None:
+        key = (type(self), self.algo, problem, pass_, layout, precision)
+        reason = _KERNEL_REASONS.get(key, _UNSEEN)
+        if reason is _UNSEEN:
+            reason = self._kernel_reason(problem, pass_, layout, precision)
+            if len(_KERNEL_REASONS) >= _KERNEL_REASONS_KEPT:
+                del _KERNEL_REASONS[next(iter(_KERNEL_REASONS))]
+            _KERNEL_REASONS[key] = reason
+        if reason or self.backend != "emu":
+            return reason
+        return emu.too_big(self.emulated_work(problem, pass_, layout))
+
+    def _kernel_reason(self, problem: ConvProblem, pass_: str, layout: str,
+                       precision: str) -> str | None:
+        """What the algorithm and its kernels' limits refuse, the same on `cuda` and `emu`."""
         operands = zip(OPERAND_NAMES[pass_], problem.operand_shapes(pass_, layout))
         reason = (self.refuses(problem, pass_, layout, precision)
                   or _over_index_limit({name: math.prod(s) for name, s in operands}))
@@ -402,12 +425,9 @@ class KernelImplementation(registry.Implementation):
             return reason
         try:
             self.check_launch(problem, pass_, layout)
-            reason = _over_index_limit(self.workspace_buffers(problem, pass_, layout))
+            return _over_index_limit(self.workspace_buffers(problem, pass_, layout))
         except ValueError as exc:
-            reason = str(exc)
-        if reason or self.backend != "emu":
-            return reason
-        return emu.too_big(self.emulated_work(problem, pass_, layout))
+            return str(exc)
 
     def refuses(self, problem: ConvProblem, pass_: str, layout: str,
                 precision: str) -> str | None:

@@ -269,6 +269,13 @@ class ConvProblem:
         padding (for an implementation that takes one padding for both axes)."""
         if not _nested(self.pad):  # each axis pads its sides alike: its own part
             return self, (0, 0, 0, 0)
+        # kept once computed (the problem is frozen; every implementation's route asks)
+        key = "_symmetric_whole" if whole else "_symmetric"
+        if key not in self.__dict__:
+            self.__dict__[key] = self._symmetric_part(whole)
+        return self.__dict__[key]
+
+    def _symmetric_part(self, whole: bool) -> tuple[ConvProblem, tuple[int, int, int, int]]:
         (top, bottom), (left, right) = pad_sides(self.pad)
         keep_h, keep_w = max(0, min(top, bottom)), max(0, min(left, right))
         if whole and self.asymmetric:

@@ -70,30 +70,35 @@ def _columns(found: list[layers.Layer]) -> dict[str, list[layers.Layer]]:
     return groups
 
 
-def _support(impl, groups: dict[str, list[layers.Layer]], by_class: bool,
-             precision: str) -> tuple[list[str], dict]:
-    """Per column (a layer, or for a large catalog a class): the cell; and reason -> cases."""
-    cells, reasons = [], {}
+def _support(impls: list, groups: dict[str, list[layers.Layer]], by_class: bool,
+             precision: str) -> list[tuple[list[str], dict]]:
+    """Per implementation: per column (a layer, or for a large catalog a class) the cell, and
+    reason -> cases. The implementations are asked about each case back to back: an algorithm's
+    `cuda` and `emu` wrappers, one class, share their checks (`KernelImplementation`'s cache)."""
+    out = [([], {}) for _ in impls]
     for group in groups.values():
-        ok_cases, runs = [], 0
+        ok_cases, runs = [[] for _ in impls], [0] * len(impls)
         for layer in group:
-            ok = []
+            ok = [[] for _ in impls]
             for pass_ in PASSES:
                 for layout in LAYOUTS:
-                    why = registry.supports(impl, layer.problem, pass_, layout, precision)
-                    if why is None:
-                        ok.append(f"{pass_}/{layout}")
-                    else:
-                        reasons.setdefault(why, []).append((layer.name, pass_, layout))
-            runs += len(ok) == CASES
-            ok_cases = ok
-        if not group:
-            cells.append("")
-        elif by_class:
-            cells.append("yes" if runs == len(group) else f"{runs} of {len(group)}")
-        else:
-            cells.append("yes" if runs else ", ".join(ok_cases) or "no")
-    return cells, reasons
+                    for i, impl in enumerate(impls):
+                        why = registry.supports(impl, layer.problem, pass_, layout, precision)
+                        if why is None:
+                            ok[i].append(f"{pass_}/{layout}")
+                        else:
+                            out[i][1].setdefault(why, []).append((layer.name, pass_, layout))
+            for i in range(len(impls)):
+                runs[i] += len(ok[i]) == CASES
+                ok_cases[i] = ok[i]
+        for i, (cells, _) in enumerate(out):
+            if not group:
+                cells.append("")
+            elif by_class:
+                cells.append("yes" if runs[i] == len(group) else f"{runs[i]} of {len(group)}")
+            else:
+                cells.append("yes" if runs[i] else ", ".join(ok_cases[i]) or "no")
+    return out
 
 
 def _alike(algo: str, reasons: dict) -> list[str]:
@@ -116,16 +121,23 @@ def support_tables(net: str, found: list[layers.Layer], precision: str,
     by_class = len(found) > MANY
     columns = list(selection.CLASSES) if by_class else [la.name for la in found]
     groups = _columns(found)
+    every = {b: registry.implementations(b) for b in backends}
+    algos = list(dict.fromkeys(impl.algo for b in backends for impl in every[b]))
+    support = {}
+    for algo in algos:
+        same = [impl for b in backends for impl in every[b] if impl.algo == algo]
+        support.update(zip([(i.backend, algo) for i in same],
+                           _support(same, groups, by_class, precision)))
     for backend in backends:
         reason = registry.available(backend)
-        impls = registry.implementations(backend)
+        impls = every[backend]
         head = f"## backend {backend} on {net}: {'available' if reason is None else reason}"
         if not impls:
             out += [head, "", "no implementations", ""]
             continue
         table, notes = [], []
         for impl in impls:
-            cells, reasons = _support(impl, groups, by_class, precision)
+            cells, reasons = support[backend, impl.algo]
             own = registry.impl_available(impl)
             table.append([impl.algo, "/".join(impl.precisions),
                           *([] if reason else [own or "yes"]), *cells])
