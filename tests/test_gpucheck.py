@@ -2,7 +2,10 @@
 the two commands the first GPU session runs, kept working by CI, also with the optional
 packages hidden."""
 
+import contextlib
 import importlib.abc
+import io
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +13,7 @@ from pathlib import Path
 import pytest
 from test_cli import run_cli
 
-from convbench import gpucheck, registry, results, runner
+from convbench import cli, gpucheck, registry, results, runner
 from convbench.layers import net_layers
 
 DRY = ["gpu-check", "--device", "cpu", "--batch", "1", "--budget", "0.002", "--layers", "conv3"]
@@ -21,9 +24,26 @@ TESTS = ["--pytest-args",
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_the_run_leaves_its_folder_and_summary_and_resumes(tmp_path, capsys):
-    folder = tmp_path / "check"
-    code, out, err = run_cli(capsys, *DRY, "--out", str(folder))
+@pytest.fixture(scope="module")
+def dry_check(tmp_path_factory):
+    """One dry check (`DRY`) into a folder of its own: (folder, exit code, stdout, stderr).
+    The tests that read, resume or extend a finished check copy it rather than measure again
+    (each dry check takes 20-30 s here, most of it the report's plots)."""
+    folder = tmp_path_factory.mktemp("dry") / "check"
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main([*DRY, "--out", str(folder)])
+    return folder, code, out.getvalue(), err.getvalue()
+
+
+def _copy(dry_check, tmp_path) -> Path:
+    folder, code, _, err = dry_check
+    assert code == 0, err
+    return Path(shutil.copytree(folder, tmp_path / "check"))
+
+
+def test_the_run_leaves_its_folder_and_summary_and_resumes(tmp_path, capsys, dry_check):
+    folder, code, out, err = dry_check
     assert code == 0, err
     assert {p.name for p in folder.iterdir()} == {"env.json", "run", "summary.md"}
     df, env = results.load_run(folder / "run")
@@ -42,13 +62,13 @@ def test_the_run_leaves_its_folder_and_summary_and_resumes(tmp_path, capsys):
     assert all(f"{name} " in stages for name in runner.STAGES)
     assert "gpu-check --tests --out" in err
 
-    code, _, _ = run_cli(capsys, *DRY, "--out", str(folder))
-    assert code == 0 and len(results.read_rows(folder / "run" / "measurements.csv")) == len(df)
+    copy = _copy(dry_check, tmp_path)
+    code, _, _ = run_cli(capsys, *DRY, "--out", str(copy))
+    assert code == 0 and len(results.read_rows(copy / "run" / "measurements.csv")) == len(df)
 
 
-def test_the_tests_command_adds_its_line_to_the_summary(tmp_path, capsys):
-    folder = tmp_path / "check"
-    assert run_cli(capsys, *DRY, "--out", str(folder))[0] == 0
+def test_the_tests_command_adds_its_line_to_the_summary(tmp_path, capsys, dry_check):
+    folder = _copy(dry_check, tmp_path)
     code, out, err = run_cli(capsys, *DRY, "--out", str(folder), "--tests", *TESTS)
     assert code == 0, err
     line = ("- tests: `pytest tests/test_timing.py -m gpu -q -p no:cacheprovider -k "
