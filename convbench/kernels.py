@@ -58,7 +58,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import emu, registry
+from . import emu, registry, threads
 from .fmt import first_line
 from .phases import OPERAND_NAMES
 from .problem import ConvProblem, check_choice
@@ -597,12 +597,11 @@ def gate(jobs: Iterable[tuple[Path, Defines]], archs: Iterable[str] = GATE_ARCHS
     alone), and a gate must not be flaky. Two processes on a 2-core machine: 32 -> 17 s.
     """
     import multiprocessing
-    import os
     from concurrent.futures import ProcessPoolExecutor
 
     archs = tuple(archs)
     tasks = [(path, defines, arch) for path, defines in jobs for arch in archs]
-    workers = min(len(tasks), workers or len(os.sched_getaffinity(0)))
+    workers = min(len(tasks), workers or threads.available_cores())
     if workers <= 1:
         return [row for task in tasks for row in _compile_task(task)]
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
