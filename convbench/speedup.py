@@ -105,10 +105,12 @@ def draw(plt, sp: pd.DataFrame, baseline: str, title: str, path) -> None:
     over the problems both ran (x: the share of those problems), its 95% intervals shaded, a
     line at 1; the legend gives each one's share of wins and ties."""
     fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
+    drawn = 0
     for i, (algo, g) in enumerate(sp.groupby("algo", sort=False)):
         ran = g[g["outcome"] != NOT_COMPARED].sort_values("speedup", kind="stable")
         if ran.empty:
             continue
+        drawn += 1
         x = [(j + 0.5) / len(ran) * 100 for j in range(len(ran))]
         wins, ties = ((ran["outcome"] == o).mean() for o in ("win", "tie"))
         ax.plot(x, ran["speedup"], color=f"C{i}", marker="." if len(ran) < 60 else None,
@@ -122,6 +124,11 @@ def draw(plt, sp: pd.DataFrame, baseline: str, title: str, path) -> None:
     ax.set_xlabel("problems, sorted by speed-up (%)")
     ax.set_ylabel(f"speed-up over {baseline} (log)")
     ax.set_title(title)
-    ax.legend(loc="upper left", fontsize="small")
+    if drawn:
+        ax.legend(loc="upper left", fontsize="small")
+    else:  # an empty picture says why, as the report's table does
+        ax.text(50, 1, f"no problem compared with {baseline}: every time here was taken on a "
+                "busy machine,\nfailed or was not run (the report's tables say which)",
+                ha="center", va="bottom", fontsize="small")
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -1,6 +1,7 @@
 """The sorted speed-up picture of a run of many problems: wins only beyond noise, per class."""
 
 import math
+import warnings
 
 import pandas as pd
 import pytest
@@ -77,6 +78,28 @@ def test_a_sampled_cpu_run_draws_the_sorted_curve(tmp_path, capsys):
     assert "## Speed-up over gemm" in stdout and "| torch-cpu " in stdout
     code, _, err = run_cli(capsys, "report", str(out), "--baseline", "fft")
     assert code == 2 and "--baseline fft was not measured" in err
+
+
+def test_a_picture_with_nothing_compared_says_why(tmp_path):
+    """Every time busy (or failed): no curve, no legend of nothing (matplotlib's warning),
+    and the empty axes say why."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    sp = pd.DataFrame([{"layer": f"l{i}", "pass": "fwd", "precision": "fp32", "class": "dense",
+                        "algo": "gemm", "speedup": math.nan, "low": math.nan, "high": math.nan,
+                        "outcome": speedup.NOT_COMPARED} for i in range(8)])
+    texts = []
+    real_text = plt.Axes.text
+
+    def text(ax, *args, **kwargs):
+        texts.append(args[2])
+        return real_text(ax, *args, **kwargs)
+
+    with warnings.catch_warnings(), pytest.MonkeyPatch.context() as mp:
+        warnings.simplefilter("error")
+        mp.setattr(plt.Axes, "text", text)
+        speedup.draw(plt, sp, "torch-cpu", "fwd", tmp_path / "s.png")
+    assert (tmp_path / "s.png").stat().st_size > 1000
+    assert any("no problem compared with torch-cpu" in t for t in texts)
 
 
 def test_few_problems_draw_no_curve():
