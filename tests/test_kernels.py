@@ -141,6 +141,19 @@ def test_the_gate_in_processes_gives_the_rows_of_one_process_in_job_order():
     assert kernels.gate(jobs, ["sm_80"], workers=2) == serial
 
 
+@needs_nvrtc
+@pytest.mark.parametrize("argv, words", [
+    (["--arch", "sm_99"], "--arch sm_99: this NVRTC compiles for sm_"),
+    (["--arch", "compute_80"], "--arch compute_80: this NVRTC compiles for sm_"),
+    (["--arch", "bogus", str(HERE / "spills.cu")], "--arch bogus: "),
+    (["nosuch.cu"], "no kernel file 'nosuch.cu'"),
+])
+def test_bad_gate_input_is_one_line(capsys, argv, words):
+    assert cli_kernels.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and words in err
+
+
 def test_every_kernel_file_has_declared_configurations():
     jobs, undeclared = kernels.declared_jobs()
     assert undeclared == []

@@ -8,6 +8,7 @@ spill or a kernel file without declared configurations; 2 where NVRTC is missing
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -30,6 +31,9 @@ def main(argv: list[str]) -> int:
     if reason := kernels.nvrtc_available():
         print(f"convbench kernels: {reason}", file=sys.stderr)
         return EXIT_USAGE
+    if reason := _bad_input(args):
+        print(f"convbench kernels: {reason}", file=sys.stderr)
+        return EXIT_USAGE
     defines = kernels.normalize_defines(dict(d.partition("=")[::2] for d in args.defines))
     if args.files:
         jobs, undeclared = [(f, defines) for f in args.files], []
@@ -49,6 +53,23 @@ def main(argv: list[str]) -> int:
     failed = sum(not r.ok for r in rows)
     print(f"\n{len(rows)} kernels (entry point × defines × arch) checked, {failed} failed")
     return 1 if failed else 0
+
+
+def _bad_input(args) -> str | None:
+    """One line naming what is wrong with the arguments (a file that is not there, an arch
+    NVRTC does not compile for), or None."""
+    from cupy.cuda import nvrtc
+
+    for path in args.files:
+        if not path.is_file():
+            return f"no kernel file {str(path)!r}"
+    supported = nvrtc.getSupportedArchs()
+    names = ", ".join(f"sm_{a}" for a in supported)
+    for arch in args.arch or ():
+        m = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
+        if not m or int(m.group(1)) not in supported:
+            return f"--arch {arch}: this NVRTC compiles for {names}"
+    return None
 
 
 def add_parsers(sub) -> None:
