@@ -33,7 +33,21 @@ def test_the_search_never_probes_beyond_the_budget_and_ends_near_the_limit(a, b,
     found = memplan.largest_measured_batch(affine(a, b, seen), budget, slope_bound=b * margin)
     true = min((budget - a) // b, memplan.MAX_BATCH)
     assert all(a + b * n <= budget for n in seen), seen
-    assert true - margin < found.batch <= true and found.peak == a + b * found.batch
+    # the gap in batches, an integer, against the margin: `true - margin` rounds (4 - (1 + 2⁻⁵²)
+    # is 3.0 in floating point, and a search 1 below with margin 1 + 2⁻⁵² is within it)
+    assert true - found.batch < margin and found.batch <= true
+    assert found.peak == a + b * found.batch
+
+
+def test_a_margin_a_hair_above_one_may_end_one_batch_below():
+    """The case hypothesis found: budget 4, one byte an image, a bound 1 + 2⁻⁵² times the slope:
+    the search stops at 3, one batch below the limit, within its margin."""
+    seen = []
+    found = memplan.largest_measured_batch(affine(0, 1, seen), 4,
+                                           slope_bound=1.0000000000000002)
+    assert found.batch == 3 and max(seen) <= 4
+    exact = memplan.largest_measured_batch(affine(0, 1, []), 4, slope_bound=1.0)
+    assert exact.batch == 4
 
 
 @pytest.mark.parametrize("a, b, budget", [(100, 7, 1000), (780_000_000, 4_600_000, 1 << 30),
