@@ -19,7 +19,8 @@ sqrt(L / 4096) beyond (a batch-256 weight gradient sums N·P·Q ≈ 43k terms). 
   conv3–conv5 and VGG-16 conv3_2, every pass and layout; its tolerances are 4x4's doubled
   (the same ~25x headroom over what was measured). The error follows the transform's size
   alpha = m + r - 1 (its interpolation points), not the tile alone: for a problem, a Winograd
-  tile's column is the one of the 3x3 tile with the same alpha, so F(2x2, 5x5) (alpha 6,
+  tile's column is the one of the 3x3 tile with the same alpha (r the filter a tile transforms:
+  at a stride, the phase split's, `transforms.phase_split`), so F(2x2, 5x5) (alpha 6,
   measured 3.7e-6 on AlexNet conv2) gets F(4x4, 3x3)'s and F(4x4, 5x5) (alpha 8, 5.9e-6)
   F(6x6, 3x3)'s. F(5x5, 3x3) (alpha 7) measured at most 5.7e-6 in fp32 on
   AlexNet conv3–conv5, every pass and layout, between 4x4's and 6x6's: it takes 6x6's column.
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .problem import ConvProblem
+from .transforms import CPU_FILTER_SIZES, phase_split
 
 _BASE = {  # precision -> (exact algorithms, fft, winograd-2x2, winograd-4x4, winograd-6x6)
     "fp64": (1e-12, 1e-11, 1e-11, 1e-10, 2e-10),
@@ -61,10 +63,21 @@ _ALPHA_COLUMN = {4: 2, 6: 3, 8: 4}
 
 def _column(algo: str, problem: ConvProblem | None) -> int:
     column = _COLUMN.get(algo, 0)
-    if problem is not None and algo.startswith("winograd-") and problem.r != 3:
+    r = None if problem is None else _tile_filter(problem)
+    if r is not None and algo.startswith("winograd-") and r != 3:
         m = int(algo.rpartition("-")[2].split("x")[0])
-        column = _ALPHA_COLUMN.get(m + problem.r - 1, column)
+        column = _ALPHA_COLUMN.get(m + r - 1, column)
     return column
+
+
+def _tile_filter(problem: ConvProblem) -> int:
+    """The filter size a Winograd tile transforms: the problem's, or at a stride its phase
+    split's (`transforms.phase_split`: 9x9 at stride 2 runs as 5x5 phases, F(2x2, 5x5) with
+    alpha 6, not alpha 10)."""
+    if isinstance(problem.stride, tuple) or problem.stride == 1:
+        return problem.r
+    split = phase_split(problem, CPU_FILTER_SIZES)
+    return problem.r if split is None else split.r
 
 
 def tolerance(algo: str, precision: str, problem: ConvProblem | None = None,

@@ -53,3 +53,21 @@ def test_tolerances_order_and_growth():
     grown = verify.tolerance("direct", "fp32", big, "bwd_filter")
     assert grown == pytest.approx(1e-5 * math.sqrt(256 * 27 * 27 / 4096))
     assert verify.tolerance("direct", "fp32", big, "fwd") == 1e-5  # 2400 terms: no growth
+
+
+def test_a_winograd_tolerance_follows_the_transform_that_runs():
+    """The column is the transform's size alpha = m + r - 1, with r the filter a tile
+    transforms: at a stride, the phase split's (9x9 at stride 2: 5x5 phases), not the
+    problem's (which would make alpha 10 and fall back to the 3x3 tile's column)."""
+    three = ConvProblem(n=1, c=1, h=8, w=8, k=1, r=3, s=3)
+    five = ConvProblem(n=1, c=1, h=8, w=8, k=1, r=5, s=5)
+    strided = ConvProblem(n=1, c=1, h=10, w=9, k=1, r=9, s=9, stride=2)  # hypothesis found it
+    conv1 = ConvProblem(n=8, c=3, h=224, w=224, k=96, r=11, s=11, stride=4, pad=2)  # 3x3 phases
+    t = {a: verify.tolerance(a, "fp32", three) for a in ("winograd-2x2", "winograd-4x4",
+                                                          "winograd-6x6")}
+    assert verify.tolerance("winograd-2x2", "fp32", five) == t["winograd-4x4"]  # alpha 6
+    assert verify.tolerance("winograd-4x4", "fp32", five) == t["winograd-6x6"]  # alpha 8
+    assert verify.tolerance("winograd-2x2", "fp32", strided) == t["winograd-4x4"]
+    assert verify.tolerance("winograd-4x4", "fp32", strided) == t["winograd-6x6"]
+    for algo in ("winograd-2x2", "winograd-4x4"):
+        assert verify.tolerance(algo, "fp32", conv1) == t[algo]

@@ -53,15 +53,10 @@ from ..phases import Phased, phase_names
 from ..problem import FILTER_LAYOUT, ConvProblem, pair_text
 from ..reference import DTYPES
 from ..registry import Implementation, register
-from ..transforms import phase_split, winograd_matrices
+from ..transforms import CPU_FILTER_SIZES, phase_split, winograd_matrices
 from ._lowering import pages_note, tensor, workspace
 
 _R = 3  # the filter size the GPU kernels take
-#: Filter sizes the CPU passes take: 5x5 too, as cuDNN's WINOGRAD_NONFUSED does — F(4x4, 5x5)
-#: does a fifth of a direct 5x5 convolution's multiplications (AlexNet's conv2) — except with
-#: 6x6 tiles: F(6x6, 5x5)'s alpha = 10 needs the points ±3, and its fp32 error reached 2.5e-4
-#: on AlexNet's conv2 (F(4x4, 5x5): 6e-6), too large to call a convolution.
-CPU_FILTER_SIZES = (3, 5)
 #: Physical axis order of the product and output tiles: the layout's, with tile counts for h, w.
 _TILE_ORDER = {"nchw": "cnhw", "nhwc": "nhwc"}
 
