@@ -63,21 +63,16 @@ _ALPHA_COLUMN = {4: 2, 6: 3, 8: 4}
 
 def _column(algo: str, problem: ConvProblem | None) -> int:
     column = _COLUMN.get(algo, 0)
-    r = None if problem is None else _tile_filter(problem)
-    if r is not None and algo.startswith("winograd-") and r != 3:
+    if problem is None or not algo.startswith("winograd-"):
+        return column
+    # the filter a tile transforms: at a stride the phase split's (9x9 at stride 2 runs as
+    # 5x5 phases, F(2x2, 5x5) with alpha 6, not alpha 10); a problem it does not split, its own
+    split = phase_split(problem, CPU_FILTER_SIZES)
+    r = problem.r if split is None else split.r
+    if r != 3:
         m = int(algo.rpartition("-")[2].split("x")[0])
         column = _ALPHA_COLUMN.get(m + r - 1, column)
     return column
-
-
-def _tile_filter(problem: ConvProblem) -> int:
-    """The filter size a Winograd tile transforms: the problem's, or at a stride its phase
-    split's (`transforms.phase_split`: 9x9 at stride 2 runs as 5x5 phases, F(2x2, 5x5) with
-    alpha 6, not alpha 10)."""
-    if isinstance(problem.stride, tuple) or problem.stride == 1:
-        return problem.r
-    split = phase_split(problem, CPU_FILTER_SIZES)
-    return problem.r if split is None else split.r
 
 
 def tolerance(algo: str, precision: str, problem: ConvProblem | None = None,

@@ -371,8 +371,8 @@ class _TiledOutput:
 
     A strided problem runs as its phase split (`transforms.phase_split`, given as `split`):
     fwd gathers the tiles of x's phase planes, made by one copy from the padded x
-    (`_TileTransform`'s `split`), and transforms the split filter; bwd_data computes the gradient of the phase
-    planes, channels last, and scatters it into dx (`_PhaseScatter`).
+    (`_TileTransform`'s `split`), and transforms the split filter; bwd_data computes the
+    gradient of the phase planes, channels last, and scatters it into dx (`_PhaseScatter`).
     """
 
     def __init__(self, problem: ConvProblem, pass_: str, layout: str, m: int, dtype,

@@ -63,11 +63,12 @@ def _bad_input(args) -> str | None:
     for path in args.files:
         if not path.is_file():
             return f"no kernel file {str(path)!r}"
-    supported = nvrtc.getSupportedArchs()
-    names = ", ".join(f"sm_{a}" for a in supported)
+    # NVRTC 11.2 and later say which archs they compile for; an older one is left to say so
+    supported = nvrtc.getSupportedArchs() if hasattr(nvrtc, "getSupportedArchs") else None
     for arch in args.arch or ():
         m = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
-        if not m or int(m.group(1)) not in supported:
+        if not m or (supported is not None and int(m.group(1)) not in supported):
+            names = "sm_NN" if supported is None else ", ".join(f"sm_{a}" for a in supported)
             return f"--arch {arch}: this NVRTC compiles for {names}"
     return None
 

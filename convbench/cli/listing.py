@@ -119,8 +119,8 @@ def support_tables(net: str, found: list[layers.Layer], precision: str,
                    backends: tuple[str, ...] = registry.BACKENDS) -> list[str]:
     out = []
     by_class = len(found) > MANY
-    columns = list(selection.CLASSES) if by_class else [la.name for la in found]
     groups = _columns(found)
+    columns = list(groups)
     every = {b: registry.implementations(b) for b in backends}
     algos = list(dict.fromkeys(impl.algo for b in backends for impl in every[b]))
     support = {}
