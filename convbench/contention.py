@@ -14,6 +14,14 @@ pass on 2 cores beside two busy processes: the share of its cores the pass actua
 `measurement.CONTENDED_SHARE` is the line below which a row is flagged `contended`. Beside it,
 each repetition keeps the process's CPU time and involuntary context switches (`getrusage`).
 
+On a virtual machine the hypervisor can give this machine's cores to other machines (steal).
+A thread it stops counts neither as on a core nor as waiting for one, so the share does not
+drop; only the machine's tick counters (/proc/stat) say so: per repetition, `sample` reads the
+ticks this machine's cores had work and the ticks of that stolen, and `stolen` gives the share
+stolen over a measurement's repetitions (measured here, a 2-thread GEMM beside a busy
+neighbour machine: 16% stolen in a window and 0.83 of its wall time on its cores, its share
+1.00). A measurement's share of its cores is then share × (1 - stolen).
+
 `machine_load` reads the machine as a whole, for env.json at the start and end of a run: the
 load average and every other process that kept a core busy over a short window, by name.
 """
@@ -31,14 +39,22 @@ _TASKS = "/proc/self/task"
 BUSY_PROCESS = 0.1
 
 
+#: Fewer busy ticks than this (at 100 a second, 0.2 core-seconds) over a measurement's
+#: repetitions say too little about the hypervisor's share to read one: a tick or two stolen
+#: in a handful would read as a large share.
+MIN_BUSY_TICKS = 20
+
+
 @dataclass(frozen=True)
 class Sample:
     """The process at one moment: per thread (id -> (ns on a core, ns waiting for one)) where
-    the kernel reports it, its CPU time and its involuntary context switches."""
+    the kernel reports it, its CPU time and its involuntary context switches; and the machine's
+    (busy, stolen) ticks so far (`machine_ticks`), None where not read."""
 
     threads: dict[int, tuple[int, int]]
     cpu_s: float
     involuntary: int
+    ticks: tuple[int, int] | None = None
 
 
 def _schedstat() -> dict[int, tuple[int, int]]:
@@ -59,7 +75,8 @@ def _schedstat() -> dict[int, tuple[int, int]]:
 
 def sample() -> Sample:
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return Sample(_schedstat(), usage.ru_utime + usage.ru_stime, usage.ru_nivcsw)
+    return Sample(_schedstat(), usage.ru_utime + usage.ru_stime, usage.ru_nivcsw,
+                  machine_ticks())
 
 
 def available() -> bool:
@@ -78,6 +95,19 @@ def share(before: Sample, after: Sample) -> float | None:
     if on + waiting <= 0:
         return None
     return on / (on + waiting)
+
+
+def ticks_between(before: Sample, after: Sample) -> tuple[int, int]:
+    """(busy, stolen) machine ticks between two samples; (0, 0) where either was not read."""
+    if before.ticks is None or after.ticks is None:
+        return 0, 0
+    return after.ticks[0] - before.ticks[0], after.ticks[1] - before.ticks[1]
+
+
+def stolen(busy: int, steal: int) -> float | None:
+    """The share of the ticks this machine's cores had work that the hypervisor gave to other
+    machines; None below `MIN_BUSY_TICKS` busy ticks (too few to say)."""
+    return steal / busy if busy >= MIN_BUSY_TICKS else None
 
 
 def cpu_ms(before: Sample, after: Sample) -> float:
@@ -103,15 +133,34 @@ def _process_ticks() -> dict[int, tuple[str, int]]:
     return out
 
 
+def _stat_fields() -> list[int] | None:
+    """The machine's CPU tick counters so far (/proc/stat's first line: user, nice, system,
+    idle, iowait, irq, softirq, steal, guest, guest_nice); None where not readable."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
 def _cpu_ticks() -> tuple[int, int] | None:
     """(all, stolen) CPU ticks of the machine so far (/proc/stat): steal is time the hypervisor
     gave this virtual machine's cores to others, which no process here can see."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except (OSError, ValueError):
+    fields = _stat_fields()
+    if fields is None:
         return None
     return sum(fields), fields[7] if len(fields) > 7 else 0
+
+
+def machine_ticks() -> tuple[int, int] | None:
+    """(busy, stolen) ticks of the machine so far: busy counts the ticks its cores had work —
+    user, nice, system, irq, softirq and steal (guest time is inside user), not idle or iowait:
+    a core with nothing to run loses nothing to the hypervisor."""
+    fields = _stat_fields()
+    if fields is None or len(fields) < 8:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return user + nice + system + irq + softirq + steal, steal
 
 
 def machine_load(window_s: float = 0.25, own_pids: set[int] | None = None) -> dict:

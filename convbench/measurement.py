@@ -4,7 +4,7 @@ Like PyTorch's `torch.utils.benchmark.Measurement`, the raw repetition times are
 median, IQR, min, mean and the median's interval (`stats.median_interval`) are computed from them
 lazily, and a measurement that may be wrong says so: noisy (its spread is large against its
 median), contended (on the host, its threads were kept off the cores they were ready to run on:
-another process had them), host-bound (on a GPU, the host may have set the pace).
+another process had them, or the hypervisor gave the cores to another machine), host-bound (on a GPU, the host may have set the pace).
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ NOISE_THRESHOLD = 0.1
 #: repetitions or more got less than this share: a load that came and went during its
 #: repetitions (a row 26% slower, median share 0.87, beside two busy processes) shows in its
 #: spread and in those repetitions, not in its median.
+#: The hypervisor's steal counts the same way: a measurement's share is its threads' share
+#: times the share of its cores' busy time the hypervisor left to this machine (1 - `stolen`),
+#: so a quiet process on a machine 20% stolen is contended (`contention`'s docstring).
 CONTENDED_SHARE = 0.8
 
 
@@ -64,6 +67,9 @@ class Measurement:
     #: per repetition on a GPU: the head start the timer gave the GPU (a spin kernel queued
     #: ahead of the first event) for the host to issue the pass before the GPU reached it
     slack_ms: tuple[float, ...] = ()
+    #: on the host: the share of this machine's busy core time over the repetitions that the
+    #: hypervisor gave to other machines (`contention.stolen`); None where not read
+    stolen: float | None = None
 
     def __post_init__(self) -> None:
         if not self.times_ms:
@@ -135,9 +141,11 @@ class Measurement:
 
     @property
     def contended(self) -> bool:
+        kept = 1.0 - (self.stolen or 0.0)  # what the hypervisor left this machine
         if self.share is None:
-            return False
-        return self.share < CONTENDED_SHARE or (self.noisy and self.low_share < CONTENDED_SHARE)
+            return self.stolen is not None and kept < CONTENDED_SHARE
+        return (self.share * kept < CONTENDED_SHARE
+                or (self.noisy and self.low_share * kept < CONTENDED_SHARE))
 
     @property
     def host_median(self) -> float | None:

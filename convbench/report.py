@@ -188,7 +188,8 @@ def winner_table(df: pd.DataFrame, peak_gflops: float | None = None) -> pd.DataF
 
 def busy_table(df: pd.DataFrame) -> pd.DataFrame:
     """The rows measured on a busy machine: their median, the share of their threads' ready
-    time they spent on a core (CPU), or why the GPU's clocks were held down."""
+    time they spent on a core and the share of the machine's busy time the hypervisor stole
+    (CPU), or why the GPU's clocks were held down."""
     ok = df[df["status"] == "ok"]
     rows = ok[ranking.busy_mask(ok)]
     return pd.DataFrame({"median ms": rows["median_ms"].map(fmt_ms).values,
@@ -645,9 +646,9 @@ def markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = (),
         out += ["## Busy machine", "",
                 (f"{len(busy)} of {(df['status'] == 'ok').sum()} times were measured while the "
                  "machine was busy: on the CPU, other processes kept the pass's threads off the "
-                 f"cores they were ready to run on (less than {CONTENDED_SHARE:.0%} of their "
-                 "ready time on a core, `cpu_share` in "
-                 f"{RESULTS_CSV}), on the GPU its clocks were held down (`throttled`). They "
+                 "cores they were ready to run on, or the hypervisor gave the cores to other "
+                 f"machines (less than {CONTENDED_SHARE:.0%} of their ready time on a core: "
+                 f"`cpu_share` times 1 - `stolen` in {RESULTS_CSV}), on the GPU its clocks were held down (`throttled`). They "
                  f"are marked `{BUSY}`, compete for no win here and are left out of advice "
                  "(`--include-busy` takes them); measure them again on a quiet machine."), "",
                 md_table(busy), ""]

@@ -40,14 +40,14 @@ COLUMNS = (*KEY, "status", "reason", "median_ms", "iqr_ms", "reps", "gflops", "r
            "workspace_bytes", "peak_bytes", "memory_method", "net", "min_ms", "noisy",
            "times_ms", "phases_ms", "algo_ops", "max_abs_error", "tolerance", "note", "host_ms",
            "ci_low_ms", "ci_high_ms", "stop", "round_group", "cpu_ms", "cpu_share", "contended",
-           "throttled", "host_bound")
+           "throttled", "host_bound", "stolen")
 STATUSES = ("ok", "unsupported", "failed", "oom")
 #: Numeric columns, and those of them that count whole things. Stride, pad and dilation are
 #: apart: an integer where the two axes agree, else text `HxW` (`ConvProblem.axis_fields`).
 _WHOLE_FIELDS = tuple(f for f in PROBLEM_FIELDS if f not in AXIS_FIELDS)
 NUMERIC = (*_WHOLE_FIELDS, "median_ms", "iqr_ms", "reps", "gflops", "rel_error",
            "workspace_bytes", "peak_bytes", "min_ms", "algo_ops", "max_abs_error", "tolerance",
-           "host_ms", "ci_low_ms", "ci_high_ms", "cpu_ms", "cpu_share")
+           "host_ms", "ci_low_ms", "ci_high_ms", "cpu_ms", "cpu_share", "stolen")
 INTEGER = (*_WHOLE_FIELDS, "reps", "workspace_bytes", "peak_bytes", "algo_ops")
 #: Text columns: empty, not missing, where they do not apply.
 TEXT = ("reason", "note", "times_ms", "phases_ms", "memory_method", "stop", "round_group",

@@ -532,6 +532,7 @@ def row(case: Case, status: str, reason: str = "", check: verify.Check | None = 
                    times_ms=m.times_text(), gflops=case.problem.flops / (m.median * 1e6),
                    host_ms=m.host_median, ci_low_ms=low, ci_high_ms=high, stop=stop,
                    round_group=round_group, cpu_ms=m.cpu_ms_median, cpu_share=m.share,
+                   stolen=m.stolen,
                    contended=m.contended, throttled=throttled,
                    host_bound=m.host_bound if m.host_ms else None)
     if phases:

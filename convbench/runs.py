@@ -103,8 +103,9 @@ def environment(device: Device, net: str, cases: list[runner.Case], budget_s: fl
                                    "and precision) timed in shuffled interleaved rounds"}
     env["contention"] = {
         "method": ("per repetition, the share of its threads' ready time on a core "
-                   "(/proc/self/task/*/schedstat); contended below "
-                   f"{CONTENDED_SHARE}" if contention.available()
+                   "(/proc/self/task/*/schedstat), times the share of the machine's busy "
+                   "ticks over its repetitions the hypervisor did not steal (/proc/stat); "
+                   f"contended below {CONTENDED_SHARE}" if contention.available()
                    else "unavailable: this kernel reports no per-thread schedstat"),
     }
     env["load"] = [load_reading("start", device.backend)]

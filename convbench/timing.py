@@ -24,7 +24,9 @@ may be timed but left out of the contender's time (`excluded`: the copy of a lib
 - CPU (`numpy`, `emu`): `time.perf_counter` stamps, the garbage collector off while timing (as
   `timeit` does), and around each repetition (outside its stamps) a reading of the process
   (`contention.sample`): its CPU time and the share of its threads' ready time they spent on a
-  core, so a repetition the machine starved says so (`Measurement.contended`).
+  core, so a repetition the machine starved says so (`Measurement.contended`); and the
+  machine's busy and stolen ticks, summed over the contender's repetitions, for the share of
+  its cores' time a hypervisor gave to other machines (`Measurement.stolen`).
 - GPU (`cuda`): CUDA events recorded on the current stream as the stamps. Before each repetition,
   outside the timed region: the L2 cache flushed (a buffer twice its size zeroed), then a head
   start (`head_start`: a spin kernel the caller supplies, sized from the host's measured issue
@@ -127,12 +129,12 @@ def _counted(c: Contender, step_ms: Sequence[float]) -> float:
 
 
 def _timed(c: Contender, reps: list[list[float]], stop: str, *, hosts=(), cpu=(), shares=(),
-           slacks=(), throttled=()) -> Timed:
+           slacks=(), throttled=(), stolen: float | None = None) -> Timed:
     steps = {name: Measurement(times, tuple(h[i] for h in hosts) if hosts else ())
              for i, (name, times) in enumerate(zip(c.steps, zip(*reps)))}
     host_totals = tuple(_counted(c, h) for h in hosts)
     total = Measurement(tuple(_counted(c, r) for r in reps), host_totals, tuple(cpu),
-                        tuple(shares), tuple(slacks))
+                        tuple(shares), tuple(slacks), stolen)
     return Timed(steps, total, stop, tuple(throttled))
 
 
@@ -159,6 +161,7 @@ def rounds_cpu(contenders: Sequence[Contender], budget_s: float, *,
     reps: list[list[list[float]]] = [[] for _ in contenders]
     cpu: list[list[float]] = [[] for _ in contenders]
     shares: list[list[float]] = [[] for _ in contenders]
+    ticks = [[0, 0] for _ in contenders]  # (busy, stolen) machine ticks over its repetitions
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -173,6 +176,9 @@ def rounds_cpu(contenders: Sequence[Contender], budget_s: float, *,
                     cpu[i].append(contention.cpu_ms(before, after))
                     if (s := contention.share(before, after)) is not None:
                         shares[i].append(s)
+                    busy, steal = contention.ticks_between(before, after)
+                    ticks[i][0] += busy
+                    ticks[i][1] += steal
             rounds += 1
             stop = _stop(rounds, clock() - start, budget_s * len(contenders), max_reps,
                          [[_counted(c, r) for r in rs] for c, rs in zip(contenders, reps)],
@@ -180,8 +186,9 @@ def rounds_cpu(contenders: Sequence[Contender], budget_s: float, *,
     finally:
         if gc_was_enabled:
             gc.enable()
-    return [_timed(c, r, stop, cpu=cp, shares=sh if len(sh) == len(r) else ())
-            for c, r, cp, sh in zip(contenders, reps, cpu, shares)]
+    return [_timed(c, r, stop, cpu=cp, shares=sh if len(sh) == len(r) else (),
+                   stolen=contention.stolen(*t))
+            for c, r, cp, sh, t in zip(contenders, reps, cpu, shares, ticks)]
 
 
 def time_cpu(fn: Fn, budget_s: float, max_reps: int = MAX_REPS_CPU,

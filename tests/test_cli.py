@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -368,8 +369,10 @@ def test_a_run_ends_on_a_summary_line(tmp_path, capsys):
         lines.pop()  # the machine running the tests was busy: the warning follows the summary
     last = lines[-1]
     assert code == 0 and last.startswith("convbench: 2 cases in 0m")
-    assert last.endswith("1 ok, 0 unsupported, 0 failed, 0 oom; 0 noisy, 0 contended, "
-                         "0 throttled, 0 host-bound") or "noisy" in last
+    # both run; how many are noisy or contended is the machine's (the old check, `... or
+    # "noisy" in last`, held for any line)
+    assert re.search(r"2 ok, 0 unsupported, 0 failed, 0 oom; [0-2] noisy, [0-2] contended, "
+                     r"0 throttled, 0 host-bound$", last), last
 
 
 def test_threads_and_target_noise_are_recorded_and_checked(tmp_path, capsys):

@@ -219,6 +219,32 @@ def test_a_starved_repetition_is_read_as_contended():
         assert t.total.cpu_ms == pytest.approx((1.0,) * t.total.reps)
 
 
+def test_ticks_the_hypervisor_stole_over_the_repetitions_flag_the_measurement():
+    """The machine's busy and stolen ticks read around each repetition are summed over the
+    contender's repetitions (not the others'): their ratio is its `stolen`."""
+    def probe_with(stolen_per_rep: int):
+        state = {"n": 0, "busy": 0, "steal": 0, "on": 0}
+
+        def probe() -> contention.Sample:
+            state["n"] += 1
+            if state["n"] % 2 == 0:  # after a repetition: 10 busy ticks, some stolen
+                state["busy"] += 10
+                state["steal"] += stolen_per_rep
+            state["on"] += 1_000_000
+            return contention.Sample({1: (state["on"], 0)}, 0.0, 0,
+                                     (state["busy"], state["steal"]))
+
+        return probe
+
+    clock = FakeClock(0.01)
+    for steal, contended in ((3, True), (0, False)):
+        (t,) = timing.rounds_cpu([timing.Contender.call(clock.fn)], 0.1, clock=clock,
+                                 probe=probe_with(steal))
+        assert t.total.share == pytest.approx(1.0)
+        assert t.total.stolen == pytest.approx(steal / 10)
+        assert t.total.contended is contended
+
+
 @pytest.mark.gpu
 def test_cuda_timer_flushes_and_times():
     import cupy

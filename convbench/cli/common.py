@@ -242,8 +242,8 @@ def busy_warning(outcome) -> str | None:
     if not contended and not throttled:
         return None
     what = " and ".join(
-        text for n, text in ((contended, (f"{contended} while other processes held the cores "
-                                          "their threads needed (contended)")),
+        text for n, text in ((contended, (f"{contended} while other processes or virtual machines "
+                                          "held the cores their threads needed (contended)")),
                              (throttled, (f"{throttled} while the GPU's clocks were held down "
                                          "(throttled)"))) if n)
     return (f"convbench: warning: of {len(ok)} times, {what}: they may be wrong, advice leaves "
