@@ -9,6 +9,8 @@ TORCH  ?= torch==2.13.0
 BENCH_ARGS ?=
 CHECK_ARGS ?=
 PHASES_ARGS ?=
+# processes `make test` runs the tests in (pytest-xdist); the CI machine has 2 cores
+TEST_WORKERS ?= 2
 
 ifdef USE_ENV
 PY     := $(PYTHON)
@@ -29,8 +31,19 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(STAMP)
 
+# With pytest-xdist (the dev extra) the tests run in TEST_WORKERS processes, a file to a
+# process, then the `serial` ones (they load the machine or need it quiet) alone; without it
+# (a GPU machine's own environment) in one process.
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider
+	@if $(PY) -c "import xdist" 2>/dev/null; then \
+	  echo "$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m 'not serial'"; \
+	  $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m "not serial" && \
+	  echo "$(PY) -m pytest -q -p no:cacheprovider -m serial" && \
+	  $(PY) -m pytest -q -p no:cacheprovider -m serial; \
+	else \
+	  echo "$(PY) -m pytest -q -p no:cacheprovider"; \
+	  $(PY) -m pytest -q -p no:cacheprovider; \
+	fi
 
 bench: $(STAMP)
 	$(PY) -m convbench bench $(BENCH_ARGS)

@@ -17,8 +17,10 @@ QUIET_ATTEMPTS = 3
 SWEEP = ["layer", "conv3", "--algos", "gemm", "--passes", "fwd", "--layouts", "nhwc",
          "--batch", "2", "--budget", "0.2", "--threads", "2", "--quiet", "--format", "json"]
 
-pytestmark = pytest.mark.skipif(not contention.available(),
-                                reason="this kernel reports no per-thread schedstat")
+pytestmark = [pytest.mark.skipif(not contention.available(),
+                                 reason="this kernel reports no per-thread schedstat"),
+              # its hogs would flag the tests beside it, and they would spoil its quiet run
+              pytest.mark.serial]
 
 
 @contextlib.contextmanager
