@@ -192,9 +192,12 @@ def busy_table(df: pd.DataFrame) -> pd.DataFrame:
     (CPU), or why the GPU's clocks were held down."""
     ok = df[df["status"] == "ok"]
     rows = ok[ranking.busy_mask(ok)]
+    share = (lambda v: "" if pd.isna(v) else f"{v:.2f}")
+    # a run folder from before the column has none
+    stolen = rows["stolen"] if "stolen" in rows else pd.Series(math.nan, index=rows.index)
     return pd.DataFrame({"median ms": rows["median_ms"].map(fmt_ms).values,
-                         "cpu share": rows["cpu_share"].map(
-                             lambda v: "" if pd.isna(v) else f"{v:.2f}").values,
+                         "cpu share": rows["cpu_share"].map(share).values,
+                         "stolen": stolen.map(share).values,
                          "throttled": rows["throttled"].values},
                         index=pd.MultiIndex.from_frame(rows[["layer", "algo", "pass", "layout"]]))
 
@@ -648,7 +651,8 @@ def markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = (),
                  "machine was busy: on the CPU, other processes kept the pass's threads off the "
                  "cores they were ready to run on, or the hypervisor gave the cores to other "
                  f"machines (less than {CONTENDED_SHARE:.0%} of their ready time on a core: "
-                 f"`cpu_share` times 1 - `stolen` in {RESULTS_CSV}), on the GPU its clocks were held down (`throttled`). They "
+                 f"`cpu_share` times 1 - `stolen` in {RESULTS_CSV}), on the GPU its clocks "
+                 "were held down (`throttled`). They "
                  f"are marked `{BUSY}`, compete for no win here and are left out of advice "
                  "(`--include-busy` takes them); measure them again on a quiet machine."), "",
                 md_table(busy), ""]

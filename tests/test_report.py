@@ -323,3 +323,21 @@ def test_network_cost_weighs_each_problem_by_its_occurrences():
     assert ("Skipped: 5 lines of the file are convolutions convbench cannot hold (env.json lists "
             "them all): f:0: id: 3-D") in text and "f:2: id" in text and "f:3: id" not in text
     assert "## Network cost" not in report.markdown(df, {"run": {}})
+
+
+def test_the_busy_table_says_how_much_the_hypervisor_stole():
+    stolen = Measurement(FAST.times_ms, cpu_share=(1.0,) * 7, stolen=0.5)  # contended
+    quiet = Measurement(SLOW.times_ms, cpu_share=(1.0,) * 7, stolen=0.02)
+    df = results.frame(rows({("gemm", "conv3"): stolen, ("torch-cpu", "conv3"): quiet}))
+    busy = report.busy_table(df)
+    assert list(busy.columns) == ["median ms", "cpu share", "stolen", "throttled"]
+    assert busy.loc[("conv3", "gemm", "fwd", "nchw"), ["cpu share", "stolen"]].tolist() == \
+        ["1.00", "0.50"]
+    assert "torch-cpu" not in busy.index.get_level_values("algo")
+    # a results file from before the column: the table still has it, empty
+    older = report.busy_table(df.drop(columns="stolen"))
+    assert len(older) == 2 and older["stolen"].tolist() == ["", ""]
+    text = report.markdown(df, {}, [])
+    busy_section = text.split("## Busy machine")[1]
+    assert "`cpu_share` times 1 - `stolen`" in busy_section
+    assert "|   stolen |" in busy_section
