@@ -71,3 +71,21 @@ def test_a_winograd_tolerance_follows_the_transform_that_runs():
     assert verify.tolerance("winograd-4x4", "fp32", strided) == t["winograd-6x6"]
     for algo in ("winograd-2x2", "winograd-4x4"):
         assert verify.tolerance(algo, "fp32", conv1) == t[algo]
+
+
+def test_an_output_whose_terms_cancel_is_judged_against_their_magnitude():
+    """The case a CI run drew: one output element of 40 random terms that summed to 0.0085; an
+    fp32 error of 2.5e-7 is 3e-5 of it (over direct's 1e-5), but 6e-8 of the size such a sum
+    has (`magnitude_floor`). A wrong result still fails against the floor."""
+    p = ConvProblem(n=1, c=4, h=5, w=5, k=1, r=5, s=2, stride=(1, 3), dilation=(1, 2))
+    a, b = reference.random_operands(p, "fwd", "nchw", np.float32, 0)
+    ref = reference.reference(p, "fwd", "nchw", a, b)
+    floor = verify.magnitude_floor(reference.reference(p, "fwd", "nchw", np.abs(a), np.abs(b)),
+                                   p, "fwd")
+    assert ref.size == 1 and abs(float(ref.ravel()[0])) < 0.01 < floor
+    rounded = ref + 2.54e-7  # the error the CI run saw
+    assert not verify.check(rounded, ref, "direct", "fp32", p).ok
+    assert verify.check(rounded, ref, "direct", "fp32", p, floor=floor).ok
+    assert not verify.check(ref + 0.01 * floor, ref, "direct", "fp32", p, floor=floor).ok
+    # a floor below ||ref|| changes nothing
+    assert verify.errors(ref + 1e-3, ref, floor=1e-9) == verify.errors(ref + 1e-3, ref)
