@@ -4,7 +4,8 @@ Like PyTorch's `torch.utils.benchmark.Measurement`, the raw repetition times are
 median, IQR, min, mean and the median's interval (`stats.median_interval`) are computed from them
 lazily, and a measurement that may be wrong says so: noisy (its spread is large against its
 median), contended (on the host, its threads were kept off the cores they were ready to run on:
-another process had them, or the hypervisor gave the cores to another machine), host-bound (on a GPU, the host may have set the pace).
+another process had them, or the hypervisor gave the cores to another machine), host-bound (on
+a GPU, the host may have set the pace).
 """
 
 from __future__ import annotations

@@ -76,6 +76,16 @@ def reference(problem: ConvProblem, pass_: str, layout: str, a, b) -> np.ndarray
 
     `a` and `b` may be NumPy or CuPy arrays of any float dtype, in `layout`.
     """
+    return _float64_pass(problem, pass_, layout, a, b)
+
+
+def magnitudes(problem: ConvProblem, pass_: str, layout: str, a, b) -> np.ndarray:
+    """The pass on the operands' absolute values, in float64: each element the sum of its
+    terms' magnitudes, which bounds its rounding error (`verify.magnitude_floor`)."""
+    return _float64_pass(problem, pass_, layout, abs(_to_host(a)), abs(_to_host(b)))
+
+
+def _float64_pass(problem: ConvProblem, pass_: str, layout: str, a, b) -> np.ndarray:
     import torch
     import torch.nn.functional as F
 

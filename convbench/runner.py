@@ -107,13 +107,16 @@ class Operands:
     every case gets a copy made where the operands live (on the GPU, device to device). With
     `on_device` the reference is kept on the GPU too, so a GPU case is verified there
     (`verify.errors` on CuPy arrays) instead of copying its output back to be checked on the
-    host; off (the default under a memory limit) the GPU holds nothing between cases."""
+    host; off (the default under a memory limit) the GPU holds nothing between cases.
+    `floor` is the current problem's `verify.magnitude_floor` (from the pass on the operands'
+    absolute values), so an output whose random terms cancel is not a false `failed`."""
 
     def __init__(self, seed: int = 0, on_device: bool = False):
         self.seed, self.on_device = seed, on_device
         self._key = None
         self._nchw = None
         self._layouts: dict = {}
+        self.floor = 0.0
 
     def get(self, case: Case, xp):
         """(a, b) in `case.layout` on the backend's device, and the reference in that layout
@@ -125,6 +128,9 @@ class Operands:
             a, b = reference.random_operands(case.problem, case.pass_, "nchw",
                                              DTYPES[case.precision], self.seed)
             self._nchw = a, b, reference.reference(case.problem, case.pass_, "nchw", a, b)
+            self.floor = verify.magnitude_floor(
+                reference.magnitudes(case.problem, case.pass_, "nchw", a, b),
+                case.problem, case.pass_)
             self._key = key
         held = (case.layout, xp.__name__)
         if held not in self._layouts:
@@ -314,7 +320,7 @@ def prepare(case: Case, operands: Operands, impl=None,
     except Exception as exc:
         raise _not_measured(exc) from exc
     with _stage("verify"):
-        chk = verify.check(out, ref, case.algo, case.precision, p, case.pass_)
+        chk = verify.check(out, ref, case.algo, case.precision, p, case.pass_, operands.floor)
     if not chk.ok:
         raise NotMeasured("failed", chk.reason, chk)
     return Ready(impl, lambda: fn(a, b, out), chk, workspace, peak, trace.method, phase_fns)

@@ -126,8 +126,8 @@ class Check:
 
 def magnitude_floor(abs_ref, problem: ConvProblem, pass_: str) -> float:
     """A floor for the norm the error is relative to, from `abs_ref`, the pass computed on the
-    operands' absolute values (each element the sum of its terms' magnitudes, which bounds its
-    rounding error): that norm over sqrt(L), the size a sum of L random-sign terms of those
+    operands' absolute values (`reference.magnitudes`: each element the sum of its terms'
+    magnitudes, which bounds its rounding error): that norm over sqrt(L), the size a sum of L random-sign terms of those
     magnitudes typically has. A random output whose terms happen to cancel is then not judged
     against its own small size: hypothesis drew a one-element output (direct, fwd, fp32,
     n=1,c=4,h=5,w=5,k=1,r=5,s=2,stride=1x3,dilation=1x2) whose 40 terms summed to 0.0085, so an
@@ -138,7 +138,7 @@ def magnitude_floor(abs_ref, problem: ConvProblem, pass_: str) -> float:
 
 def check(out, ref, algo: str, precision: str, problem: ConvProblem | None = None,
           pass_: str = "fwd", floor: float = 0.0) -> Check:
-    """`floor`: `magnitude_floor`, where the caller has the operands' magnitudes."""
+    """`floor`: `magnitude_floor` of the operands (the runner's `Operands.floor`)."""
     rel, mx = errors(out, ref, floor)
     tol = tolerance(algo, precision, problem, pass_)
     return Check(rel <= tol, rel, mx, tol)

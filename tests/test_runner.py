@@ -518,3 +518,16 @@ def test_a_gpu_case_is_verified_on_the_device():
     assert on_device == pytest.approx(on_host, rel=1e-6)
     out[0, 0, 0, 0] = cupy.nan
     assert verify.errors(out, ref) == (float("inf"), float("inf"))
+
+
+def test_an_output_whose_random_terms_cancel_is_not_a_failed_row():
+    """One output element whose 40 terms sum to 0.0085: judged against its own size, rounding
+    of 2.5e-7 failed direct and torch-cpu (`convbench layer` said `failed`); the runner's
+    operands carry the magnitude floor (`verify.magnitude_floor`)."""
+    p = ConvProblem(n=1, c=4, h=5, w=5, k=1, r=5, s=2, stride=(1, 3), dilation=(1, 2))
+    layer = Layer("custom", "cancel", p)
+    for case in runner.sweep([layer], ["direct", "torch-cpu"], "numpy", ["fwd"], ["nchw"],
+                             ["fp32"]):
+        operands = runner.Operands()
+        ready = runner.prepare(case, operands)
+        assert operands.floor > 1.0 and ready.check.ok, ready.check.reason
