@@ -151,19 +151,30 @@ def _not_run(rows: pd.DataFrame) -> str:
     return "; ".join(f"{', '.join(algos)} {status}" for status, algos in by_status.items())
 
 
+#: The verdict of a (layer, pass) whose verified times were all measured on a busy machine,
+#: and of one with no verified time at all.
+UNDECIDED_BUSY = "not decided: measured on a busy machine"
+UNDECIDED_NONE = "not decided: nothing ran verified"
+
+
 def winner_table(df: pd.DataFrame, peak_gflops: float | None = None) -> pd.DataFrame:
     """Per layer and pass (of one precision), across algorithms and layouts: the fastest, its
     median and interval, the runner-up, the ratio of their medians with its interval, whether
     the fastest wins or ties (and with what), its GFLOP/s and share of the device's peak
     (`peak_gflops`, where known), and the algorithms that did not run, by status. Rows measured
-    on a busy machine do not compete."""
+    on a busy machine do not compete; every (layer, pass) measured has its row, a pair with
+    nothing to compete `not decided` and why, so none goes missing from the table unsaid."""
     out = []
     for (layer, pass_), rows in df.groupby(["layer", "pass"], sort=False):
         ok = rows[rows["status"] == "ok"]
-        ok = ok[~ranking.busy_mask(ok)]
-        ranked = ranking.rank(ok)
+        fair = ok[~ranking.busy_mask(ok)]
+        ranked = ranking.rank(fair)
         if not ranked:
+            out.append({"layer": layer, "pass": pass_, "verdict": UNDECIDED_BUSY if len(ok)
+                        else UNDECIDED_NONE, "did not run": _not_run(rows)})
             continue
+        busy = ok[ranking.busy_mask(ok)]
+        ok = fair
         first = ranked[0]
         row = ok.sort_values("median_ms", kind="stable").iloc[0]
         interval = Measurement(first.times).interval if len(first.times) else None
@@ -181,15 +192,52 @@ def winner_table(df: pd.DataFrame, peak_gflops: float | None = None) -> pd.DataF
                          "runner-up / fastest": up.ratio_to(first).text(),
                          "verdict": "wins" if len(tied) == 1 else "tie within noise with "
                          + ", ".join(f"{c.algo} {c.layout}" for c in tied[1:])})
+        if len(busy):
+            cell["verdict"] += "; not competing (busy machine): " + ", ".join(
+                f"{a} {lay}" for a, lay in zip(busy["algo"], busy["layout"]))
         cell["did not run"] = _not_run(rows)
         out.append(cell)
-    return pd.DataFrame(out).set_index(["layer", "pass"]) if out else pd.DataFrame()
+    if not out:
+        return pd.DataFrame()
+    columns = ["layer", "pass", "fastest", "median ms", "GFLOP/s", "runner-up",
+               "runner-up / fastest", "verdict", "did not run"]
+    return pd.DataFrame([{c: cell.get(c, "") for c in columns} for cell in out],
+                        columns=columns).set_index(["layer", "pass"])
+
+
+def flagged_by(r) -> str:
+    """Which rule flagged a busy row, so none looks flagged for nothing: `Measurement.contended`'s
+    (median share below `CONTENDED_SHARE`; the hypervisor's steal taking it below; else, noisy,
+    its lower quartile below), or throttled GPU clocks. The row does not record the rule: it is
+    read back from the row's share, stolen and noisy columns."""
+    why = []
+    share = r.get("cpu_share")
+    share = None if share is None or pd.isna(share) else float(share)
+    stolen = r.get("stolen")
+    stolen = 0.0 if stolen is None or pd.isna(stolen) else float(stolen)
+    if r.get("contended") is True:
+        kept = 1 - stolen  # what the hypervisor left this machine
+        if share is not None and share < CONTENDED_SHARE:
+            why.append(f"cores shared (share {share:.2f})"
+                       + (f", {stolen:.0%} stolen" if stolen else ""))
+        elif (1.0 if share is None else share) * kept < CONTENDED_SHARE:
+            why.append(f"stolen {stolen:.0%}" + ("" if share is None else
+                       f" (share {share:.2f} x {kept:.2f} left = {share * kept:.2f})"))
+        elif _flag(r.get("noisy")):
+            why.append("a quarter of its repetitions or more ran on a busy machine (noisy; "
+                       f"its lower-quartile share x what was left below {CONTENDED_SHARE:.2f})")
+        else:
+            why.append("contended (which rule is not recorded)")
+    throttled = r.get("throttled")
+    if isinstance(throttled, str) and throttled:
+        why.append(f"GPU clocks held down ({throttled})")
+    return "; ".join(why)
 
 
 def busy_table(df: pd.DataFrame) -> pd.DataFrame:
     """The rows measured on a busy machine: their median, the share of their threads' ready
     time they spent on a core and the share of the machine's busy time the hypervisor stole
-    (CPU), or why the GPU's clocks were held down."""
+    (CPU), or why the GPU's clocks were held down, and which rule flagged each (`flagged_by`)."""
     ok = df[df["status"] == "ok"]
     rows = ok[ranking.busy_mask(ok)]
     share = (lambda v: "" if pd.isna(v) else f"{v:.2f}")
@@ -198,7 +246,8 @@ def busy_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"median ms": rows["median_ms"].map(fmt_ms).values,
                          "cpu share": rows["cpu_share"].map(share).values,
                          "stolen": stolen.map(share).values,
-                         "throttled": rows["throttled"].values},
+                         "throttled": rows["throttled"].values,
+                         "flagged by": [flagged_by(r) for r in rows.to_dict("records")]},
                         index=pd.MultiIndex.from_frame(rows[["layer", "algo", "pass", "layout"]]))
 
 
@@ -717,6 +766,7 @@ def plot(df: pd.DataFrame, folder: str | Path, env: dict | None = None,
                   missing=sub[sub["status"] != "ok"])
             ax.set_title(f"{pass_}, {layout}, {precision}")
             ax.set_ylabel("median time (ms, log; bars: 95% interval)")
+        _mark_legend(axes[0][0], rows[rows["status"] == "ok"])
         save_figure(fig, folder / name)
         names.append(name)
     passes = _order(df["pass"])
@@ -774,6 +824,33 @@ def _phase_plot(plt, df: pd.DataFrame, folder: Path) -> list[str]:
     return ["phases.png"]
 
 
+#: How a bar plot draws a time measured on a busy machine, and a noisy one (with their legend
+#: labels): the plots' `#` and `~`.
+BUSY_BAR = ({"hatch": "///", "edgecolor": "black", "linewidth": 0.5},
+            f"hatched: measured on a busy machine ({BUSY})")
+NOISY_BAR = ({"alpha": 0.4, "edgecolor": "black", "linestyle": "--", "linewidth": 0.5},
+             f"faded: noisy, IQR/median > {NOISE_THRESHOLD} ({NOISY})")
+
+
+def _mark_legend(ax, rows: pd.DataFrame) -> None:
+    """Legend entries on `ax` (whose handles the figure's legend takes) for the marks that
+    `rows` (every panel's) carry: bars of no height, which draw nothing."""
+    marked = ((ranking.busy_mask(rows).any(), BUSY_BAR),
+              (rows["noisy"].map(_flag).any(), NOISY_BAR))
+    for shown, (style, label) in marked:
+        if shown:
+            ax.bar([0], [math.nan], color="lightgrey", label=label, **style)
+
+
+def _time_marks(bars, keys: list, busy: pd.Series, noisy: pd.Series) -> None:
+    """Style each bar of `bars` (one per (layer, algo) of `keys`) as `BUSY_BAR` and/or
+    `NOISY_BAR` where its row is busy or noisy."""
+    for patch, key in zip(bars.patches, keys):
+        for marked, (style, _) in ((busy, BUSY_BAR), (noisy, NOISY_BAR)):
+            if marked.get(key, False):
+                patch.set(**style)
+
+
 #: The mark a plot puts where a case did not run, by status.
 NOT_RUN_MARKS = {"unsupported": "u", "failed": "f", "oom": "m"}
 
@@ -783,10 +860,13 @@ def _bars(ax, rows: pd.DataFrame, value: str, algos: list[str], layers: list[str
     """Grouped bars: one group per layer, one bar per algorithm, with the 95% interval of the
     median as an error bar where `value` is the median and rows have one; where a case did not
     run (`missing`), a letter at the foot of its place (u unsupported, f failed, m out of
-    memory), explained in the axes' corner."""
+    memory), explained in the axes' corner. A time that may be wrong looks it, as the tables
+    mark it: hatched where measured on a busy machine, faded where noisy (`_time_marks`)."""
     width = 0.8 / max(1, len(algos))
     indexed = rows.set_index(["layer", "algo"])
     values = indexed[value]
+    busy = pd.Series(ranking.busy_mask(rows).values, index=indexed.index)
+    noisy = indexed["noisy"].map(_flag)
     status = ({} if missing is None or missing.empty else
               missing.drop_duplicates(["layer", "algo"]).set_index(["layer", "algo"])["status"])
     for i, algo in enumerate(algos):
@@ -798,8 +878,10 @@ def _bars(ax, rows: pd.DataFrame, value: str, algos: list[str], layers: list[str
             high = [indexed["ci_high_ms"].get((la, algo), math.nan) for la in layers]
             yerr = [[h - lo if pd.notna(lo) else 0 for h, lo in zip(heights, low)],
                     [hi - h if pd.notna(hi) else 0 for h, hi in zip(heights, high)]]
-        ax.bar(x, heights, width, label=algo, color=f"C{i}", yerr=yerr,
-               error_kw={"elinewidth": 0.8, "capsize": 1.5})
+        bars = ax.bar(x, heights, width, label=algo, color=f"C{i}", yerr=yerr,
+                      error_kw={"elinewidth": 0.8, "capsize": 1.5})
+        if value == "median_ms":
+            _time_marks(bars, [(layer, algo) for layer in layers], busy, noisy)
         for xi, layer in zip(x, layers):
             mark = NOT_RUN_MARKS.get(status.get((layer, algo), ""))
             if mark:

@@ -330,7 +330,8 @@ def test_the_busy_table_says_how_much_the_hypervisor_stole():
     quiet = Measurement(SLOW.times_ms, cpu_share=(1.0,) * 7, stolen=0.02)
     df = results.frame(rows({("gemm", "conv3"): stolen, ("torch-cpu", "conv3"): quiet}))
     busy = report.busy_table(df)
-    assert list(busy.columns) == ["median ms", "cpu share", "stolen", "throttled"]
+    assert list(busy.columns) == ["median ms", "cpu share", "stolen", "throttled",
+                                  "flagged by"]
     assert busy.loc[("conv3", "gemm", "fwd", "nchw"), ["cpu share", "stolen"]].tolist() == \
         ["1.00", "0.50"]
     assert "torch-cpu" not in busy.index.get_level_values("algo")
@@ -341,3 +342,69 @@ def test_the_busy_table_says_how_much_the_hypervisor_stole():
     busy_section = text.split("## Busy machine")[1]
     assert "`cpu_share` times 1 - `stolen`" in busy_section
     assert "|   stolen |" in busy_section
+
+
+#: A time whose threads got half their ready time on a core: contended, so busy.
+SHARED = Measurement(FAST.times_ms, cpu_share=(0.5,) * 7)
+
+
+def test_which_wins_lists_every_pair_a_busy_one_not_decided():
+    """#35: a (layer, pass) whose verified times were all measured on a busy machine was left
+    out of "Which wins" unsaid; it is listed, not decided, and so is one where nothing ran."""
+    df = results.frame(rows({("gemm", "conv3"): SHARED, ("winograd-2x2", "conv3"): SHARED,
+                             ("gemm", "conv4"): "failed"}))
+    table = report.winner_table(df)
+    assert list(table.index) == [(la, p) for la in ("conv3", "conv4")
+                                 for p in ("fwd", "bwd_data")]
+    assert table.loc[("conv3", "fwd"), "verdict"] == report.UNDECIDED_BUSY
+    assert table.loc[("conv3", "fwd"), "fastest"] == ""
+    assert table.loc[("conv4", "fwd"), "verdict"] == report.UNDECIDED_NONE
+    assert table.loc[("conv4", "fwd"), "did not run"] == "gemm failed; winograd-2x2, " \
+        "torch-cpu unsupported"
+    # beside a fair time, the busy ones still compete for nothing
+    df = results.frame(rows({("gemm", "conv3"): SHARED, ("winograd-2x2", "conv3"): SLOW}))
+    table = report.winner_table(df)
+    assert table.loc[("conv3", "fwd"), "fastest"] == "winograd-2x2 nchw"
+    assert table.loc[("conv3", "fwd"), "verdict"] == \
+        "only candidate; not competing (busy machine): gemm nchw"
+    assert table.loc[("conv4", "fwd"), "verdict"] == report.UNDECIDED_NONE
+    assert report.UNDECIDED_NONE in report.markdown(df, {}).split("## Which wins")[1]
+
+
+def test_the_busy_table_says_which_rule_flagged_each_row():
+    """#35: a row flagged by the noisy lower-quartile rule showed share 1.00, stolen 0.00, as if
+    flagged for nothing; `flagged by` names the rule of each row."""
+    stolen = Measurement(FAST.times_ms, cpu_share=(0.95,) * 7, stolen=0.2)
+    # its median share is 1.0, but a quarter of its repetitions got 0.5: noisy and contended
+    quartile = Measurement(NOISY.times_ms, cpu_share=(0.5, 0.5, 1, 1, 1, 1, 1))
+    assert quartile.contended and quartile.share == 1.0
+    df = results.frame(rows({("gemm", "conv3"): SHARED, ("winograd-2x2", "conv3"): stolen,
+                             ("torch-cpu", "conv3"): quartile}))
+    flagged = report.busy_table(df).xs("fwd", level="pass")["flagged by"]
+    assert flagged["conv3", "gemm", "nchw"] == "cores shared (share 0.50)"
+    assert flagged["conv3", "winograd-2x2", "nchw"] == \
+        "stolen 20% (share 0.95 x 0.80 left = 0.76)"
+    assert flagged["conv3", "torch-cpu", "nchw"].startswith(
+        "a quarter of its repetitions or more ran on a busy machine")
+    gpu = df.assign(contended=False, throttled="power cap")
+    assert set(report.busy_table(gpu)["flagged by"]) == {"GPU clocks held down (power cap)"}
+    section = report.markdown(df, {}).split("## Busy machine")[1]
+    assert "flagged by" in section and "cores shared (share 0.50)" in section
+
+
+def test_bar_plots_mark_busy_and_noisy_times():
+    """#35: the time plots drew busy and noisy bars like any other; busy ones are hatched,
+    noisy ones faded, each with its legend entry."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    df = results.frame(rows({("gemm", "conv3"): SHARED, ("winograd-2x2", "conv3"): NOISY,
+                             ("torch-cpu", "conv3"): FAST}))
+    ok = df[(df["pass"] == "fwd") & (df["status"] == "ok")]
+    fig, ax = plt.subplots()
+    report._bars(ax, ok, "median_ms", ["gemm", "winograd-2x2", "torch-cpu"], ["conv3"])
+    report._mark_legend(ax, ok)
+    bars = ax.patches[:3]
+    assert [b.get_hatch() for b in bars] == ["///", None, None]
+    assert [b.get_alpha() for b in bars] == [None, 0.4, None]
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels[3:] == [report.BUSY_BAR[1], report.NOISY_BAR[1]]
+    plt.close(fig)
