@@ -17,7 +17,7 @@ are made here too.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
@@ -92,6 +92,13 @@ class Advice:
     measured: set[tuple[str, str]]
     #: Why `ok` rows were not candidates: reason -> count.
     excluded: Counter
+    #: How many conv layers of the network have each layer's problem (a `--model` or problem
+    #: file run measures each distinct problem once): the plan's totals weigh each by it, as the
+    #: report's network cost does. A layer not named occurs once.
+    occurrences: dict[str, int] = field(default_factory=dict)
+
+    def count(self, layer: str) -> int:
+        return self.occurrences.get(layer, 1)
 
 
 def _exclusions(ok: pd.DataFrame, c: Constraints) -> list[tuple[str, pd.Series]]:
@@ -128,9 +135,10 @@ def choose_precision(df: pd.DataFrame, precision: str | None = None) -> str:
 
 
 def advise(df: pd.DataFrame, constraints: Constraints = NO_CONSTRAINTS,
-           precision: str | None = None) -> Advice:
+           precision: str | None = None, occurrences: dict[str, int] | None = None) -> Advice:
     """Per layer and pass of a results DataFrame (`results.frame`), the fastest admissible
-    candidate in each layout, the runner-up, and the heuristic regret."""
+    candidate in each layout, the runner-up, and the heuristic regret; `occurrences`: how many
+    conv layers of the network have each layer's problem (env.json's run has them)."""
     precision = choose_precision(df, precision)
     df = df[df["precision"] == precision]
     backends = list(dict.fromkeys(df["backend"]))
@@ -171,38 +179,42 @@ def advise(df: pd.DataFrame, constraints: Constraints = NO_CONSTRAINTS,
             layer, problem_from_row(rows.iloc[0]), pass_, by_layout, runner_up, regret, best,
             ranked[0], runner_up.ratio_to(ranked[0]) if runner_up else None, tuple(ties))
     measured = set(zip(df["layer"], df["pass"]))
-    return Advice(backends[0], precision, constraints, layers, passes, measured, excluded)
+    return Advice(backends[0], precision, constraints, layers, passes, measured, excluded,
+                  dict(occurrences or {}))
 
 # --- the network layout plan ----------------------------------------------------------------
 def layer_costs(advice: Advice, default_layout: str = "nchw") -> list[dict[str, float]]:
     """Per layer, each layout in which every pass with a candidate has one, and the sum of
-    those passes' best times in it. A layer with no such layout has nothing to plan: it stays
-    in `default_layout` at no cost."""
+    those passes' best times in it, times the layer's occurrences. A layer with no such layout
+    has nothing to plan: it stays in `default_layout` at no cost."""
     costs = []
     for layer, _ in advice.layers:
         advised = [a for p in PASSES if (a := advice.passes.get((layer, p)))]
         common = set(LAYOUTS).intersection(*(a.by_layout for a in advised)) if advised else set()
-        costs.append({lay: sum(a.by_layout[lay].median_ms for a in advised)
+        costs.append({lay: advice.count(layer) * sum(a.by_layout[lay].median_ms
+                                                      for a in advised)
                       for lay in LAYOUTS if lay in common} or {default_layout: 0.0})
     return costs
 
 
 @dataclass(frozen=True)
 class Boundary:
-    """The activation entering a layer (or leaving the last): its NCHW dims, and whether its
-    gradient crosses back (then a conversion is paid both ways)."""
+    """The activation entering a layer (or leaving the last): its NCHW dims, whether its
+    gradient crosses back (then a conversion is paid both ways), and how many times the network
+    has it (the layer's occurrences: each is entered on its own)."""
 
     shape: tuple[int, int, int, int]
     grad: bool
+    count: int = 1
 
 
 def boundaries(advice: Advice) -> list[Boundary]:
     """Boundary i is layer i's input, converted when layer i's layout differs from the one
-    before; its gradient crosses back when layer i computes bwd_data (a pass measured is a pass
-    needed). The last boundary is the network's output, whose gradient reaches the last layer
+    before, once per occurrence of the layer; its gradient crosses back when layer i computes
+    bwd_data (a pass measured is a pass needed). The last boundary is the network's output, whose gradient reaches the last layer
     when that layer has a backward pass."""
-    out = [Boundary(problem.x_shape(), (layer, "bwd_data") in advice.measured)
-           for layer, problem in advice.layers]
+    out = [Boundary(problem.x_shape(), (layer, "bwd_data") in advice.measured,
+                    advice.count(layer)) for layer, problem in advice.layers]
     if advice.layers:
         layer, problem = advice.layers[-1]
         grad = any((layer, p) in advice.measured for p in ("bwd_data", "bwd_filter"))
@@ -233,7 +245,8 @@ def transition(bounds: list[Boundary], conversions: dict[ConversionKey, float]):
         if src == dst:
             return 0.0
         b = bounds[i]
-        return conversions[b.shape, src, dst] + (conversions[b.shape, dst, src] if b.grad else 0)
+        return b.count * (conversions[b.shape, src, dst]
+                          + (conversions[b.shape, dst, src] if b.grad else 0))
 
     return cost
 
@@ -335,17 +348,20 @@ def advice_table(advice: Advice) -> str:
                     tablefmt="github", disable_numparse=True)
 
 
-def plan_table(plan: Plan) -> str:
+def plan_table(plan: Plan, occurrences: dict[str, int] | None = None) -> str:
     """Per layer: the layout the network plan chose (and each layer's own best), the algorithm
-    of each pass, and the layer's time in that layout."""
+    of each pass, and the layer's time in that layout; with `occurrences` (a network whose
+    problems repeat), how many times the network has each."""
     best = plan.network.per_layer_best_layouts if plan.network else [""] * len(plan.layers)
     rows = []
     for lp, own in zip(plan.layers, best):
         chosen = [c for c in lp.passes.values() if c is not None]
-        rows.append([lp.layer, own, lp.layout,
-                     *[c.algo if c else "torch default" for c in lp.passes.values()],
+        rows.append([lp.layer, *([occurrences.get(lp.layer, 1)] if occurrences else []), own,
+                     lp.layout, *[c.algo if c else "torch default" for c in lp.passes.values()],
                      fmt_ms(sum(c.median_ms for c in chosen)) if chosen else ""])
-    headers = ["layer", "per-layer best layout", "network plan layout", *PASSES, "ms"]
+    headers = ["layer", *(["occurrences"] if occurrences else []), "per-layer best layout",
+               "network plan layout", *PASSES, "ms" + (" (one occurrence)" if occurrences
+                                                       else "")]
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
@@ -363,7 +379,12 @@ def plan_text(plan: Plan, advice: Advice) -> str:
     dropped = [f"{n} {reason}" for reason, n in advice.excluded.items() if n]
     if dropped:
         out += ["Not candidates: " + "; ".join(dropped) + ".", ""]
-    out += ["## Network layout plan", "", plan_table(plan), ""]
+    out += ["## Network layout plan", "", plan_table(plan, advice.occurrences), ""]
+    if advice.occurrences:
+        out += [(f"{sum(map(advice.count, dict(advice.layers)))} conv layers, "
+                 f"{len(advice.layers)} distinct problems: each problem's passes and the "
+                 "conversions into it count once per occurrence in the totals, as the run's "
+                 "report weighs them."), ""]
     if plan.network:
         n = plan.network
         out.append(f"Network plan: {n.total_ms:.4g} ms per step of conv passes, "
@@ -375,18 +396,21 @@ def plan_text(plan: Plan, advice: Advice) -> str:
     return "\n".join(out)
 
 
-def plan_total_ms(plan: Plan) -> float:
-    """A training step's conv passes under the plan: the network total (conversions included)
-    where there is one, else the sum of the chosen passes."""
+def plan_total_ms(plan: Plan, occurrences: dict[str, int] | None = None) -> float:
+    """A training step's conv passes under the plan: the network total (conversions included,
+    each layer weighed by its occurrences) where there is one, else the sum of the chosen passes
+    times their layer's `occurrences`."""
     if plan.network:
         return plan.network.total_ms
-    return sum(c.median_ms for lp in plan.layers for c in lp.passes.values() if c is not None)
+    occurrences = occurrences or {}
+    return sum(occurrences.get(lp.layer, 1) * c.median_ms for lp in plan.layers
+               for c in lp.passes.values() if c is not None)
 
 
-def constraint_cost(plan: Plan, free: Plan) -> str:
+def constraint_cost(plan: Plan, free: Plan, occurrences: dict[str, int] | None = None) -> str:
     """One line: what the constraints cost a training step, against the unconstrained `free`
     plan of the same results (a pass left without a choice counts as nothing, and is named)."""
-    ours, best = plan_total_ms(plan), plan_total_ms(free)
+    ours, best = plan_total_ms(plan, occurrences), plan_total_ms(free, occurrences)
     line = (f"The constraints ({plan.constraints.describe()}) cost {ours - best:.4g} ms per step "
             f"of conv passes: {ours:.4g} ms against {best:.4g} ms unconstrained "
             f"({_pct((ours - best) / best) if best else 'n/a'}).")

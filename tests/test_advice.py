@@ -1,6 +1,9 @@
+import json
+
 import pytest
 
-from convbench import advice, results, runner, verify
+from convbench import advice, report, results, runner, verify
+from convbench.fmt import fmt_ms
 from convbench.measurement import Measurement
 from convbench.plan import Choice, Constraints
 from convbench.problem import ConvProblem
@@ -170,6 +173,44 @@ def test_build_plan_takes_the_network_layouts_and_the_majority_cudnn_mode():
     assert unmeasured.network is None
     assert [lp.layout for lp in unmeasured.layers] == ["nhwc", "nchw"]
 
+
+
+def test_a_problem_the_network_has_several_times_counts_that_many_times(tmp_path):
+    """#35: on a --model run (each distinct problem measured once, env.json's `occurrences`
+    saying how many layers have it) advise counted each problem once where the report weighs
+    it by its occurrences; they agree now, the layout plan's conversions weighed alike."""
+    folder = tmp_path / "run"
+    sink = results.CsvSink(folder / results.RESULTS_CSV)
+    for row in synthetic({("l1", "fwd", "gemm", "nchw"): times(1.0),
+                          ("l1", "fwd", "direct", "nchw"): times(2.0),
+                          ("l1", "bwd_data", "gemm", "nchw"): times(0.5),
+                          ("l2", "fwd", "gemm", "nchw"): times(3.0),
+                          ("l2", "fwd", "gemm", "nhwc"): times(4.0)}):
+        sink.append(row)
+    (folder / results.ENV_JSON).write_text(json.dumps(
+        {"run": {"model": "m:net", "occurrences": {"l1": 3, "l2": 1}}}))
+    df, env = results.load_run(folder)
+    occurrences = env["run"]["occurrences"]
+    adv = advice.advise(df, occurrences=occurrences)
+    assert advice.layer_costs(adv) == [{"nchw": 4.5}, {"nchw": 3.0, "nhwc": 4.0}]
+    bounds = advice.boundaries(adv)
+    assert [b.count for b in bounds] == [3, 1, 1]
+    plan = advice.build_plan(adv, {}, None, measurements=[])
+    total = advice.plan_total_ms(plan, adv.occurrences)
+    assert total == pytest.approx(3 * 1.5 + 3.0)
+    assert fmt_ms(total) == report.choice_totals(df, occurrences).loc[
+        "fastest per layer and pass", "network ms"]
+    conversions = [{"shape": list(s), "from": a, "to": b, "median_ms": 0.25, "iqr_ms": 0.0}
+                   for s in ((2, 3, 8, 8), (2, 4, 8, 8))
+                   for a, b in (("nchw", "nhwc"), ("nhwc", "nchw"))]
+    # each of l1's three occurrences is entered apart, its gradient crossing back
+    assert advice.transition(bounds, advice.conversion_table(conversions))(
+        0, "nchw", "nhwc") == pytest.approx(3 * 0.5)
+    planned = advice.build_plan(adv, {}, conversions, measurements=[])
+    assert planned.network.total_ms == pytest.approx(total)
+    text = advice.plan_text(planned, adv)
+    assert "4 conv layers, 2 distinct problems" in text and "occurrences" in text
+    assert f"Network plan: {total:.4g} ms per step" in text
 
 
 # --- ties within noise, and busy machines -----------------------------------------------------

@@ -30,7 +30,7 @@ def cmd_advise(args) -> int:
     else:
         print(plan_text(plan, advice))
         if free is not None:
-            print("\n" + constraint_cost(plan, free))
+            print("\n" + constraint_cost(plan, free, advice.occurrences))
         if note:
             print(f"\nNote: {note}.")
     for path in written:
