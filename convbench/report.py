@@ -791,7 +791,8 @@ def plot(df: pd.DataFrame, folder: str | Path, env: dict | None = None,
 def _phase_plot(plt, df: pd.DataFrame, folder: Path) -> list[str]:
     """phases.png: a panel per algorithm (rows) and pass (columns), one bar per layer (and
     layout) stacked by phase as shares of the phases' sum, the sum in ms above it, so the
-    bottleneck of each layer shows at a glance whatever its size. [] when no row has phases."""
+    bottleneck of each layer shows at a glance whatever its size; busy and noisy rows marked as
+    in the time plots. [] when no row has phases."""
     phased = phase_frame(df)
     if phased.empty:
         return []
@@ -809,15 +810,20 @@ def _phase_plot(plt, df: pd.DataFrame, folder: Path) -> list[str]:
                       for _, r in rows.iterrows()]
             totals = [sum(p.values()) for p in rows["phases"]]
             bottom = [0.0] * len(rows)
+            busy = pd.Series(ranking.busy_mask(rows).values)
+            noisy = pd.Series(rows["noisy"].map(_flag).values)
             for i, name in enumerate(_order(n for p in rows["phases"] for n in p)):
                 shares = [100 * p.get(name, 0.0) / t if t else 0.0
                           for p, t in zip(rows["phases"], totals)]
-                ax.bar(range(len(rows)), shares, 0.6, bottom=bottom, label=name, color=f"C{i}")
+                bars = ax.bar(range(len(rows)), shares, 0.6, bottom=bottom, label=name,
+                              color=f"C{i}")
+                _time_marks(bars, list(range(len(rows))), busy, noisy)
                 bottom = [b + v for b, v in zip(bottom, shares)]
             for x, total in enumerate(totals):
                 ax.annotate(f"{fmt_ms(total)} ms", (x, 101), ha="center", va="bottom",
                             fontsize="x-small")
             ax.set_xticks(range(len(rows)), labels)
+            _mark_legend(ax, rows)
             if len(rows):
                 ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="x-small")
     save_figure(fig, folder / "phases.png", legend=False)
@@ -843,8 +849,9 @@ def _mark_legend(ax, rows: pd.DataFrame) -> None:
 
 
 def _time_marks(bars, keys: list, busy: pd.Series, noisy: pd.Series) -> None:
-    """Style each bar of `bars` (one per (layer, algo) of `keys`) as `BUSY_BAR` and/or
-    `NOISY_BAR` where its row is busy or noisy."""
+    """Style each bar of `bars` (one per key of `keys`, the index of `busy` and `noisy`: a
+    (layer, algo), or a row's place) as `BUSY_BAR` and/or `NOISY_BAR` where its row is busy or
+    noisy."""
     for patch, key in zip(bars.patches, keys):
         for marked, (style, _) in ((busy, BUSY_BAR), (noisy, NOISY_BAR)):
             if marked.get(key, False):

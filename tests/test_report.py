@@ -283,6 +283,24 @@ def test_phase_plot_is_written(tmp_path):
     assert (tmp_path / "phases.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_phase_plot_marks_a_busy_row(tmp_path, monkeypatch):
+    """#35: the phase plot's bars, one per row, are marked as the time plots' are."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    df = results.frame(phase_rows(PHASES))
+    busy = df.index[(df["algo"] == "fft") & (df["layer"] == "conv3") & (df["pass"] == "fwd")]
+    df["contended"] = df["contended"].astype(object)
+    df.loc[busy, "contended"] = True
+    figures = []
+    monkeypatch.setattr(report, "save_figure", lambda fig, path, legend=True: figures.append(fig))
+    assert report._phase_plot(plt, df, tmp_path) == ["phases.png"]
+    ax = figures[0].axes[0]  # fft, fwd: conv3 (busy), then conv4
+    assert ax.get_title() == "fft, fwd"
+    assert [c.patches[0].get_hatch() for c in ax.containers[:4]] == ["///"] * 4
+    assert [c.patches[1].get_hatch() for c in ax.containers[:4]] == [None] * 4
+    assert report.BUSY_BAR[1] in ax.get_legend_handles_labels()[1]
+    plt.close(figures[0])
+
+
 def test_a_results_file_from_before_phases_still_renders(tmp_path):
     older = [c for c in results.COLUMNS if c != "phases_ms"]
     with open(tmp_path / results.RESULTS_CSV, "w", newline="") as f:
