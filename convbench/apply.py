@@ -6,7 +6,8 @@
 `apply` sets the global cuDNN flags the plan asks for, gives each planned layer its layout
 (channels_last weights for NHWC), and replaces each layer that torch alone would not run as
 planned by a `convbench.nn.Conv2d` holding the same parameters, each pass dispatched to its
-algorithm. It measures nothing and chooses nothing: the plan has chosen.
+algorithm, where it can prove the swap computes what the layer did (`nn.unprovable`). It
+measures nothing and chooses nothing: the plan has chosen.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import registry
+from . import registry, verify
 from .fmt import tabulate
 from .plan import TORCH_ALGOS, LayerPlan, Plan, PlanError, current_env_key, stale_fields
 from .problem import AXIS_FIELDS, PASSES
@@ -28,7 +29,9 @@ class Change:
     """What `apply` did to one layer of the plan."""
 
     layer: str
-    action: str  # "replaced" (by convbench.nn.Conv2d), "kept" (torch runs it as planned), "skipped"
+    # "replaced" (by convbench.nn.Conv2d); "kept": torch runs it, as planned or, where a swap is
+    # not proved or the check refused it, as the model has it (layout ""); "skipped"
+    action: str
     layout: str
     passes: dict[str, str]
     reason: str
@@ -89,8 +92,13 @@ def _why_not(model, lp: LayerPlan):
         module = model.get_submodule(lp.layer)
     except AttributeError:
         return None, "the model has no such module"
-    if not isinstance(module, torch.nn.Conv2d):
-        return None, f"is a {type(module).__name__}, not an nn.Conv2d"
+    if cbnn.unprovable(module):  # kept as it is: it must only be the plan's convolution
+        p = lp.problem
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.Tensor) and tuple(weight.shape) == p.w_shape():
+            return module, None
+        return None, ("its weight differs from the plan's" if isinstance(module, torch.nn.Conv2d)
+                      else f"is a {type(module).__name__}, not an nn.Conv2d")
     try:
         geometry = cbnn.conv_geometry(module)
     except ValueError as exc:
@@ -104,10 +112,17 @@ def _why_not(model, lp: LayerPlan):
     return module, None
 
 
-def apply(model, plan: Plan | str | Path) -> Summary:
+def apply(model, plan: Plan | str | Path, check=None) -> Summary:
     """Make `model` run `plan` (a Plan or a plan file): set the cuDNN flags, give each planned
     layer its layout (channels_last weights for NHWC), and replace each layer that torch alone
     would not run as planned by a `convbench.nn.Conv2d` holding the same parameters.
+
+    Only what convbench provably reproduces is replaced (`nn.unprovable`): a conv subclass
+    with a forward of its own, a hook or a parametrization is left untouched, layout too, and
+    the table says why, as a swap would drop what it does. `check`: an example input; each
+    replacement is then run once against the module it replaces, on the input that module
+    receives from it, and one whose output, input gradient or weight gradient differs by
+    more than its algorithm's tolerance (`verify.tolerance`) is refused, the original kept.
 
     TF32 is left as the model's owner set it; the cuDNN passes of an fp32 plan were measured
     with it off (`torch.backends.cudnn.allow_tf32 = False` runs them as measured)."""
@@ -121,33 +136,95 @@ def apply(model, plan: Plan | str | Path) -> Summary:
     _check_fit(model, plan, misfits)
     torch.backends.cudnn.benchmark = plan.cudnn["benchmark"]
     torch.backends.cudnn.deterministic = plan.cudnn["deterministic"]
-    changes, arriving = [], plan.input_layout
+    changes, arriving, swaps = [], plan.input_layout, {}
     for lp in plan.layers:
         passes = {p: c.algo if c else "torch default" for p, c in lp.passes.items()}
         if lp.layer in misfits:
             changes.append(Change(lp.layer, "skipped", lp.layout, passes, misfits[lp.layer]))
             continue
         module, _ = _why_not(model, lp)
+        kept = cbnn.unprovable(module)
+        if kept:
+            changes.append(Change(lp.layer, "kept", "", passes,
+                                  f"{kept}: convbench cannot prove it reproduces it; torch "
+                                  "runs it"))
+            continue
         ours = sorted({c.algo for c in lp.passes.values()
                        if c is not None and c.algo not in TORCH_ALGOS})
         for algo in ours:  # an algorithm this build lacks fails here, not mid-training
             registry.get(algo, plan.backend)
-        module.to(memory_format=cbnn.MEMORY_FORMAT[lp.layout])
         if _torch_runs_it(lp, arriving, plan.cudnn["benchmark"]):
+            module.to(memory_format=cbnn.MEMORY_FORMAT[lp.layout])
             changes.append(Change(lp.layer, "kept", lp.layout, passes,
                                   "torch runs every pass as planned"))
         else:
             algos = {p: (c.algo, c.backend) if c else None for p, c in lp.passes.items()}
-            parent, _, child = lp.layer.rpartition(".")
-            setattr(model.get_submodule(parent), child,
-                    cbnn.Conv2d.from_conv(module, lp.layout, algos))
+            swaps[lp.layer] = (lp, module, cbnn.Conv2d.from_conv(module, lp.layout, algos))
             why = (f"runs {', '.join(ours)}" if ours else
                    "converts its channels_last input to NCHW" if lp.layout == "nchw" else
                    "sets cudnn.benchmark per pass")
             changes.append(Change(lp.layer, "replaced", lp.layout, passes, why))
         arriving = lp.layout
+    refused = _checked(model, swaps, check, plan.precision) if check is not None else {}
+    for i, change in enumerate(changes):
+        if change.layer in refused:
+            changes[i] = Change(change.layer, "kept", "", change.passes, refused[change.layer])
+        elif change.layer in swaps:
+            lp, module, new = swaps[change.layer]
+            module.to(memory_format=cbnn.MEMORY_FORMAT[lp.layout])
+            parent, _, child = lp.layer.rpartition(".")
+            setattr(model.get_submodule(parent), child, new)
     changes += [Change(u.layer, "skipped", "", {}, u.reason) for u in plan.unplanned]
     return Summary(changes, dict(plan.cudnn), plan.backend)
+
+
+def _checked(model, swaps: dict, example_input, precision: str) -> dict[str, str]:
+    """{layer: why its replacement is refused}: each replacement against the module it
+    replaces, on the input one forward pass of `example_input` gives that module (eval mode,
+    no gradients kept), in forward, input gradient and weight gradient, with a seeded random
+    output gradient; beyond its algorithm's tolerance it is refused. The original runs in
+    its own layout, as the model has it: the check measures the replacement, not a layout."""
+    import torch
+
+    inputs = {}
+
+    def keep(module, args) -> None:
+        inputs.setdefault(names[module], args[0].detach().clone())
+
+    names = {module: name for name, (_, module, _) in swaps.items()}
+    handles = [module.register_forward_pre_hook(keep) for module in names]
+    modes = {m: m.training for m in model.modules()}
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(example_input)
+    finally:
+        for h in handles:
+            h.remove()
+        for m, training in modes.items():
+            m.training = training
+    refused = {}
+    for name, (lp, module, new) in swaps.items():
+        if name not in inputs:
+            refused[name] = "the check input never reaches it; torch runs it"
+            continue
+        results = []
+        for m in (module, new):
+            x = inputs[name].clone().requires_grad_()
+            y = m(x)
+            dy = torch.randn(y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(0))
+            wrt = [x, m.weight] if m.weight.requires_grad else [x]
+            results.append([y, *torch.autograd.grad(y, wrt, dy.to(y.device))])
+        for pass_, ref, out in zip(PASSES, *results):
+            choice = lp.passes.get(pass_)
+            algo = choice.algo if choice else "torch default"
+            rel, _ = verify.errors(out.detach().cpu().numpy(), ref.detach().cpu().numpy())
+            tol = verify.tolerance(algo, precision, lp.problem, pass_)
+            if not rel <= tol:
+                refused[name] = (f"refused by the check: {pass_} ({algo}) differs from torch's "
+                                 f"by {rel:.2g} > tolerance {tol:.2g}; torch runs it")
+                break
+    return refused
 
 
 def _check_fit(model, plan: Plan, misfits: dict[str, str]) -> None:

@@ -6,8 +6,9 @@
     net.occurrences   # {layer name: how many conv modules of the model have its problem}
 
 This is the door of `convbench bench --model` and `convbench tune --model`: a user's own network
-measured like a catalog. The layers are found the way the advisor finds them (`find_convs`:
-forward hooks on one forward pass), so whatever `advisor.tune` plans, `bench` measures. A
+measured like a catalog. The layers are found the way the advisor finds them (`find_convs`: the
+conv2d calls of one forward pass, on the operands the model passes), so whatever `advisor.tune`
+plans, `bench` measures. A
 problem that several modules share is measured once; its count lets a report weigh it by use.
 Optional dependencies stay optional: torchvision is imported only if the spec names it.
 """
@@ -23,59 +24,106 @@ from dataclasses import dataclass, field
 from .fmt import first_line
 from .layers import Layer
 from .plan import Unplanned
-from .problem import FIELD_MAX, ConvProblem
+from .problem import FIELD_MAX, ConvProblem, axis_pair
+
+#: `torch.conv2d`'s arguments, in order.
+CONV2D_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 
 
 @dataclass(frozen=True)
 class Site:
-    """A conv layer as the model calls it: its module name, problem and the passes training
-    needs (bwd_data only when its input requires grad, bwd_filter when its weight does)."""
+    """A convolution as the model computes it: the module it belongs to, its problem on the
+    operands the model really passes, the passes training needs (bwd_data only when its input
+    requires grad, bwd_filter when its weight does), and `kept`: why `apply` leaves the module
+    to torch (`nn.unprovable`; None where apply can replace it). A kept site is measured all
+    the same, so the plan and `bench` say what it costs."""
 
     name: str
     problem: ConvProblem
     passes: tuple[str, ...]
+    kept: str | None = None
 
 
 def find_convs(model, example_input) -> tuple[list[Site], list[Unplanned]]:
-    """The `nn.Conv2d` layers of `model` in the order a forward pass on `example_input` calls
-    them, found by forward hooks, and those no `ConvProblem` describes, with why. Runs the model
-    once in eval mode (batch-norm statistics stay as they are), with autograd on so each layer
-    sees whether its input requires grad; ValueError, in one line, when the forward pass fails
-    on that input."""
+    """The convolutions `model` computes on `example_input`, in call order, and the modules
+    whose convolutions no `ConvProblem` describes, with why. Every `torch.conv2d` call of one
+    forward pass is caught (a `TorchFunctionMode`), so its problem is the one computed: padding
+    a module does in its own forward (TF-SAME) is in its input, not lost as a forward hook on
+    the module would lose it. A call belongs to the module whose weight Parameter it
+    convolves, else (a weight computed in forward, a parametrization) to the innermost module
+    running. Runs the model once in eval mode (batch-norm statistics stay as they are), with
+    autograd on so each call shows whether its operands require grad; ValueError, in one line,
+    when the forward pass fails on that input."""
     import torch
+    from torch.overrides import TorchFunctionMode
 
     from . import nn as cbnn
 
-    names = {id(m): name for name, m in model.named_modules()}
+    modules = dict(model.named_modules())
+    names = {id(m): name for name, m in modules.items()}
+    owners = {id(m._parameters["weight"]): name for name, m in modules.items()
+              if m._parameters.get("weight") is not None}
+    kept = {name: cbnn.unprovable(m) for name, m in modules.items()}  # before our hooks
+    running: list[str] = []
     sites: dict[str, Site] = {}
     refused: dict[str, str] = {}
 
-    def hook(module, args, output):
-        name, x = names[id(module)], args[0]
+    def problem_of(module, x, weight, stride=1, padding=0, dilation=1, groups=1):
+        if x.dtype != example_input.dtype:
+            raise ValueError(f"input dtype {x.dtype}, the model's input is "
+                             f"{example_input.dtype}")
+        if isinstance(module, torch.nn.Conv2d):
+            cbnn.conv_geometry(module)  # a padding mode convbench cannot run
+        if x.dim() != 4:
+            raise ValueError(f"input of {x.dim()} dimensions: convbench runs batched (4-D) "
+                             "input only")
+        (n, c, h, w), (k, _, r, s) = x.shape, weight.shape
+        pad = cbnn.explicit_padding(padding, dilation, (r, s))
+        return ConvProblem(n=n, c=c, h=h, w=w, k=k, r=r, s=s, stride=axis_pair("stride", stride),
+                           pad=axis_pair("pad", pad), dilation=axis_pair("dilation", dilation),
+                           groups=groups)
+
+    def convolved(call: dict) -> None:
+        x, weight = call["input"], call["weight"]
+        caller = running[-1] if running else ""
+        name = owners.get(id(weight), caller)
         if name in refused:
             return
         try:
-            if x.dtype != example_input.dtype:
-                raise ValueError(f"input dtype {x.dtype}, the model's input is "
-                                 f"{example_input.dtype}")
-            problem = cbnn.problem_of(module, tuple(x.shape))
+            problem = problem_of(modules[name], x, weight, **{
+                f: call[f] for f in ("stride", "padding", "dilation", "groups") if f in call})
             if name in sites and sites[name].problem != problem:
                 raise ValueError("called with several input shapes; a plan has one problem "
                                  "per layer")
         except ValueError as exc:
-            refused[name] = str(exc)
+            refused[name] = first_line(exc)
             sites.pop(name, None)
             return
+        why = kept[name] if name == caller else (f"its weight is convolved by "
+                                                 f"{caller or 'the model'}, not by itself")
         passes = ("fwd", *(("bwd_data",) if x.requires_grad else ()),
-                  *(("bwd_filter",) if module.weight.requires_grad else ()))
-        sites.setdefault(name, Site(name, problem, passes))
+                  *(("bwd_filter",) if weight.requires_grad else ()))
+        sites.setdefault(name, Site(name, problem, passes, why))
+
+    class Convolutions(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.conv2d:
+                convolved({**dict(zip(CONV2D_ARGS, args)), **kwargs})
+            return func(*args, **kwargs)
 
     modes = {m: m.training for m in model.modules()}
-    handles = [m.register_forward_hook(hook) for m in model.modules()
-               if isinstance(m, torch.nn.Conv2d)]
+    def enter(module, args) -> None:
+        running.append(names[id(module)])
+
+    def leave(module, args, output) -> None:
+        running.pop()
+
+    handles = [h for m in model.modules()
+               for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
     try:
         model.eval()
-        with torch.enable_grad():
+        with torch.enable_grad(), Convolutions():
             model(example_input)
     except Exception as exc:  # the user's forward, whatever it raises
         raise ValueError(f"the model rejects input {','.join(map(str, example_input.shape))}: "

@@ -22,6 +22,7 @@ import contextlib
 import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
+from torch.nn.utils import parametrize
 
 from . import functional
 from .plan import TORCH_ALGOS
@@ -45,15 +46,50 @@ def conv_geometry(conv: nn.Conv2d) -> dict[str, Pair]:
     if conv.padding_mode != "zeros":
         raise ValueError(f"padding_mode {conv.padding_mode!r}: convbench pads with zeros only")
     dilation = tuple(conv.dilation)
-    padding = conv.padding
-    if padding == "valid":
-        padding = 0
-    elif padding == "same":
-        # torch pads an odd total one more after than before, as TensorFlow's SAME does
-        totals = [d * (k - 1) for d, k in zip(dilation, conv.kernel_size)]
-        padding = tuple((t // 2, t - t // 2) if t % 2 else t // 2 for t in totals)
+    padding = explicit_padding(conv.padding, dilation, conv.kernel_size)
     return {"stride": axis_pair("stride", conv.stride), "pad": axis_pair("pad", padding),
             "dilation": axis_pair("dilation", dilation), "groups": conv.groups}
+
+
+def explicit_padding(padding, dilation, kernel_size):
+    """torch's `padding` of a convolution (numbers, or the strings `valid` and `same`) as
+    numbers `axis_pair` takes: `same` pads an odd total one more after than before, as
+    torch and TensorFlow's SAME do."""
+    if padding == "valid":
+        return 0
+    if padding == "same":
+        dilation = (dilation,) * 2 if isinstance(dilation, int) else dilation
+        totals = [d * (k - 1) for d, k in zip(dilation, kernel_size)]
+        return tuple((t // 2, t - t // 2) if t % 2 else t // 2 for t in totals)
+    return padding
+
+
+def unprovable(module: nn.Module) -> str | None:
+    """Why `apply` may not swap `module` for a `Conv2d` (None: it may). Only what convbench
+    reproduces exactly is replaced: a module running `nn.Conv2d`'s own forward, with no hooks
+    of its own and no parametrization. A subclass's own forward (TF-SAME padding, weight
+    standardisation, a scaled output) or a hook or parametrization changing the weight is
+    code a swap would silently drop."""
+    name = type(module).__name__
+    if not isinstance(module, nn.Conv2d):
+        return f"{name} is not an nn.Conv2d"
+    if type(module) not in (nn.Conv2d, Conv2d):
+        for method in ("forward", "_conv_forward"):
+            if getattr(type(module), method) is not getattr(nn.Conv2d, method):
+                return f"{name} has its own {method}"
+    if parametrize.is_parametrized(module):
+        return f"{name} is parametrized"
+    hooks = [kind for kind in ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks",
+                               "_backward_hooks") if getattr(module, kind, None)]
+    if hooks:
+        return f"{name} has {_hook_words(hooks)}"
+    return None
+
+
+def _hook_words(hooks: list[str]) -> str:
+    """`_forward_pre_hooks` -> `forward pre-hooks`, joined."""
+    return " and ".join(h.strip("_").replace("_pre_", " pre-").replace("_", " ")
+                        for h in hooks)
 
 
 def torch_geometry(problem: ConvProblem) -> tuple[list[int], list[int], list[int]]:

@@ -3,9 +3,9 @@
     plan = tune(model, example_input)    # a model's conv layers, measured (or reused), planned
     plan, advice, note = advise_run(RUN) # a bench run folder, planned
 
-`tune` finds a model's conv layers with forward hooks, so any `nn.Module` works; it looks each
-(problem, pass) up in the plan store and measures the rest with the runner (CPU input: backend
-`numpy`; CUDA input: `cuda`), then measures the NCHW<->NHWC conversions the layout plan weighs,
+`tune` finds the convolutions a model computes (`models.find_convs`), so any `nn.Module` works;
+it looks each (problem, pass) up in the plan store and measures the rest with the runner (CPU
+input: backend `numpy`; CUDA input: `cuda`), reporting each case to `progress`, then measures the NCHW<->NHWC conversions the layout plan weighs,
 and hands the results table to `advice`, which chooses. `advise_run` does the same for the rows
 of a run folder, measuring the conversions only where this machine is the run's: a conversion
 time is valid only beside the passes it is weighed against.
@@ -13,6 +13,7 @@ time is valid only beside the passes it is weighed against.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -98,18 +99,32 @@ class TuneInterrupted(KeyboardInterrupt):
         self.made, self.planned, self.path = made, planned, path
 
 
-def tune(model, example_input, **options) -> Plan:
+def stderr_progress(line: str) -> None:
+    """The default `progress` of `tune`: the line on stderr, so a caller's stdout stays its own.
+    A real model's tune takes minutes; a silent one reads as hung."""
+    print(f"convbench: {line}", file=sys.stderr)
+
+
+def tune(model, example_input, *, algos: str = "all", layouts: tuple[str, ...] = LAYOUTS,
+         budget_s: float | None = None, constraints: Constraints = NO_CONSTRAINTS,
+         store: PlanStore | str | Path | None = None, input_layout: str = "nchw",
+         output_layout: str = "nchw", log: Callable[[str], None] | None = None,
+         progress: Callable[[str], None] | None = stderr_progress) -> Plan:
     """Measure the conv layers of `model` as `example_input` exercises them, and plan them
-    (`tune_advice`'s plan; its options are this one's)."""
-    return tune_advice(model, example_input, **options)[0]
+    (`tune_advice`'s plan; its arguments are this one's, spelt out so a misspelt one is a
+    TypeError at the call)."""
+    return tune_advice(model, example_input, algos=algos, layouts=layouts, budget_s=budget_s,
+                       constraints=constraints, store=store, input_layout=input_layout,
+                       output_layout=output_layout, log=log, progress=progress)[0]
 
 
 def tune_advice(model, example_input, *, algos: str = "all",
                 layouts: tuple[str, ...] = LAYOUTS, budget_s: float | None = None,
                 constraints: Constraints = NO_CONSTRAINTS,
                 store: PlanStore | str | Path | None = None, input_layout: str = "nchw",
-                output_layout: str = "nchw",
-                log: Callable[[str], None] | None = None) -> tuple[Plan, Advice]:
+                output_layout: str = "nchw", log: Callable[[str], None] | None = None,
+                progress: Callable[[str], None] | None = stderr_progress
+                ) -> tuple[Plan, Advice]:
     """Measure the conv layers of `model` as `example_input` exercises them, and plan them:
     the plan, and the advice it was built from (what `convbench tune` prints).
 
@@ -118,8 +133,11 @@ def tune_advice(model, example_input, *, algos: str = "all",
     seconds of timed repetitions per measurement, the device's default if None), and so are the
     NCHW<->NHWC conversions the layout plan weighs. The plan is saved in the store (`store`: a
     PlanStore or its folder; None: the default one) and returned. `log` receives a line per
-    step (store hits, what is measured, where the plan went)."""
+    step (store hits, what is measured, layers `apply` will keep as torch runs them, where the
+    plan went); `progress` one short line per measured case (default: on stderr; None:
+    silent), as the library prints nothing on stdout."""
     log = log or (lambda line: None)
+    progress = progress or (lambda line: None)
     for what, value in [*(("layout", lay) for lay in layouts), ("input layout", input_layout),
                         ("output layout", output_layout)]:
         check_choice(what, value, LAYOUTS)
@@ -156,6 +174,9 @@ def tune_advice(model, example_input, *, algos: str = "all",
         log(f"{len(unneeded)} {'pass' if len(unneeded) == 1 else 'passes'} not measured, "
             "training does not run them (an input or weight that needs no gradient): "
             f"{', '.join(unneeded)}")
+    for site in sites:
+        if site.kept:
+            log(f"{site.name}: measured, but apply keeps it as torch runs it ({site.kept})")
     budget = budget_s or devices.of_backend(backend).budget_s
 
     made: list[dict] = []
@@ -163,8 +184,9 @@ def tune_advice(model, example_input, *, algos: str = "all",
     def measured(row: dict) -> None:
         entries[problem_from_row(row), row["pass"]].append(entry_from_row(row))
         made.append(row)
-        if len(made) % 20 == 0 and len(made) < len(cases):
-            log(f"measured {len(made)} of {len(cases)}")
+        result = f"{row['median_ms']:.3g} ms" if row["status"] == "ok" else row["status"]
+        progress(f"{len(made)}/{len(cases)} {row['layer']} {row['pass']} {row['algo']} "
+                 f"{row['layout']}: {result}")
 
     def advice_now() -> Advice:
         rows = [row_from_entry(e, site.name, net, precision)

@@ -138,6 +138,40 @@ def test_tune_measures_then_reuses_the_store(store, measured):
     assert measured[-1] == 8 * 2  # only the algorithm the store lacks
 
 
+def test_tune_reports_each_measured_case_on_stderr_or_to_progress(store, capsys):
+    """A real model's tune takes minutes: a line per measured case, on stderr by default (the
+    caller's stdout stays its own), to `progress` if given."""
+    model, x = SmallCNN(), torch.randn(2, 3, 10, 10)
+    lines = []
+    tune.tune(model, x, progress=lines.append, **FAST)
+    assert len(lines) == 48 and lines[0].startswith("1/48 stem fwd ")
+    assert capsys.readouterr() == ("", "")
+    tune.tune(model, x, algos="direct,gemm,torch-cpu,fft", budget_s=0.001)
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 16 and err.startswith("convbench: 1/16 stem fwd fft")
+
+
+def test_a_misspelt_tune_argument_is_a_type_error_at_the_call():
+    with pytest.raises(TypeError, match=r"^tune\(\) got an unexpected keyword argument 'budget'"):
+        tune.tune(SmallCNN(), torch.randn(2, 3, 10, 10), budget=0.1)
+
+
+def test_tune_measures_a_layer_apply_keeps_and_says_so(store):
+    """A conv subclass with a forward of its own is measured as it computes (TF-SAME: on
+    the padded input) and planned; the log says apply will leave it to torch."""
+
+    class SameStem(nn.Conv2d):
+        def forward(self, x):
+            return super().forward(torch.nn.functional.pad(x, [0, 1, 0, 1]))
+
+    lines = []
+    plan = tune.tune(nn.Sequential(SameStem(3, 4, 3, stride=2)), torch.randn(1, 3, 8, 8),
+                     log=lines.append, progress=None, **FAST)
+    assert [(lp.layer, lp.problem.h, lp.problem.p) for lp in plan.layers] == [("0", 9, 4)]
+    assert "0: measured, but apply keeps it as torch runs it (SameStem has its own forward)" \
+        in lines
+
+
 def test_a_stale_store_is_measured_again(store, measured, monkeypatch):
     model, x = SmallCNN(), torch.randn(2, 3, 10, 10)
     tune.tune(model, x, **FAST)

@@ -2,9 +2,9 @@
 
     convbench tune --model torchvision.models:resnet18 --input 8,3,224,224 --out plan.json
 
-Builds the model, finds its conv layers (forward hooks), looks each (problem, pass) up in the
-plan store, measures the rest, and prints the plan `advisor.apply` makes training code run;
-the plan goes to the store (unless --no-store) and to --out if given.
+Builds the model, finds the convolutions it computes (`models.find_convs`), looks each
+(problem, pass) up in the plan store, measures the rest (a line per case on stderr), and prints
+the plan `advisor.apply` makes training code run; the plan goes to the store (unless --no-store) and to --out if given.
 """
 
 from __future__ import annotations
