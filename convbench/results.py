@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .fmt import first_line
 from .measurement import Measurement
 from .problem import AXIS_FIELDS, ConvProblem, axis_pair, pair_text
 
@@ -193,13 +194,31 @@ def merge_rows(folder: str | Path, rows: Sequence[dict] = (),
         merged.setdefault(row_key(r), r)
     rank = {key: i for i, key in enumerate(order)}
     keys = sorted(merged, key=lambda k: rank.get(k, len(rank)))  # stable: the rest as seen
+    _rewrite(path, [merged[k] for k in keys])
+    drop_partials(folder)
+
+
+def _rewrite(path: Path, rows: Sequence[dict]) -> None:
+    """Replace the results CSV at `path` by `rows`, whole, through a temporary file: a reader,
+    or a run cut short, sees the old file or the new one, never half of one."""
     tmp = path.with_name(f".{RESULTS_CSV}.tmp")
     with open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
-        writer.writerows(merged[k] for k in keys)
+        writer.writerows(rows)
     os.replace(tmp, path)
-    drop_partials(folder)
+
+
+def replace_row(path: str | os.PathLike, row: dict) -> None:
+    """Put `row` in the place of the row with its key in the results CSV at `path` (appended
+    where none has it). A measurement taken again replaces the old one this way, not beside
+    it: the file keeps one row per key for every reader, and the old row goes in the same
+    atomic step that writes the new one, so an interrupted remeasure loses neither."""
+    path = Path(path)
+    rows = read_rows(path)
+    key = row_key(row)
+    at = next((i for i, r in enumerate(rows) if row_key(r) == key), len(rows))
+    _rewrite(path, [*rows[:at], row, *rows[at + 1:]])
 
 
 # --- the DataFrame and JSON forms -----------------------------------------------------------
@@ -298,6 +317,29 @@ def row_from_entry(entry: dict, layer: str, net: str, precision: str) -> dict:
 
 
 # --- run folders ----------------------------------------------------------------------------
+def resumable_env(folder: str | Path) -> dict:
+    """The env.json of a run folder to resume: ValueError, naming what is missing, where there
+    is no run to resume (no folder, no env.json, one that cannot be read as JSON). Resuming
+    such a folder would start a whole run of default options, or mix them with its rows."""
+    folder = Path(folder)
+    env_path = folder / ENV_JSON
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise ValueError(f"{folder} {what}: there is no run to resume; start one without "
+                         "--resume")
+    if not env_path.is_file():
+        raise ValueError(f"{folder} has no {ENV_JSON}, so the options of its run are unknown: "
+                         "nothing to resume; start another run folder")
+    try:
+        env = json.loads(env_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{env_path} cannot be read ({first_line(exc)}): the options of its "
+                         "run are unknown; start another run folder") from None
+    if not isinstance(env, dict):
+        raise ValueError(f"{env_path} is not a convbench env.json; start another run folder")
+    return env
+
+
 def load_run(folder: str | Path) -> tuple[pd.DataFrame, dict]:
     """A run folder's results and environment; ValueError if it holds no results."""
     folder = Path(folder)
@@ -347,6 +389,10 @@ class RunFolder:
 
     def append(self, row: dict) -> None:
         self.sink.append(row)
+
+    def replace(self, row: dict) -> None:
+        """Put a case measured again in the place of its old row (`replace_row`)."""
+        replace_row(self.sink.path, row)
 
     def save_env(self) -> None:
         """Write `env` to env.json (whole, through a temporary file: never half written)."""

@@ -10,10 +10,13 @@ What `convbench layer`, `bench` and `sweep` do, as library calls with explicit p
     outcome = runs.Run(cases, device.budget_s, folder).measure()
 
 A run skips the cases its folder already holds (resume) and, as a batch sweep, the cases whose
-series ran out of memory at a smaller batch (`batchsweep.SkipLarger`). Ctrl-C ends it early
-with every row measured so far kept, and the report written from them; so does a case that
-faults the GPU (the device is unusable after it in this process), whose row is kept as
-`failed`, so a resumed run continues after it.
+series ran out of memory at a smaller batch (`batchsweep.SkipLarger`). Asked to `remeasure`
+rows flagged busy or noisy, it measures their cases again, each with every competitor it was
+timed beside (the rows a winner is named from share their rounds), and each new row replaces
+the old in place (`RunFolder.replace`). Ctrl-C ends it early with every row measured so far
+kept, and the report written from them; so does a case that faults the GPU (the device is
+unusable after it in this process), whose row is kept as `failed`, so a resumed run continues
+after it.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from .batchsweep import SkipLarger
 from .devices import Device
 from .measurement import CONTENDED_SHARE
 from .memory import MemoryLimit
+from .ranking import busy
 from .results import RunFolder, frame, load_run, row_key
 
 
@@ -120,6 +124,18 @@ def load_reading(when: str, backend: str) -> dict:
     return reading
 
 
+#: What a resumed run may measure again: rows timed on a busy machine (contended, throttled),
+#: which advice and the report's winners leave out; and noisy rows, whose wide intervals leave
+#: their columns a tie.
+REMEASURE = ("busy", "noisy")
+
+
+def _flagged(row: dict, flags: Iterable[str]) -> bool:
+    """Whether a row (typed, `results.frame`) is `ok` and carries one of `flags` (REMEASURE)."""
+    tests = {"busy": busy, "noisy": lambda r: r.get("noisy") is True}
+    return row.get("status") == "ok" and any(tests[f](row) for f in flags)
+
+
 @dataclass
 class Outcome:
     """What a run leaves: every row (the folder's, resumed ones included, or this run's when
@@ -139,16 +155,23 @@ class Outcome:
 
 class Run:
     """`cases` to measure with `budget_s` seconds of timing each, into `folder` if given, under
-    a memory `limit` if given. `todo` is what is left once the folder's rows are skipped."""
+    a memory `limit` if given. `todo` is what is left once the folder's rows are skipped, and
+    with `remeasure` (flags of REMEASURE) every case of a competing group where the folder has
+    a row so flagged: such a group is timed again whole, in rounds, as the first run timed it."""
 
     def __init__(self, cases: Iterable[runner.Case], budget_s: float,
                  folder: RunFolder | None = None, limit: MemoryLimit | None = None,
-                 target: float = timing.TARGET_NOISE):
+                 target: float = timing.TARGET_NOISE, remeasure: Iterable[str] = ()):
         self.budget_s, self.folder, self.limit, self.target = budget_s, folder, limit, target
         self.started = time.monotonic()
         measured = folder.measured if folder else []
-        done = {row_key(r) for r in measured}
-        self.todo = [c for c in cases if c.key() not in done]
+        self._done = {row_key(r) for r in measured}
+        flags = list(remeasure)
+        again = {row_key(r) for r, typed in zip(measured, frame(measured).to_dict("records"))
+                 if _flagged(typed, flags)} if flags else set()
+        self.todo = [c for group in runner.competing(cases)
+                     for c in (group if any(c.key() in again for c in group)
+                               else [c for c in group if c.key() not in self._done])]
         self._skip = SkipLarger(measured)
 
     def measure(self, on_row: Callable[[dict], None] | None = None) -> Outcome:
@@ -157,7 +180,9 @@ class Run:
         rows: list[dict] = []
 
         def seen(r: dict) -> None:
-            if self.folder is not None:
+            if self.folder is not None and row_key(r) in self._done:  # measured again
+                self.folder.replace(r)
+            elif self.folder is not None:
                 self.folder.append(r)
             self._skip.observe(r)
             rows.append(r)

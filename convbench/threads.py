@@ -58,6 +58,18 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def check(n: int | None) -> int | None:
+    """`n` as a thread count a run may ask for: ValueError above `available_cores()`. Threads
+    beyond the cores wait for each other, and the contention measure would then flag their
+    rows as if other processes had taken the cores."""
+    cores = available_cores()
+    if n is not None and n > cores:
+        raise ValueError(f"--threads {n}: this process may run on {cores} cores; more threads "
+                         "than cores wait on each other and their times would read as "
+                         f"contended: give at most {cores}")
+    return n
+
+
 def count() -> int:
     """The threads an algorithm may use: what `use` set, else the cores this process may use."""
     return _count or available_cores()

@@ -237,6 +237,7 @@ def test_resume_refuses_a_results_file_with_other_columns(tmp_path, capsys):
     folder.mkdir()
     old_header = [c for c in results.COLUMNS if c not in ("peak_bytes", "memory_method")]
     (folder / "measurements.csv").write_text(",".join(old_header) + "\n")
+    (folder / "env.json").write_text(json.dumps({"run": {"argv": BENCH}}))
     code, _, err = run_cli(capsys, *BENCH, "--out", str(folder), "--resume")
     assert code == 2 and err.count("\n") == 1 and "has other columns" in err
 

@@ -82,6 +82,20 @@ def test_regressions_are_slower_beyond_noise_by_more_than_the_share():
     assert list(zip(slow["algo"], slow["layer"])) == [("gemm", "conv3")]  # not the 3%, not noise
 
 
+def test_a_regression_is_an_interval_wholly_above_the_threshold():
+    """A median 8% slower whose interval reaches down to 2% is not known to be more than 5%
+    slower: `--fail-above 5` does not fail on it (it did while the median alone was read)."""
+    a = results.frame(rows({}))
+    b = results.frame(rows({("gemm", "conv3"): spread(1.08, width=0.1),
+                            ("gemm", "conv4"): spread(1.12)}))
+    cmp = compare.compare(a, b).set_index(["algo", "layer"])
+    assert cmp.loc[("gemm", "conv3"), "change"] == "slower"
+    assert 1 < cmp.loc[("gemm", "conv3"), "ratio_low"] < 1.05 < cmp.loc[("gemm", "conv3"),
+                                                                       "ratio"]
+    slow = compare.regressions(cmp.reset_index(), 0.05)
+    assert list(zip(slow["algo"], slow["layer"])) == [("gemm", "conv4")]
+
+
 def folder(path, times: dict, env: dict, **kw):
     path.mkdir()
     sink = results.CsvSink(path / results.RESULTS_CSV)

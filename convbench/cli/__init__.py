@@ -4,6 +4,7 @@ one line on stderr and exit code 2. Nothing in the library imports it.
     convbench layer conv2 --algos all --batch 2 --format json          (cli.measure)
     convbench bench --model MODULE:CALLABLE --input N,C,H,W            (cli.measure)
     convbench bench [--net alexnet] [--device cpu|cuda|emu] [--out DIR] [--resume]
+    convbench bench --resume --out DIR --remeasure busy    (times spoiled by a busy machine, again)
     convbench sweep [--net alexnet] [--layers conv2,conv3] [--batch 1,2,4,8] [--memory-limit 2GiB]
     convbench report RUN;  convbench compare RUN_A RUN_B                (cli.report)
     convbench memprofile [--net alexnet] [--batch 2] [--budget 8GiB] [--run RUN] [--out DIR]
@@ -19,7 +20,8 @@ one line on stderr and exit code 2. Nothing in the library imports it.
 Bad input — an unknown layer, net, algo, pass, layout or precision, a malformed layer spec, a
 device this machine lacks — is one line on stderr naming what is wrong and what is valid, and
 exit code 2. Ctrl-C during a sweep keeps every row measured so far (and, with a run folder,
-writes its report), then exits 130; `--resume` finishes the folder.
+writes its report), then exits 130; `--resume` finishes the folder, and where there is no run to
+resume says so.
 """
 
 from __future__ import annotations

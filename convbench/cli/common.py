@@ -234,8 +234,9 @@ def summary_line(outcome) -> str:
     return line
 
 
-def busy_warning(outcome) -> str | None:
-    """The warning a run ends on when some of its times were taken on a busy machine."""
+def busy_warning(outcome, folder: Path | None = None) -> str | None:
+    """The warning a run ends on when some of its times were taken on a busy machine, with the
+    command that measures them again in `folder` (a new run without one)."""
     ok = [r for r in outcome.rows if r["status"] == "ok"]
     contended = sum(bool(r.get("contended")) for r in ok)
     throttled = sum(bool(r.get("throttled")) for r in ok)
@@ -246,9 +247,10 @@ def busy_warning(outcome) -> str | None:
                                           "held the cores their threads needed (contended)")),
                              (throttled, (f"{throttled} while the GPU's clocks were held down "
                                          "(throttled)"))) if n)
+    again = (f"--resume --out {folder} --remeasure busy" if folder is not None
+             else "a new run")
     return (f"convbench: warning: of {len(ok)} times, {what}: they may be wrong, advice leaves "
-            "them out; the report lists them; measure them again on a quiet machine "
-            "(--resume after deleting their rows, or a new run)")
+            f"them out; the report lists them; measure them again on a quiet machine ({again})")
 
 
 def finish(outcome, folder: Path | None, quiet: bool = False) -> int:
@@ -260,7 +262,7 @@ def finish(outcome, folder: Path | None, quiet: bool = False) -> int:
     if folder is not None:
         print(f"convbench: {len(outcome.frame)} rows in {folder}", file=err)
     print(summary_line(outcome), file=err)
-    warning = busy_warning(outcome)
+    warning = busy_warning(outcome, folder)
     where = f"; finish with --resume --out {folder}" if folder else ""
     if outcome.fault:
         if warning:

@@ -2,6 +2,7 @@
 
     convbench layer conv2 --algos all --batch 2 --format json
     convbench bench [--net alexnet] [--device cpu|cuda|emu] [--out DIR] [--resume]
+    convbench bench --resume --out DIR --remeasure busy,noisy
     convbench sweep [--net alexnet] [--layers conv2,conv3] [--batch 1,2,4,8] [--memory-limit 2GiB]
 
 Each parses its options into cases (`runs.sweep_cases`), opens the run folder
@@ -11,7 +12,6 @@ Each parses its options into cases (`runs.sweep_cases`), opens the run folder
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import sys
@@ -34,7 +34,7 @@ from .. import (
 )
 from ..devices import DEVICES
 from ..problem import LAYOUTS, PASSES, PRECISIONS
-from ..results import ENV_JSON, FolderInUse, RunFolder
+from ..results import ENV_JSON, FolderInUse, RunFolder, resumable_env
 from . import catalog
 from .common import (
     FORMATS,
@@ -65,8 +65,9 @@ def _measure(args, specs: list, device: devices.Device, folder: Path | None,
     """Sweep `specs` (layer specs, or Layers) × the options, streaming the rows into `folder`
     when given, which also gets env.json, report.md and plots. Returns the run's outcome
     (`runs.Outcome`)."""
-    if args.resume and folder is None:
-        raise UsageError("--resume needs the run folder to finish: --out DIR")
+    if args.remeasure and not args.resume:
+        raise UsageError("--remeasure takes rows of a run again: give it with --resume --out "
+                         "DIR")
     with usage_errors():
         cases = runs.sweep_cases(
             specs, args.net, args.batch if isinstance(args.batch, list) else [args.batch],
@@ -79,8 +80,11 @@ def _measure(args, specs: list, device: devices.Device, folder: Path | None,
         sharded = shard.from_env(device.backend)  # torchrun, several ranks: this rank's share
     if sharded and sharded.rank:  # rank 0 prints the results; the other ranks' stdout is dropped
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process
+    if sharded and args.remeasure:
+        raise UsageError("--remeasure runs in one process: resume the folder without torchrun")
     with usage_errors():  # the ranks on this machine share its cores
-        threads.use(args.threads or shard.host_threads(sharded, threads.available_cores()))
+        threads.use(threads.check(args.threads)
+                    or shard.host_threads(sharded, threads.available_cores()))
     run_folder = None
     if folder is not None:
         env = runs.environment(device, args.net, cases, budget, batch=args.batch, limit=limit,
@@ -94,8 +98,11 @@ def _measure(args, specs: list, device: devices.Device, folder: Path | None,
                              "another run folder") from None
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+        except OSError as exc:  # --out names a file, or a folder this process cannot write
+            raise UsageError(f"--out {folder}: cannot write a run folder there "
+                             f"({exc.strerror or exc})") from None
     run = (shard.Run(sharded, cases, budget, run_folder, limit, target) if sharded
-           else runs.Run(cases, budget, run_folder, limit, target))
+           else runs.Run(cases, budget, run_folder, limit, target, args.remeasure or ()))
     progress = Progress(len(run.todo), quiet=args.quiet)
     try:
         outcome = run.measure(on_row=progress)
@@ -105,10 +112,10 @@ def _measure(args, specs: list, device: devices.Device, folder: Path | None,
 
 
 # --- resuming: a run folder's own options ------------------------------------------------------
-#: Options that say how to show or where to write a run, not what it measures: a resumed run
-#: may give them anew.
+#: Options that say how to show or where to write a run, or which of its rows to take again,
+#: not what it measures: a resumed run may give them anew.
 _PRESENTATION = {"resume", "out", "format", "quiet", "command", "func", "argv",
-                 "build_parser"}
+                 "build_parser", "remeasure"}
 #: Options whose default a run resolved and recorded in env.json's run: an explicit value is
 #: compared with what the run used, not with "not given".
 _RESOLVED = {"net": "net", "device": "device", "batch": "batch", "time_budget": "budget_s",
@@ -150,17 +157,22 @@ def _option(dest: str) -> str:
 
 
 def resumed(args) -> argparse.Namespace:
-    """For `--resume --out DIR` on a run folder that has its env.json: the run's own options
-    (from env.json), with this command's presentation options; UsageError, before anything is
-    written, where this command contradicts them (another value for an option the run was made
-    with, another subcommand, another machine). Otherwise `args` as they are."""
-    env_path = Path(args.out) / ENV_JSON if args.out else None
-    if not (args.resume and env_path and env_path.is_file()):
+    """For `--resume --out DIR`: the run's own options (from its env.json), with this
+    command's presentation options; UsageError, before anything is written, where there is no
+    run to resume (`results.resumable_env`: resuming nothing would start a whole run of
+    default options) or where this command contradicts it (another value for an option the run
+    was made with, another subcommand, another machine). Without --resume, `args` as they
+    are."""
+    if not args.resume:
         return args
+    if not args.out:  # a default folder is named by options the run's env.json would give
+        raise UsageError("--resume needs the run folder to finish: --out DIR")
+    env_path = Path(args.out) / ENV_JSON
+    with usage_errors("--resume: "):
+        env = resumable_env(args.out)
     try:
-        env = json.loads(env_path.read_text())
         run = env["run"]
-    except (ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         raise UsageError(f"{env_path} is not a convbench env.json; start another run folder") \
             from None
     stored = _stored_argv(run, env_path.parent)
@@ -315,6 +327,14 @@ def cmd_sweep(args) -> int:
 
 
 # --- the parsers ----------------------------------------------------------------------------
+def _flags(text: str) -> list[str]:
+    """`--remeasure`: a comma list of `runs.REMEASURE` (`all`: every one)."""
+    try:
+        return choices(text, "flag", runs.REMEASURE)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _sweep_options(p, layer: bool, batch_list: bool = False) -> None:
     p.add_argument("--net", choices=layers.NETS,
                    help="catalog the layers come from (default alexnet)")
@@ -371,6 +391,10 @@ def _sweep_options(p, layer: bool, batch_list: bool = False) -> None:
                    help="finish the run in --out with the options it was started with (from "
                         "its env.json), skipping what it holds; an option that contradicts "
                         "them is refused")
+    p.add_argument("--remeasure", type=_flags, metavar="FLAGS",
+                   help="with --resume: measure again the rows flagged busy (timed on a busy "
+                        "machine: contended, throttled) or noisy, comma list, each with the "
+                        "competitors it was timed beside; each new row replaces the old")
 
 
 def add_parsers(sub) -> None:
