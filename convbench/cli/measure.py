@@ -340,7 +340,9 @@ def _sweep_options(p, layer: bool, batch_list: bool = False) -> None:
                    help="catalog the layers come from (default alexnet)")
     if not batch_list:
         model_options(p, "measure this model's conv layers instead of a catalog's: the "
-                         "callable returns an nn.Module (e.g. torchvision.models:resnet18); "
+                         "callable returns an nn.Module (e.g. mymodule:net, or "
+                         "torchvision.models:resnet18 with the torchvision built for this "
+                         "torch); "
                          "each distinct problem once, named by its first module",
                       "with --model: the input batch's shape (e.g. 8,3,224,224)")
         p.add_argument("--problems", metavar="FILE",
