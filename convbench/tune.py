@@ -232,7 +232,7 @@ def advise_run(folder: str | Path, constraints: Constraints = NO_CONSTRAINTS,
     df, env = load_run(folder)
     if batch is not None:
         df = df[df["n"] == batch]
-    advice = advise(df, constraints, precision)
+    advice = advise(df, constraints, precision, env.get("run", {}).get("occurrences"))
     key, conversions, note = env_key(env), None, None
     unavailable = registry.available(advice.backend)
     changed = [] if unavailable else stale_fields(key, current_env_key(advice.backend))

@@ -60,3 +60,28 @@ def test_advise_command_errors_are_usage_errors(tmp_path):
     with pytest.raises(SystemExit):
         command("advise", str(tmp_path), "--max-error", "-1")
 
+
+
+def test_advise_on_a_model_run_counts_each_layer_as_the_report_does(tmp_path, capsys):
+    """#35: `advise RUN` on a --model run weighs each distinct problem by its occurrences
+    (env.json's run), so its network total is the report's; it counted each problem once."""
+    from test_advice import synthetic, times
+
+    from convbench import report, results
+    from convbench.fmt import fmt_ms
+
+    folder = tmp_path / "run"
+    sink = results.CsvSink(folder / results.RESULTS_CSV)
+    for row in synthetic({("l1", "fwd", "gemm", "nchw"): times(1.0),
+                          ("l2", "fwd", "gemm", "nchw"): times(3.0)}):
+        sink.append(row)
+    (folder / results.ENV_JSON).write_text(json.dumps(
+        {"run": {"model": "m:net", "occurrences": {"l1": 3, "l2": 1}}}))
+    plan, adv, _ = tune.advise_run(folder)
+    df, env = results.load_run(folder)
+    total = advice.plan_total_ms(plan, adv.occurrences)
+    assert total == pytest.approx(3 * 1.0 + 3.0)
+    assert fmt_ms(total) == report.choice_totals(df, env["run"]["occurrences"]).loc[
+        "fastest per layer and pass", "network ms"]
+    assert command("advise", str(folder), "--no-store") == 0
+    assert "4 conv layers, 2 distinct problems" in capsys.readouterr().out

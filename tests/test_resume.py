@@ -179,3 +179,10 @@ def test_the_busy_warning_names_the_command_that_measures_again(tmp_path):
     warning = common.busy_warning(outcome, tmp_path / "run")
     assert warning.endswith(f"(--resume --out {tmp_path / 'run'} --remeasure busy)")
     assert common.busy_warning(outcome).endswith("(a new run)")
+
+
+def test_tune_refuses_more_threads_than_cores_too(capsys):
+    cores = threads.available_cores()
+    refused(capsys, ["tune", "--model", "convbench.studies.workload:build_model", "--input",
+                     "1,3,227,227", "--threads", str(cores + 1)],
+            f"--threads {cores + 1}: this process may run on {cores} cores")

@@ -37,7 +37,8 @@ def cmd_tune(args) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: torch sees no GPU here; valid: cpu")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    threads.use(args.threads)
+    with usage_errors():
+        threads.use(threads.check(args.threads))
     started = time.monotonic()
     with usage_errors():
         shape = models.parse_input(args.input)
@@ -69,7 +70,8 @@ def cmd_tune(args) -> int:
 def add_parsers(sub) -> None:
     p = sub.add_parser("tune", help="measure a model's conv layers and plan them (the "
                        "advisor's tune): --model MODULE:CALLABLE --input N,C,H,W")
-    model_options(p, "a callable returning the nn.Module, e.g. torchvision.models:resnet18",
+    model_options(p, "a callable returning the nn.Module, e.g. mymodule:net, or "
+                     "torchvision.models:resnet18 with the torchvision built for this torch",
                   "the shape of one input batch, e.g. 8,3,224,224", required=True)
     device_option(p)
     p.add_argument("--algos", default="all", help="comma list of algos to consider (all)")

@@ -71,7 +71,8 @@ class ConfigTrainer:
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.benchmark = config == "cudnn.benchmark"
-        self.run = load.prepare(batch, device, plan_file if config == "plan" else None)
+        self.run = load.prepare(batch, device, plan_file if config == "plan" else None,
+                                check=True)
         self.backend = backend_of(device)
         self.applied = str(self.run.applied) if config == "plan" else ""
         self.first_loss = self.run.step().item()  # untimed: cuDNN autotunes here

@@ -196,10 +196,12 @@ class Workload:
             return F.cross_entropy(output, target)
         return output.float().pow(2).mean()
 
-    def prepare(self, batch: int, device: str, plan=None) -> Training:
+    def prepare(self, batch: int, device: str, plan=None, check: bool = False) -> Training:
         """The model seeded and on `device` (`meta`: made there directly, so no weights are
         initialized and no image is drawn), `plan` applied if given (`apply.apply`: a Plan or
-        a plan file), its optimizer and a batch: ready to step."""
+        a plan file), its optimizer and a batch: ready to step. `check`: each replaced layer
+        is run against the original on the batch first (`apply`'s check); the memory studies
+        leave it off, as its runs would allocate the workspaces before their profile starts."""
         import torch
 
         torch.manual_seed(0)
@@ -208,8 +210,9 @@ class Workload:
                 model = self.build()
         else:
             model = self.build().to(device)
-        applied = apply.apply(model, plan) if plan is not None else None
         x, target = self.example_batch(batch, device)
+        checked = x if check and device != "meta" else None  # a meta tensor has no values
+        applied = apply.apply(model, plan, check=checked) if plan is not None else None
         return Training(self, model, self.optimizer(model), x, target, applied)
 
 
