@@ -24,7 +24,7 @@ import pandas as pd
 from . import layoutplan, stats
 from .fmt import fmt_ms, tabulate
 from .memory import format_size
-from .plan import TORCH_ALGOS, Constraints, LayerPlan, NetworkTotals, Plan, Unplanned
+from .plan import TORCH_ALGOS, Choice, Constraints, LayerPlan, NetworkTotals, Plan, Unplanned
 from .problem import LAYOUTS, PASSES, ConvProblem
 from .ranking import Candidate, busy_mask, preferred, tied
 from .results import PROBLEM_FIELDS, problem_from_row
@@ -278,7 +278,8 @@ def build_plan(advice: Advice, env: dict, conversions: list[dict] | None, *,
         for p in PASSES:
             a = advice.passes.get((layer, p))
             cand = a.by_layout.get(layout) if a else None
-            passes[p] = cand.choice() if cand else None
+            passes[p] = (Choice(cand.algo, cand.backend, cand.median_ms, cand.iqr_ms)
+                         if cand else None)
         layers.append(LayerPlan(layer, problem, layout, passes))
     # One global cudnn.benchmark: the mode most cuDNN passes chose (apply gives the others
     # theirs per pass).

@@ -14,7 +14,6 @@ import pandas as pd
 
 from . import stats
 from .measurement import Measurement
-from .plan import Choice
 
 
 def busy(r) -> bool:
@@ -68,9 +67,6 @@ class Candidate:
         return cls(r["algo"], r["backend"], r["layout"], float(r["median_ms"]),
                    float(r["iqr_ms"]), q1, q3, times, group if isinstance(group, str) else "",
                    used, 0.0 if error is None or pd.isna(error) else float(error))
-
-    def choice(self) -> Choice:
-        return Choice(self.algo, self.backend, self.median_ms, self.iqr_ms)
 
     def ratio_to(self, other: Candidate) -> stats.Ratio:
         """This one's median over `other`'s, with its interval: paired by round where the two
