@@ -7,7 +7,7 @@ Functional API (NumPy arrays for the `numpy` and `emu` backends, CuPy for `cuda`
     convbench.conv2d_backward_filter(x, dy, weight_shape, ..., algo=..., backend=..., layout=...)
 
 The names load on first use, so that importing a submodule (the CLI does) does not load NumPy
-before `convbench.threads` has set how idle threads wait.
+before `convbench.machine.threads` has set how idle threads wait.
 """
 
 import importlib
@@ -17,8 +17,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "conv2d": "functional", "conv2d_backward_data": "functional",
     "conv2d_backward_filter": "functional", "run": "functional", "UnsupportedError": "functional",
-    "ConvProblem": "problem", "parse_spec": "problem", "PASSES": "problem", "LAYOUTS": "problem",
-    "PRECISIONS": "problem",
+    "ConvProblem": "core.problem", "parse_spec": "core.problem", "PASSES": "core.problem",
+    "LAYOUTS": "core.problem", "PRECISIONS": "core.problem",
 }
 
 __all__ = [

@@ -6,16 +6,17 @@
 
 Three parts, each with one job, in the order the data flows:
 
-- `convbench.advice`: a results table -> per-pass advice and a Plan; pure, it never times;
-- `convbench.tune`: a model's conv layers (or a run folder) -> what the plan store lacks,
+- `convbench.planning.advice`: a results table -> per-pass advice and a Plan; pure, it never times;
+- `convbench.planning.tune`: a model's conv layers (or a run folder) -> what the plan store lacks,
   measured by the runner -> advice;
-- `convbench.apply`: a model changed to run a plan.
+- `convbench.planning.apply`: a model changed to run a plan.
 
 This module only gathers their public names, so `advisor.tune`, `advisor.apply` and the
 rest keep one address.
 """
 
-from .advice import (
+from .machine.threads import CPU_THREAD_ENV
+from .planning.advice import (
     NO_CONSTRAINTS,
     NONDETERMINISTIC_ALGOS,
     Advice,
@@ -35,11 +36,10 @@ from .advice import (
     plan_text,
     plan_total_ms,
 )
-from .apply import Change, Summary, apply
-from .models import Site, find_convs
-from .plan import Constraints, Plan, PlanError, PlanStore, current_env_key
-from .threads import CPU_THREAD_ENV
-from .tune import advise_run, measure_conversions, tune
+from .planning.apply import Change, Summary, apply
+from .planning.models import Site, find_convs
+from .planning.plan import Constraints, Plan, PlanError, PlanStore, current_env_key
+from .planning.tune import advise_run, measure_conversions, tune
 
 __all__ = [
     "CPU_THREAD_ENV", "NONDETERMINISTIC_ALGOS", "NO_CONSTRAINTS", "Advice", "Boundary",

@@ -15,8 +15,8 @@ import functools
 
 import numpy as np
 
-from . import registry
-from .problem import LAYOUTS, PRECISION_OF_DTYPE, ConvProblem, check_choice
+from .algos import registry
+from .core.problem import LAYOUTS, PRECISION_OF_DTYPE, ConvProblem, check_choice
 
 
 class UnsupportedError(ValueError):

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import reference, registry, verify
-from .layers import net_layers
-from .problem import ConvProblem
-from .reference import DTYPES
+from .algos import reference, registry
+from .algos.reference import DTYPES
+from .catalogs.layers import net_layers
+from .core.problem import ConvProblem
+from .measure import verify
 
 
 def small_catalog_problems(max_channels: int = 8, batch: int = 2,
@@ -142,7 +143,7 @@ def runnable(algo: str, backend: str):
 
 
 def assert_phases_replay(impl, problem: ConvProblem, pass_: str, layout: str, xp=np) -> None:
-    """The phase contract (`convbench.phases`): after a full call, the phase functions run in
+    """The phase contract (`convbench.algos.phases`): after a full call, the phase functions run in
     order into a NaN-filled output give the full call's bits, twice over (a phase consumes what
     the previous one left, so every round runs them all)."""
     a, b = (xp.asarray(v) for v in reference.random_operands(problem, pass_, layout))

@@ -18,8 +18,10 @@ import os
 
 import pytest
 
-from convbench import layers, registry, runner
-from convbench.problem import LAYOUTS, PASSES
+from convbench.algos import registry
+from convbench.catalogs import layers
+from convbench.core.problem import LAYOUTS, PASSES
+from convbench.measure import runner
 
 LAYERS = os.environ.get("CONVBENCH_BENCH_LAYERS", "alexnet:conv3").split(",")
 BATCH = int(os.environ.get("CONVBENCH_BENCH_BATCH", "1"))

@@ -63,7 +63,7 @@ def pytest_collection_modifyitems(config, items):
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
-    from convbench import registry
+    from convbench.algos import registry
 
     reason = registry.available("cuda")
     if reason:
@@ -83,7 +83,7 @@ def store(tmp_path, monkeypatch):
 def interrupt(monkeypatch):
     """`interrupt(n)`: Ctrl-C when the runner starts preparing its case n + 1; returns the list
     of the cases it prepared before (a group of competing cases cut short is not written)."""
-    from convbench import runner
+    from convbench.measure import runner
 
     real = runner.prepare
 

@@ -2,11 +2,14 @@ import json
 
 import pytest
 
-from convbench import advice, report, results, runner, verify
-from convbench.fmt import fmt_ms
-from convbench.measurement import Measurement
-from convbench.plan import Choice, Constraints
-from convbench.problem import ConvProblem
+from convbench.analysis import report
+from convbench.core import results
+from convbench.core.fmt import fmt_ms
+from convbench.core.measurement import Measurement
+from convbench.core.problem import ConvProblem
+from convbench.measure import runner, verify
+from convbench.planning import advice
+from convbench.planning.plan import Choice, Constraints
 
 BUSY = "measured on a busy machine (contended or throttled: --include-busy to use them)"
 P1 = ConvProblem(n=2, c=3, h=8, w=8, k=4, r=3, s=3, pad=1)

@@ -6,11 +6,11 @@ from test_tune import FAST, P2, SmallCNN
 from torch import nn
 
 import convbench.functional
-from convbench import apply, models, tune
 from convbench import nn as cbnn
-from convbench.plan import Choice, Constraints, LayerPlan, Plan, PlanError, current_env_key
-from convbench.problem import PASSES
-from convbench.threads import CPU_THREAD_ENV
+from convbench.core.problem import PASSES
+from convbench.machine.threads import CPU_THREAD_ENV
+from convbench.planning import apply, models, tune
+from convbench.planning.plan import Choice, Constraints, LayerPlan, Plan, PlanError, current_env_key
 
 
 def hand_plan(model, x, layouts, passes) -> Plan:

@@ -13,8 +13,8 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 import convbench.functional
-from convbench import apply, models
-from convbench.problem import ConvProblem
+from convbench.core.problem import ConvProblem
+from convbench.planning import apply, models
 
 
 class SameConv(nn.Conv2d):

@@ -4,8 +4,11 @@ import numpy as np
 import pytest
 from test_cli import run_cli
 
-from convbench import batchsweep, fmt, memory, opcount, registry, results, runner, sweepreport
-from convbench.layers import Layer, resolve
+from convbench.algos import registry
+from convbench.analysis import sweepreport
+from convbench.catalogs.layers import Layer, resolve
+from convbench.core import fmt, results
+from convbench.measure import batchsweep, memory, opcount, runner
 
 CONV3 = resolve("conv3").problem
 

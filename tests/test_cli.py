@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from convbench import cli, registry, results, runner
+from convbench import cli
+from convbench.algos import registry
 from convbench.cli import common
-from convbench.problem import PASSES
+from convbench.core import results
+from convbench.core.problem import PASSES
+from convbench.measure import runner
 
 TINY = "n=1,c=2,h=6,w=6,k=3,r=3,s=3,pad=1"
 REAL_PREPARE = runner.prepare
@@ -246,7 +249,7 @@ def test_every_subcommand_has_working_help(capsys):
     commands = [a for a in cli.build_parser()._subparsers._group_actions[0].choices]
     assert {"layer", "bench", "sweep", "report", "compare", "list", "advise"} <= set(commands)
     for command in commands:
-        if command == "kernels":  # its own parser, in convbench.kernels
+        if command == "kernels":  # its own parser, in convbench.cuda.kernels
             continue
         with pytest.raises(SystemExit) as exc:
             cli.main([command, "--help"])
@@ -393,9 +396,9 @@ def test_threads_and_target_noise_are_recorded_and_checked(tmp_path, capsys):
 
 def test_a_reader_that_leaves_the_pipe_ends_the_command_quietly(tmp_path):
     """`convbench report RUN --format json | head -1`: no BrokenPipeError traceback."""
-    from convbench.layers import Layer
-    from convbench.measurement import Measurement
-    from convbench.problem import ConvProblem
+    from convbench.catalogs.layers import Layer
+    from convbench.core.measurement import Measurement
+    from convbench.core.problem import ConvProblem
 
     folder = tmp_path / "run"  # more rows than a pipe buffers (64 KiB of JSON and more)
     sink = results.CsvSink(folder / results.RESULTS_CSV)

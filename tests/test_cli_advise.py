@@ -4,9 +4,9 @@ import json
 import pytest
 from test_tune import tiny_run
 
-from convbench import advice, tune
 from convbench.cli import advise as cli_advise
-from convbench.plan import Constraints, Plan, PlanStore
+from convbench.planning import advice, tune
+from convbench.planning.plan import Constraints, Plan, PlanStore
 
 
 def command(*argv):
@@ -67,8 +67,9 @@ def test_advise_on_a_model_run_counts_each_layer_as_the_report_does(tmp_path, ca
     (env.json's run), so its network total is the report's; it counted each problem once."""
     from test_advice import synthetic, times
 
-    from convbench import report, results
-    from convbench.fmt import fmt_ms
+    from convbench.analysis import report
+    from convbench.core import results
+    from convbench.core.fmt import fmt_ms
 
     folder = tmp_path / "run"
     sink = results.CsvSink(folder / results.RESULTS_CSV)

@@ -3,10 +3,12 @@ import json
 import pytest
 from test_cli import run_cli
 
-from convbench import compare, results, runner, verify
-from convbench.layers import Layer
-from convbench.measurement import Measurement
-from convbench.problem import ConvProblem
+from convbench.analysis import compare
+from convbench.catalogs.layers import Layer
+from convbench.core import results
+from convbench.core.measurement import Measurement
+from convbench.core.problem import ConvProblem
+from convbench.measure import runner, verify
 
 P = ConvProblem(n=2, c=3, h=8, w=8, k=4, r=3, s=3, pad=1)
 LAYERS = [Layer("alexnet", "conv3", P), Layer("alexnet", "conv4", P.with_batch(2))]

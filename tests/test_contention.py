@@ -9,8 +9,10 @@ import time
 
 import pytest
 
-from convbench import cli, contention, results
-from convbench.measurement import CONTENDED_SHARE, Measurement
+from convbench import cli
+from convbench.core import results
+from convbench.core.measurement import CONTENDED_SHARE, Measurement
+from convbench.machine import contention
 
 HOG_SECONDS = 60  # an upper bound: each test ends its hogs itself
 QUIET_ATTEMPTS = 3

@@ -7,8 +7,8 @@ import pickle
 import pytest
 from test_cli import FAST, run_cli
 
-from convbench import convset, layers, selection
-from convbench.problem import ConvProblem
+from convbench.catalogs import convset, layers, selection
+from convbench.core.problem import ConvProblem
 from convbench.tools import convert_convset
 
 

@@ -5,9 +5,10 @@ import sys
 import numpy as np
 import pytest
 
-from convbench import reference, registry, verify
+from convbench.algos import reference, registry
 from convbench.algos.cudnn import classify_kernels
-from convbench.problem import LAYOUTS, PASSES, ConvProblem
+from convbench.core.problem import LAYOUTS, PASSES, ConvProblem
+from convbench.measure import verify
 from convbench.testing import PER_AXIS_PROBLEMS
 
 CUDNN = ("cudnn", "cudnn-autotune")
@@ -239,8 +240,8 @@ def test_autotune_tries_every_engine_and_says_so():
     cudnn-autotune's calls, untouched by cudnn's, and restored after; env.json records it."""
     import torch
 
-    from convbench import envinfo
     from convbench.algos.cudnn import AUTOTUNE_BENCHMARK_LIMIT, _math
+    from convbench.measure import envinfo
 
     cudnn = torch.backends.cudnn
     before = cudnn.benchmark_limit
@@ -256,8 +257,8 @@ def test_autotune_tries_every_engine_and_says_so():
 def test_cudnn_peak_excludes_the_warm_up_operands():
     """A 1x1 convolution needs next to no workspace: its measured peak (torch's result and the
     workspace) must stay below one set of operands, which the warm-up's scratch added to it."""
-    from convbench import memory, runner
-    from convbench.layers import Layer
+    from convbench.catalogs.layers import Layer
+    from convbench.measure import memory, runner
 
     problem = ConvProblem(n=32, c=64, h=56, w=56, k=64, r=1, s=1)
     cases = runner.sweep([Layer("t", "t", problem)], CUDNN, "cuda", PASSES, ["nhwc"], ["fp32"])

@@ -12,9 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from convbench import advice, reference, registry, runner
 from convbench.algos import cudnn_find as cf
-from convbench.problem import ConvProblem
+from convbench.algos import reference, registry
+from convbench.core.problem import ConvProblem
+from convbench.measure import runner
+from convbench.planning import advice
 
 SOURCE = Path(__file__).with_name("fake_libcudnn.c")
 PROBLEM = ConvProblem(n=2, c=4, h=7, w=6, k=6, r=3, s=2, stride=(2, 1), pad=(1, 0),
@@ -118,7 +120,7 @@ def test_every_cudnn_algorithm_is_an_algo_of_its_own():
 
 @pytest.mark.gpu
 def test_cudnn_find_on_the_real_library():
-    from convbench.layers import Layer
+    from convbench.catalogs.layers import Layer
 
     p = ConvProblem(n=4, c=16, h=14, w=14, k=32, r=3, s=3, pad=1)
     cases = runner.sweep([Layer("custom", "c", p)], list(cf.ALGO_NAMES), "cuda",

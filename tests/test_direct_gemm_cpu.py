@@ -7,11 +7,11 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from convbench import memory, reference, registry
-from convbench.algos import direct, gemm
-from convbench.layers import net_layers
-from convbench.phases import FUSED
-from convbench.problem import LAYOUTS, PASSES, ConvProblem
+from convbench.algos import direct, gemm, reference, registry
+from convbench.algos.phases import FUSED
+from convbench.catalogs.layers import net_layers
+from convbench.core.problem import LAYOUTS, PASSES, ConvProblem
+from convbench.measure import memory
 from convbench.testing import (
     PER_AXIS_PROBLEMS,
     assert_matches_reference,

@@ -6,9 +6,11 @@ import pytest
 from hypothesis import given, settings
 
 import convbench
-from convbench import memory, reference, registry, testing, verify
-from convbench.layers import net_layers
-from convbench.problem import LAYOUTS, PASSES, ConvProblem
+from convbench import testing
+from convbench.algos import reference, registry
+from convbench.catalogs.layers import net_layers
+from convbench.core.problem import LAYOUTS, PASSES, ConvProblem
+from convbench.measure import memory, verify
 
 #: Small problems that cross tile edges (7, 13, 9×11 pixels; 5, 7, 9 channels against tiles of
 #: 8×8 pixels and 32 channels), strides, padding, dilation 2, groups, several channel steps

@@ -6,7 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from convbench import emu, kernels, registry, verify
+from convbench.algos import registry
+from convbench.cuda import emu, kernels
+from convbench.measure import verify
 
 pytestmark = pytest.mark.skipif(registry.available("emu") is not None,
                                 reason=str(registry.available("emu")))

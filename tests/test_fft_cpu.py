@@ -17,10 +17,12 @@ import pytest
 from hypothesis import given, settings
 
 import convbench
-from convbench import reference, registry, testing, threads, verify
-from convbench.algos import fft
-from convbench.layers import net_layers
-from convbench.problem import LAYOUTS, PASSES, ConvProblem
+from convbench import testing
+from convbench.algos import fft, reference, registry
+from convbench.catalogs.layers import net_layers
+from convbench.core.problem import LAYOUTS, PASSES, ConvProblem
+from convbench.machine import threads
+from convbench.measure import verify
 
 PRECISIONS = ("fp64", "fp32")
 IMPL = registry.get("fft", "numpy")

@@ -10,9 +10,11 @@ from unittest import mock
 import pytest
 from hypothesis import given, settings
 
-from convbench import reference, registry, testing, verify
-from convbench.layers import net_layers
-from convbench.problem import LAYOUTS, PASSES, ConvProblem
+from convbench import testing
+from convbench.algos import reference, registry
+from convbench.catalogs.layers import net_layers
+from convbench.core.problem import LAYOUTS, PASSES, ConvProblem
+from convbench.measure import verify
 
 ALGOS = ("fft", "fft-tiled")
 

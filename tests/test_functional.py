@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import convbench
-from convbench import registry
-from convbench.problem import LAYOUTS, PASSES
+from convbench.algos import registry
+from convbench.core.problem import LAYOUTS, PASSES
 from convbench.testing import (
     PER_AXIS_PROBLEMS,
     assert_matches_reference,

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from convbench import reference, registry, testing, verify
-from convbench.algos import gemm_kernels
+from convbench import testing
+from convbench.algos import gemm_kernels, reference, registry
 from convbench.algos.gemm_kernels import Product, sgemm_geometry, sgemm_runner
-from convbench.layers import net_layers
-from convbench.problem import LAYOUTS, PASSES, ConvProblem
+from convbench.catalogs.layers import net_layers
+from convbench.core.problem import LAYOUTS, PASSES, ConvProblem
+from convbench.measure import verify
 
 #: Small problems that cross tile edges: GEMM sizes that are neither multiples of the 64- or
 #: 128-wide tiles nor of 4 (7×13 and 9×11 pixels, 5, 7, 9 channels), strides 1 to 3, padding,

@@ -13,8 +13,12 @@ from pathlib import Path
 import pytest
 from test_cli import run_cli
 
-from convbench import cli, gpucheck, registry, results, runner
-from convbench.layers import net_layers
+from convbench import cli
+from convbench.algos import registry
+from convbench.catalogs.layers import net_layers
+from convbench.core import results
+from convbench.measure import runner
+from convbench.runs import gpucheck
 
 DRY = ["gpu-check", "--device", "cpu", "--batch", "1", "--budget", "0.002", "--layers", "conv3"]
 #: One gpu test, its file named so that pytest collects that file alone (seconds, not the

@@ -30,34 +30,32 @@ import convbench
 
 PACKAGE = Path(convbench.__file__).parent
 
-#: The layers of DESIGN.md §1, bottom up. A module imports only from its own layer or below.
+#: The layers of DESIGN.md §1, bottom up, one entry per folder ("name/": the folder and all in it)
+#: or top-level module. A module imports only from its own layer or below.
 LAYERS = {
-    "core": ["convbench", "problem", "layers", "deepbench", "problemfile", "transforms",
-             "measurement", "phases", "threads", "stats", "fmt", "convset", "selection", "launch",
-             "tools", "tools.convert_convset"],
-    "implementations": ["registry", "padding", "algos", "algos.*", "kernels", "emu", "emu.*",
-                        "reference", "verify", "functional", "testing"],
-    "harness": ["timing", "runner", "results", "opcount", "memory", "envinfo", "devices",
-                "batchsweep", "contention", "nvml"],
-    "analysis": ["report", "sweepreport", "advice", "layoutplan", "plan", "summary", "ranking",
-                 "compare", "speedup"],
-    "runs": ["runs", "shard", "gpucheck", "tools.phases_bench"],
-    "torch integration": ["models", "tune", "apply", "nn", "advisor"],
-    "studies": ["studies", "studies.*"],
-    "cli": ["cli", "cli.*", "__main__"],
+    "core": ["convbench", "core/", "catalogs/", "machine/", "tools", "tools.convert_convset"],
+    "implementations": ["algos/", "cuda/", "functional"],
+    "harness": ["measure/", "testing"],
+    "analysis": ["analysis/"],
+    "runs": ["runs/", "tools.phases_bench"],
+    "planning": ["planning/", "nn", "advisor"],
+    "studies": ["studies/"],
+    "cli": ["cli/", "__main__"],
 }
 #: The training-step studies (DESIGN.md §1, layer 7).
 STUDIES = ("trainstep", "memprofile", "memplan", "scale")
 #: What a module must not reach, directly or through others, though its layer would allow it.
 FORBIDDEN = {
-    "advice": ["timing", "runner", "runs", "tune"],  # advice never times
-    "layoutplan": ["timing", "runner"],  # the layout DP is arithmetic on measured times
-    "timing": ["registry", "algos"],  # timing never knows which algorithm it times
+    # advice never times
+    "planning.advice": ["measure.timing", "measure.runner", "runs", "planning.tune"],
+    # the layout DP is arithmetic on measured times
+    "planning.layoutplan": ["measure.timing", "measure.runner"],
+    "measure.timing": ["algos"],  # timing never knows which algorithm it times
     # the studies stand side by side on the workload: none stands on another
     **{f"studies.{s}": [f"studies.{o}" for o in STUDIES if o != s] for s in STUDIES},
 }
 #: The registry's deliberate discovery of the algorithm modules.
-DISCOVERY = ("convbench.registry", "convbench.algos")
+DISCOVERY = ("convbench.algos.registry", "convbench.algos")
 
 
 # --- the static graph -----------------------------------------------------------------------
@@ -91,12 +89,12 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
 
 
 def graph(root: Path) -> dict[str, set[str]]:
-    """module -> the modules it imports, less the registry's discovery of algos/."""
+    """module -> the modules it imports, less the registry's discovery of algos/ (its import
+    of the package, through which it imports every module in it)."""
     mods = modules(root)
     known = set(mods)
     edges = {name: imports(name, path, known) for name, path in mods.items()}
-    edges[DISCOVERY[0]] = {m for m in edges[DISCOVERY[0]]
-                           if m != DISCOVERY[1] and not m.startswith(DISCOVERY[1] + ".")}
+    edges[DISCOVERY[0]] = {m for m in edges[DISCOVERY[0]] if m != DISCOVERY[1]}
     return edges
 
 
@@ -105,7 +103,8 @@ def layer_of(name: str) -> int:
     short = name.removeprefix("convbench.") if name != "convbench" else name
     for i, members in enumerate(LAYERS.values()):
         for m in members:
-            if short == m or (m.endswith(".*") and short.startswith(m[:-1])):
+            folder = m[:-1] if m.endswith("/") else None
+            if short == m or (folder and (short == folder or short.startswith(folder + "."))):
                 return i
     raise KeyError(name)
 
@@ -210,9 +209,9 @@ def loaded_above(root: Path, layer: int) -> list[str]:
 
 
 def fresh_advice_loads(root: Path) -> list[str]:
-    """The modules advice must not reach that `import convbench.advice` loads."""
-    banned = {f"convbench.{b}" for b in FORBIDDEN["advice"]}
-    return sorted(fresh_import(root, ["convbench.advice"]) & banned)
+    """The modules advice must not reach that `import convbench.planning.advice` loads."""
+    banned = {f"convbench.{b}" for b in FORBIDDEN["planning.advice"]}
+    return sorted(fresh_import(root, ["convbench.planning.advice"]) & banned)
 
 
 # --- the tests ------------------------------------------------------------------------------
@@ -239,7 +238,7 @@ def test_advice_never_reaches_the_timers():
 @pytest.mark.parametrize("layer", range(len(LAYERS) - 1), ids=list(LAYERS)[:-1])
 def test_a_fresh_interpreter_loads_nothing_above_the_layer(layer):
     assert loaded_above(PACKAGE, layer) == []
-    if list(LAYERS)[layer] == "analysis":
+    if list(LAYERS)[layer] == "planning":
         assert fresh_advice_loads(PACKAGE) == []
 
 
@@ -262,24 +261,25 @@ def test_the_checks_bite(tmp_path):
         path = root / f"{module}.py"
         path.write_text(path.read_text() + text)
 
-    add("advice", "\nfrom . import runner  # advice that times\n\n\ndef _usage():\n"
-                  "    from .cli import UsageError  # lazy, but an import all the same\n"
-                  "    return UsageError\n")
-    add("results", "\n\ndef _runs():\n    from . import runs  # runs imports results\n"
-                   "    return runs\n")
-    add("timing", "\nfrom . import report  # a timer that knows what it times\n")
+    add("planning/advice", "\nfrom ..measure import runner  # advice that times\n\n\n"
+                           "def _usage():\n"
+                           "    from ..cli import UsageError  # lazy, but an import all the same\n"
+                           "    return UsageError\n")
+    add("core/results", "\n\ndef _runs():\n    from .. import runs  # runs imports results\n"
+                        "    return runs\n")
+    add("measure/timing", "\nfrom ..analysis import report  # a timer that knows what it times\n")
     edges = graph(root)
     assert upward_imports(edges) == [
-        "convbench.advice (analysis) imports convbench.cli (cli)",
-        "convbench.results (harness) imports convbench.runs (runs)",
-        "convbench.timing (harness) imports convbench.report (analysis)"]
-    assert any({"convbench.results", "convbench.runs"} <= set(c) for c in circles(edges))
+        "convbench.core.results (core) imports convbench.runs (runs)",
+        "convbench.measure.timing (harness) imports convbench.analysis.report (analysis)",
+        "convbench.planning.advice (planning) imports convbench.cli (cli)"]
+    assert any({"convbench.core.results", "convbench.runs"} <= set(c) for c in circles(edges))
     # (the circle results -> runs -> ... makes every study reach the others too: left out)
     assert [p for p in forbidden_reach(edges) if ".studies." not in p] == [
-        *(f"convbench.advice reaches convbench.{m}" for m in FORBIDDEN["advice"]),
-        "convbench.timing reaches convbench.registry",
-        "convbench.timing reaches convbench.algos"]  # report -> results -> runs -> envinfo
-    assert "convbench.report" in loaded_above(root, list(LAYERS).index("harness"))
-    assert fresh_advice_loads(root) == ["convbench.runner", "convbench.timing"]
+        *(f"convbench.planning.advice reaches convbench.{m}"
+          for m in FORBIDDEN["planning.advice"]),
+        "convbench.measure.timing reaches convbench.algos"]  # report -> registry
+    assert "convbench.analysis.report" in loaded_above(root, list(LAYERS).index("harness"))
+    assert fresh_advice_loads(root) == ["convbench.measure.runner", "convbench.measure.timing"]
     (root / "stray.py").write_text('"""A module placed in no layer."""\n')
     assert "convbench.stray is in no layer: add it to LAYERS" in upward_imports(graph(root))

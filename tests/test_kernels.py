@@ -1,4 +1,4 @@
-"""convbench.kernels: reading sources, parsing entry points, checking launch arguments, and the
+"""convbench.cuda.kernels: reading sources, parsing entry points, checking launch arguments, and the
 NVRTC compile gate (runs without a GPU)."""
 
 import dataclasses
@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from convbench import emu, kernels, registry
+from convbench.algos import registry
 from convbench.cli import kernels as cli_kernels
-from convbench.problem import ConvProblem
+from convbench.core.problem import ConvProblem
+from convbench.cuda import emu, kernels
 
 HERE = Path(__file__).parent / "kernels"
 DIRECT_ENTRIES = {"direct_fwd", "direct_bwd_data", "direct_bwd_filter", "direct_sum_splits"}

@@ -2,8 +2,8 @@ import re
 
 import pytest
 
-from convbench.layers import CATALOGS, NETS, net_layers, resolve
-from convbench.problem import ConvProblem
+from convbench.catalogs.layers import CATALOGS, NETS, net_layers, resolve
+from convbench.core.problem import ConvProblem
 
 
 def test_alexnet_is_the_studys():

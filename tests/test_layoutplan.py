@@ -3,9 +3,9 @@ import random
 
 import pytest
 
-from convbench import layoutplan, tune
-from convbench.measurement import Measurement
-from convbench.problem import LAYOUTS
+from convbench.core.measurement import Measurement
+from convbench.core.problem import LAYOUTS
+from convbench.planning import layoutplan, tune
 
 
 def brute_force(costs, transition, input_layout, output_layout):

@@ -2,9 +2,11 @@ import numpy as np
 import pytest
 from test_runner import BUDGET, Fake
 
-from convbench import memory, registry, results, runner
-from convbench.layers import Layer
-from convbench.problem import LAYOUTS, ConvProblem
+from convbench.algos import registry
+from convbench.catalogs.layers import Layer
+from convbench.core import results
+from convbench.core.problem import LAYOUTS, ConvProblem
+from convbench.measure import memory, runner
 
 MiB = 1 << 20
 #: Large enough that every workspace is megabytes (the traces' own noise is kilobytes), small
@@ -242,7 +244,7 @@ def test_cudnn_rows_count_cudnns_memory_not_torchs_result():
     import cupy
     import torch
 
-    from convbench import reference
+    from convbench.algos import reference
 
     problem = ConvProblem(n=8, c=64, h=56, w=56, k=64, r=3, s=3, pad=1)
     impl = registry.get("cudnn", "cuda")

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_cli import run_cli
 
-from convbench.problem import LAYOUTS, PASSES
+from convbench.core.problem import LAYOUTS, PASSES
 from convbench.studies import footprint, memplan, workspace
 from convbench.studies.workload import Workload
 
@@ -157,8 +157,10 @@ def synthetic_choices(times: dict[str, float]) -> workspace.Choices:
     """AlexNet's conv passes at batch 2, each algo of `times` verified and timed at that many
     ms (the same for every pass and layout) where it runs the pass, as `measure_choices` would
     have measured them."""
-    from convbench import layers, registry, runner, verify
-    from convbench.measurement import Measurement
+    from convbench.algos import registry
+    from convbench.catalogs import layers
+    from convbench.core.measurement import Measurement
+    from convbench.measure import runner, verify
 
     rows = []
     for layer in layers.net_layers("alexnet"):

@@ -5,10 +5,12 @@ import pandas as pd
 import pytest
 from test_cli import run_cli
 
-from convbench import opcount, registry, results, runner, verify
-from convbench.layers import Layer, net_layers
-from convbench.measurement import Measurement
-from convbench.plan import Choice, Constraints, LayerPlan, Plan, current_env_key
+from convbench.algos import registry
+from convbench.catalogs.layers import Layer, net_layers
+from convbench.core import results
+from convbench.core.measurement import Measurement
+from convbench.measure import opcount, runner, verify
+from convbench.planning.plan import Choice, Constraints, LayerPlan, Plan, current_env_key
 from convbench.studies import footprint, memprofile
 from convbench.studies.workload import Workload
 

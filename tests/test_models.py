@@ -8,8 +8,11 @@ import textwrap
 
 import pytest
 
-from convbench import cli, layers, models, results
-from convbench.problem import ConvProblem
+from convbench import cli
+from convbench.catalogs import layers
+from convbench.core import results
+from convbench.core.problem import ConvProblem
+from convbench.planning import models
 
 torch = pytest.importorskip("torch")
 
@@ -135,7 +138,7 @@ def test_layer_model_takes_batch_and_prints_rows(user_module, capsys):
 
 
 def test_tune_cli_plans_the_model_and_writes_the_plan(user_module, tmp_path, capsys):
-    from convbench.plan import Plan
+    from convbench.planning.plan import Plan
 
     out = tmp_path / "plan.json"
     code = cli.main(["tune", "--model", f"{user_module}:small", "--input", "2,3,8,8",

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from convbench import nvml
+from convbench.machine import nvml
 
 
 class FakeNvml(types.SimpleNamespace):
@@ -120,7 +120,8 @@ def test_without_pynvml_nothing_is_read(monkeypatch):
 def test_a_gpu_run_records_the_gpu_at_its_start_and_end(fake, tmp_path):
     """env.json's `load` readings carry the NVML snapshot on a GPU run (its start, in
     `runs.environment`, and its end, in `Run.note_load`), and none on the host."""
-    from convbench import results, runs
+    from convbench import runs
+    from convbench.core import results
 
     fake()
     reading = runs.load_reading("start", "cuda")

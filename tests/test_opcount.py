@@ -3,10 +3,10 @@ import re
 
 import pytest
 
-from convbench import opcount, registry
-from convbench.algos import fft_kernels
-from convbench.layers import net_layers, resolve
-from convbench.problem import ConvProblem
+from convbench.algos import fft_kernels, registry
+from convbench.catalogs.layers import net_layers, resolve
+from convbench.core.problem import ConvProblem
+from convbench.measure import opcount
 
 CONV2 = resolve("alexnet:conv2").problem  # batch 256, the study's
 

@@ -10,10 +10,14 @@ import re
 import numpy as np
 import pytest
 
-from convbench import padding, plan, reference, registry, results, runner, testing
-from convbench.layers import Layer
-from convbench.phases import CONVOLUTION, CROP, EXPLICIT_PAD, OUTPUT_COPY
-from convbench.problem import LAYOUTS, PASSES, ConvProblem, pair_text, parse_spec
+from convbench import testing
+from convbench.algos import padding, reference, registry
+from convbench.algos.phases import CONVOLUTION, CROP, EXPLICIT_PAD, OUTPUT_COPY
+from convbench.catalogs.layers import Layer
+from convbench.core import results
+from convbench.core.problem import LAYOUTS, PASSES, ConvProblem, pair_text, parse_spec
+from convbench.measure import runner
+from convbench.planning import plan
 
 ASYM = testing.ASYMMETRIC_PROBLEMS
 
@@ -203,7 +207,7 @@ def test_the_explicit_pad_is_timed_apart_and_said():
 
 
 def test_workspace_counts_the_explicit_buffer():
-    from convbench import opcount
+    from convbench.measure import opcount
 
     p = ASYM[0]
     sym = p.symmetric_part()[0]

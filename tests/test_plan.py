@@ -5,9 +5,12 @@ import pickle
 
 import pytest
 
-from convbench import results, runner, verify
-from convbench.measurement import Measurement
-from convbench.plan import (
+from convbench.core import results
+from convbench.core.measurement import Measurement
+from convbench.core.problem import ConvProblem
+from convbench.core.results import entry_from_row, row_from_entry
+from convbench.measure import runner, verify
+from convbench.planning.plan import (
     ENV_FIELDS,
     PLAN_VERSION,
     Choice,
@@ -22,8 +25,6 @@ from convbench.plan import (
     env_key,
     stale_fields,
 )
-from convbench.problem import ConvProblem
-from convbench.results import entry_from_row, row_from_entry
 
 P1 = ConvProblem(n=2, c=3, h=8, w=8, k=4, r=3, s=3, pad=1)
 P2 = ConvProblem(n=2, c=4, h=8, w=8, k=4, r=1, s=1)

@@ -2,7 +2,7 @@ import re
 
 import pytest
 
-from convbench.problem import ConvProblem, parse_spec
+from convbench.core.problem import ConvProblem, parse_spec
 
 CONV2 = dict(n=256, c=96, h=27, w=27, k=256, r=5, s=5, stride=1, pad=2)
 

@@ -10,10 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from convbench import opcount, problemfile, reference, registry, verify
-from convbench.layers import CATALOGS
-from convbench.problem import ConvProblem
-from convbench.problemfile import ProblemFileError, descriptor, parse, read
+from convbench.algos import reference, registry
+from convbench.catalogs import problemfile
+from convbench.catalogs.layers import CATALOGS
+from convbench.catalogs.problemfile import ProblemFileError, descriptor, parse, read
+from convbench.core.problem import ConvProblem
+from convbench.measure import opcount, verify
 
 # Lines of oneDNN's own shape files (tests/benchdnn/inputs/conv/), kept as they are written.
 SHAPES_ALEXNET = '''# alexnet

@@ -1,7 +1,7 @@
 import pytest
 
-from convbench import registry
-from convbench.problem import ConvProblem
+from convbench.algos import registry
+from convbench.core.problem import ConvProblem
 
 
 def test_every_module_registers_and_torch_cpu_is_there():

@@ -4,10 +4,12 @@ import sys
 
 import pytest
 
-from convbench import report, results, runner, verify
-from convbench.layers import net_layers
-from convbench.measurement import Measurement
-from convbench.phases import phase_names
+from convbench.algos.phases import phase_names
+from convbench.analysis import report
+from convbench.catalogs.layers import net_layers
+from convbench.core import results
+from convbench.core.measurement import Measurement
+from convbench.measure import runner, verify
 
 LAYERS = net_layers("alexnet")[2:4]  # conv3, conv4
 

@@ -7,9 +7,12 @@ from pathlib import Path
 import pytest
 from test_cli import REAL_PREPARE, TINY, run_cli
 
-from convbench import results, runner, runs, threads
+from convbench import runs
 from convbench.cli import common
-from convbench.measurement import Measurement
+from convbench.core import results
+from convbench.core.measurement import Measurement
+from convbench.machine import threads
+from convbench.measure import runner
 
 #: A small run of two competing groups (fwd, bwd_data), two algos each.
 RUN = ["layer", TINY, "--algos", "gemm,torch-cpu", "--passes", "fwd,bwd_data", "--layouts",

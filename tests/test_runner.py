@@ -1,10 +1,13 @@
 import numpy as np
 import pytest
 
-from convbench import reference, registry, report, results, runner, timing
-from convbench.layers import Layer
-from convbench.phases import phase_names
-from convbench.problem import ConvProblem
+from convbench.algos import reference, registry
+from convbench.algos.phases import phase_names
+from convbench.analysis import report
+from convbench.catalogs.layers import Layer
+from convbench.core import results
+from convbench.core.problem import ConvProblem
+from convbench.measure import runner, timing
 
 TINY = ConvProblem(n=1, c=2, h=6, w=6, k=3, r=3, s=3, pad=1)
 LAYER = Layer("custom", "tiny", TINY)
@@ -344,7 +347,7 @@ def test_phases_that_contradict_the_prepared_pass_fail_the_case():
 
 
 def test_phases_text_round_trip():
-    from convbench.measurement import Measurement
+    from convbench.core.measurement import Measurement
 
     text = results.phases_text({"transform x": Measurement((0.5, 0.125, 0.25)),
                                "product": Measurement((2.0,))})
@@ -424,7 +427,7 @@ def test_no_phased_pass_outlives_its_case_without_the_garbage_collector():
     when the sweep returns."""
     import gc
 
-    from convbench.phases import Phased
+    from convbench.algos.phases import Phased
 
     problems = [ConvProblem(n=1, c=2, h=6 + i, w=6, k=3, r=3, s=3, pad=1) for i in range(3)]
     layers = [Layer("custom", f"tiny{i}", p) for i, p in enumerate(problems)]
@@ -508,7 +511,7 @@ def test_a_gpu_case_is_verified_on_the_device():
     the host's answer."""
     import cupy
 
-    from convbench import verify
+    from convbench.measure import verify
 
     case = runner.sweep([LAYER], ["cudnn"], "cuda", ["fwd"], ["nhwc"], ["fp32"])[0]
     ref = runner.Operands(on_device=True).get(case, cupy)[2]

@@ -4,8 +4,11 @@ import json
 
 import pytest
 
-from convbench import devices, registry, results, runner, runs
-from convbench.problem import LAYOUTS
+from convbench import runs
+from convbench.algos import registry
+from convbench.core import results
+from convbench.core.problem import LAYOUTS
+from convbench.measure import devices, runner
 
 TINY = "n=1,c=2,h=6,w=6,k=3,r=3,s=3,pad=1"
 BUDGET = 0.002
@@ -106,7 +109,7 @@ def test_a_gpu_fault_ends_the_run_with_its_row_kept(tmp_path, monkeypatch):
 
 
 def test_a_problem_list_keeps_each_problems_own_batch_unless_one_is_given():
-    from convbench import layers
+    from convbench.catalogs import layers
 
     cpu = devices.resolve("cpu")
     first = layers.net_layers("deepbench-train")[0]

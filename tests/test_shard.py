@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 import convbench
-from convbench import cli, results
-from convbench.shard import Shard
+from convbench import cli
+from convbench.core import results
+from convbench.runs.shard import Shard
 
 ROOT = Path(convbench.__file__).resolve().parent.parent
 BENCH = ["bench", "--algos", "torch-cpu,gemm", "--batch", "1", "--passes", "fwd", "--layouts",
@@ -27,7 +28,8 @@ ERRORS = ("rel_error", "max_abs_error")
 #: layer's two algos) starts.
 DYING = """\
 import os, sys
-from convbench import cli, runner
+from convbench import cli
+from convbench.measure import runner
 real, started = runner.prepare, []
 def prepare(case, *args, **kw):
     if os.environ["RANK"] == "1" and len(started) == 2:
@@ -127,7 +129,7 @@ def test_round_robin_shares_cover_every_case_once():
 
 
 def test_a_bad_local_rank_is_one_line_and_exit_2(monkeypatch, capsys):
-    from convbench import shard
+    from convbench.runs import shard
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "first")
@@ -141,7 +143,7 @@ def test_a_bad_local_rank_is_one_line_and_exit_2(monkeypatch, capsys):
 
 
 def test_each_rank_gets_its_share_of_the_host_threads(monkeypatch):
-    from convbench import shard
+    from convbench.runs import shard
 
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     assert shard.host_threads(None, 16) is None

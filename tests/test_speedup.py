@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from test_cli import FAST, run_cli
 
-from convbench import report, speedup
+from convbench.analysis import report, speedup
 
 
 def _row(layer, algo, times, layout="nchw", status="ok", contended=False, c=8, r=3):

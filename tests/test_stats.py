@@ -4,7 +4,7 @@ import random
 import numpy as np
 import pytest
 
-from convbench import stats
+from convbench.core import stats
 
 
 def coverage(n: int, k: int) -> float:

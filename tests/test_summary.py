@@ -2,10 +2,12 @@
 
 import pytest
 
-from convbench import results, runner, summary, verify
-from convbench.layers import Layer
-from convbench.measurement import Measurement
-from convbench.problem import ConvProblem
+from convbench.analysis import summary
+from convbench.catalogs.layers import Layer
+from convbench.core import results
+from convbench.core.measurement import Measurement
+from convbench.core.problem import ConvProblem
+from convbench.measure import runner, verify
 
 P = ConvProblem(n=2, c=8, h=8, w=8, k=8, r=3, s=3, pad=1)
 L1, L2 = Layer("net", "l1", P), Layer("net", "l2", P.with_batch(4))
@@ -71,7 +73,7 @@ def test_the_markdown_says_what_a_run_lacks():
     ("90", 132, 1_980_000, 66.9), ("80", 108, 1_410_000, 19.5), ("90", 132, None, None),
     ("61", 10, 1_000_000, None)])
 def test_fp32_peak_from_the_device(cc, sms, khz, peak):
-    from convbench.envinfo import fp32_peak_tflops
+    from convbench.measure.envinfo import fp32_peak_tflops
 
     got = fp32_peak_tflops(cc, sms, khz)
     assert got == pytest.approx(peak, rel=1e-3) if peak else got is None

@@ -5,8 +5,10 @@ import types
 
 import pytest
 
-from convbench import contention, nvml, stats, timing
-from convbench.measurement import Measurement
+from convbench.core import stats
+from convbench.core.measurement import Measurement
+from convbench.machine import contention, nvml
+from convbench.measure import timing
 
 
 def test_statistics_from_raw_times():

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from convbench import models
+from convbench.catalogs.layers import net_layers
 from convbench.cli import trainstep as cli_trainstep
-from convbench.layers import net_layers
-from convbench.plan import Choice, Constraints, LayerPlan, Plan, current_env_key
-from convbench.problem import PASSES
+from convbench.core.problem import PASSES
+from convbench.planning import models
+from convbench.planning.plan import Choice, Constraints, LayerPlan, Plan, current_env_key
 from convbench.studies import trainstep
 from convbench.studies.workload import CLASSES, NETS, Workload
 

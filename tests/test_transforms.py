@@ -8,7 +8,12 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from convbench.transforms import WinogradTransform, c_source, default_points, winograd_matrices
+from convbench.algos.transforms import (
+    WinogradTransform,
+    c_source,
+    default_points,
+    winograd_matrices,
+)
 
 SIZES = [(2, 3), (4, 3), (3, 2), (3, 4), (5, 3), (6, 3)]
 
@@ -198,9 +203,9 @@ def test_phase_split_is_the_strided_convolution(stride, r, pad, h, w):
     """x's phase planes X'[i, b] = x_pad[s·i + b] correlated (stride 1) with W'[a, b] =
     w[s·a + b] give the strided convolution exactly, in float64 (the definition the CPU
     Winograd runs strided layers by)."""
-    from convbench import reference
-    from convbench.problem import ConvProblem
-    from convbench.transforms import phase_split
+    from convbench.algos import reference
+    from convbench.algos.transforms import phase_split
+    from convbench.core.problem import ConvProblem
 
     p = ConvProblem(n=2, c=3, h=h, w=w, k=4, r=r, s=r, stride=stride, pad=pad)
     split = phase_split(p, (3, 5))
@@ -222,8 +227,8 @@ def test_phase_split_is_the_strided_convolution(stride, r, pad, h, w):
 
 
 def test_phase_split_refuses_what_it_cannot_split():
-    from convbench.problem import ConvProblem
-    from convbench.transforms import phase_split
+    from convbench.algos.transforms import phase_split
+    from convbench.core.problem import ConvProblem
 
     base = dict(n=1, c=1, h=16, w=16, k=1)
     assert phase_split(ConvProblem(**base, r=3, s=3, stride=2), (3, 5)) is None  # 2x2 phases

@@ -4,10 +4,12 @@ import pytest
 import torch
 from torch import nn
 
-from convbench import advice, apply, envinfo, models, results, runner, tune
-from convbench.layers import Layer
-from convbench.plan import Constraints, Plan
-from convbench.problem import ConvProblem
+from convbench.catalogs.layers import Layer
+from convbench.core import results
+from convbench.core.problem import ConvProblem
+from convbench.measure import envinfo, runner
+from convbench.planning import advice, apply, models, tune
+from convbench.planning.plan import Constraints, Plan
 
 P1 = ConvProblem(n=2, c=3, h=8, w=8, k=4, r=3, s=3, pad=1)
 P2 = ConvProblem(n=2, c=4, h=8, w=8, k=4, r=3, s=3, pad=1)

@@ -3,8 +3,9 @@ import math
 import numpy as np
 import pytest
 
-from convbench import reference, verify
-from convbench.problem import ConvProblem
+from convbench.algos import reference
+from convbench.core.problem import ConvProblem
+from convbench.measure import verify
 
 P = ConvProblem(n=2, c=3, h=7, w=6, k=4, r=3, s=3, pad=1)
 

@@ -9,9 +9,11 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import convbench.algos.winograd as winograd_module
-from convbench import reference, registry, verify
-from convbench.layers import net_layers
-from convbench.problem import LAYOUTS, PASSES, ConvProblem
+from convbench.algos import reference, registry
+from convbench.algos.transforms import WinogradTransform, winograd_matrices
+from convbench.catalogs.layers import net_layers
+from convbench.core.problem import LAYOUTS, PASSES, ConvProblem
+from convbench.measure import verify
 from convbench.testing import (
     assert_matches_reference,
     assert_phases_replay,
@@ -19,7 +21,6 @@ from convbench.testing import (
     run_and_check,
     small_catalog_problems,
 )
-from convbench.transforms import WinogradTransform, winograd_matrices
 
 ALGOS = ("winograd-2x2", "winograd-4x4", "winograd-5x5", "winograd-6x6")
 TILES = dict(zip(ALGOS, (2, 4, 6)))

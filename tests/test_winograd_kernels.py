@@ -10,11 +10,13 @@ import re
 import numpy as np
 import pytest
 
-from convbench import kernels, reference, registry, testing, verify
-from convbench.algos import winograd_kernels
-from convbench.layers import net_layers
-from convbench.problem import LAYOUTS, PASSES, ConvProblem
-from convbench.transforms import WinogradTransform, winograd_matrices
+from convbench import testing
+from convbench.algos import reference, registry, winograd_kernels
+from convbench.algos.transforms import WinogradTransform, winograd_matrices
+from convbench.catalogs.layers import net_layers
+from convbench.core.problem import LAYOUTS, PASSES, ConvProblem
+from convbench.cuda import kernels
+from convbench.measure import verify
 
 ALGOS = ("winograd-2x2", "winograd-4x4")
 FUSED_ALGOS = ("winograd-fused-2x2", "winograd-fused-4x4")

@@ -9,10 +9,9 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from convbench import registry
-from convbench.algos import _lowering
+from convbench.algos import _lowering, registry
 from convbench.algos._lowering import HUGE_PAGE, HUGE_PAGES_ENV, pages_note, workspace
-from convbench.problem import ConvProblem
+from convbench.core.problem import ConvProblem
 from convbench.testing import run_and_check
 
 needs_thp = pytest.mark.skipif(not _lowering.huge_pages_available(),

@@ -2,7 +2,7 @@
 
 PyTorch picks the library from where the tensors live; the call, and how a layout becomes a
 memory format (an NHWC array viewed with NCHW indexing is a `channels_last` tensor), is the same.
-torch allocates the result itself, so a prepared pass is two phases (`convbench.phases`): the
+torch allocates the result itself, so a prepared pass is two phases (`convbench.algos.phases`): the
 call, and the copy of its result into the harness's output, which the pass's time leaves out.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..phases import CONVOLUTION, OUTPUT_COPY, Phased
-from ..problem import ConvProblem
+from ..core.problem import ConvProblem
+from .phases import CONVOLUTION, OUTPUT_COPY, Phased
 
 #: The phases of a pass run through torch.
 PHASES = [CONVOLUTION, OUTPUT_COPY]

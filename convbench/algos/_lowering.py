@@ -19,7 +19,7 @@ import functools
 
 import numpy as np
 
-from ..problem import ELEMENT_BYTES
+from ..core.problem import ELEMENT_BYTES
 
 #: (index into the lowered buffer, index into the activation).
 Window = tuple[tuple, tuple]

@@ -25,9 +25,9 @@ import contextlib
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-from ..problem import ConvProblem
-from ..registry import Implementation, register
+from ..core.problem import ConvProblem
 from ._aten import PHASES, Views, aten_phased
+from .registry import Implementation, register
 
 _TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 #: `torch.backends.cudnn.benchmark_limit` of cudnn-autotune: 0 tries every engine (torch's

@@ -32,9 +32,9 @@ import os
 import weakref
 from dataclasses import dataclass
 
+from ..core.problem import ConvProblem
 from ..functional import UnsupportedError
-from ..problem import ConvProblem
-from ..registry import Implementation, register
+from .registry import Implementation, register
 
 # --- cuDNN's enums (cudnn_cnn.h / cudnn_graph.h, stable from cuDNN 7 to 9) -------------------
 #: Algorithm names by pass, in enum order (the index is the enum value).

@@ -33,9 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..problem import ConvProblem
-from ..reference import DTYPES
-from ..registry import Implementation, register
+from ..core.problem import ConvProblem
 from ._lowering import (
     axis_pairs,
     channel_major,
@@ -46,6 +44,8 @@ from ._lowering import (
     spatial,
     windows,
 )
+from .reference import DTYPES
+from .registry import Implementation, register
 
 #: Accumulator bytes per block: small enough to stay in cache while every tap adds into it, big
 #: enough that a block is one product of thousands of rows (few BLAS calls, each worth its

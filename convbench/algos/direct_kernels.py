@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .. import kernels
-from ..kernels import ceil_div
-from ..problem import LAYOUTS, ConvProblem
+from ..core.problem import LAYOUTS, ConvProblem
+from ..cuda import kernels
+from ..cuda.kernels import ceil_div
 
 #: FILT_PAD: floats between the staged filter rows of TILE_O channels (direct.cu says why).
 TILES = {"THREADS": 256, "TILE_H": 8, "TILE_W": 8, "TILE_O": 32, "FILT_PAD": 4,

@@ -52,10 +52,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import threads
-from ..phases import Phased, phase_names
-from ..problem import ConvProblem, pair_text
-from ..registry import Implementation, register
+from ..core.problem import ConvProblem, pair_text
+from ..machine import threads
+from .phases import Phased, phase_names
+from .registry import Implementation, register
 
 #: FFTW planner effort: FFTW_MEASURE's plans for these strided batches run up to 5x faster than
 #: FFTW_ESTIMATE's, and measuring on one chunk keeps planning to a fraction of a second.

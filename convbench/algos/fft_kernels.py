@@ -36,7 +36,7 @@ emulator has no cuFFT, so on `emu` they are numpy.fft's (float32 in, complex64 o
 like cuFFT) and only our kernels run emulated. Tile sizes are chosen here and compiled in as
 ``-D`` defines; the kernels' tiling is described in kernels/fft.cu.
 
-Phases (the breakdown the harness times) follow `convbench.phases`: ``transform <a>``,
+Phases (the breakdown the harness times) follow `convbench.algos.phases`: ``transform <a>``,
 ``transform <b>``, ``product``, ``inverse <out>``.
 """
 
@@ -50,12 +50,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import kernels, registry
-from ..fmt import first_line
-from ..kernels import ceil_div
-from ..phases import OPERAND_NAMES, Phased, phase_names
-from ..problem import LAYOUTS, ConvProblem
+from ..core.fmt import first_line
+from ..core.problem import LAYOUTS, ConvProblem
+from ..cuda import kernels
+from ..cuda.kernels import ceil_div
+from . import registry
 from .fft import fft_refusal
+from .phases import OPERAND_NAMES, Phased, phase_names
 
 #: PROD_MIN_BLOCKS: the product kernel's blocks per SM in its launch bounds (fft.cu says why 1).
 TILES = {"COPY_TILE": 32, "COPY_THREADS": 256,

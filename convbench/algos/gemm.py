@@ -38,11 +38,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import threads
-from ..phases import FUSED, OPERAND_NAMES, Phased
-from ..problem import ConvProblem
-from ..reference import DTYPES
-from ..registry import Implementation, register
+from ..core.problem import ConvProblem
+from ..machine import threads
 from ._lowering import (
     axis_pairs,
     nbytes,
@@ -53,6 +50,9 @@ from ._lowering import (
     windows,
     workspace,
 )
+from .phases import FUSED, OPERAND_NAMES, Phased
+from .reference import DTYPES
+from .registry import Implementation, register
 
 
 def _padded_shape(p: ConvProblem, pass_: str, layout: str) -> tuple[int, ...] | None:

@@ -37,11 +37,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import kernels
-from ..fmt import first_line
-from ..kernels import ceil_div
-from ..problem import LAYOUTS, ConvProblem
-from ..registry import register
+from ..core.fmt import first_line
+from ..core.problem import LAYOUTS, ConvProblem
+from ..cuda import kernels
+from ..cuda.kernels import ceil_div
+from .registry import register
 
 #: The SGEMM tile configurations (-D defines of gemm.cu). `large`: a 128×128 tile of C per block
 #: of 256 threads, 8×8 per thread; `small`, for products too small to fill the GPU with large

@@ -8,9 +8,9 @@ of the pass's time.
 
 from __future__ import annotations
 
-from ..problem import ConvProblem
-from ..registry import Implementation, register
+from ..core.problem import ConvProblem
 from ._aten import PHASES, Views, aten_phased
+from .registry import Implementation, register
 
 
 @register("torch-cpu", "numpy")

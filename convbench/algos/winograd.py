@@ -1,7 +1,7 @@
 """`winograd-2x2`, `-4x4`, `-5x5`, `-6x6`: F(m×m, 3×3) Winograd convolution on the CPU.
 
 Structured like cuDNN's WINOGRAD_NONFUSED, one pass over memory per stage, each stage a phase
-(`convbench.phases`):
+(`convbench.algos.phases`):
 
 1. transform: input tiles (alpha×alpha every m, alpha = m + 2) by Bᵀ d B, filters by G g Gᵀ;
 2. product: one GEMM per frequency position over channels, all alpha² of them in one batched
@@ -48,13 +48,13 @@ import itertools
 
 import numpy as np
 
-from .. import threads
-from ..phases import Phased, phase_names
-from ..problem import FILTER_LAYOUT, ConvProblem, pair_text
-from ..reference import DTYPES
-from ..registry import Implementation, register
-from ..transforms import CPU_FILTER_SIZES, phase_split, winograd_matrices
+from ..core.problem import FILTER_LAYOUT, ConvProblem, pair_text
+from ..machine import threads
 from ._lowering import pages_note, tensor, workspace
+from .phases import Phased, phase_names
+from .reference import DTYPES
+from .registry import Implementation, register
+from .transforms import CPU_FILTER_SIZES, phase_split, winograd_matrices
 
 _R = 3  # the filter size the GPU kernels take
 #: Physical axis order of the product and output tiles: the layout's, with tile counts for h, w.

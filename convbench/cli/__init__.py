@@ -27,10 +27,10 @@ resume says so.
 from __future__ import annotations
 
 from .. import __version__
-from ..fmt import first_line
-from ..threads import sleep_idle_threads
+from ..core.fmt import first_line
+from ..machine.threads import sleep_idle_threads
 
-sleep_idle_threads()  # before NumPy or torch loads: see convbench.threads
+sleep_idle_threads()  # before NumPy or torch loads: see convbench.machine.threads
 
 import os  # after the thread settings above
 import sys

@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 import time
 
-from ..advice import constraint_cost, plan_text
-from ..plan import Constraints, PlanStore
-from ..tune import advise_run
+from ..planning.advice import constraint_cost, plan_text
+from ..planning.plan import Constraints, PlanStore
+from ..planning.tune import advise_run
 from .common import UsageError, positive, tie_options, workspace_budget_option
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from .. import convset, selection
+from ..catalogs import convset, selection
 from .common import UsageError, positive, seed, usage_errors
 
 

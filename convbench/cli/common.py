@@ -11,9 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-from .. import memory, results
-from ..fmt import first_line
-from ..problem import FIELD_MAX, check_choice
+from ..core import results
+from ..core.fmt import first_line
+from ..core.problem import FIELD_MAX, check_choice
+from ..measure import memory
 
 EXIT_FAULT = 1
 EXIT_USAGE = 2
@@ -177,7 +178,7 @@ def step_options(p, net_help: str | None = None, net_default: str | None = "alex
 
 def tie_options(p) -> None:
     """--tie-break and --include-busy of the commands that choose (advise, tune)."""
-    from ..plan import TIE_BREAKS
+    from ..planning.plan import TIE_BREAKS
 
     p.add_argument("--tie-break", choices=TIE_BREAKS, default="workspace",
                    help="among candidates whose times are a tie within noise with the fastest, "

@@ -1,4 +1,4 @@
-"""`convbench gpu-check`: the first GPU check in two commands (`convbench.gpucheck`): the run
+"""`convbench gpu-check`: the first GPU check in two commands (`convbench.runs.gpucheck`): the run
 and its summary, then `--tests`, each within a ten-minute command."""
 
 from __future__ import annotations
@@ -7,8 +7,11 @@ import shlex
 import sys
 from pathlib import Path
 
-from .. import gpucheck, layers, registry, runs
-from ..devices import DEVICES
+from .. import runs
+from ..algos import registry
+from ..catalogs import layers
+from ..measure.devices import DEVICES
+from ..runs import gpucheck
 from .common import EXIT_FAULT, choices, device_option, positive, time_budget_option, usage_errors
 from .measure import device as resolve_device
 

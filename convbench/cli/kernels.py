@@ -1,4 +1,4 @@
-"""`convbench kernels`: the CUDA compile gate (`convbench.kernels.gate`) on the command line.
+"""`convbench kernels`: the CUDA compile gate (`convbench.cuda.kernels.gate`) on the command line.
 
 Every declared kernel configuration, or the files given, compiled with NVRTC for each arch (no
 GPU needed); registers, shared memory and spills as a table. Exit 1 on a compile error, a
@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-from .. import kernels
+from ..cuda import kernels
 from .common import EXIT_INTERRUPTED, EXIT_USAGE
 
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import re
 
-from .. import convset, layers, registry, report, selection
-from ..fmt import tabulate
-from ..problem import LAYOUTS, PASSES, PRECISIONS
+from ..algos import registry
+from ..analysis import report
+from ..catalogs import convset, layers, selection
+from ..core.fmt import tabulate
+from ..core.problem import LAYOUTS, PASSES, PRECISIONS
 
 #: A catalog with more problems than this is listed by class, not problem by problem.
 MANY = 40

@@ -17,24 +17,17 @@ import shlex
 import sys
 from pathlib import Path
 
-from .. import (
-    batchsweep,
-    devices,
-    envinfo,
-    layers,
-    memory,
-    models,
-    problemfile,
-    registry,
-    report,
-    runs,
-    shard,
-    threads,
-    timing,
-)
-from ..devices import DEVICES
-from ..problem import LAYOUTS, PASSES, PRECISIONS
-from ..results import ENV_JSON, FolderInUse, RunFolder, resumable_env
+from .. import runs
+from ..algos import registry
+from ..analysis import report
+from ..catalogs import layers, problemfile
+from ..core.problem import LAYOUTS, PASSES, PRECISIONS
+from ..core.results import ENV_JSON, FolderInUse, RunFolder, resumable_env
+from ..machine import threads
+from ..measure import batchsweep, devices, envinfo, memory, timing
+from ..measure.devices import DEVICES
+from ..planning import models
+from ..runs import shard
 from . import catalog
 from .common import (
     FORMATS,

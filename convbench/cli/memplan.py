@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import envinfo, memory, models, registry, runs
+from .. import runs
+from ..algos import registry
+from ..measure import envinfo, memory
+from ..planning import models
 from ..studies import memplan
 from ..studies.workload import Workload
 from .common import (

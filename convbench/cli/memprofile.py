@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import envinfo, memory
-from ..plan import Constraints
+from ..measure import envinfo, memory
+from ..planning.plan import Constraints
+from ..planning.tune import advise_run
 from ..studies import footprint, memprofile
 from ..studies.workload import CPU_STEP_BATCH, Workload
-from ..tune import advise_run
 from .common import (
     UsageError,
     command_line,

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import sys
 
-from .. import compare, results, runs
+from .. import runs
+from ..analysis import compare
+from ..core import results
 from .common import EXIT_FAULT, FORMATS, UsageError, emit, percent, usage_errors
 
 

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import envinfo, runs
-from ..devices import backend_of
+from .. import runs
+from ..measure import envinfo
+from ..measure.devices import backend_of
 from ..studies import scale
 from ..studies.workload import Workload
 from .common import (

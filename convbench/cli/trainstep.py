@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from .. import envinfo
-from ..devices import DEVICES, default_device
-from ..registry import available
+from ..algos.registry import available
+from ..measure import envinfo
+from ..measure.devices import DEVICES, default_device
 from ..studies import trainstep
 from ..studies.workload import CPU_STEP_BATCH, CPU_TUNE_BUDGET_S, Workload
 from .common import (

@@ -12,11 +12,12 @@ from __future__ import annotations
 import sys
 import time
 
-from .. import models, threads
-from ..advice import plan_text
-from ..plan import Constraints
-from ..problem import LAYOUTS
-from ..tune import TuneInterrupted, tune_advice
+from ..core.problem import LAYOUTS
+from ..machine import threads
+from ..planning import models
+from ..planning.advice import plan_text
+from ..planning.plan import Constraints
+from ..planning.tune import TuneInterrupted, tune_advice
 from .common import (
     EXIT_INTERRUPTED,
     UsageError,

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from .. import envinfo
+from ..measure import envinfo
 from .workload import Workload
 
 #: PowerSGD: exact all-reduces before compressing (it refuses fewer than 2 with error

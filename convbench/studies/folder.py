@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import results
-from ..fmt import pyplot
-from ..report import REPORT_MD
+from ..analysis.report import REPORT_MD
+from ..core import results
+from ..core.fmt import pyplot
 
 #: A file beside the three every folder has: its name -> what writes it there (given the path).
 Writers = Mapping[str, Callable[[Path], None]]

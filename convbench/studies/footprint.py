@@ -39,9 +39,10 @@ import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
-from .. import memory, opcount, registry
-from ..devices import backend_of
-from ..plan import TORCH_ALGOS, Plan
+from ..algos import registry
+from ..measure import memory, opcount
+from ..measure.devices import backend_of
+from ..planning.plan import TORCH_ALGOS, Plan
 from .workload import Workload
 
 #: (layer, pass) -> (algo, backend, layout) of the conv passes a configuration runs through

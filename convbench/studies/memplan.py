@@ -50,10 +50,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import launch, memory, timing
-from ..devices import backend_of
-from ..fmt import NO_MATPLOTLIB, fmt_mib, pyplot, save_figure
-from ..measurement import Measurement
+from ..core.fmt import NO_MATPLOTLIB, fmt_mib, pyplot, save_figure
+from ..core.measurement import Measurement
+from ..machine import launch
+from ..measure import memory, timing
+from ..measure.devices import backend_of
 from .folder import write_study
 from .footprint import modelled_peak
 from .workload import Training, Workload, worker_environment
@@ -504,7 +505,7 @@ def _ran(found: list[StrategyResult]) -> list[StrategyResult]:
 def table(found: list[StrategyResult], common: int | None) -> str:
     """A row per strategy: its largest batch, its peak and speed there and at the common batch
     (columns left out where no strategy ran: there is no common batch), its gradient error."""
-    from ..fmt import tabulate
+    from ..core.fmt import tabulate
 
     at_common = common is not None
     body = []

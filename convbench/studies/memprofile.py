@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .. import memory
-from ..devices import backend_of
-from ..fmt import NO_MATPLOTLIB, fmt_mib, pyplot, save_figure
-from ..plan import Plan
+from ..core.fmt import NO_MATPLOTLIB, fmt_mib, pyplot, save_figure
+from ..measure import memory
+from ..measure.devices import backend_of
+from ..planning.plan import Plan
 from .folder import write_study
 from .footprint import (
     CATEGORIES,
@@ -61,7 +61,7 @@ def timeline_rows(events: list[Event]) -> list[dict]:
 
 def timeline_table(events: list[Event]) -> str:
     """The timeline in MiB, the modelled peak marked `*`."""
-    from ..fmt import tabulate
+    from ..core.fmt import tabulate
 
     top = events.index(peak(events))
     measured = events[0].allocated is not None
@@ -105,7 +105,7 @@ def fit_rows(found: list[Fit]) -> list[dict]:
 
 
 def fit_table(found: list[Fit]) -> str:
-    from ..fmt import tabulate
+    from ..core.fmt import tabulate
 
     body = [[f.config, *[_fit_cell(*f.found[mode]) for mode in WORKSPACE_MODES], f.note]
             for f in found]

@@ -51,9 +51,9 @@ import gc
 import os
 from dataclasses import dataclass, field
 
-from ..fmt import fmt_mib, pyplot, save_figure
-from ..measurement import Measurement
-from ..threads import CPU_THREAD_ENV
+from ..core.fmt import fmt_mib, pyplot, save_figure
+from ..core.measurement import Measurement
+from ..machine.threads import CPU_THREAD_ENV
 from . import ddp
 from .ddp import (
     POWERSGD_START,
@@ -369,7 +369,7 @@ def _ms(row: dict | None) -> str:
 def bytes_table(load: Workload) -> str:
     """Gradient bytes per step of the model and, for a catalog net, of its counterpart with or
     without FC layers."""
-    from ..fmt import tabulate
+    from ..core.fmt import tabulate
 
     loads = [load] if load.user else [load, load.counterpart()]
     body = []
@@ -384,7 +384,7 @@ def bytes_table(load: Workload) -> str:
 
 def scaling_table(rows: list[dict]) -> str:
     """Per world size and batch, with the exact all-reduce: the step, its parts, the speedup."""
-    from ..fmt import tabulate
+    from ..core.fmt import tabulate
 
     body = []
     for r in (r for r in rows if r["kind"] == "step" and r["hook"] == "allreduce"):
@@ -404,7 +404,7 @@ def scaling_table(rows: list[dict]) -> str:
 
 def hooks_table(rows: list[dict]) -> str:
     """Per world size above 1, batch and hook: what was sent, what it cost, what it changed."""
-    from ..fmt import tabulate
+    from ..core.fmt import tabulate
 
     body = []
     for r in (r for r in rows if r["kind"] == "step" and r["world_size"] > 1):

@@ -15,7 +15,7 @@ Each configuration runs in its own process: cuDNN remembers the algorithm it pic
 for the life of a process (per thread, whatever `benchmark` was when it picked), so in one
 process the first configuration would decide the others' algorithms. Every process seeds the
 same weights and data, so their first-step losses agree. fp32 is fp32: TF32 is off for cuDNN and
-cuBLAS. Step times are measured like every other time here (`convbench.timing`, sized by a
+cuBLAS. Step times are measured like every other time here (`convbench.measure.timing`, sized by a
 budget), after one untimed step that also does cuDNN's autotuning. The three processes stay up
 and take turns, a few rounds each, so a machine whose load drifts while they are timed (a shared
 CPU) slows all three alike rather than whichever ran last. On the CPU every process, the tuning
@@ -43,12 +43,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import launch, registry, stats, timing, tune
-from ..devices import backend_of
-from ..fmt import fmt_ms, tabulate
-from ..measurement import Measurement
-from ..plan import Plan
-from ..threads import CPU_THREAD_ENV
+from ..algos import registry
+from ..core import stats
+from ..core.fmt import fmt_ms, tabulate
+from ..core.measurement import Measurement
+from ..machine import launch
+from ..machine.threads import CPU_THREAD_ENV
+from ..measure import timing
+from ..measure.devices import backend_of
+from ..planning import tune
+from ..planning.plan import Plan
 from .folder import write_study
 from .workload import Workload, worker_environment
 

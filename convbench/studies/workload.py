@@ -28,9 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
-from .. import apply, layers, models
-from ..devices import backend_of
-from ..threads import CPU_THREAD_ENV
+from ..catalogs import layers
+from ..machine.threads import CPU_THREAD_ENV
+from ..measure.devices import backend_of
+from ..planning import apply, models
 
 #: The catalog nets a training step is built from.
 NETS = ("alexnet", "alexnet-owt")

@@ -11,12 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .. import devices, opcount, registry, results, runner, verify
-from ..advice import advise, build_plan
-from ..devices import backend_of
-from ..models import find_convs
-from ..plan import Constraints, Plan, current_env_key
-from ..problem import LAYOUTS
+from ..algos import registry
+from ..core import results
+from ..core.problem import LAYOUTS
+from ..measure import devices, opcount, runner, verify
+from ..measure.devices import backend_of
+from ..planning.advice import advise, build_plan
+from ..planning.models import find_convs
+from ..planning.plan import Constraints, Plan, current_env_key
 from .footprint import plan_algos
 from .workload import CPU_TUNE_BUDGET_S, Workload
 

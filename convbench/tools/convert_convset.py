@@ -28,7 +28,7 @@ torch's `_reversed_padding_repeated_twice` (left, right, top, bottom), stride an
 
 The pickle is read with an unpickler that builds only dicts, lists and strings (it refuses any
 class), so a tampered file cannot run code. The output is gzip'd CSV (`convbench/data/
-convset.csv.gz`), read by `convbench.convset`.
+convset.csv.gz`), read by `convbench.catalogs.convset`.
 
     python -m convbench.tools.convert_convset path/to/ConvBench/tmp/conv.pkl [--out FILE]
 """
@@ -46,7 +46,7 @@ from pathlib import Path
 #: Columns of the catalog file, in order.
 COLUMNS = ("name", "c", "h", "w", "k", "r", "s", "stride", "dilation", "groups", "pad_top",
            "pad_bottom", "pad_left", "pad_right", "bias", "layers", "models", "sources")
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "data" / "convset.csv.gz"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "catalogs" / "data" / "convset.csv.gz"
 
 
 class _PlainUnpickler(pickle.Unpickler):

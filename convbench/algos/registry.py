@@ -1,0 +1,358 @@
+"""Which implementations exist: one per (algo, backend), found by `@register`.
+
+The contract an implementation keeps is `Implementation` (and `TransformGrid` for FFT): an
+abstract class rather than a list of names probed with `hasattr`, so that `register` refuses a
+class that breaks it at import, and callers use every hook without asking whether it is there.
+
+Modules under `convbench.algos` register themselves on import; `load()` imports them all, so a
+new algorithm is one new file, with no list to edit.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+import pkgutil
+from collections.abc import Callable
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from ..core.fmt import first_line
+from ..core.problem import LAYOUTS, PASSES, PRECISIONS, ConvProblem, check_choice, pair_text
+from . import padding
+from .phases import CONVOLUTION, CROP, EXPLICIT_PAD, Phased
+
+ALGOS = ("direct", "gemm", "gemm-cublas", "fft", "fft-tiled", "winograd-2x2", "winograd-4x4",
+         "winograd-5x5", "winograd-6x6", "winograd-fused-2x2", "winograd-fused-4x4", "cudnn", "cudnn-autotune",
+         "torch-cpu",
+         # cuDNN's algorithms one by one, through its find API (`algos.cudnn_find`)
+         "cudnn-find-implicit-gemm", "cudnn-find-implicit-precomp-gemm", "cudnn-find-gemm",
+         "cudnn-find-direct", "cudnn-find-fft", "cudnn-find-fft-tiling", "cudnn-find-winograd",
+         "cudnn-find-winograd-nonfused", "cudnn-find-algo-0", "cudnn-find-algo-1",
+         "cudnn-find-algo-3")
+BACKENDS = ("numpy", "cuda", "emu")
+#: What `winograd` and `all` mean on the command line.
+ALIASES = {"winograd": ("winograd-2x2", "winograd-4x4"),
+           "winograd-fused": ("winograd-fused-2x2", "winograd-fused-4x4"),
+           "cudnn-find": tuple(a for a in ALGOS if a.startswith("cudnn-find-"))}
+#: Algos that `all` leaves out, asked for by name (their alias): cuDNN's algorithms one by one
+#: are eleven cases more per pass, for the study of cuDNN, not for choosing a plan.
+OPT_IN = ALIASES["cudnn-find"]
+
+#: One prepared pass: ``run(a, b, out)`` reads the pass's two inputs and writes every element of
+#: the preallocated `out` (NumPy arrays on `numpy` and `emu`, CuPy on `cuda`).
+PassFn = Callable[[Any, Any, Any], None]
+
+
+class Implementation(abc.ABC):
+    """One algorithm on one backend, as the harness, the functional API and the advisor use it.
+
+    Subclass it and decorate the class with `register(algo, backend)`, which sets `algo` and
+    `backend` on the one instance it keeps. `supports` and `prepare` are required; the other
+    hooks have defaults that mean "nothing to add", so callers call them without checking.
+    Arrays follow `ConvProblem.operand_shapes(pass_, layout)`.
+    """
+
+    #: The precisions it runs (`fp64`, `fp32`, ...): `supports` is asked only about these.
+    precisions: ClassVar[tuple[str, ...]]
+    #: Whether it runs a padding that differs before and after (`ConvProblem.pad_top`, ...)
+    #: itself. If not, `register` files it behind `ExplicitPad`, and every hook sees only
+    #: problems padded alike on both sides.
+    asymmetric_pad: ClassVar[bool] = False
+    algo: str
+    backend: str
+
+    @abc.abstractmethod
+    def supports(self, problem: ConvProblem, pass_: str, layout: str,
+                 precision: str) -> str | None:
+        """None, or a one-line reason why it cannot run this combination. Never raises: the
+        runner records the reason as the case's `unsupported` row."""
+
+    @abc.abstractmethod
+    def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str) -> PassFn:
+        """The pass, ready to time: everything that must not be timed (library plans,
+        compilation, workspace allocation) happens here, once."""
+
+    def available(self) -> str | None:
+        """None when its own needs beyond the backend (a library, a device) are met here, else
+        why not; `impl_available` asks the backend first."""
+        return None
+
+    def describe(self, problem: ConvProblem, pass_: str, layout: str, precision: str) -> str:
+        """A note for the results row (which FFT library, which cuDNN kernel ran); "" for none."""
+        return ""
+
+    def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
+                        precision: str) -> int | None:
+        """The bytes it allocates beyond inputs and output, or None when it does not say:
+        `opcount.workspace_bytes` then falls back to the algorithm's theoretical figure."""
+        return None
+
+    def phases(self, problem: ConvProblem, pass_: str, layout: str,
+               precision: str) -> list[str] | None:
+        """The names of the pass's phases, in order, when the prepared callable carries
+        ``phase_fns`` (the contract is `convbench.algos.phases`); None: the pass is one phase."""
+        return None
+
+
+@runtime_checkable
+class TransformGrid(Protocol):
+    """What an FFT implementation adds: the grid it transforms on, which `opcount` counts. The
+    grid is the implementation's choice (FFTW's or cuFFT's fast sizes, fft-tiled's tiles), so the
+    count asks it rather than restating it."""
+
+    def transform_grid(self, problem: ConvProblem, pass_: str) -> tuple[int, int, int]:
+        """(transform height, width, tiles per image) as this implementation runs `pass_`."""
+
+
+class ExplicitPad(Implementation):
+    """An implementation that pads both sides alike, running a problem padded unequally as
+    `ConvProblem.symmetric_part()`: x padded (or cropped) explicitly first, or its dx cropped
+    after (`convbench.algos.padding`), a phase of its own timed apart from the pass's time. The
+    explicit pad keeps what padding both sides share; where the implementation refuses that
+    (Winograd takes one padding for both axes), every side is padded explicitly instead.
+    Problems padded alike reach the implementation untouched; its own attributes
+    (`transform_grid`, Winograd's `m`) are read through."""
+
+    def __init__(self, inner: Implementation):
+        self.inner = inner
+        self.precisions = inner.precisions
+
+    def __getattr__(self, name: str):
+        if name == "inner":  # not set yet (copy, pickle): no recursion through getattr
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def route(self, problem: ConvProblem, pass_: str, layout: str, precision: str
+              ) -> tuple[ConvProblem, tuple[int, int, int, int], str | None]:
+        """(the problem the implementation runs, the explicit pad (left, right, top, bottom)
+        of x before it, the implementation's reason if it runs neither form)."""
+        sym, explicit = problem.symmetric_part()
+        reason = self.inner.supports(sym, pass_, layout, precision)
+        if reason and sym is not problem:
+            whole, all_sides = problem.symmetric_part(whole=True)
+            if whole != sym and self.inner.supports(whole, pass_, layout, precision) is None:
+                return whole, all_sides, None
+        return sym, explicit, reason
+
+    def supports(self, problem, pass_, layout, precision):
+        sym, _, reason = self.route(problem, pass_, layout, precision)
+        if reason and sym is not problem:
+            return f"{reason} (padding {pair_text(problem.pad)} runs as {pair_text(sym.pad)} " \
+                   "after an explicit pad)"
+        return reason
+
+    def available(self):
+        return self.inner.available()
+
+    def describe(self, problem, pass_, layout, precision):
+        sym, (left, right, top, bottom), _ = self.route(problem, pass_, layout, precision)
+        note = self.inner.describe(sym, pass_, layout, precision)
+        if sym is problem:
+            return note
+        step = "dx cropped" if pass_ == "bwd_data" else "x padded"
+        return (f"{note}{'; ' if note else ''}padding {pair_text(problem.pad)}: {step} "
+                f"explicitly by {top}+{bottom}x{left}+{right} (timed apart), then padding "
+                f"{pair_text(sym.pad)}")
+
+    def workspace_bytes(self, problem, pass_, layout, precision):
+        sym, explicit, _ = self.route(problem, pass_, layout, precision)
+        inner = self.inner.workspace_bytes(sym, pass_, layout, precision)
+        if inner is None:
+            return None
+        return inner + padding.explicit_bytes(problem, precision, explicit)
+
+    def phases(self, problem, pass_, layout, precision):
+        sym, _, _ = self.route(problem, pass_, layout, precision)
+        inner = self.inner.phases(sym, pass_, layout, precision)
+        if sym is problem:
+            return inner
+        inner = inner or [CONVOLUTION]
+        return inner + [CROP] if pass_ == "bwd_data" else [EXPLICIT_PAD] + inner
+
+    def prepare(self, problem, pass_, layout, precision):
+        sym, explicit, _ = self.route(problem, pass_, layout, precision)
+        run = self.inner.prepare(sym, pass_, layout, precision)
+        if sym is problem:
+            return run
+        inner = getattr(run, "phase_fns", None)
+        if pass_ == "bwd_data":
+            crop = padding.CropOutput(problem, layout, explicit)
+            steps = {CONVOLUTION: lambda a, b, out: run(a, b, crop.target(out)),
+                     CROP: lambda a, b, out: crop(out)}
+        else:
+            pad = padding.PadInput(problem, layout, explicit)
+            steps = {EXPLICIT_PAD: lambda a, b, out: pad(a),
+                     CONVOLUTION: lambda a, b, out: run(pad.buffer.get(a), b, out)}
+        phased = Phased(steps)
+        if inner:  # the inner pass's own phases, replaying the call `phased` made
+            mine = dict(phased.phase_fns)
+            pad_fn, crop_fn = mine.get(EXPLICIT_PAD), mine.get(CROP)
+            phased.phase_fns = {**({EXPLICIT_PAD: pad_fn} if pad_fn else {}), **inner,
+                                **({CROP: crop_fn} if crop_fn else {})}
+        return phased
+
+
+_IMPLS: dict[tuple[str, str], Implementation] = {}
+_loaded = False
+
+
+def register(algo: str, backend: str) -> Callable[[type], type]:
+    """Class decorator: instantiate the class and file it under (algo, backend). A class that
+    breaks the contract (`Implementation`) raises TypeError here, at import."""
+    check_choice("algo", algo, ALGOS)
+    check_choice("backend", backend, BACKENDS)
+
+    def deco(cls: type) -> type:
+        key = (algo, backend)
+        if key in _IMPLS:
+            raise RuntimeError(f"{algo} on {backend} registered twice")
+        _check_contract(cls, f"{algo} on {backend}")
+        inst = cls()
+        inst.algo, inst.backend = algo, backend
+        if not cls.asymmetric_pad:
+            inst = ExplicitPad(inst)
+            inst.algo, inst.backend = algo, backend
+        _IMPLS[key] = inst
+        return cls
+
+    return deco
+
+
+def _check_contract(cls: type, what: str) -> None:
+    """Raises TypeError, in one line, where `cls` breaks the contract of `Implementation`."""
+    name = getattr(cls, "__qualname__", repr(cls))
+    if not (isinstance(cls, type) and issubclass(cls, Implementation)):
+        raise TypeError(f"{name} cannot register as {what}: it does not subclass "
+                        f"registry.Implementation")
+    if cls.__abstractmethods__:
+        raise TypeError(f"{name} cannot register as {what}: it does not define "
+                        f"{', '.join(sorted(cls.__abstractmethods__))}")
+    precisions = getattr(cls, "precisions", None)
+    if (not isinstance(precisions, tuple) or not precisions
+            or not set(precisions) <= set(PRECISIONS)):
+        raise TypeError(f"{name} cannot register as {what}: its precisions must be a non-empty "
+                        f"tuple of {', '.join(PRECISIONS)}, not {precisions!r}")
+
+
+def load() -> None:
+    """Import every module of `convbench.algos` once, so each registers itself."""
+    global _loaded
+    if _loaded:
+        return
+    from .. import algos
+
+    for mod in sorted(pkgutil.iter_modules(algos.__path__), key=lambda m: m.name):
+        importlib.import_module(f"{algos.__name__}.{mod.name}")
+    _loaded = True
+
+
+def get(algo: str, backend: str) -> Implementation:
+    """The implementation of `algo` on `backend`; ValueError naming what exists if none."""
+    load()
+    check_choice("algo", algo, ALGOS)
+    check_choice("backend", backend, BACKENDS)
+    impl = _IMPLS.get((algo, backend))
+    if impl is None:
+        have = ", ".join(sorted(a for a, b in _IMPLS if b == backend)) or "none"
+        raise ValueError(f"algo {algo!r} has no {backend} implementation; {backend} has: {have}")
+    return impl
+
+
+def unwrapped(impl: Implementation) -> Implementation:
+    """The implementation class's own instance, without the `ExplicitPad` that `register`
+    puts in front of one that pads both sides alike."""
+    return impl.inner if isinstance(impl, ExplicitPad) else impl
+
+
+def implementations(backend: str | None = None) -> list[Implementation]:
+    """Registered implementations, in ALGOS order, optionally of one backend."""
+    load()
+    order = {a: i for i, a in enumerate(ALGOS)}
+    keys = sorted(_IMPLS, key=lambda k: (order[k[0]], BACKENDS.index(k[1])))
+    return [_IMPLS[k] for k in keys if backend is None or k[1] == backend]
+
+
+def algos_for(backend: str) -> list[str]:
+    return [impl.algo for impl in implementations(backend)]
+
+
+def expand_algos(text: str, backend: str) -> list[str]:
+    """`direct,winograd` -> ['direct', 'winograd-2x2', 'winograd-4x4']; `all` -> every algo the
+    backend has but the `OPT_IN` ones (`cudnn-find` names those). Unknown names raise ValueError
+    naming the valid ones."""
+    have = algos_for(backend)
+    out: list[str] = []
+    for name in (t.strip() for t in text.split(",")):
+        if not name:
+            continue
+        names = ([a for a in have if a not in OPT_IN] if name == "all"
+                 else ALIASES.get(name, (name,)))
+        for a in names:
+            check_choice("algo", a, list(ALGOS) + list(ALIASES) + ["all"])
+            if a not in have:
+                raise ValueError(f"algo {a!r} is not available on {backend}; "
+                                 f"valid: {', '.join(have)}")
+            if a not in out:
+                out.append(a)
+    if not out:
+        raise ValueError(f"no algo given; valid: {', '.join(have)}")
+    return out
+
+
+def available(backend: str) -> str | None:
+    """None if `backend` can run on this machine, else the reason (no GPU, no compiler)."""
+    check_choice("backend", backend, BACKENDS)
+    if backend == "emu":
+        import shutil
+
+        return None if shutil.which("g++") else "the emu backend needs g++ on PATH"
+    if backend == "cuda":
+        return _cuda_available()
+    return None
+
+
+def _cuda_available() -> str | None:
+    try:
+        import cupy
+    except ImportError:
+        return "the cuda backend needs CuPy: pip install 'convbench[cuda]'"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001  (no driver, no device: CuPy's own runtime errors)
+        return f"no CUDA GPU: {first_line(exc)}"
+    return None if count > 0 else "no CUDA GPU found"
+
+
+def impl_available(impl: Implementation) -> str | None:
+    """None if this implementation can run here: its backend, then its own needs."""
+    return available(impl.backend) or impl.available()
+
+
+def supports(impl: Implementation, problem: ConvProblem, pass_: str, layout: str,
+             precision: str) -> str | None:
+    """None if `impl` runs this combination, else a one-line reason."""
+    check_choice("pass", pass_, PASSES)
+    check_choice("layout", layout, LAYOUTS)
+    check_choice("precision", precision, PRECISIONS)
+    if precision not in impl.precisions:
+        return f"{impl.algo} on {impl.backend} runs {'/'.join(impl.precisions)}, not {precision}"
+    return impl.supports(problem, pass_, layout, precision)
+
+
+# --- what implementations keep on the GPU -------------------------------------------------------
+#: What implementations keep on the GPU from one case to the next (cuFFT plans hold their work
+#: areas in CuPy's pool): each a callable that drops its cache. `clear_device_caches` runs them
+#: before every case on the GPU and after an out-of-memory, so a case's peak includes its own
+#: plans and no earlier case's count against its memory limit.
+_DEVICE_CACHES: list = []
+
+
+def register_device_cache(clear):
+    """Add `clear` (a no-argument callable dropping a cache of GPU memory); returns it."""
+    _DEVICE_CACHES.append(clear)
+    return clear
+
+
+def clear_device_caches() -> None:
+    for clear in _DEVICE_CACHES:
+        clear()

@@ -1,0 +1,1 @@
+"""Results into answers: ranking with ties, the reports, comparisons, speed-ups, summaries."""

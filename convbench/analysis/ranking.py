@@ -1,0 +1,93 @@
+"""Ranking competing measurements: which is fastest, and which are a tie within noise with it.
+
+The rule of the whole project (DESIGN.md §5): a time beats another only where the interval of
+their ratio excludes 1 (`stats.ratio`, paired by round where the two were timed in the same
+interleaved rounds); otherwise they are a tie, and a tie-break the user chose decides among the
+tied (`plan.TIE_BREAKS`). Advice chooses by it, and the report marks its tables by it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from ..core import stats
+from ..core.measurement import Measurement
+
+
+def busy(r) -> bool:
+    """Whether a row was measured on a busy machine: its CPU threads kept off their cores
+    (`contended`) or its GPU's clocks held down (`throttled`)."""
+    throttled = r.get("throttled")
+    return r.get("contended") is True or (isinstance(throttled, str) and throttled != "")
+
+
+def busy_mask(df: pd.DataFrame) -> pd.Series:
+    """`busy` of every row of a results table, as a boolean Series on its index."""
+    return pd.Series([busy(r) for r in df.to_dict("records")], index=df.index, dtype=bool)
+
+
+def rank(rows: pd.DataFrame) -> list[Candidate]:
+    """The `ok` rows as candidates, fastest median first (ties in order of the rows)."""
+    ok = rows[rows["status"] == "ok"]
+    return [Candidate.from_row(r) for r in ok.sort_values("median_ms", kind="stable")
+            .to_dict("records")]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One `ok` measurement: its times (to judge noise by), the rounds it was timed in, and what
+    a tie is broken by."""
+
+    algo: str
+    backend: str
+    layout: str
+    median_ms: float
+    iqr_ms: float
+    q1: float
+    q3: float
+    times: tuple[float, ...] = ()
+    round_group: str = ""
+    workspace: float = 0.0
+    rel_error: float = 0.0
+
+    @classmethod
+    def from_row(cls, r) -> Candidate:
+        times: tuple[float, ...] = ()
+        if r["times_ms"]:
+            m = Measurement.from_text(r["times_ms"])
+            q1, q3, times = m.q1, m.q3, m.times_ms
+        else:  # no raw times: the IQR centred on the median
+            q1, q3 = r["median_ms"] - r["iqr_ms"] / 2, r["median_ms"] + r["iqr_ms"] / 2
+        used = next((float(v) for v in (r.get("workspace_bytes"), r.get("peak_bytes"))
+                     if v is not None and not pd.isna(v)), 0.0)
+        error = r.get("rel_error")
+        group = r.get("round_group")
+        return cls(r["algo"], r["backend"], r["layout"], float(r["median_ms"]),
+                   float(r["iqr_ms"]), q1, q3, times, group if isinstance(group, str) else "",
+                   used, 0.0 if error is None or pd.isna(error) else float(error))
+
+    def ratio_to(self, other: Candidate) -> stats.Ratio:
+        """This one's median over `other`'s, with its interval: paired by round where the two
+        were timed in the same rounds."""
+        if not self.times or not other.times:
+            return stats.Ratio(self.median_ms / other.median_ms, None, None, False)
+        paired = (bool(self.round_group) and self.round_group == other.round_group
+                  and len(self.times) == len(other.times))
+        return stats.ratio(self.times, other.times, paired)
+
+
+def preferred(tied: list[Candidate], tie_break: str) -> Candidate:
+    """The candidate a tie-break takes among `tied` (the fastest median breaks its own ties)."""
+    key = {"workspace": lambda c: (c.workspace, c.median_ms),
+           "error": lambda c: (c.rel_error, c.median_ms),
+           "time": lambda c: c.median_ms}[tie_break]
+    return min(tied, key=key)
+
+
+def tied(ranked: list[Candidate]) -> list[Candidate]:
+    """The fastest and every candidate not decidedly slower than it (the interval of its
+    ratio to the fastest reaches 1)."""
+    fastest = ranked[0]
+    return [fastest] + [c for c in ranked[1:] if not c.ratio_to(fastest).decided]

@@ -1,0 +1,1 @@
+"""The core: problems, measurements and result rows, statistics, formatting; pure data and math."""

@@ -1,0 +1,682 @@
+"""The only reader of kernels/: loads CUDA sources for both backends, gates them, and gives
+the wrappers that launch them their base (`KernelImplementation`).
+
+From `kernels/<name>.cu` to a launch
+------------------------------------
+1. The wrapper module (`convbench/algos/<algo>_kernels.py`) declares at import every set of
+   ``-D`` defines it compiles the file with (tile sizes, layout)::
+
+       kernels.declare("direct", [{"NHWC": 0, "TILE_H": 8}, {"NHWC": 1, "TILE_H": 8}])
+
+   The declarations are the compile gate's work list: `convbench kernels` compiles each
+   configuration for sm_80 and sm_90 with nothing to add by hand, and `launcher` refuses any
+   configuration not declared, so nothing runs that the gate has not compiled.
+2. ``launch = kernels.launcher(backend, "direct", defines)`` compiles the file once per
+   (file, defines, arch) and returns a `Launcher`. On `cuda` that is a `cupy.RawModule` (NVRTC,
+   for the current device's arch); on `emu` a g++-built library run by the host emulator
+   (`convbench.cuda.emu`) on NumPy arrays.
+3. ``launch.kernel("direct_fwd")(grid, block, args, shared_mem=0)`` launches one entry point:
+   the same call on both backends, so a wrapper is written once. ``launch.xp`` is the array
+   module (CuPy or NumPy) for workspaces. Arguments are checked against the entry point's
+   parameter list, parsed from the source: arrays must be C-contiguous ``xp`` arrays of the
+   pointee's dtype, and scalars are converted to the parameter's C type (CuPy would otherwise
+   pass a Python int as 64 bits to an ``int``).
+
+Rules for kernel sources, so that NVRTC, g++ and the parameter parser agree:
+
+- entry points are ``extern "C" __global__ void name(...)`` (optionally with
+  ``__launch_bounds__``): not templates, not inside ``#if``, no macros in the parameter list;
+  tile sizes are ``-D`` defines, which the source should check with ``#error``/``static_assert``;
+- ``#include "x.cuh"`` is resolved here (the file's own folder, then kernels/) and inlined once
+  with ``#line`` markers, so the text compiled, cached and hashed is self-contained;
+- no inline PTX, and warp intrinsics only where `convbench/cuda/emu/cuda_emu.h` emulates them.
+
+Adding a kernel file: write kernels/<name>.cu by those rules; in its algorithm's
+`convbench/algos/<algo>_kernels.py` declare its configurations and write one wrapper class, a
+`KernelImplementation` registered for both ``cuda`` and ``emu`` by ``@register_kernels(algo)``
+(`convbench.algos.direct_kernels` is the model): the base checks the limits every kernel has,
+and the wrapper adds its own through the base's hooks. Test it under ``emu`` against the float64
+reference, and on ``cuda`` with the ``gpu`` marker (tests/test_direct_kernels.py).
+`convbench kernels` then gates it with no further change.
+Tests and experiments compile any file, declared or not, with
+``kernels.load(backend, path, defines)``; ``convbench kernels FILE.cu -D NAME=VALUE`` gates one.
+
+Kernels are read from the repository's top-level kernels/ (the editable install `make test`
+uses), or from convbench/_kernels/ in an installed wheel (setup.py copies them there).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from ..algos import registry
+from ..algos.phases import OPERAND_NAMES
+from ..core.fmt import first_line
+from ..core.problem import ConvProblem, check_choice
+from ..machine import threads
+from . import emu
+
+#: Architectures the compile gate builds every configuration for.
+GATE_ARCHS = ("sm_80", "sm_90")
+#: Options of every compilation, on the GPU and in the gate.
+COMPILE_OPTIONS = ("-std=c++17",)
+#: Dynamic shared memory a launch gets without opting in (above it, `cuda` sets the attribute).
+DEFAULT_DYNAMIC_SHARED = 48 * 1024
+
+#: A normalized set of defines: sorted (name, value) pairs.
+Defines = tuple[tuple[str, str], ...]
+
+
+# --- sources ------------------------------------------------------------------------------------
+def kernel_dir() -> Path:
+    """Where the .cu files are: convbench/_kernels in a wheel, else the repository's kernels/."""
+    package = Path(__file__).resolve().parents[1]
+    shipped = package / "_kernels"
+    return shipped if shipped.is_dir() else package.parent / "kernels"
+
+
+_INCLUDE = re.compile(r'[ \t]*#[ \t]*include[ \t]+"([^"]+)"[ \t]*')
+
+
+def read_source(path: Path) -> str:
+    """The text of a .cu file with its quoted includes inlined, each once, under #line markers."""
+    return _expand(Path(path), set())
+
+
+def _expand(path: Path, seen: set[Path]) -> str:
+    lines = [f'#line 1 "{path.name}"']
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        m = _INCLUDE.fullmatch(line)
+        if not m:
+            lines.append(line)
+            continue
+        target = next((d / m.group(1) for d in (path.parent, kernel_dir())
+                       if (d / m.group(1)).is_file()), None)
+        if target is None:
+            raise FileNotFoundError(f"{path.name}:{number}: {m.group(1)} is neither in "
+                                    f"{path.parent} nor in {kernel_dir()}")
+        if target.resolve() not in seen:
+            seen.add(target.resolve())
+            lines.append(_expand(target, seen))
+        lines.append(f'#line {number + 1} "{path.name}"')
+    return "\n".join(lines) + "\n"
+
+
+# --- entry points -------------------------------------------------------------------------------
+class Param(NamedTuple):
+    """One parameter of an entry point."""
+
+    decl: str  #: as written, e.g. ``const float* __restrict__ x``
+    name: str
+    pointer: bool
+    #: a pointer's accepted array dtypes (empty: any), or a scalar's one dtype
+    dtypes: tuple[np.dtype, ...]
+
+
+_SCALARS = {"float": "float32", "double": "float64", "int": "int32", "unsigned": "uint32",
+            "unsigned int": "uint32", "long long": "int64", "unsigned long long": "uint64",
+            "size_t": "uint64", "int32_t": "int32", "uint32_t": "uint32", "int64_t": "int64",
+            "uint64_t": "uint64", "bool": "bool"}
+_POINTEES = {**{c: (d,) for c, d in _SCALARS.items()}, "float2": ("float32", "complex64"),
+             "float4": ("float32",), "double2": ("float64", "complex128"), "void": (),
+             "char": (), "unsigned char": ()}
+_QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict"}
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
+_BOUNDS = r"(?:__launch_bounds__\s*\([^)]*\)\s*)?"
+_ENTRY = re.compile(rf'extern\s+"C"\s+__global__\s+{_BOUNDS}void\s+{_BOUNDS}(\w+)\s*\(([^)]*)\)')
+
+
+def entry_points(code: str) -> dict[str, tuple[Param, ...]]:
+    """Every ``extern "C" __global__`` function of a source, with its parameters."""
+    entries = {}
+    for m in _ENTRY.finditer(_COMMENT.sub(" ", code)):
+        text = " ".join(m.group(2).split())
+        decls = [] if text in ("", "void") else [d.strip() for d in text.split(",")]
+        entries[m.group(1)] = tuple(_param(m.group(1), d) for d in decls)
+    return entries
+
+
+def _param(kernel: str, decl: str) -> Param:
+    m = re.fullmatch(r"(.+?)\s*\b(\w+)", decl)
+    ctype = m.group(1) if m else ""
+    base = " ".join(w for w in ctype.replace("*", " ").split() if w not in _QUALIFIERS)
+    pointer = ctype.count("*") == 1
+    dtypes = _POINTEES.get(base) if pointer else (_SCALARS.get(base),)
+    if ctype.count("*") > 1 or dtypes is None or None in dtypes:
+        raise ValueError(f"kernel {kernel}: cannot pass parameter {decl!r}; launchers pass "
+                         f"pointers to and scalars of {', '.join(_SCALARS)}")
+    return Param(decl, m.group(2), pointer, tuple(map(np.dtype, dtypes)))
+
+
+def _convert(kernel: str, param: Param, value, xp):
+    """`value` checked against `param`: the array itself, or the scalar as its C type."""
+    where = f"{kernel}: argument {param.name}"
+    if param.pointer:
+        if not isinstance(value, xp.ndarray):
+            raise TypeError(f"{where} must be a {xp.__name__} array, got {type(value).__name__}")
+        if param.dtypes and value.dtype not in param.dtypes:
+            raise TypeError(f"{where} ({param.decl}) must be "
+                            f"{' or '.join(map(str, param.dtypes))}, got {value.dtype}")
+        if not value.flags.c_contiguous:
+            raise ValueError(f"{where} must be C-contiguous")
+        return value
+    dtype = param.dtypes[0]
+    if not isinstance(value, numbers.Integral if dtype.kind in "biu" else numbers.Real):
+        raise TypeError(f"{where} ({param.decl}) got {value!r}")
+    if dtype.kind in "biu":
+        value, info = int(value), np.iinfo(dtype)  # a NumPy integer would wrap, not raise
+        if not info.min <= value <= info.max:
+            raise OverflowError(f"{where} ({param.decl}) got {value}, outside {dtype}")
+    return dtype.type(value)
+
+
+def _dim3(value) -> tuple[int, int, int]:
+    dims = (value,) if isinstance(value, numbers.Integral) else tuple(value)
+    if not 1 <= len(dims) <= 3:
+        raise ValueError(f"grid and block dimensions have 1 to 3 entries, got {value!r}")
+    return tuple(int(d) for d in dims) + (1,) * (3 - len(dims))
+
+
+class Kernel:
+    """One entry point of a loaded file: ``kernel(grid, block, args, shared_mem=0)``.
+
+    `grid` and `block` are ints or 1-3 tuples; `args` follow the entry point's parameters.
+    Converting and checking them costs tens of microseconds a launch (a NumPy scalar and a range
+    check per int), which a timed pass of a few hundred microseconds must not pay: `bind` does
+    it once, in `prepare`, for everything but the arrays.
+    """
+
+    def __init__(self, name: str, params: tuple[Param, ...], xp, launch: Callable):
+        self.name, self.params, self._xp, self._launch = name, params, xp, launch
+
+    def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
+        if len(args) != len(self.params):
+            raise TypeError(f"{self.name} takes {len(self.params)} arguments "
+                            f"({', '.join(p.name for p in self.params)}), got {len(args)}")
+        values = tuple(_convert(self.name, p, a, self._xp) for p, a in zip(self.params, args))
+        self._launch(_dim3(grid), _dim3(block), values, int(shared_mem))
+
+    def bind(self, grid, block, scalars=(), shared_mem: int = 0) -> Callable[..., None]:
+        """``launch(*arrays)``: this kernel with its grid, block, shared memory and trailing
+        scalar parameters converted now; each call checks only the arrays, which are the
+        leading parameters (the kernels' convention; TypeError otherwise)."""
+        arrays = self.params[:len(self.params) - len(scalars)]
+        if not all(p.pointer for p in arrays) or any(
+                p.pointer for p in self.params[len(arrays):]):
+            raise TypeError(f"{self.name}: bind takes the trailing scalars "
+                            f"({', '.join(p.name for p in self.params if not p.pointer)}), "
+                            f"got {len(scalars)} values")
+        fixed = tuple(_convert(self.name, p, v, self._xp)
+                      for p, v in zip(self.params[len(arrays):], scalars))
+        dims, threads, smem = _dim3(grid), _dim3(block), int(shared_mem)
+        name, xp, launch = self.name, self._xp, self._launch
+
+        def bound(*values) -> None:
+            if len(values) != len(arrays):
+                raise TypeError(f"{name} takes {len(arrays)} arrays "
+                                f"({', '.join(p.name for p in arrays)}), got {len(values)}")
+            launch(dims, threads, tuple(_convert(name, p, v, xp)
+                                        for p, v in zip(arrays, values)) + fixed, smem)
+
+        return bound
+
+
+class Launcher:
+    """A kernel file compiled with one set of defines for one backend."""
+
+    def __init__(self, backend: str, path: Path, defines: Defines, xp,
+                 entries: dict[str, tuple[Param, ...]], function: Callable[[str], Callable]):
+        self.backend, self.path, self.defines, self.xp = backend, path, defines, xp
+        self.entries, self._function = entries, function
+        self._kernels: dict[str, Kernel] = {}
+
+    def kernel(self, name: str) -> Kernel:
+        if name not in self.entries:
+            raise ValueError(f"{self.path.name} has no entry point {name!r}; it has "
+                             f"{', '.join(self.entries) or 'none'}")
+        if name not in self._kernels:
+            self._kernels[name] = Kernel(name, self.entries[name], self.xp, self._function(name))
+        return self._kernels[name]
+
+
+# --- configurations and loading -----------------------------------------------------------------
+_DECLARED: dict[str, list[Defines]] = {}
+
+
+def normalize_defines(defines: Mapping[str, object] | None) -> Defines:
+    """`{"NHWC": 1}` as the sorted (name, text) pairs configurations are compared and keyed by."""
+    out = []
+    for key, value in sorted((defines or {}).items()):
+        if not re.fullmatch(r"[A-Za-z_]\w*", str(key)) or isinstance(value, bool):
+            raise ValueError(f"bad define {key}={value!r}: a C identifier and an int or string")
+        out.append((str(key), str(value)))
+    return tuple(out)
+
+
+def define_options(defines: Defines) -> tuple[str, ...]:
+    """The ``-DNAME=VALUE`` options of a set of defines, for NVRTC and g++ alike."""
+    return tuple(f"-D{k}={v}" for k, v in defines)
+
+
+def declare(name: str, configurations: Iterable[Mapping[str, object]]) -> None:
+    """Declare the define sets `kernels/<name>.cu` is launched with (call at import time)."""
+    known = _DECLARED.setdefault(name, [])
+    for defines in map(normalize_defines, configurations):
+        if defines not in known:
+            known.append(defines)
+
+
+def declared() -> dict[str, list[Defines]]:
+    """Every declared (file name -> define sets), after importing every algorithm module."""
+    registry.load()
+    return {name: list(sets) for name, sets in _DECLARED.items()}
+
+
+def nvrtc_available() -> str | None:
+    """None if CuPy's NVRTC loads here (no GPU needed), else why not."""
+    try:
+        from cupy.cuda import nvrtc
+
+        nvrtc.getVersion()
+    except (ImportError, OSError, RuntimeError) as exc:  # no CuPy, no libnvrtc
+        return f"CuPy cannot load NVRTC: {first_line(exc)}"
+    return None
+
+
+def available(backend: str) -> str | None:
+    """None if kernels compile and launch on `backend` here, else why not."""
+    reason = registry.available(backend)
+    return reason or (nvrtc_available() if backend == "cuda" else None)
+
+
+def launcher(backend: str, name: str, defines: Mapping[str, object] | None = None) -> Launcher:
+    """`kernels/<name>.cu` compiled with a declared set of defines, for `backend`."""
+    normalized = normalize_defines(defines)
+    if normalized not in _DECLARED.get(name, []):
+        raise ValueError(f"{name}.cu with {dict(normalized)} is not declared: add it to "
+                         f"kernels.declare({name!r}, ...) so the compile gate covers it")
+    return load(backend, kernel_dir() / f"{name}.cu", defines)
+
+
+def load(backend: str, path: Path, defines: Mapping[str, object] | None = None) -> Launcher:
+    """Any .cu file (tests, experiments) compiled with `defines` for `backend`; memoized."""
+    check_choice("backend", backend, ("cuda", "emu"))
+    arch = None
+    if backend == "cuda":
+        import cupy
+
+        arch = cupy.cuda.Device().compute_capability
+    return _load(backend, Path(path).resolve(), normalize_defines(defines), arch)
+
+
+@functools.cache
+def _load(backend: str, path: Path, defines: Defines, arch: str | None) -> Launcher:
+    code = read_source(path)
+    entries = entry_points(code)
+    if backend == "emu":
+        module = emu.load(code, entries, define_options(defines))
+        return Launcher(backend, path, defines, np, entries, module.function)
+    import cupy
+
+    module = cupy.RawModule(code=code, options=COMPILE_OPTIONS + define_options(defines))
+    return Launcher(backend, path, defines, cupy, entries,
+                    lambda name: _cuda_function(module.get_function(name)))
+
+
+def _cuda_function(fn) -> Callable:
+    def launch(grid, block, args, shared_mem):
+        # Above 48 KiB a kernel must opt in; the attribute is read only then (a driver call).
+        if (shared_mem > DEFAULT_DYNAMIC_SHARED
+                and shared_mem > fn.max_dynamic_shared_size_bytes):
+            fn.max_dynamic_shared_size_bytes = shared_mem
+        fn(grid, block, args, shared_mem=shared_mem)
+
+    return launch
+
+
+# --- the wrappers' base -------------------------------------------------------------------------
+#: The kernels index with 32-bit ints: every tensor and workspace buffer has fewer elements.
+INDEX_LIMIT = 2**31
+#: CUDA's limit on a grid's y and z (x goes to 2^31 - 1).
+GRID_YZ_MAX = 65535
+
+
+def ceil_div(a: int, b: int) -> int:
+    """The blocks (tiles, slices) of `b` that cover `a`."""
+    return -(-a // b)
+
+
+def axis_args(p: ConvProblem) -> tuple[int, int, int, int, int, int]:
+    """A problem's per-axis geometry as the kernels take it: stride_h, stride_w, pad_h, pad_w,
+    dil_h, dil_w (each axis apart, so a per-axis problem runs as any other). The kernels take
+    the padding before (top, left) only: with the output size P, Q given, they read no padding
+    after, so a problem padded unequally before and after runs as any other."""
+    return p.stride_h, p.stride_w, p.pad_top, p.pad_left, p.dil_h, p.dil_w
+
+
+def check_grid(*grids: tuple[int, ...]) -> None:
+    """Raises ValueError(reason) for the first grid past CUDA's limit in y or z."""
+    for grid in grids:
+        if max(grid[1:], default=1) > GRID_YZ_MAX:
+            raise ValueError(f"grid {grid} exceeds the CUDA limit of {GRID_YZ_MAX} in y or z")
+
+
+def _over_index_limit(sizes: Mapping[str, int]) -> str | None:
+    """The reason if an array of `sizes` (name -> elements) is too large to index, else None."""
+    for name, count in sizes.items():
+        if count >= INDEX_LIMIT:
+            return (f"{name} has {count:,} elements, 2^31 or more: the kernels index with "
+                    f"32-bit ints")
+    return None
+
+
+#: The last answers of `KernelImplementation._kernel_reason`, by (class, algo, problem, pass,
+#: layout, precision): the `cuda` and `emu` wrappers of an algorithm are one class, and a
+#: listing asks both about each case back to back (`convbench list --net convset`: 8498
+#: problems, 2 backends). A few are enough; the oldest goes first.
+_KERNEL_REASONS: dict = {}
+_KERNEL_REASONS_KEPT = 64
+_UNSEEN = object()
+
+
+class KernelImplementation(registry.Implementation):
+    """An implementation through kernels/*.cu: one class serves `cuda` and `emu`
+    (`register_kernels`), the backend only changing what `launcher` hands back, so the emulated
+    tests check exactly the launch code that runs on the GPU.
+
+    `supports` is written once, here, from hooks: what the algorithm itself refuses comes first
+    (`refuses`), then the limits every kernel has, each with its reason: 32-bit indexing of the
+    operands, the wrapper's launch geometry (`check_launch`), 32-bit indexing of its workspace
+    buffers (`workspace_buffers`), and on `emu` the emulator's budget (`emulated_work`).
+    """
+
+    precisions = ("fp32",)
+
+    def available(self) -> str | None:
+        return available(self.backend)
+
+    def supports(self, problem: ConvProblem, pass_: str, layout: str,
+                 precision: str) -> str | None:
+        key = (type(self), self.algo, problem, pass_, layout, precision)
+        reason = _KERNEL_REASONS.get(key, _UNSEEN)
+        if reason is _UNSEEN:
+            reason = self._kernel_reason(problem, pass_, layout, precision)
+            if len(_KERNEL_REASONS) >= _KERNEL_REASONS_KEPT:
+                del _KERNEL_REASONS[next(iter(_KERNEL_REASONS))]
+            _KERNEL_REASONS[key] = reason
+        if reason or self.backend != "emu":
+            return reason
+        return emu.too_big(self.emulated_work(problem, pass_, layout))
+
+    def _kernel_reason(self, problem: ConvProblem, pass_: str, layout: str,
+                       precision: str) -> str | None:
+        """What the algorithm and its kernels' limits refuse, the same on `cuda` and `emu`."""
+        operands = zip(OPERAND_NAMES[pass_], problem.operand_shapes(pass_, layout))
+        reason = (self.refuses(problem, pass_, layout, precision)
+                  or _over_index_limit({name: math.prod(s) for name, s in operands}))
+        if reason:
+            return reason
+        try:
+            self.check_launch(problem, pass_, layout)
+            return _over_index_limit(self.workspace_buffers(problem, pass_, layout))
+        except ValueError as exc:
+            return str(exc)
+
+    def refuses(self, problem: ConvProblem, pass_: str, layout: str,
+                precision: str) -> str | None:
+        """Why the algorithm does not run this problem at any size (FFT's stride > 1,
+        Winograd's filters other than 3x3), or None."""
+        return None
+
+    def check_launch(self, problem: ConvProblem, pass_: str, layout: str) -> None:
+        """Raises ValueError(reason) where the launch geometry does not fit the hardware (a grid
+        past `GRID_YZ_MAX`, too much shared memory); nothing to check by default."""
+
+    def workspace_buffers(self, problem: ConvProblem, pass_: str, layout: str
+                          ) -> dict[str, int]:
+        """Elements of each buffer `prepare` allocates, by the name a reason gives it."""
+        return {}
+
+    def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
+                        precision: str) -> int:
+        """The workspace buffers, float32: declared from the sizes `supports` checks, so the
+        two cannot disagree."""
+        return 4 * sum(self.workspace_buffers(problem, pass_, layout).values())
+
+    def emulated_work(self, problem: ConvProblem, pass_: str, layout: str) -> int:
+        """Multiply-adds the emulator would run, for `emu.too_big`: the direct convolution's."""
+        return problem.flops // 2
+
+
+def split_sum(launch: Launcher, reduce: Callable, sum_kernel: str, size: int, splits: int,
+              threads: int) -> Callable:
+    """``run(a, b, out)`` of a reduction split over `splits` slices: `reduce(a, b, partials)`
+    writes one partial result of `size` elements per slice, then `sum_kernel(partials, out,
+    size, splits)` adds them in slice order (deterministic). The partials are allocated here,
+    once; with one slice `reduce` writes `out` itself."""
+    if splits == 1:
+        return reduce
+    add = launch.kernel(sum_kernel).bind(ceil_div(size, threads), threads, (size, splits))
+    part = launch.xp.empty(splits * size, dtype=launch.xp.float32)
+
+    def run(a, b, out) -> None:
+        reduce(a, b, part)
+        add(part, out)
+
+    return run
+
+
+def register_kernels(algo: str) -> Callable[[type], type]:
+    """Class decorator: register a kernel wrapper as `algo` on both `cuda` and `emu`."""
+    def deco(cls: type) -> type:
+        for backend in ("cuda", "emu"):
+            registry.register(algo, backend)(cls)
+        return cls
+
+    return deco
+
+
+# --- the compile gate ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Resources:
+    """What ptxas reports for one function of one compilation."""
+
+    kernel: str
+    registers: int = 0
+    smem: int = 0  #: static shared memory, bytes
+    stack: int = 0  #: stack frame (local memory), bytes
+    spill_stores: int = 0
+    spill_loads: int = 0
+
+    @property
+    def spill(self) -> int:
+        return self.spill_stores + self.spill_loads
+
+
+_PTXAS_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+_PTXAS_PROPS = re.compile(r"Function properties for (\S+)")
+_PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, "
+                          r"(\d+) bytes spill loads")
+_PTXAS_USED = re.compile(r"Used (\d+) registers")
+_PTXAS_SMEM = re.compile(r"(\d+) bytes smem")
+
+
+def parse_ptxas(log: str) -> list[Resources]:
+    """One `Resources` per function in a ``--ptxas-options=-v`` log, in order of appearance
+    (entry points, and any device function that was not inlined)."""
+    found: dict[str, dict[str, int]] = {}
+    entry = props = None
+    for line in log.splitlines():
+        if m := _PTXAS_ENTRY.search(line):
+            entry = found.setdefault(m.group(1), {})
+        elif m := _PTXAS_PROPS.search(line):
+            props = found.setdefault(m.group(1), {})
+        elif (m := _PTXAS_FRAME.search(line)) and props is not None:
+            props.update(stack=int(m.group(1)), spill_stores=int(m.group(2)),
+                         spill_loads=int(m.group(3)))
+        elif (m := _PTXAS_USED.search(line)) and entry is not None:
+            smem = _PTXAS_SMEM.search(line)
+            entry.update(registers=int(m.group(1)), smem=int(smem.group(1)) if smem else 0)
+    return [Resources(name, **fields) for name, fields in found.items()]
+
+
+@dataclass(frozen=True)
+class GateRow:
+    """One function of one (file, defines, arch) compilation, or the error that stopped it."""
+
+    file: str
+    defines: Defines
+    arch: str
+    resources: Resources | None
+    error: str = ""  #: one line; the full compiler log is in `log`
+    log: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and self.resources is not None and self.resources.spill == 0
+
+
+def compile_check(path: Path, defines: Defines, arch: str) -> list[GateRow]:
+    """Compile one configuration with NVRTC for `arch` (no GPU needed) and report its kernels."""
+    from cupy.cuda import nvrtc
+
+    path = Path(path)
+
+    def failed(error: str, log: str = "") -> list[GateRow]:
+        return [GateRow(path.name, defines, arch, None, error, log)]
+
+    try:
+        code = read_source(path)
+    except OSError as exc:
+        return failed(str(exc))
+    options = [f"--gpu-architecture={arch}", "--ptxas-options=-v", *COMPILE_OPTIONS,
+               *define_options(defines)]
+    program = nvrtc.createProgram(code, path.name, [], [])
+    try:
+        nvrtc.compileProgram(program, options)
+        error = ""
+    except nvrtc.NVRTCError as exc:
+        error = str(exc)
+    log = nvrtc.getProgramLog(program).rstrip("\x00")
+    nvrtc.destroyProgram(program)
+    if error:
+        first = next((ln for ln in log.splitlines() if "error" in ln), error)
+        return failed(f"compile error: {first.strip()}", log)
+    resources = parse_ptxas(log)
+    if not resources:
+        return failed("ptxas reported no kernels", log)
+    return [GateRow(path.name, defines, arch, r) for r in resources]
+
+
+def _ignore_interrupts() -> None:
+    """A gate worker leaves Ctrl-C to the gate, which stops handing out compiles."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def gate(jobs: Iterable[tuple[Path, Defines]], archs: Iterable[str] = GATE_ARCHS,
+         workers: int | None = None) -> list[GateRow]:
+    """Every (file, defines) job compiled for every arch; rows in job order.
+
+    The compiles run in `workers` processes (default: the cores this process may use), each
+    compile alone in its process, never in threads: NVRTC compiles run concurrently in one
+    process gave ptxas results that differ from run to run (the 128×128 SGEMM, at its
+    128-register cap, spilled 72 bytes in one of three loaded runs and never when compiled
+    alone), and a gate must not be flaky. Two processes on a 2-core machine: `convbench
+    kernels` 34.7 -> 19.2 s.
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    archs = tuple(archs)
+    tasks = [(path, defines, arch) for path, defines in jobs for arch in archs]
+    workers = min(len(tasks), workers or threads.available_cores())
+    if workers <= 1:
+        return [row for task in tasks for row in compile_check(*task)]
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_ignore_interrupts)
+    try:
+        results = list(pool.map(compile_check, *zip(*tasks)))
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return [row for rows in results for row in rows]
+
+
+def declared_jobs() -> tuple[list[tuple[Path, Defines]], list[str]]:
+    """(the declared configurations as gate jobs, the kernel files nobody declared)."""
+    configurations = declared()
+    jobs = [(kernel_dir() / f"{name}.cu", d) for name, sets in configurations.items()
+            for d in sets]
+    undeclared = sorted(p.name for p in kernel_dir().glob("*.cu") if p.stem not in configurations)
+    return jobs, undeclared
+
+
+def _brief(value: str) -> str:
+    """A define's value for the table: a brace initializer (a baked-in matrix) by its size."""
+    if value.startswith("{") and value.endswith("}"):
+        return f"{{{value.count(',') + 1} values}}"
+    return value
+
+
+def render(rows: list[GateRow]) -> str:
+    """The resource table. Its `defines` column shows what varies between a file's
+    configurations; what they share is listed once per file below the table."""
+    from ..core.fmt import tabulate
+
+    shared: dict[str, set[tuple[str, str]]] = {}
+    for r in rows:
+        shared[r.file] = shared.get(r.file, set(r.defines)) & set(r.defines)
+    table = []
+    for r in rows:
+        res = r.resources
+        numbers = [res.registers, res.smem, res.stack, res.spill] if res else [""] * 4
+        shown = " ".join(f"{k}={v}" for k, v in r.defines if (k, v) not in shared[r.file])
+        status = r.error or ("ok" if r.ok else "SPILL")
+        table.append([r.file, shown, r.arch, res.kernel if res else "-", *numbers, status])
+    notes = [f"{file} in every configuration: "
+             f"{' '.join(f'{k}={_brief(v)}' for k, v in sorted(common))}"
+             for file, common in shared.items() if common]
+    return "\n".join([tabulate(table, headers=["file", "defines", "arch", "kernel", "registers",
+                                                "static smem B", "stack B", "spill B",
+                                                "status"]),
+                      *notes])
+
+
+# --- the timer's head start -----------------------------------------------------------------------
+declare("timing", [{}])
+
+
+def head_start(backend: str = "cuda") -> Callable[[float], None]:
+    """``start(ms)``: queue a one-thread kernel that keeps the GPU busy for about `ms` (at the
+    GPU's base SM clock; longer if it runs slower), so the host can issue what follows before the
+    GPU reaches it (`timing`'s GPU rounds). On `emu`, `ms` of the host's clock."""
+    spin = launcher(backend, "timing").kernel("spin")
+    if backend == "cuda":
+        import cupy
+
+        cycles_per_ms = cupy.cuda.Device().attributes["ClockRate"]  # kHz
+    else:
+        cycles_per_ms = 1e6  # the emulator's clock64 counts ns
+    launch = {}
+
+    def start(ms: float) -> None:
+        cycles = max(1, int(ms * cycles_per_ms))
+        if cycles not in launch:
+            launch.clear()  # one size at a time: a slack rarely changes
+            launch[cycles] = spin.bind(1, 1, (cycles,))
+        launch[cycles]()
+
+    return start
+

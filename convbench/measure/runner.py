@@ -1,0 +1,582 @@
+"""The harness: a sweep of cases -> one verified, timed results row each.
+
+A sweep is data (layers × algos × passes × layouts × precisions, like Triton's `perf_report`),
+each case one `Case`, each result one row of `results.COLUMNS`. For every case the
+implementation is first run on seeded random operands into a NaN-filled output and checked
+against the float64 reference; only a pass that checks out is timed. Whatever happens to one
+case — unsupported, a wrong answer, an exception, out of memory — becomes that case's row and
+the sweep goes on.
+
+Cases compete when they share (problem, pass, precision): every algorithm and layout of it.
+Such a group is prepared and verified case by case, then its verified cases are timed together
+in shuffled rounds (`timing.time_rounds`), so drift falls on all of them alike and their times
+pair up by round; each row carries its rounds' id (`round_group`) and why its rounds stopped.
+Where holding every prepared case at once would crowd the memory (on the GPU, or the host, with
+less than `HEADROOM` of it free), the group is timed in parts; under a `MemoryLimit` every case is
+timed alone (each must fit the limit by itself, as a batch sweep asks).
+
+The reference is computed once per (problem, pass, precision): operands are drawn in NCHW and
+transposed, so both layouts and every algorithm share the same numbers and the same reference.
+
+The verifying run is also the memory run: a `memory.trace` reads the allocators around
+`prepare` and that one call, and is over before timing starts, so a row's `peak_bytes` never
+costs its time anything. A `MemoryLimit` turns a footprint beyond it into `oom`: on the host
+the predicted footprint is checked before anything is allocated, the measured one before timing.
+
+A pass with phases (`convbench.algos.phases`: FFT's and Winograd's transforms, product and inverse) is
+timed twice: whole, in the rounds, for the row's time, then alone as its sequence of phases, for
+`phases_ms`, the median of each phase (`results.phases_text`), sized by the same budget. The
+whole pass stays the row's time: the phases' medians need not add up to it exactly. One
+exception: a library that returns its own result (torch's convolution) has the copy of that
+result into the harness's output as a phase (`phases.OUTPUT_COPY`), which the pass would not do
+in training code; it is timed in the rounds as its phases, its time the sum of the others,
+repetition by repetition, and the note says what the copy took.
+
+`on_row` sees each row the moment its group is done: `runs` streams it into a run folder
+(`results.RunFolder`), so an interrupted run keeps everything it measured (a group cut short by
+Ctrl-C is not written: a resumed run measures it whole).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import secrets
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..algos import reference, registry
+from ..algos.phases import APART, CROP, EXPLICIT_PAD, OUTPUT_COPY
+from ..algos.reference import DTYPES, array_module
+from ..catalogs.layers import Layer
+from ..core import results
+from ..core.fmt import first_line
+from ..core.measurement import Measurement
+from ..core.problem import ConvProblem
+from ..cuda import kernels
+from ..functional import UnsupportedError
+from . import memory, opcount, timing, verify
+from .memory import MemoryLimit
+from .timing import Contender, Timed
+
+#: Below this share of the device's memory free, a group's prepared cases are timed before more
+#: are prepared (the rest of the group is timed as another part).
+HEADROOM = 0.25
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measurement to make."""
+
+    net: str
+    layer: str
+    problem: ConvProblem
+    algo: str
+    backend: str
+    pass_: str
+    layout: str
+    precision: str
+
+    def fields(self) -> dict:
+        """The case's part of its row: the key's columns and the net."""
+        return {"layer": self.layer, "net": self.net, **self.problem.axis_fields(),
+                "algo": self.algo, "backend": self.backend, "pass": self.pass_,
+                "layout": self.layout, "precision": self.precision}
+
+    def key(self) -> tuple[str, ...]:
+        """The row key as the CSV spells it (strings), for resume."""
+        return results.row_key(self.fields())
+
+
+def sweep(layers: Iterable[Layer], algos: Iterable[str], backend: str, passes: Iterable[str],
+          layouts: Iterable[str], precisions: Iterable[str]) -> list[Case]:
+    """Every case of the product, ordered so each (problem, pass, precision) is contiguous:
+    its reference is computed once."""
+    return [Case(layer.net, layer.name, layer.problem, algo, backend, pass_, layout, precision)
+            for layer in layers for precision in precisions for pass_ in passes
+            for layout in layouts for algo in algos]
+
+
+class Operands:
+    """Seeded operands and their float64 reference for the current (problem, pass, precision),
+    handed out as fresh copies in the layout and array module asked for, so an implementation
+    that scribbles on its inputs cannot spoil the next one's.
+
+    Each layout is made once per (problem, pass, precision), not once per case: the transposes
+    (and on the GPU the copies to the device) are done when a layout is first asked for, and
+    every case gets a copy made where the operands live (on the GPU, device to device). With
+    `on_device` the reference is kept on the GPU too, so a GPU case is verified there
+    (`verify.errors` on CuPy arrays) instead of copying its output back to be checked on the
+    host; off (the default under a memory limit) the GPU holds nothing between cases.
+    `floor` is the current problem's `verify.magnitude_floor` (from the pass on the operands'
+    absolute values), so an output whose random terms cancel is not a false `failed`."""
+
+    def __init__(self, seed: int = 0, on_device: bool = False):
+        self.seed, self.on_device = seed, on_device
+        self._key = None
+        self._nchw = None
+        self._layouts: dict = {}
+        self.floor = 0.0
+
+    def get(self, case: Case, xp):
+        """(a, b) in `case.layout` on the backend's device, and the reference in that layout
+        (on the device with `on_device` on the GPU, else on the host)."""
+        key = (case.problem, case.pass_, case.precision)
+        if key != self._key:
+            self._key = self._nchw = None  # drop the old arrays before making new ones
+            self._layouts = {}
+            a, b = reference.random_operands(case.problem, case.pass_, "nchw",
+                                             DTYPES[case.precision], self.seed)
+            self._nchw = a, b, reference.reference(case.problem, case.pass_, "nchw", a, b)
+            self.floor = verify.magnitude_floor(
+                reference.magnitudes(case.problem, case.pass_, "nchw", a, b),
+                case.problem, case.pass_)
+            self._key = key
+        held = (case.layout, xp.__name__)
+        if held not in self._layouts:
+            a, b, ref = (reference.to_layout(v, case.layout) for v in self._nchw)
+            if xp is not np and self.on_device:
+                a, b, ref = xp.asarray(a), xp.asarray(b), xp.asarray(ref)
+            self._layouts[held] = a, b, ref
+        a, b, ref = self._layouts[held]
+        return xp.array(a), xp.array(b), ref
+
+
+#: Host seconds per stage of the cases measured in this process, for a GPU check's summary:
+#: drawing operands and the float64 reference (`operands`), giving the GPU's memory back
+#: (`release`), preparing and running the pass once (`prepare`: compiles, plans, cuDNN's
+#: search), checking its output (`verify`), timing (`time`) and describing (`describe`).
+STAGES = ("operands", "release", "prepare", "verify", "time", "describe")
+_STAGE_S = dict.fromkeys(STAGES, 0.0)
+
+
+@contextlib.contextmanager
+def _stage(name: str):
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        _STAGE_S[name] += time.perf_counter() - start
+
+
+def stage_seconds(reset: bool = False) -> dict[str, float]:
+    """Seconds spent in each of `STAGES` since the last reset; `reset` starts them again."""
+    out = dict(_STAGE_S)
+    if reset:
+        _STAGE_S.update(dict.fromkeys(STAGES, 0.0))
+    return out
+
+
+class NotMeasured(Exception):
+    """Why a case has no time: its status (`unsupported`, `failed`, `oom`) and one-line reason."""
+
+    def __init__(self, status: str, reason: str, check: verify.Check | None = None,
+                 fatal: bool = False):
+        super().__init__(reason)
+        self.status, self.reason, self.check, self.fatal = status, reason, check, fatal
+
+
+@dataclass
+class Ready:
+    """A prepared pass that has just produced a correct output: `call()` runs it again.
+    `workspace` is what it declares (None: unknown), `peak_bytes` what it was seen to allocate
+    beyond its operands, read by `memory_method`."""
+
+    impl: object
+    call: Callable[[], None]
+    check: verify.Check
+    workspace: int | None
+    peak_bytes: int
+    memory_method: str
+    #: the pass's phases in execution order (`convbench.algos.phases`), or None when it has none
+    phase_fns: dict[str, Callable[[], None]] | None
+
+
+#: How the CUDA libraries word a failed allocation in errors of their own types (cuFFT's
+#: CUFFT_ALLOC_FAILED, cuBLAS's and cuDNN's *_STATUS_ALLOC_FAILED, the runtime's out of memory).
+_OOM_WORDS = ("ALLOC_FAILED", "cudaErrorMemoryAllocation", "CUDA_ERROR_OUT_OF_MEMORY",
+              "DefaultCPUAllocator: can't allocate memory")  # torch's host allocator
+
+
+def _is_oom(exc: BaseException) -> bool:
+    """MemoryError (CuPy's OutOfMemoryError is one), torch.cuda.OutOfMemoryError (by name, so
+    neither library has to be imported to ask), or a library's own allocation failure."""
+    return (isinstance(exc, MemoryError)
+            or any(cls.__name__ == "OutOfMemoryError" for cls in type(exc).__mro__)
+            or any(word in str(exc) for word in _OOM_WORDS))
+
+
+#: How CUDA words the faults after which its context is unusable in this process: every later
+#: call fails with the same error (the runtime's and the driver's names, and their messages).
+_STICKY_WORDS = ("illegal memory access", "illegal_address", "illegaladdress",
+                 "unspecified launch failure", "launch_failed", "launchfailure",
+                 "misaligned address", "misaligned_address", "misalignedaddress",
+                 "illegal instruction", "illegal_instruction", "illegalinstruction",
+                 "device-side assert", "hardware stack error", "invalid program counter",
+                 "launch timed out", "launch_timeout",
+                 # the libraries' own words for a kernel of theirs that faulted
+                 "cudnn_status_execution_failed", "cublas_status_execution_failed",
+                 "cufft_exec_failed")
+
+
+def is_sticky_fault(exc: BaseException) -> bool:
+    """Whether `exc` is a CUDA fault that leaves the device unusable in this process."""
+    text = f"{type(exc).__name__} {exc}".lower()
+    return any(word in text for word in _STICKY_WORDS)
+
+
+class DeviceFault(Exception):
+    """A case faulted the GPU (`is_sticky_fault`): its row, `failed`, is recorded, and no later
+    case can run in this process. A resumed run continues after it."""
+
+    def __init__(self, row: dict):
+        super().__init__(f"{row['layer']} {row['algo']} {row['pass']} {row['layout']} faulted "
+                         f"the GPU ({row['reason']})")
+        self.row = row
+        #: rows of the same group finished before the fault (`measure_group` fills it in)
+        self.done: list[dict] = []
+
+
+def _not_measured(exc: Exception) -> NotMeasured:
+    if isinstance(exc, NotMeasured):
+        return exc
+    lines = str(exc).strip().splitlines()
+    if isinstance(exc, UnsupportedError):  # known only once prepared (cuDNN's find)
+        return NotMeasured("unsupported", lines[0] if lines else type(exc).__name__)
+    reason = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    if _is_oom(exc):  # the next case starts by giving the pools' blocks back
+        return NotMeasured("oom", reason)
+    return NotMeasured("failed", reason, fatal=is_sticky_fault(exc))
+
+
+def _phase_fns(impl, fn, args: tuple) -> dict[str, Callable[[], None]] | None:
+    """The prepared callable's phase functions in the order `impl.phases` names them, when the
+    implementation has phases and the callable carries them; ValueError if the two disagree
+    (a breach of the phase contract, which would mislabel the breakdown)."""
+    names = impl.phases(*args)
+    if names is None:
+        return None
+    fns = getattr(fn, "phase_fns", {})
+    if sorted(names) != sorted(fns):
+        raise ValueError(f"phases() names {names} but the prepared pass has {list(fns)}")
+    return {name: fns[name] for name in names}
+
+
+def prepare(case: Case, operands: Operands, impl=None,
+            limit: MemoryLimit | None = None) -> Ready:
+    """Prepare `case`, run it once into a NaN-filled output, reading its memory, and check it
+    against the reference; raise NotMeasured unless it is supported, within `limit` and
+    correct. `impl` replaces the registry's implementation (tests inject fakes this way)."""
+    impl = impl if impl is not None else registry.get(case.algo, case.backend)
+    p, args = case.problem, (case.problem, case.pass_, case.layout, case.precision)
+    reason = registry.impl_available(impl) or registry.supports(impl, *args)
+    if reason:
+        raise NotMeasured("unsupported", reason)
+    if case.precision not in DTYPES:
+        raise NotMeasured("unsupported", f"no {case.precision} array type in NumPy or CuPy")
+    xp = array_module(case.backend)
+    footprint = memory.operand_bytes(p, case.pass_, DTYPES[case.precision])
+    total = memory.total_bytes(case.backend)
+    if footprint > total:  # before anything is sized or allocated for it
+        raise NotMeasured("oom", f"its operands need {memory.format_size(footprint)}, more than "
+                          f"the {memory.format_size(total)} this device has")
+    try:
+        # An empty GPU for every case, before its operands: the last case's cached blocks (in
+        # either pool, an out-of-memory's included) and plans are given back.
+        with _stage("release"):
+            memory.release_device_memory(case.backend)
+        workspace = opcount.workspace_bytes(impl, *args)
+        predicted = footprint + (workspace or 0)
+        if predicted > total:  # refused before a byte of it is allocated: on the host an
+            # allocation the kernel grants but cannot back is touched into the out-of-memory
+            # killer, which no `except` sees
+            raise memory.OverLimit(
+                f"its operands and workspace need {memory.format_size(predicted)}, more than "
+                f"the {memory.format_size(total)} this device has")
+        if limit is not None:
+            limit.check(case.backend, predicted, "predicted footprint (operands and workspace)")
+        with _stage("operands"):
+            try:
+                a, b, ref = operands.get(case, xp)
+                out = reference.nan_output(p, case.pass_, case.layout, DTYPES[case.precision],
+                                           xp)
+            except Exception as exc:  # not the algorithm's failure: say whose it is
+                nm = _not_measured(exc)
+                raise NotMeasured(nm.status, f"the operands or the float64 reference: "
+                                  f"{nm.reason}", fatal=nm.fatal) from exc
+        with _stage("prepare"), memory.trace(case.backend) as trace:
+            fn = impl.prepare(*args)
+            trace.mark()
+            fn(a, b, out)
+            if case.backend == "cuda":  # a fault in the pass surfaces here, as this case's
+                xp.cuda.Device().synchronize()  # failure
+        # A library that returns its own result (`OUTPUT_COPY`) allocates one output more
+        # than our kernels, which write into `out`: counted like ours, not as workspace.
+        own_result = OUTPUT_COPY in (impl.phases(*args) or ())
+        peak = memory.pass_peak(trace.points, out.nbytes if own_result else 0)
+        if limit is not None:
+            limit.check(case.backend, footprint + peak, "measured footprint (operands and peak)")
+        phase_fns = _phase_fns(impl, fn, args)
+    except Exception as exc:
+        raise _not_measured(exc) from exc
+    with _stage("verify"):
+        chk = verify.check(out, ref, case.algo, case.precision, p, case.pass_, operands.floor)
+    if not chk.ok:
+        raise NotMeasured("failed", chk.reason, chk)
+    return Ready(impl, lambda: fn(a, b, out), chk, workspace, peak, trace.method, phase_fns)
+
+
+def _describe(impl, args: tuple) -> str:
+    """The implementation's note for the row; a note that cannot be made (cuDNN's profiled
+    call failing, say) is said in the note, and does not undo the measurement. A GPU fault
+    (`is_sticky_fault`) is raised: swallowed, it would be blamed on the next case."""
+    try:
+        return impl.describe(*args)
+    except Exception as exc:
+        if is_sticky_fault(exc):
+            raise
+        return f"(no description: {type(exc).__name__}: {first_line(exc)})"
+
+
+def competing(cases: Iterable[Case]) -> Iterator[list[Case]]:
+    """Consecutive cases of one (problem, pass, precision), which compete, as lists. (It reads
+    one case ahead of the group it yields: group a list, not a generator that decides what
+    comes next from the rows seen.)"""
+    for _, group in itertools.groupby(cases, key=lambda c: (c.problem, c.pass_, c.precision)):
+        yield list(group)
+
+
+#: This process's prefix of `round_group` ids: rows timed in the same rounds share an id.
+_PROCESS = secrets.token_hex(3)
+_GROUPS = itertools.count(1)
+
+
+class _Blame(Exception):
+    """An exception raised by the call of contender `index` while a group was timed."""
+
+    def __init__(self, index: int):
+        super().__init__(index)
+        self.index = index
+
+
+def _guarded(index: int, fn: Callable[[], None]) -> Callable[[], None]:
+    def call() -> None:
+        try:
+            fn()
+        except Exception as exc:
+            raise _Blame(index) from exc
+
+    return call
+
+
+def _contender(index: int, ready: Ready) -> Contender:
+    """What the rounds time of a prepared case: the whole call, or, for a library that returns
+    its own result, its phases with the copy into the output left out of its time."""
+    apart = frozenset(APART) & set(ready.phase_fns or ())
+    if apart:
+        return Contender({n: _guarded(index, f) for n, f in ready.phase_fns.items()}, apart)
+    return Contender.call(_guarded(index, ready.call))
+
+
+def _head_start(backend: str) -> dict:
+    """The GPU timer's head start (`kernels.head_start`), where kernels compile here."""
+    if backend != "cuda" or kernels.available("cuda"):
+        return {}
+    return {"head_start": kernels.head_start("cuda")}
+
+
+def _crowded(backend: str) -> bool:
+    """Whether less than `HEADROOM` of the device's memory is free (the host's: available)."""
+    if backend == "cuda":
+        import cupy
+
+        free, total = cupy.cuda.Device().mem_info
+    else:
+        free, total = memory.available_host_bytes(), memory.total_bytes(backend)
+    return free < HEADROOM * total
+
+
+def _time_part(part: list[tuple[Case, Ready]], budget_s: float, target: float,
+               seed: int) -> list[dict]:
+    """Rows for prepared, verified cases timed together in rounds (see the module's docstring);
+    a case whose call raises while timed gets its row (`failed` or `oom`) and the others are
+    timed again without it. DeviceFault if the GPU faulted, naming the case where it can."""
+    if not part:
+        return []
+    backend, group = part[0][0].backend, f"{_PROCESS}-{next(_GROUPS)}"
+    options = {"target": target, "seed": seed, **_head_start(backend)}
+    try:
+        with _stage("time"):
+            timed = timing.time_rounds([_contender(i, ready) for i, (_, ready)
+                                        in enumerate(part)], budget_s, backend, **options)
+            phases = [timing.time_rounds([Contender(ready.phase_fns)], budget_s, backend,
+                                         min_reps=timing.MIN_REPS_ALONE, **options)[0].steps
+                      if ready.phase_fns and not set(APART) & set(ready.phase_fns) else None
+                      for _, ready in part]
+    except _Blame as blame:
+        case = part[blame.index][0]
+        nm = _not_measured(blame.__cause__)
+        r = row(case, nm.status, f"{nm.reason} (while timed)", part[blame.index][1].check)
+        if nm.fatal:
+            raise DeviceFault(r) from blame.__cause__
+        rest = iter(_time_part(part[:blame.index] + part[blame.index + 1:], budget_s, target,
+                               seed))
+        return [r if i == blame.index else next(rest) for i in range(len(part))]
+    except Exception as exc:  # outside any one case's call: the timer's, or a GPU fault seen
+        nm = _not_measured(exc)  # at a synchronize, which no one call can be blamed for
+        why = (f"{nm.reason} (while {len(part)} cases were timed together"
+               + (": which one faulted is unknown)" if nm.fatal else ")"))
+        rows = [row(c, nm.status, why, ready.check) for c, ready in part]
+        if nm.fatal:
+            fault = DeviceFault(rows[0])
+            fault.done = rows[1:]
+            raise fault from exc
+        return rows
+    out: list[dict] = []
+    faulted: dict | None = None
+    for (case, ready), t, ph in zip(part, timed, phases):
+        if faulted is not None:  # timed before the fault; no description can be made now
+            out.append(_timed_row(case, ready, t, ph, group, "(no description: the GPU "
+                                  f"faulted describing {faulted['algo']} {faulted['layout']})"))
+            continue
+        try:
+            out.append(_timed_row(case, ready, t, ph, group))
+        except Exception as exc:  # noqa: BLE001 - only a GPU fault leaves `_describe`
+            nm = _not_measured(exc)
+            faulted = row(case, nm.status, f"{nm.reason} (while described)", ready.check)
+            out.append(faulted)
+    if faulted is not None:
+        fault = DeviceFault(faulted)
+        fault.done = [r for r in out if r is not faulted]
+        raise fault
+    return out
+
+
+def _timed_row(case: Case, ready: Ready, t: Timed, phases: dict[str, Measurement] | None,
+               group: str, note: str | None = None) -> dict:
+    if note is None:
+        with _stage("describe"):
+            note = _describe(ready.impl, (case.problem, case.pass_, case.layout,
+                                          case.precision))
+    if set(APART) & set(t.steps):
+        phases = t.steps
+    for step, what in ((EXPLICIT_PAD, "explicit pad of x"), (CROP, "crop of dx"),
+                       (OUTPUT_COPY, "copy of the library's result into the output")):
+        if step in t.steps:
+            note += (f"{'; ' if note else ''}time without the {t.steps[step].median:.4g} "
+                     f"ms {what}")
+    return row(case, "ok", "", ready.check, t.total, note, ready.workspace, ready.peak_bytes,
+               ready.memory_method, phases, stop=t.stop, round_group=group,
+               throttled="; ".join(t.throttled))
+
+
+def measure_group(group: list[Case], operands: Operands, budget_s: float,
+                  impls: dict | None = None, limit: MemoryLimit | None = None,
+                  target: float = timing.TARGET_NOISE, seed: int = 0) -> list[dict]:
+    """Rows for a group of competing cases, in the group's order: each prepared and verified
+    (`prepare`), then the verified ones timed together (`_time_part`). Under `limit`, or where
+    memory runs short, prepared cases are timed before the next is prepared. A fault of the GPU
+    raises DeviceFault with the rows finished before it (`DeviceFault.done`)."""
+    rows: dict[int, dict] = {}
+    part: list[tuple[int, Case, Ready]] = []
+
+    def time_part() -> None:
+        done = _time_part([(c, r) for _, c, r in part], budget_s, target, seed)
+        rows.update(zip((i for i, _, _ in part), done))
+        part.clear()
+
+    try:
+        for i, case in enumerate(group):
+            try:
+                with limit.enforce(case.backend) if limit else contextlib.nullcontext():
+                    ready = prepare(case, operands, (impls or {}).get(case.algo), limit)
+            except NotMeasured as nm:
+                rows[i] = row(case, nm.status, nm.reason, nm.check)
+                if nm.fatal:
+                    raise DeviceFault(rows[i]) from nm
+                continue
+            part.append((i, case, ready))
+            if limit is not None or _crowded(case.backend):
+                time_part()
+        time_part()
+    except DeviceFault as fault:
+        fault.done = [rows[i] for i in sorted(rows) if rows[i] is not fault.row] + fault.done
+        raise
+    return [rows[i] for i in range(len(group))]
+
+
+def measure(case: Case, operands: Operands, budget_s: float, impl=None,
+            limit: MemoryLimit | None = None, target: float = timing.TARGET_NOISE) -> dict:
+    """One results row for `case` alone: verified, its memory read and timed (and its phases,
+    when it has them), or the reason it is not."""
+    (r,) = measure_group([case], operands, budget_s, {case.algo: impl} if impl else None, limit,
+                         target)
+    return r
+
+
+def row(case: Case, status: str, reason: str = "", check: verify.Check | None = None,
+        m: Measurement | None = None, note: str = "", workspace: int | None = None,
+        peak_bytes: int | None = None, memory_method: str | None = None,
+        phases: dict[str, Measurement] | None = None, *, stop: str = "",
+        round_group: str = "", throttled: str = "") -> dict:
+    """A results row; columns that do not apply (a time for a failed case, phases for a pass
+    without them) are None. `stop`: why its rounds ended; `round_group`: the id its rounds
+    share with the cases timed beside it; `throttled`: why the GPU's clocks were held down while
+    it was timed (empty: they were not)."""
+    ops = opcount.op_count(case.algo, case.problem, case.pass_, case.precision, case.backend)
+    out = dict.fromkeys(results.COLUMNS)
+    out.update(case.fields())
+    out.update(status=status, reason=reason, note=note, workspace_bytes=workspace,
+               peak_bytes=peak_bytes, memory_method=memory_method,
+               algo_ops=ops.total if ops else None)
+    if check is not None:
+        out.update(rel_error=check.rel_error, max_abs_error=check.max_abs_error,
+                   tolerance=check.tolerance)
+    if m is not None:
+        low, high = m.interval or (None, None)
+        out.update(median_ms=m.median, iqr_ms=m.iqr, min_ms=m.min, reps=m.reps, noisy=m.noisy,
+                   times_ms=m.times_text(), gflops=case.problem.flops / (m.median * 1e6),
+                   host_ms=m.host_median, ci_low_ms=low, ci_high_ms=high, stop=stop,
+                   round_group=round_group, cpu_ms=m.cpu_ms_median, cpu_share=m.share,
+                   stolen=m.stolen,
+                   contended=m.contended, throttled=throttled,
+                   host_bound=m.host_bound if m.host_ms else None)
+    if phases:
+        out["phases_ms"] = results.phases_text(phases)
+    return out
+
+
+def run_groups(groups: Iterable[list[Case]], budget_s: float, impls: dict | None = None,
+               on_row: Callable[[dict], None] | None = None, limit: MemoryLimit | None = None,
+               target: float = timing.TARGET_NOISE, seed: int = 0) -> list[dict]:
+    """Measure each group of competing cases (`measure_group`) in order; `on_row` sees each row
+    as soon as its group is done (to stream it). `impls` maps algo names to implementation
+    objects that replace the registry's. `groups` may be a generator that decides what comes
+    next from the rows `on_row` has seen (as the batch sweep does)."""
+    # The reference on the GPU, beside the operands, unless a memory limit must see the
+    # pools hold only the case's own memory.
+    operands, rows = Operands(on_device=limit is None), []
+    for group in groups:
+        try:
+            done = measure_group(group, operands, budget_s, impls, limit, target, seed)
+        except DeviceFault as fault:  # the rows before it are kept, then nothing more can run
+            for r in [*fault.done, fault.row]:
+                rows.append(r)
+                if on_row is not None:
+                    on_row(r)
+            raise
+        for r in done:
+            rows.append(r)
+            if on_row is not None:
+                on_row(r)
+    return rows
+
+
+def run(cases: Iterable[Case], budget_s: float, impls: dict | None = None,
+        on_row: Callable[[dict], None] | None = None, limit: MemoryLimit | None = None,
+        target: float = timing.TARGET_NOISE, seed: int = 0) -> list[dict]:
+    """`run_groups` of the competing groups of `cases` (`competing`), in their order."""
+    return run_groups(competing(cases), budget_s, impls, on_row, limit, target, seed)

@@ -1,0 +1,424 @@
+"""Advice: a results table -> per layer and pass, the best (algo, layout), and a Plan.
+
+Advice reads results only (`results.frame` of a run folder, or of rows the tuner measured) and
+never times anything: per layer and pass, among the `ok` (algo, backend, layout) candidates
+whose error is within its tolerance and the constraints (and, unless asked, not measured on a
+busy machine), the fastest; the runner-up and the ratio of their medians with its interval
+(`stats.ratio`, paired by round where they were timed in the same rounds). The fastest wins only
+where that interval excludes 1; otherwise it is a tie within noise, and among the candidates
+tied with the fastest the advice takes the one the user's tie-break prefers (the least
+workspace by default). And the heuristic regret — how much slower cuDNN's own heuristic pick
+(`cudnn`) is than the best. Layouts are then chosen for
+the network as a whole (`layoutplan`), paying NCHW<->NHWC conversions between layers, from
+conversion times it is handed (`tune` measures them). The tables `convbench advise` prints
+are made here too.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from ..analysis.ranking import Candidate, busy_mask, preferred, tied
+from ..core import stats
+from ..core.fmt import fmt_ms, tabulate
+from ..core.problem import LAYOUTS, PASSES, ConvProblem
+from ..core.results import PROBLEM_FIELDS, problem_from_row
+from ..measure.memory import format_size
+from . import layoutplan
+from .plan import TORCH_ALGOS, Choice, Constraints, LayerPlan, NetworkTotals, Plan, Unplanned
+
+#: Algorithms whose results may differ bitwise from run to run. cuDNN's own choice (benchmark
+#: off or on) may be one of its algorithms that accumulate with atomics (several bwd_data and
+#: bwd_filter ones do); torch's `cudnn.deterministic` would rule those out, but the rows were
+#: not measured that way. Every other algorithm is taken as deterministic: the NumPy ones and
+#: torch's CPU convolution reduce in a fixed order for a fixed thread count, and convbench's
+#: CUDA kernels use no floating-point atomics (a kernel that adds them must be listed here).
+NONDETERMINISTIC_ALGOS = ("cudnn", "cudnn-autotune",
+                          # cuDNN's find reports these nondeterministic (the backward passes'
+                          # BWD_DATA_ALGO_0, BWD_FILTER_ALGO_0 and _3 accumulate with atomics)
+                          "cudnn-find-algo-0", "cudnn-find-algo-3")
+NO_CONSTRAINTS = Constraints()
+
+
+def is_deterministic(algo: str, backend: str) -> bool:
+    """Whether `algo` on `backend` gives bitwise-equal results run to run (see
+    NONDETERMINISTIC_ALGOS for what is assumed)."""
+    return algo not in NONDETERMINISTIC_ALGOS
+
+
+# --- advice from results --------------------------------------------------------------------
+@dataclass(frozen=True)
+class PassAdvice:
+    """The choice for one pass of one layer."""
+
+    layer: str
+    problem: ConvProblem
+    pass_: str
+    by_layout: dict[str, Candidate]  # the choice in each layout
+    runner_up: Candidate | None  # the second fastest (algo, backend, layout) of all
+    regret: float | None  # cudnn's median / the best's - 1, in the best's layout
+    best: Candidate  # the choice: the fastest, or the tie-break's among those tied with it
+    fastest: Candidate
+    ratio: stats.Ratio | None  # runner-up / fastest, with its interval
+    tied: tuple[Candidate, ...]  # the candidates tied with the fastest, it included
+
+    @property
+    def margin(self) -> float | None:
+        """How much slower the runner-up is, as a fraction of the fastest's time."""
+        if self.runner_up is None:
+            return None
+        return self.runner_up.median_ms / self.fastest.median_ms - 1
+
+    @property
+    def within_noise(self) -> bool | None:
+        """Whether the fastest and the runner-up are a tie: the interval of their ratio
+        reaches 1 (or there are too few repetitions for one)."""
+        return None if self.ratio is None else not self.ratio.decided
+
+
+@dataclass
+class Advice:
+    """The advice for a results table: per (layer, pass) that has a candidate, its choice."""
+
+    backend: str
+    precision: str
+    constraints: Constraints
+    #: (layer, problem) in the order of the results: the network's order for the layout plan.
+    layers: list[tuple[str, ConvProblem]]
+    passes: dict[tuple[str, str], PassAdvice]
+    #: The (layer, pass) pairs the results have rows for, candidates or not.
+    measured: set[tuple[str, str]]
+    #: Why `ok` rows were not candidates: reason -> count.
+    excluded: Counter
+    #: How many conv layers of the network have each layer's problem (a `--model` or problem
+    #: file run measures each distinct problem once): the plan's totals weigh each by it, as the
+    #: report's network cost does. A layer not named occurs once.
+    occurrences: dict[str, int] = field(default_factory=dict)
+
+    def count(self, layer: str) -> int:
+        return self.occurrences.get(layer, 1)
+
+
+def _exclusions(ok: pd.DataFrame, c: Constraints) -> list[tuple[str, pd.Series]]:
+    """(why, which `ok` rows it rules out), in the order the rules apply."""
+    rules = [("above their tolerance", ~(ok["rel_error"] <= ok["tolerance"]))]
+    if c.max_error is not None:
+        rules.append((f"above --max-error {c.max_error:g}", ~(ok["rel_error"] <= c.max_error)))
+    if c.workspace_budget is not None:
+        # What a pass declares, else what it was seen to allocate beyond its operands (cuDNN's
+        # and torch's own choices declare nothing); a row with neither does not fit.
+        used = ok["workspace_bytes"].fillna(ok["peak_bytes"])
+        rules.append((f"over the workspace budget of {format_size(c.workspace_budget)}",
+                      ~(used <= c.workspace_budget)))
+    if c.deterministic:
+        fixed = [is_deterministic(a, b) for a, b in zip(ok["algo"], ok["backend"])]
+        rules.append(("not deterministic", ~pd.Series(fixed, index=ok.index, dtype=bool)))
+    if not c.include_busy:
+        rules.append((("measured on a busy machine (contended or throttled: --include-busy to "
+                      "use them)"), busy_mask(ok)))
+    return rules
+
+
+def choose_precision(df: pd.DataFrame, precision: str | None = None) -> str:
+    """`precision` if the results have it, else fp32 if they do, else the first they have."""
+    have = list(dict.fromkeys(df["precision"]))
+    if precision is not None:
+        if precision not in have:
+            raise ValueError(f"the results have no {precision} rows; they have "
+                             f"{', '.join(have) or 'none'}")
+        return precision
+    if not have:
+        raise ValueError("the results are empty")
+    return "fp32" if "fp32" in have else have[0]
+
+
+def advise(df: pd.DataFrame, constraints: Constraints = NO_CONSTRAINTS,
+           precision: str | None = None, occurrences: dict[str, int] | None = None) -> Advice:
+    """Per layer and pass of a results DataFrame (`results.frame`), the fastest admissible
+    candidate in each layout, the runner-up, and the heuristic regret; `occurrences`: how many
+    conv layers of the network have each layer's problem (env.json's run has them)."""
+    precision = choose_precision(df, precision)
+    df = df[df["precision"] == precision]
+    backends = list(dict.fromkeys(df["backend"]))
+    if len(backends) != 1:
+        raise ValueError(f"a plan is for one backend; the results have {', '.join(backends)}")
+    ok = df[df["status"] == "ok"]
+    keep = pd.Series(True, index=ok.index)
+    excluded: Counter = Counter()
+    for reason, mask in _exclusions(ok, constraints):
+        excluded[reason] = int((keep & mask).sum())
+        keep &= ~mask
+    df = df.assign(candidate=False)
+    df.loc[keep[keep].index, "candidate"] = True
+    key = ["layer", *PROBLEM_FIELDS]
+    layers = [(r["layer"], problem_from_row(r)) for _, r in df[key].drop_duplicates().iterrows()]
+    names = Counter(name for name, _ in layers)
+    if any(n > 1 for n in names.values()):
+        name = next(name for name, n in names.items() if n > 1)
+        raise ValueError(f"layer {name} appears with several problems (batches "
+                         f"{', '.join(str(p.n) for lay, p in layers if lay == name)}); a plan "
+                         "has one problem per layer: choose a batch")
+    passes = {}
+    for (layer, *_, pass_), rows in df.groupby([*key, "pass"], sort=False):
+        ranked = [Candidate.from_row(r) for r in rows[rows["candidate"]]
+                  .sort_values("median_ms", kind="stable").to_dict("records")]
+        if not ranked:
+            continue
+        tie_break = constraints.tie_break
+        by_layout = {lay: preferred(tied([c for c in ranked if c.layout == lay]), tie_break)
+                     for lay in dict.fromkeys(c.layout for c in ranked)}
+        ties = tied(ranked)
+        best = preferred(ties, tie_break)
+        runner_up = ranked[1] if len(ranked) > 1 else None
+        cudnn = rows[(rows["algo"] == "cudnn") & (rows["status"] == "ok")
+                     & (rows["layout"] == best.layout)]
+        regret = float(cudnn["median_ms"].min()) / best.median_ms - 1 if len(cudnn) else None
+        passes[layer, pass_] = PassAdvice(
+            layer, problem_from_row(rows.iloc[0]), pass_, by_layout, runner_up, regret, best,
+            ranked[0], runner_up.ratio_to(ranked[0]) if runner_up else None, tuple(ties))
+    measured = set(zip(df["layer"], df["pass"]))
+    return Advice(backends[0], precision, constraints, layers, passes, measured, excluded,
+                  dict(occurrences or {}))
+
+# --- the network layout plan ----------------------------------------------------------------
+def layer_costs(advice: Advice, default_layout: str = "nchw") -> list[dict[str, float]]:
+    """Per layer, each layout in which every pass with a candidate has one, and the sum of
+    those passes' best times in it, times the layer's occurrences. A layer with no such layout
+    has nothing to plan: it stays in `default_layout` at no cost."""
+    costs = []
+    for layer, _ in advice.layers:
+        advised = [a for p in PASSES if (a := advice.passes.get((layer, p)))]
+        common = set(LAYOUTS).intersection(*(a.by_layout for a in advised)) if advised else set()
+        costs.append({lay: advice.count(layer) * sum(a.by_layout[lay].median_ms
+                                                      for a in advised)
+                      for lay in LAYOUTS if lay in common} or {default_layout: 0.0})
+    return costs
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """The activation entering a layer (or leaving the last): its NCHW dims, whether its
+    gradient crosses back (then a conversion is paid both ways), and how many times the network
+    has it (the layer's occurrences: each is entered on its own)."""
+
+    shape: tuple[int, int, int, int]
+    grad: bool
+    count: int = 1
+
+
+def boundaries(advice: Advice) -> list[Boundary]:
+    """Boundary i is layer i's input, converted when layer i's layout differs from the one
+    before, once per occurrence of the layer; its gradient crosses back when layer i computes
+    bwd_data (a pass measured is a pass needed). The last boundary is the network's output, whose gradient reaches the last layer
+    when that layer has a backward pass."""
+    out = [Boundary(problem.x_shape(), (layer, "bwd_data") in advice.measured,
+                    advice.count(layer)) for layer, problem in advice.layers]
+    if advice.layers:
+        layer, problem = advice.layers[-1]
+        grad = any((layer, p) in advice.measured for p in ("bwd_data", "bwd_filter"))
+        out.append(Boundary(problem.y_shape(), grad))
+    return out
+
+
+ConversionKey = tuple[tuple[int, ...], str, str]
+
+
+def needed_conversions(costs: list[dict[str, float]], bounds: list[Boundary], input_layout: str,
+                       output_layout: str) -> set[ConversionKey]:
+    """The (shape, from, to) conversions some choice of layouts could pay."""
+    sides = [{input_layout}, *(set(c) for c in costs), {output_layout}]
+    need = set()
+    for i, b in enumerate(bounds):
+        for src in sides[i]:
+            for dst in sides[i + 1] - {src}:
+                need.add((b.shape, src, dst))
+                if b.grad:
+                    need.add((b.shape, dst, src))
+    return need
+
+
+def transition(bounds: list[Boundary], conversions: dict[ConversionKey, float]):
+    """The DP's transition cost from measured conversion times."""
+    def cost(i: int, src: str, dst: str) -> float:
+        if src == dst:
+            return 0.0
+        b = bounds[i]
+        return b.count * (conversions[b.shape, src, dst]
+                          + (conversions[b.shape, dst, src] if b.grad else 0))
+
+    return cost
+
+
+def conversion_table(entries: list[dict]) -> dict[ConversionKey, float]:
+    """Conversion entries (a plan's `conversions`) as the DP's lookup table."""
+    return {(tuple(e["shape"]), e["from"], e["to"]): e["median_ms"] for e in entries}
+
+def build_plan(advice: Advice, env: dict, conversions: list[dict] | None, *,
+               measurements: list[dict], unplanned: list[Unplanned] = (),
+               input_layout: str = "nchw", output_layout: str = "nchw") -> Plan:
+    """The plan: layouts from the network DP over measured `conversions` (each layer's own
+    best layout when they are None: they could not be measured), then each pass's best in its
+    layer's layout."""
+    costs = layer_costs(advice, input_layout)
+    network = None
+    if conversions is None or not advice.layers:
+        layouts = [min(c, key=c.get) for c in costs]
+    else:
+        cost = transition(boundaries(advice), conversion_table(conversions))
+        chosen = layoutplan.plan_layouts(costs, cost, input_layout, output_layout)
+        greedy = layoutplan.per_layer_best(costs, cost, input_layout, output_layout)
+        layouts = list(chosen.layouts)
+        network = NetworkTotals(chosen.total_ms, chosen.conversion_ms, list(greedy.layouts),
+                                greedy.total_ms)
+    layers = []
+    for (layer, problem), layout in zip(advice.layers, layouts):
+        passes = {}
+        for p in PASSES:
+            a = advice.passes.get((layer, p))
+            cand = a.by_layout.get(layout) if a else None
+            passes[p] = (Choice(cand.algo, cand.backend, cand.median_ms, cand.iqr_ms)
+                         if cand else None)
+        layers.append(LayerPlan(layer, problem, layout, passes))
+    # One global cudnn.benchmark: the mode most cuDNN passes chose (apply gives the others
+    # theirs per pass).
+    modes = Counter(c.algo for lp in layers for c in lp.passes.values()
+                    if c is not None and TORCH_ALGOS.get(c.algo) is not None)
+    cudnn = {"benchmark": modes["cudnn-autotune"] > modes["cudnn"],
+             "deterministic": advice.constraints.deterministic}
+    return Plan(env=env, backend=advice.backend, precision=advice.precision,
+                constraints=advice.constraints, cudnn=cudnn, input_layout=input_layout,
+                output_layout=output_layout, layers=layers, network=network,
+                unplanned=list(unplanned), measurements=measurements,
+                conversions=conversions or [])
+
+
+# --- tables ---------------------------------------------------------------------------------
+def _pct(x: float | None) -> str:
+    return "" if x is None else f"+{100 * x:.0f}%" if x >= 0 else f"{100 * x:.0f}%"
+
+
+def verdict(a: PassAdvice, tie_break: str) -> str:
+    """Whether the fastest wins, and if not, which tie-break chose among whom."""
+    if a.runner_up is None:
+        return "only candidate"
+    if not a.within_noise:
+        return "wins"
+    others = [f"{c.algo} {c.layout}" for c in a.tied if c is not a.best]
+    how = "" if a.best is a.fastest else f", {tie_break} tie-break"
+    return f"tie within noise with {', '.join(others)}{how}"
+
+
+def compared(a: PassAdvice) -> tuple[Candidate, str, stats.Ratio | None]:
+    """The choice, what it is compared with, and the ratio of the slower's median to the
+    faster's with its interval: the runner-up where the choice is the fastest, else (a
+    tie-break chose another of the tied) the fastest itself."""
+    if a.best is a.fastest:
+        up = a.runner_up
+        return a.best, f"{up.algo} {up.layout}" if up else "", a.ratio
+    f = a.fastest
+    return a.best, f"{f.algo} {f.layout} (the fastest)", a.best.ratio_to(f)
+
+
+def _regret_shown(advice: Advice) -> bool:
+    """cuDNN's regret is a GPU's: on the CPU there is no cuDNN to regret."""
+    return advice.backend == "cuda"
+
+
+def advice_table(advice: Advice) -> str:
+    """Per layer and pass: the choice, the runner-up and the ratio of their medians with its
+    interval, whether the fastest wins or ties, and on a GPU cuDNN's regret."""
+    regret = _regret_shown(advice)
+    rows = []
+    for layer, _ in advice.layers:
+        for p in PASSES:
+            a = advice.passes.get((layer, p))
+            if a is None:
+                none = "(none admissible)" if (layer, p) in advice.measured else "(not measured)"
+                rows.append([layer, p, none, "", "", "", "", "", *([""] if regret else [])])
+                continue
+            best, other, ratio = compared(a)
+            rows.append([layer, p, best.algo, best.layout, fmt_ms(best.median_ms),
+                         other, ratio.text() if ratio else "",
+                         verdict(a, advice.constraints.tie_break),
+                         *([_pct(a.regret)] if regret else [])])
+    return tabulate(rows, headers=["layer", "pass", "best", "layout", "median ms",
+                                   "compared with", "slower / faster", "verdict",
+                                   *(["cudnn regret"] if regret else [])],
+                    tablefmt="github", disable_numparse=True)
+
+
+def plan_table(plan: Plan, occurrences: dict[str, int] | None = None) -> str:
+    """Per layer: the layout the network plan chose (and each layer's own best), the algorithm
+    of each pass, and the layer's time in that layout; with `occurrences` (a network whose
+    problems repeat), how many times the network has each."""
+    best = plan.network.per_layer_best_layouts if plan.network else [""] * len(plan.layers)
+    rows = []
+    for lp, own in zip(plan.layers, best):
+        chosen = [c for c in lp.passes.values() if c is not None]
+        rows.append([lp.layer, *([occurrences.get(lp.layer, 1)] if occurrences else []), own,
+                     lp.layout, *[c.algo if c else "torch default" for c in lp.passes.values()],
+                     fmt_ms(sum(c.median_ms for c in chosen)) if chosen else ""])
+    headers = ["layer", *(["occurrences"] if occurrences else []), "per-layer best layout",
+               "network plan layout", *PASSES, "ms" + (" (one occurrence)" if occurrences
+                                                       else "")]
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def plan_text(plan: Plan, advice: Advice) -> str:
+    """What `convbench advise` prints: the advice, the plan, totals, exclusions."""
+    out = [f"## Per-layer best ({advice.backend}, {advice.precision})", "", advice_table(advice),
+           "", ("compared with: the runner-up, or the fastest where a tie-break chose another "
+                "of those tied with it; slower / faster: the ratio of their medians with its 95% "
+                "interval (bootstrap, paired by round where they were timed side by side); the "
+                "fastest wins only where the interval excludes 1, else it is a tie within noise "
+                f"and the {advice.constraints.tie_break} tie-break chooses among the tied"
+                + ("; cudnn regret: how much slower cuDNN's heuristic pick is than the best, in "
+                   "the same layout." if _regret_shown(advice) else ".")),
+           ""]
+    dropped = [f"{n} {reason}" for reason, n in advice.excluded.items() if n]
+    if dropped:
+        out += ["Not candidates: " + "; ".join(dropped) + ".", ""]
+    out += ["## Network layout plan", "", plan_table(plan, advice.occurrences), ""]
+    if advice.occurrences:
+        out += [(f"{sum(map(advice.count, dict(advice.layers)))} conv layers, "
+                 f"{len(advice.layers)} distinct problems: each problem's passes and the "
+                 "conversions into it count once per occurrence in the totals, as the run's "
+                 "report weighs them."), ""]
+    if plan.network:
+        n = plan.network
+        out.append(f"Network plan: {n.total_ms:.4g} ms per step of conv passes, "
+                   f"{n.conversion_ms:.4g} ms of it NCHW<->NHWC conversions. Each layer's own "
+                   f"best layout ({', '.join(n.per_layer_best_layouts)}) would cost "
+                   f"{n.per_layer_best_ms:.4g} ms with its conversions.")
+    for u in plan.unplanned:
+        out.append(f"- {u.layer}: left as it is ({u.reason})")
+    return "\n".join(out)
+
+
+def plan_total_ms(plan: Plan, occurrences: dict[str, int] | None = None) -> float:
+    """A training step's conv passes under the plan: the network total (conversions included,
+    each layer weighed by its occurrences) where there is one, else the sum of the chosen passes
+    times their layer's `occurrences`."""
+    if plan.network:
+        return plan.network.total_ms
+    occurrences = occurrences or {}
+    return sum(occurrences.get(lp.layer, 1) * c.median_ms for lp in plan.layers
+               for c in lp.passes.values() if c is not None)
+
+
+def constraint_cost(plan: Plan, free: Plan, occurrences: dict[str, int] | None = None) -> str:
+    """One line: what the constraints cost a training step, against the unconstrained `free`
+    plan of the same results (a pass left without a choice counts as nothing, and is named)."""
+    ours, best = plan_total_ms(plan, occurrences), plan_total_ms(free, occurrences)
+    line = (f"The constraints ({plan.constraints.describe()}) cost {ours - best:.4g} ms per step "
+            f"of conv passes: {ours:.4g} ms against {best:.4g} ms unconstrained "
+            f"({_pct((ours - best) / best) if best else 'n/a'}).")
+    lost = [f"{lp.layer} {p}" for lp in plan.layers for p, c in lp.passes.items() if c is None]
+    if lost:
+        line += (f" No choice fits for {', '.join(lost)}: torch's default runs them, not counted "
+                 "in the total.")
+    return line
+

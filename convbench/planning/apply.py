@@ -1,0 +1,269 @@
+"""Apply: make a PyTorch model run a plan.
+
+    summary = apply(model, plan)   # a Plan, or a plan file
+    print(summary)                 # what changed, layer by layer
+
+`apply` sets the global cuDNN flags the plan asks for, gives each planned layer its layout
+(channels_last weights for NHWC), and replaces each layer that torch alone would not run as
+planned by a `convbench.nn.Conv2d` holding the same parameters, each pass dispatched to its
+algorithm, where it can prove the swap computes what the layer did (`nn.unprovable`). It
+measures nothing and chooses nothing: the plan has chosen.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..algos import registry
+from ..core.fmt import tabulate
+from ..core.problem import AXIS_FIELDS, PASSES
+from ..machine.threads import CPU_THREAD_ENV  # the environment a CPU plan with NumPy passes wants
+from ..measure import verify
+from .plan import TORCH_ALGOS, LayerPlan, Plan, PlanError, current_env_key, stale_fields
+
+
+@dataclass(frozen=True)
+class Change:
+    """What `apply` did to one layer of the plan."""
+
+    layer: str
+    # "replaced" (by convbench.nn.Conv2d); "kept": torch runs it, as planned or, where a swap is
+    # not proved or the check refused it, as the model has it (layout ""); "skipped"
+    action: str
+    layout: str
+    passes: dict[str, str]
+    reason: str
+
+
+@dataclass
+class Summary:
+    """What `apply` changed: per layer, and the global cuDNN flags."""
+
+    changes: list[Change]
+    cudnn: dict[str, bool]
+    backend: str
+
+    @property
+    def replaced(self) -> list[str]:
+        return [c.layer for c in self.changes if c.action == "replaced"]
+
+    def __str__(self) -> str:
+        rows = [[c.layer, c.action, c.layout, *[c.passes.get(p, "") for p in PASSES], c.reason]
+                for c in self.changes]
+        table = tabulate(rows, headers=["layer", "action", "layout", *PASSES, "why"],
+                         tablefmt="github", disable_numparse=True)
+        flags = ", ".join(f"cudnn.{k}={v}" for k, v in self.cudnn.items())
+        text = f"{table}\n\nset torch.backends.{flags}"
+        if self.backend != "numpy":
+            return text
+        text += " (no effect on the CPU)"
+        ours = any(a not in TORCH_ALGOS and a != "torch default"
+                   for c in self.changes for a in c.passes.values())
+        unset = {k: v for k, v in CPU_THREAD_ENV.items() if k not in os.environ}
+        if ours and unset:
+            text += ("\nNumPy passes share the cores with torch's threads: start Python with "
+                     + " ".join(f"{k}={v}" for k, v in unset.items()) + " so idle threads sleep")
+        return text
+
+
+def _torch_runs_it(lp: LayerPlan, arriving: str, benchmark: bool) -> bool:
+    """Whether torch alone runs the layer as planned: every pass torch's own, in the mode of
+    the global cudnn.benchmark, in the planned layout. torch runs a convolution NHWC when its
+    weight or its input is channels_last: a channels_last weight gives NHWC, but an NCHW layer
+    fed a channels_last activation would run NHWC as well."""
+    for c in lp.passes.values():
+        if c is not None and (c.algo not in TORCH_ALGOS
+                              or TORCH_ALGOS[c.algo] not in (None, benchmark)):
+            return False
+    return lp.layout == "nhwc" or arriving == "nchw"
+
+
+def _why_not(model, lp: LayerPlan):
+    """(the module the plan's layer names, None) or (None, why it cannot take the plan)."""
+    import torch
+
+    from .. import nn as cbnn
+
+    if not lp.layer:
+        return None, "the model itself is the conv; wrap it in a module to plan it"
+    try:
+        module = model.get_submodule(lp.layer)
+    except AttributeError:
+        return None, "the model has no such module"
+    if cbnn.unprovable(module):  # kept as it is: it must only be the plan's convolution
+        p = lp.problem
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.Tensor) and tuple(weight.shape) == p.w_shape():
+            return module, None
+        return None, ("its weight differs from the plan's" if isinstance(module, torch.nn.Conv2d)
+                      else f"is a {type(module).__name__}, not an nn.Conv2d")
+    try:
+        geometry = cbnn.conv_geometry(module)
+    except ValueError as exc:
+        return None, str(exc)
+    p = lp.problem
+    # conv_geometry and ConvProblem keep stride, pad and dilation in the same one form.
+    if (module.in_channels, module.out_channels, *module.kernel_size, geometry["groups"],
+            *(geometry[f] for f in AXIS_FIELDS)) != \
+            (p.c, p.k, p.r, p.s, p.groups, *(getattr(p, f) for f in AXIS_FIELDS)):
+        return None, "its channels, filter or geometry differ from the plan's"
+    return module, None
+
+
+def apply(model, plan: Plan | str | Path, check=None) -> Summary:
+    """Make `model` run `plan` (a Plan or a plan file): set the cuDNN flags, give each planned
+    layer its layout (channels_last weights for NHWC), and replace each layer that torch alone
+    would not run as planned by a `convbench.nn.Conv2d` holding the same parameters.
+
+    Only what convbench provably reproduces is replaced (`nn.unprovable`): a conv subclass
+    with a forward of its own, a hook or a parametrization is left untouched, layout too, and
+    the table says why, as a swap would drop what it does. `check`: an example input; each
+    replacement is then run once against the module it replaces, on the input that module
+    receives from it, and one whose output, input gradient or weight gradient differs by
+    more than its algorithm's tolerance (`verify.tolerance`) is refused, the original kept.
+
+    TF32 is left as the model's owner set it; the cuDNN passes of an fp32 plan were measured
+    with it off (`torch.backends.cudnn.allow_tf32 = False` runs them as measured)."""
+    import torch
+
+    from .. import nn as cbnn
+
+    plan = plan if isinstance(plan, Plan) else Plan.load(plan)
+    _check_device(model, plan)
+    misfits = {lp.layer: why for lp in plan.layers if (why := _why_not(model, lp)[1])}
+    _check_fit(model, plan, misfits)
+    torch.backends.cudnn.benchmark = plan.cudnn["benchmark"]
+    torch.backends.cudnn.deterministic = plan.cudnn["deterministic"]
+    changes, arriving, swaps = [], plan.input_layout, {}
+    for lp in plan.layers:
+        passes = {p: c.algo if c else "torch default" for p, c in lp.passes.items()}
+        if lp.layer in misfits:
+            changes.append(Change(lp.layer, "skipped", lp.layout, passes, misfits[lp.layer]))
+            continue
+        module, _ = _why_not(model, lp)
+        kept = cbnn.unprovable(module)
+        if kept:
+            changes.append(Change(lp.layer, "kept", "", passes,
+                                  f"{kept}: convbench cannot prove it reproduces it; torch "
+                                  "runs it"))
+            continue
+        ours = sorted({c.algo for c in lp.passes.values()
+                       if c is not None and c.algo not in TORCH_ALGOS})
+        for algo in ours:  # an algorithm this build lacks fails here, not mid-training
+            registry.get(algo, plan.backend)
+        if _torch_runs_it(lp, arriving, plan.cudnn["benchmark"]):
+            module.to(memory_format=cbnn.MEMORY_FORMAT[lp.layout])
+            changes.append(Change(lp.layer, "kept", lp.layout, passes,
+                                  "torch runs every pass as planned"))
+        else:
+            algos = {p: (c.algo, c.backend) if c else None for p, c in lp.passes.items()}
+            swaps[lp.layer] = (lp, module, cbnn.Conv2d.from_conv(module, lp.layout, algos))
+            why = (f"runs {', '.join(ours)}" if ours else
+                   "converts its channels_last input to NCHW" if lp.layout == "nchw" else
+                   "sets cudnn.benchmark per pass")
+            changes.append(Change(lp.layer, "replaced", lp.layout, passes, why))
+        arriving = lp.layout
+    refused = _checked(model, swaps, check, plan.precision) if check is not None else {}
+    for i, change in enumerate(changes):
+        if change.layer in refused:
+            changes[i] = Change(change.layer, "kept", "", change.passes, refused[change.layer])
+        elif change.layer in swaps:
+            lp, module, new = swaps[change.layer]
+            module.to(memory_format=cbnn.MEMORY_FORMAT[lp.layout])
+            parent, _, child = lp.layer.rpartition(".")
+            setattr(model.get_submodule(parent), child, new)
+    changes += [Change(u.layer, "skipped", "", {}, u.reason) for u in plan.unplanned]
+    return Summary(changes, dict(plan.cudnn), plan.backend)
+
+
+def _checked(model, swaps: dict, example_input, precision: str) -> dict[str, str]:
+    """{layer: why its replacement is refused}: each replacement against the module it
+    replaces, on the input one forward pass of `example_input` gives that module (eval mode,
+    no gradients kept), in forward, input gradient and weight gradient, with a seeded random
+    output gradient; beyond its algorithm's tolerance it is refused. The original runs in
+    its own layout, as the model has it: the check measures the replacement, not a layout."""
+    import torch
+
+    inputs = {}
+
+    def keep(module, args) -> None:
+        inputs.setdefault(names[module], args[0].detach().clone())
+
+    names = {module: name for name, (_, module, _) in swaps.items()}
+    handles = [module.register_forward_pre_hook(keep) for module in names]
+    modes = {m: m.training for m in model.modules()}
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(example_input)
+    finally:
+        for h in handles:
+            h.remove()
+        for m, training in modes.items():
+            m.training = training
+    refused = {}
+    for name, (lp, module, new) in swaps.items():
+        if name not in inputs:
+            refused[name] = "the check input never reaches it; torch runs it"
+            continue
+        results = []
+        for m in (module, new):
+            x = inputs[name].clone().requires_grad_()
+            y = m(x)
+            dy = torch.randn(y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(0))
+            wrt = [x, m.weight] if m.weight.requires_grad else [x]
+            results.append([y, *torch.autograd.grad(y, wrt, dy.to(y.device))])
+        for pass_, ref, out in zip(PASSES, *results):
+            choice = lp.passes.get(pass_)
+            algo = choice.algo if choice else "torch default"
+            rel, _ = verify.errors(out.detach().cpu().numpy(), ref.detach().cpu().numpy())
+            tol = verify.tolerance(algo, precision, lp.problem, pass_)
+            if not rel <= tol:
+                refused[name] = (f"refused by the check: {pass_} ({algo}) differs from torch's "
+                                 f"by {rel:.2g} > tolerance {tol:.2g}; torch runs it")
+                break
+    return refused
+
+
+def _check_fit(model, plan: Plan, misfits: dict[str, str]) -> None:
+    """A plan tuned for another model is not applied in silence: PlanError where it fits none
+    of the model's conv layers, a warning where some planned layers do not fit or some conv
+    layers of the model are not in the plan (torch's default runs them)."""
+    import torch
+
+    named = {lp.layer for lp in plan.layers} | {u.layer for u in plan.unplanned}
+    convs = [name for name, m in model.named_modules()
+             if isinstance(m, torch.nn.Conv2d) and name not in named]
+    if not misfits and not convs:
+        return
+    first = next(iter(misfits.items()), None)
+    example = f" ({first[0]}: {first[1]})" if first else ""
+    if plan.layers and len(misfits) == len(plan.layers):
+        raise PlanError(f"the plan fits none of the model's conv layers{example}: it was tuned "
+                        "for another model; tune this one")
+    parts = []
+    if misfits:
+        parts.append(f"{len(misfits)} of the plan's {len(plan.layers)} layers do not fit it and "
+                     f"are skipped{example}")
+    if convs:
+        parts.append(f"{len(convs)} of its conv layers are not in the plan and run torch's "
+                     f"default ({', '.join(convs[:3])}{', ...' if len(convs) > 3 else ''})")
+    warnings.warn(f"the plan was not tuned for this model: {'; '.join(parts)}; tune this "
+                  "model for a plan of its own", stacklevel=3)
+
+
+def _check_device(model, plan: Plan) -> None:
+    """The plan must be for the device the model is on. A plan made with other versions still
+    applies, with a warning that its times may not hold."""
+    devices = {p.device.type for p in model.parameters()}
+    want = {"numpy": "cpu", "cuda": "cuda"}.get(plan.backend)
+    if devices and devices != {want}:
+        raise PlanError(f"the plan is for backend {plan.backend} ({want}); the model is on "
+                        f"{', '.join(sorted(devices))}")
+    changed = stale_fields(plan.env, current_env_key(plan.backend))
+    if changed:
+        warnings.warn(f"plan made with another {', '.join(changed)}: its times may not hold "
+                      "here; tune again to re-measure", stacklevel=3)

@@ -1,0 +1,252 @@
+"""Tuning: measure what the advice needs and the plan store lacks, then hand it to advice.
+
+    plan = tune(model, example_input)    # a model's conv layers, measured (or reused), planned
+    plan, advice, note = advise_run(RUN) # a bench run folder, planned
+
+`tune` finds the convolutions a model computes (`models.find_convs`), so any `nn.Module` works;
+it looks each (problem, pass) up in the plan store and measures the rest with the runner (CPU
+input: backend `numpy`; CUDA input: `cuda`), reporting each case to `progress`, then measures the NCHW<->NHWC conversions the layout plan weighs,
+and hands the results table to `advice`, which chooses. `advise_run` does the same for the rows
+of a run folder, measuring the conversions only where this machine is the run's: a conversion
+time is valid only beside the passes it is weighed against.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from ..algos import registry
+from ..algos.reference import DTYPES, array_module
+from ..core.measurement import Measurement
+from ..core.problem import LAYOUTS, PASSES, PRECISION_OF_DTYPE, ConvProblem, check_choice
+from ..core.results import entry_from_row, frame, load_run, problem_from_row, row_from_entry
+from ..measure import devices, runner, timing
+from .advice import (
+    NO_CONSTRAINTS,
+    Advice,
+    advise,
+    boundaries,
+    build_plan,
+    layer_costs,
+    needed_conversions,
+)
+from .models import find_convs
+from .plan import (
+    Constraints,
+    Plan,
+    PlanStore,
+    current_env_key,
+    env_key,
+    stale_fields,
+)
+
+#: Seconds of timed repetitions per NCHW<->NHWC conversion: they are memory-bound copies whose
+#: times hardly vary, so a tenth of a second of repetitions is plenty on CPU and GPU.
+CONVERSION_BUDGET_S = 0.1
+#: Axis order that turns an array stored in the first layout into the second.
+_PERMUTATION = {("nchw", "nhwc"): (0, 2, 3, 1), ("nhwc", "nchw"): (0, 3, 1, 2)}
+
+
+# --- conversions ----------------------------------------------------------------------------
+def stored_shape(shape_nchw: tuple[int, ...], layout: str) -> tuple[int, ...]:
+    n, c, h, w = shape_nchw
+    return (n, c, h, w) if layout == "nchw" else (n, h, w, c)
+
+
+def conversion_time(shape_nchw: tuple[int, ...], src: str, dst: str, backend: str,
+                    precision: str, budget_s: float) -> Measurement:
+    """Time converting an activation of NCHW dims `shape_nchw` stored in `src` to `dst`: a
+    transpose into a preallocated output (the steady state of a caching allocator), in the
+    backend's array module, timed like any other operation (`convbench.measure.timing`)."""
+    xp = array_module(backend)
+    rng = np.random.default_rng(0)
+    a = xp.asarray(rng.standard_normal(stored_shape(shape_nchw, src)).astype(DTYPES[precision]))
+    out = xp.empty(stored_shape(shape_nchw, dst), dtype=a.dtype)
+    view = a.transpose(_PERMUTATION[src, dst])
+    return timing.timer_for(backend)(lambda: xp.copyto(out, view), budget_s)
+
+
+def measure_conversions(keys, backend: str, precision: str) -> list[dict]:
+    """Time each (shape, from, to) conversion; the plan's conversion entries."""
+    out = []
+    for shape, src, dst in sorted(keys):
+        m = conversion_time(shape, src, dst, backend, precision, CONVERSION_BUDGET_S)
+        out.append({"shape": list(shape), "from": src, "to": dst, "median_ms": m.median,
+                    "iqr_ms": m.iqr})
+    return out
+
+
+def _backend_precision(example_input) -> tuple[str, str]:
+    backend = {"cpu": "numpy", "cuda": "cuda"}.get(example_input.device.type)
+    if backend is None:
+        raise ValueError(f"convbench measures on cpu or cuda, not {example_input.device.type}")
+    dtype = str(example_input.dtype).removeprefix("torch.")
+    if dtype not in PRECISION_OF_DTYPE:
+        raise ValueError(f"dtype {dtype} has no convbench precision")
+    return backend, PRECISION_OF_DTYPE[dtype]
+
+
+class TuneInterrupted(KeyboardInterrupt):
+    """Ctrl-C while `tune` measured: the `made` measurements (of `planned`) are in the plan store
+    (`path`, None if none was made yet), and tuning again measures only the rest."""
+
+    def __init__(self, made: int, planned: int, path: Path | None):
+        super().__init__(f"{made} of {planned} measurements made")
+        self.made, self.planned, self.path = made, planned, path
+
+
+def stderr_progress(line: str) -> None:
+    """The default `progress` of `tune`: the line on stderr, so a caller's stdout stays its own.
+    A real model's tune takes minutes; a silent one reads as hung."""
+    print(f"convbench: {line}", file=sys.stderr)
+
+
+def tune(model, example_input, *, algos: str = "all", layouts: tuple[str, ...] = LAYOUTS,
+         budget_s: float | None = None, constraints: Constraints = NO_CONSTRAINTS,
+         store: PlanStore | str | Path | None = None, input_layout: str = "nchw",
+         output_layout: str = "nchw", log: Callable[[str], None] | None = None,
+         progress: Callable[[str], None] | None = stderr_progress) -> Plan:
+    """Measure the conv layers of `model` as `example_input` exercises them, and plan them
+    (`tune_advice`'s plan; its arguments are this one's, spelt out so a misspelt one is a
+    TypeError at the call)."""
+    return tune_advice(model, example_input, algos=algos, layouts=layouts, budget_s=budget_s,
+                       constraints=constraints, store=store, input_layout=input_layout,
+                       output_layout=output_layout, log=log, progress=progress)[0]
+
+
+def tune_advice(model, example_input, *, algos: str = "all",
+                layouts: tuple[str, ...] = LAYOUTS, budget_s: float | None = None,
+                constraints: Constraints = NO_CONSTRAINTS,
+                store: PlanStore | str | Path | None = None, input_layout: str = "nchw",
+                output_layout: str = "nchw", log: Callable[[str], None] | None = None,
+                progress: Callable[[str], None] | None = stderr_progress
+                ) -> tuple[Plan, Advice]:
+    """Measure the conv layers of `model` as `example_input` exercises them, and plan them:
+    the plan, and the advice it was built from (what `convbench tune` prints).
+
+    Measurements the plan store holds for this environment are reused; the rest are made by the
+    runner on the input's device (`algos`: a comma list as on the command line; `budget_s`:
+    seconds of timed repetitions per measurement, the device's default if None), and so are the
+    NCHW<->NHWC conversions the layout plan weighs. The plan is saved in the store (`store`: a
+    PlanStore or its folder; None: the default one) and returned. `log` receives a line per
+    step (store hits, what is measured, layers `apply` will keep as torch runs them, where the
+    plan went); `progress` one short line per measured case (default: on stderr; None:
+    silent), as the library prints nothing on stdout."""
+    log = log or (lambda line: None)
+    progress = progress or (lambda line: None)
+    for what, value in [*(("layout", lay) for lay in layouts), ("input layout", input_layout),
+                        ("output layout", output_layout)]:
+        check_choice(what, value, LAYOUTS)
+    backend, precision = _backend_precision(example_input)
+    algo_list = registry.expand_algos(algos, backend)
+    store = store if isinstance(store, PlanStore) else PlanStore(store)
+    sites, unplanned = find_convs(model, example_input)
+    if not sites and not unplanned:
+        raise ValueError(f"{type(model).__name__} has no nn.Conv2d layer that an input of "
+                         f"shape {','.join(map(str, example_input.shape))} reaches: nothing to "
+                         "tune")
+    env = current_env_key(backend)
+    stored = store.lookup(env, backend, precision)
+    for path, changed in stored.stale:
+        log(f"stale plan {path.name} not used: {', '.join(changed)} changed")
+    net = type(model).__name__
+    entries: dict[tuple[ConvProblem, str], list[dict]] = {}
+    cases = []
+    for site in sites:
+        for pass_ in site.passes:
+            key = (site.problem, pass_)
+            if key in entries:
+                continue
+            entries[key] = [e for e in stored.measurements.get(key, [])
+                            if e["algo"] in algo_list and e["layout"] in layouts]
+            have = {(e["algo"], e["layout"]) for e in entries[key]}
+            cases += [runner.Case(net, site.name, site.problem, algo, backend, pass_, layout,
+                                  precision)
+                      for layout in layouts for algo in algo_list if (algo, layout) not in have]
+    log(f"{sum(map(len, entries.values()))} measurements from the plan store {store.folder}, "
+        f"{len(cases)} to make")
+    unneeded = [f"{site.name} {p}" for site in sites for p in PASSES if p not in site.passes]
+    if unneeded:
+        log(f"{len(unneeded)} {'pass' if len(unneeded) == 1 else 'passes'} not measured, "
+            "training does not run them (an input or weight that needs no gradient): "
+            f"{', '.join(unneeded)}")
+    for site in sites:
+        if site.kept:
+            log(f"{site.name}: measured, but apply keeps it as torch runs it ({site.kept})")
+    budget = budget_s or devices.of_backend(backend).budget_s
+
+    made: list[dict] = []
+
+    def measured(row: dict) -> None:
+        entries[problem_from_row(row), row["pass"]].append(entry_from_row(row))
+        made.append(row)
+        result = f"{row['median_ms']:.3g} ms" if row["status"] == "ok" else row["status"]
+        progress(f"{len(made)}/{len(cases)} {row['layer']} {row['pass']} {row['algo']} "
+                 f"{row['layout']}: {result}")
+
+    def advice_now() -> Advice:
+        rows = [row_from_entry(e, site.name, net, precision)
+                for site in sites for p in site.passes for e in entries[site.problem, p]]
+        return (advise(frame(rows), constraints, precision) if rows else
+                Advice(backend, precision, constraints, [], {}, set(), Counter()))
+
+    try:
+        runner.run(cases, budget, on_row=measured)
+        if made:
+            status = Counter(r["status"] for r in made)
+            log(f"measured {len(made)} of {len(cases)}: "
+                + ", ".join(f"{n} {s}" for s, n in status.items()))
+    except KeyboardInterrupt:
+        # Keep what was measured: a plan of it (each layer in its own best layout, no
+        # conversions measured) in the store, whose measurements the next tune reuses.
+        path = None
+        if made:
+            path = store.save(build_plan(advice_now(), env, None,
+                                         measurements=[e for es in entries.values() for e in es],
+                                         unplanned=unplanned, input_layout=input_layout,
+                                         output_layout=output_layout))
+        raise TuneInterrupted(len(made), len(cases), path) from None
+    advice = advice_now()
+    keys = needed_conversions(layer_costs(advice, input_layout), boundaries(advice),
+                              input_layout, output_layout)
+    conversions = [stored.conversions[k] for k in sorted(keys & stored.conversions.keys())]
+    conversions += measure_conversions(keys - stored.conversions.keys(), backend, precision)
+    plan = build_plan(advice, env, conversions,
+                      measurements=[e for es in entries.values() for e in es],
+                      unplanned=unplanned, input_layout=input_layout, output_layout=output_layout)
+    log(f"plan saved to {store.save(plan)}")
+    return plan, advice
+
+
+def advise_run(folder: str | Path, constraints: Constraints = NO_CONSTRAINTS,
+               precision: str | None = None, batch: int | None = None,
+               input_layout: str = "nchw",
+               output_layout: str = "nchw") -> tuple[Plan, Advice, str | None]:
+    """The plan of a run folder (of its rows at `batch`, if given), and a note when its layouts
+    are each layer's own best because the conversions cannot be measured here: they must be
+    measured on the run's device with the run's versions."""
+    df, env = load_run(folder)
+    if batch is not None:
+        df = df[df["n"] == batch]
+    advice = advise(df, constraints, precision, env.get("run", {}).get("occurrences"))
+    key, conversions, note = env_key(env), None, None
+    unavailable = registry.available(advice.backend)
+    changed = [] if unavailable else stale_fields(key, current_env_key(advice.backend))
+    if unavailable or changed:
+        why = unavailable or f"this machine differs from the run's in {', '.join(changed)}"
+        note = f"no network layout plan: conversions cannot be measured here ({why})"
+    else:
+        keys = needed_conversions(layer_costs(advice, input_layout), boundaries(advice),
+                                  input_layout, output_layout)
+        conversions = measure_conversions(keys, advice.backend, advice.precision)
+    records = df[df["precision"] == advice.precision].to_dict("records")
+    plan = build_plan(advice, key, conversions,
+                      measurements=[entry_from_row(r) for r in records],
+                      input_layout=input_layout, output_layout=output_layout)
+    return plan, advice, note
+

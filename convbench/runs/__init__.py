@@ -1,0 +1,228 @@
+"""Runs: a sweep of cases measured, each row streamed into a run folder as it is made, and the
+folder's report written from every row it holds.
+
+What `convbench layer`, `bench` and `sweep` do, as library calls with explicit parameters:
+
+    device = devices.resolve("cpu")
+    cases = runs.sweep_cases(["alexnet:conv2"], "alexnet", [None], device, ["gemm"],
+                             PASSES, LAYOUTS, ["fp32"])
+    folder = results.RunFolder.open(path, runs.environment(device, "alexnet", ...))
+    outcome = runs.Run(cases, device.budget_s, folder).measure()
+
+A run skips the cases its folder already holds (resume) and, as a batch sweep, the cases whose
+series ran out of memory at a smaller batch (`batchsweep.SkipLarger`). Asked to `remeasure`
+rows flagged busy or noisy, it measures their cases again, each with every competitor it was
+timed beside (the rows a winner is named from share their rounds), and each new row replaces
+the old in place (`RunFolder.replace`). Ctrl-C ends it early with every row measured so far
+kept, and the report written from them; so does a case that faults the GPU (the device is
+unusable after it in this process), whose row is kept as `failed`, so a resumed run continues
+after it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from ..analysis import report, sweepreport
+from ..analysis.ranking import busy
+from ..catalogs import layers
+from ..core import stats
+from ..core.measurement import CONTENDED_SHARE
+from ..core.results import RunFolder, frame, load_run, row_key
+from ..machine import contention, nvml, threads
+from ..measure import envinfo, memory, runner, timing
+from ..measure.batchsweep import SkipLarger
+from ..measure.devices import Device
+from ..measure.memory import MemoryLimit
+
+
+def default_folder(net: str, backend: str, kind: str = "") -> Path:
+    """results/<date>-<device>-<net><kind>, the folder a run writes unless told otherwise."""
+    date = datetime.date.today().isoformat()
+    return Path("results") / f"{date}-{envinfo.device_slug(backend)}-{net}{kind}"
+
+
+def layer_at(spec: str | layers.Layer, net: str, batch: int | None,
+             device: Device) -> layers.Layer:
+    """A layer by name, `net:layer` or text spec (`layers.resolve`), or a Layer as it is (a
+    model's, a problem file's); a catalog layer takes `batch` or the device's default batch,
+    the others keep their own n unless `batch` is given."""
+    layer = spec if isinstance(spec, layers.Layer) else layers.resolve(spec, net)
+    own_batch = (isinstance(spec, layers.Layer) or layer.net == "custom"
+                 or layer.net in layers.OWN_BATCH)
+    n = batch or (None if own_batch else device.batch)
+    return dataclasses.replace(layer, problem=layer.problem.with_batch(n)) if n else layer
+
+
+def sweep_cases(specs: Iterable[str | layers.Layer], net: str, batches: Iterable[int | None],
+                device: Device, algos: Iterable[str], passes: Iterable[str],
+                layouts: Iterable[str], precisions: Iterable[str]) -> list[runner.Case]:
+    """Every case of the sweep, each layer at each batch in the order given (smallest first
+    is the order `SkipLarger` relies on); ValueError naming the first bad layer."""
+    chosen = [layer_at(spec, net, n, device) for spec in specs for n in batches]
+    return runner.sweep(chosen, algos, device.backend, passes, layouts, precisions)
+
+
+def environment(device: Device, net: str, cases: list[runner.Case], budget_s: float, *,
+                batch: int | list[int] | None = None, limit: MemoryLimit | None = None,
+                command: str = "", source: dict | None = None, argv: list[str] | None = None,
+                target: float = timing.TARGET_NOISE) -> dict:
+    """env.json: the machine (`envinfo.collect`), its load now, and how this run was asked for
+    (`argv`: the command's own arguments, which `--resume` reads back); `source` says where
+    layers not from a catalog came from (a model and its input, a problem file) and how often
+    each occurs in the network (`occurrences`), which the report weighs by."""
+    env = envinfo.collect(device.backend)
+    # without --batch, the batch the cases have: a problem list keeps each problem's own
+    ran = sorted({c.problem.n for c in cases})
+    env["run"] = {"net": net, "device": device.name, "backend": device.backend,
+                  "batch": batch or (ran[0] if len(ran) == 1 else ran) or device.batch
+                  or "catalog", "budget_s": budget_s,
+                  "memory_limit_bytes": limit.nbytes if limit else None,
+                  "algos": list(dict.fromkeys(c.algo for c in cases)),
+                  "passes": list(dict.fromkeys(c.pass_ for c in cases)),
+                  "layouts": list(dict.fromkeys(c.layout for c in cases)),
+                  "precisions": list(dict.fromkeys(c.precision for c in cases)),
+                  "threads": threads.count(), "target_noise": target,
+                  "command": command, "argv": list(argv or []), **(source or {})}
+    env["memory_method"] = memory.trace(device.backend).method
+    env["threads"] = threads.policy()
+    env["statistics"] = {"median_interval": stats.MEDIAN_INTERVAL_METHOD,
+                         "ratio_interval": stats.RATIO_INTERVAL_METHOD,
+                         "timing": "competing cases (every algo and layout of a problem, pass "
+                                   "and precision) timed in shuffled interleaved rounds"}
+    env["contention"] = {
+        "method": ("per repetition, the share of its threads' ready time on a core "
+                   "(/proc/self/task/*/schedstat), times the share of the machine's busy "
+                   "ticks over its repetitions the hypervisor did not steal (/proc/stat); "
+                   f"contended below {CONTENDED_SHARE}" if contention.available()
+                   else "unavailable: this kernel reports no per-thread schedstat"),
+    }
+    env["load"] = [load_reading("start", device.backend)]
+    return env
+
+
+def load_reading(when: str, backend: str) -> dict:
+    """The machine's load now (`contention.machine_load`), and on a GPU its NVML snapshot."""
+    reading = {"when": when, **contention.machine_load()}
+    if backend == "cuda":
+        reading["gpu"] = nvml.snapshot()
+    return reading
+
+
+#: What a resumed run may measure again: rows timed on a busy machine (contended, throttled),
+#: which advice and the report's winners leave out; and noisy rows, whose wide intervals leave
+#: their columns a tie.
+REMEASURE = ("busy", "noisy")
+
+
+def _flagged(row: dict, flags: Iterable[str]) -> bool:
+    """Whether a row (typed, `results.frame`) is `ok` and carries one of `flags` (REMEASURE)."""
+    tests = {"busy": busy, "noisy": lambda r: r.get("noisy") is True}
+    return row.get("status") == "ok" and any(tests[f](row) for f in flags)
+
+
+@dataclass
+class Outcome:
+    """What a run leaves: every row (the folder's, resumed ones included, or this run's when
+    there is no folder), the report's markdown (None without a folder), whether Ctrl-C cut it
+    short, how many cases were not tried because their series ran out of memory, and the case
+    that faulted the GPU, if one did (`runner.DeviceFault`: nothing after it could run)."""
+
+    frame: pd.DataFrame
+    report: str | None
+    interrupted: bool
+    skipped: int
+    fault: str | None = None
+    #: this run's own rows (every rank's, on rank 0 of a sharded run), and its seconds
+    rows: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class Run:
+    """`cases` to measure with `budget_s` seconds of timing each, into `folder` if given, under
+    a memory `limit` if given. `todo` is what is left once the folder's rows are skipped, and
+    with `remeasure` (flags of REMEASURE) every case of a competing group where the folder has
+    a row so flagged: such a group is timed again whole, in rounds, as the first run timed it."""
+
+    def __init__(self, cases: Iterable[runner.Case], budget_s: float,
+                 folder: RunFolder | None = None, limit: MemoryLimit | None = None,
+                 target: float = timing.TARGET_NOISE, remeasure: Iterable[str] = ()):
+        self.budget_s, self.folder, self.limit, self.target = budget_s, folder, limit, target
+        self.started = time.monotonic()
+        measured = folder.measured if folder else []
+        self._done = {row_key(r) for r in measured}
+        flags = list(remeasure)
+        again = {row_key(r) for r, typed in zip(measured, frame(measured).to_dict("records"))
+                 if _flagged(typed, flags)} if flags else set()
+        self.todo = [c for group in runner.competing(cases)
+                     for c in (group if any(c.key() in again for c in group)
+                               else [c for c in group if c.key() not in self._done])]
+        self._skip = SkipLarger(measured)
+
+    def measure(self, on_row: Callable[[dict], None] | None = None) -> Outcome:
+        """Measure what is left, streaming each row into the folder; `on_row` sees each row
+        after that (a progress bar). Then the folder's report from all its rows."""
+        rows: list[dict] = []
+
+        def seen(r: dict) -> None:
+            if self.folder is not None and row_key(r) in self._done:  # measured again
+                self.folder.replace(r)
+            elif self.folder is not None:
+                self.folder.append(r)
+            self._skip.observe(r)
+            rows.append(r)
+            if on_row is not None:
+                on_row(r)
+
+        interrupted, fault = False, None
+        try:
+            runner.run_groups(self._skip.pending_groups(runner.competing(self.todo)),
+                              self.budget_s, on_row=seen, limit=self.limit, target=self.target)
+        except KeyboardInterrupt:
+            interrupted = True
+        except runner.DeviceFault as exc:
+            fault = str(exc)
+        return self.finish(rows, interrupted, fault)
+
+    def seconds(self) -> float:
+        return time.monotonic() - self.started
+
+    def note_load(self, when: str) -> None:
+        """Add the machine's load now to the folder's env.json (`when`: start, end), and on a
+        GPU its clocks and state (NVML)."""
+        if self.folder is not None:
+            self.folder.env.setdefault("load", []).append(load_reading(
+                when, self.folder.env.get("backend", "")))
+            self.folder.save_env()
+
+    def finish(self, rows: list[dict], interrupted: bool, fault: str | None) -> Outcome:
+        """The outcome of this run's `rows`: the folder's report from all its rows (or these
+        rows alone without a folder), after the machine's load at the end is noted."""
+        if self.folder is None:
+            return Outcome(frame(rows), None, interrupted, self._skip.skipped, fault, rows,
+                           self.seconds())
+        self.note_load("end")
+        df, _ = load_run(self.folder.path)
+        text = write_report(self.folder.path, df, self.folder.env)
+        return Outcome(df, text, interrupted, self._skip.skipped, fault, rows, self.seconds())
+
+
+def write_report(folder: str | Path, df: pd.DataFrame, env: dict,
+                 baseline: str | None = None) -> str:
+    """Render report.md and the plots into a run folder (a batch sweep's own report,
+    `sweepreport`, when the results are one); returns the markdown. `baseline`: the algorithm
+    the speed-ups of a run of many problems are over (default `speedup.default_baseline`)."""
+    folder = Path(folder)
+    if sweepreport.is_batch_sweep(df):
+        text = sweepreport.sweep_markdown(df, env, sweepreport.sweep_plot(df, folder))
+    else:
+        text = report.markdown(df, env, report.plot(df, folder, env, baseline), baseline)
+    (folder / report.REPORT_MD).write_text(text)
+    return text
