@@ -9,7 +9,7 @@ of this checkout) and loaded as a second package beside `convbench.algos`, its c
 in a registry of their own; both sides share the working tree's core (problem, phases,
 transforms), so a baseline whose algorithm modules need core code the tree no longer has fails
 to load with one line. Each case (layer x algo x pass x layout) is prepared on both sides,
-checked against the float64 reference, then timed phase by phase (`convbench.phases`) in
+checked against the float64 reference, then timed phase by phase (`convbench.algos.phases`) in
 shuffled rounds (`timing.rounds_cpu`): drift falls on both alike. A side whose pass has no
 phases is timed as one phase, `pass`. Printed: per case and side, each phase's median ms, the
 pass's total (phases timed apart, like an explicit pad, left out) and after/before as a ratio
@@ -33,8 +33,8 @@ import types
 from contextlib import contextmanager
 from pathlib import Path
 
-from .. import threads
-from ..fmt import first_line
+from ..core.fmt import first_line
+from ..machine import threads
 
 #: The package name the baseline's algorithm modules are loaded under.
 BASELINE_PACKAGE = "convbench._baseline_algos"
@@ -65,7 +65,7 @@ def baseline_tree(rev: str, dest: Path, repo: Path) -> Path:
 def _collecting(into: dict):
     """`registry.register` files classes into `into` instead of the registry, wrapped as
     `register` wraps them (`ExplicitPad` where the class pads both sides alike)."""
-    from .. import registry
+    from ..algos import registry
 
     real = registry.register
 
@@ -87,17 +87,47 @@ def _collecting(into: dict):
         registry.register = real
 
 
+#: Where the modules a baseline's algorithms import stood before the package's layers became
+#: folders: a baseline from before that move imports them by these names.
+_BEFORE_FOLDERS = {
+    "problem": "core.problem", "fmt": "core.fmt", "stats": "core.stats",
+    "measurement": "core.measurement", "threads": "machine.threads", "registry": "algos.registry",
+    "padding": "algos.padding", "phases": "algos.phases", "transforms": "algos.transforms",
+    "reference": "algos.reference", "kernels": "cuda.kernels", "emu": "cuda.emu",
+}
+#: The baseline's own copies of these are not loaded: its algorithms register with, and are
+#: timed by, this tree's contract (a second registry or phase contract would not be seen).
+_SHARED = ("registry", "phases", "padding")
+
+
+@contextmanager
+def _aliases(names: dict[str, str]):
+    """`sys.modules` answers each key (a dotted name) with the module of its value while the
+    baseline loads, and forgets them after."""
+    added = [k for k in names if k not in sys.modules]
+    for key in added:
+        sys.modules[key] = importlib.import_module(names[key])
+    try:
+        yield
+    finally:
+        for key in added:
+            del sys.modules[key]
+
+
 def load_baseline(folder: Path) -> dict:
     """Import every module of a baseline's algos folder as `BASELINE_PACKAGE`; returns its
-    implementations by (algo, backend)."""
+    implementations by (algo, backend). A baseline from before the layers became folders finds
+    the modules it imports under their old names."""
     if BASELINE_PACKAGE in sys.modules:
         raise BenchError("a baseline is already loaded in this process")
     pkg = types.ModuleType(BASELINE_PACKAGE)
     pkg.__path__ = [str(folder)]
     pkg.__package__ = BASELINE_PACKAGE
     sys.modules[BASELINE_PACKAGE] = pkg
+    aliases = {f"convbench.{old}": f"convbench.{new}" for old, new in _BEFORE_FOLDERS.items()}
+    aliases |= {f"{BASELINE_PACKAGE}.{name}": f"convbench.algos.{name}" for name in _SHARED}
     impls: dict = {}
-    with _collecting(impls):
+    with _aliases(aliases), _collecting(impls):
         for mod in sorted(pkgutil.iter_modules([str(folder)]), key=lambda m: m.name):
             try:
                 importlib.import_module(f"{BASELINE_PACKAGE}.{mod.name}")
@@ -109,9 +139,10 @@ def load_baseline(folder: Path) -> dict:
 
 def _side(side, impl, problem, pass_, layout, precision, a, b, out):
     """Prepare one side, run it once and check it; returns its timing.Contender."""
-    from .. import phases, timing
-    from ..reference import nan_output, reference
-    from ..verify import check
+    from ..algos import phases
+    from ..algos.reference import nan_output, reference
+    from ..measure import timing
+    from ..measure.verify import check
 
     run = impl.prepare(problem, pass_, layout, precision)
     run(a, b, out)
@@ -130,8 +161,10 @@ def bench(cases, before: dict, budget_s: float, precision: str = "fp32"):
     import numpy as np
     import pandas as pd
 
-    from .. import registry, stats, timing
-    from ..reference import DTYPES, random_operands
+    from ..algos import registry
+    from ..algos.reference import DTYPES, random_operands
+    from ..core import stats
+    from ..measure import timing
 
     rows = []
     for layer, problem, algo, pass_, layout in cases:
@@ -162,7 +195,7 @@ def table(df) -> str:
     case and side."""
     import pandas as pd
 
-    from ..fmt import tabulate
+    from ..core.fmt import tabulate
 
     if df.empty:
         return "(no case ran)"
@@ -206,8 +239,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     threads.sleep_idle_threads()  # before NumPy or torch load
     args = _parser().parse_args(argv)
-    from .. import layers, registry
-    from ..problem import LAYOUTS, PASSES, check_choice
+    from ..algos import registry
+    from ..catalogs import layers
+    from ..core.problem import LAYOUTS, PASSES, check_choice
 
     try:
         threads.use(args.threads)
