@@ -9,6 +9,7 @@ one line on stderr and exit code 2. Nothing in the library imports it.
     convbench report RUN;  convbench compare RUN_A RUN_B                (cli.report)
     convbench memprofile [--net alexnet] [--batch 2] [--budget 8GiB] [--run RUN] [--out DIR]
     convbench list                                                      (cli.listing)
+    convbench machine [--refresh]   the device's ceilings, cached       (cli.machine)
     convbench kernels ...           the CUDA compile gate               (cli.kernels)
     convbench advise RUN [--workspace-budget 256MiB]                    (cli.advise)
     convbench tune --model MODULE:CALLABLE --input N,C,H,W [--out plan.json] (cli.tune)
@@ -40,6 +41,7 @@ from . import (
     gpucheck,
     kernels,
     listing,
+    machine,
     measure,
     memplan,
     memprofile,
@@ -53,8 +55,8 @@ from .common import EXIT_PIPE, EXIT_USAGE, Parser, Progress, UsageError
 __all__ = ["Progress", "UsageError", "build_parser", "main"]
 
 #: The subcommands, in the order `convbench --help` lists them.
-_COMMANDS = (measure, report, memprofile, memplan, scale, listing, kernels, advise, tune,
-             trainstep, gpucheck)
+_COMMANDS = (measure, report, memprofile, memplan, scale, listing, machine, kernels, advise,
+             tune, trainstep, gpucheck)
 
 
 def build_parser() -> Parser:
