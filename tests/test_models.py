@@ -37,6 +37,13 @@ USER_MODULE = textwrap.dedent('''
     def small():
         return Small()
 
+    class Scaled(nn.Conv2d):
+        def forward(self, x):
+            return super().forward(x) * 0.5
+
+    def scaled():
+        return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), Scaled(4, 4, 3))
+
     def not_a_module():
         return 42
 
@@ -218,3 +225,16 @@ def test_a_module_in_the_current_folder_loads_without_pythonpath(tmp_path, monke
     model = models.load("cwd_model_for_test:net")
     assert model.out_channels == 4
     assert sys.path[-1] == str(tmp_path)
+
+
+def test_bench_model_says_which_measured_layers_apply_would_keep(user_module, capsys):
+    """#35: a conv with its own forward is measured, and the run says apply leaves it to torch."""
+    found = models.conv_layers(models.load(f"{user_module}:scaled"), (1, 3, 8, 8), "scaled")
+    assert [layer.name for layer in found.layers] == ["0", "1"]
+    assert list(found.kept) == ["1"] and "has its own forward" in found.kept["1"]
+    code = cli.main(["layer", "--model", f"{user_module}:scaled", "--input", "1,3,8,8",
+                     "--device", "cpu", "--algos", "gemm", "--passes", "fwd", "--layouts",
+                     "nhwc", "--budget", "0.002", "--format", "json"])
+    out, err = capsys.readouterr()
+    assert code == 0 and [r["layer"] for r in json.loads(out)] == ["0", "1"]
+    assert "convbench: 1 measured; apply would keep it as it is: Scaled has its own forward" in err

@@ -266,11 +266,15 @@ def _model_layers(args, dev: devices.Device) -> tuple[list, dict]:
                                    "cuda" if dev.backend == "cuda" else "cpu")
     for u in found.unplanned:
         print(f"convbench: {u.layer} not measured: {u.reason}", file=sys.stderr)
+    for name, why in found.kept.items():
+        print(f"convbench: {name} measured; apply would keep it as it is: {why}",
+              file=sys.stderr)
     print(f"convbench: {args.model}: {sum(found.occurrences.values())} conv layers, "
           f"{len(found.layers)} distinct problems", file=sys.stderr)
     return found.layers, {"model": args.model, "input": list(shape),
                           "occurrences": found.occurrences,
-                          "unmeasured": {u.layer: u.reason for u in found.unplanned}}
+                          "unmeasured": {u.layer: u.reason for u in found.unplanned},
+                          "kept_by_apply": found.kept}
 
 
 def cmd_layer(args) -> int:

@@ -113,6 +113,7 @@ def find_convs(model, example_input) -> tuple[list[Site], list[Unplanned]]:
             return func(*args, **kwargs)
 
     modes = {m: m.training for m in model.modules()}
+
     def enter(module, args) -> None:
         running.append(names[id(module)])
 
@@ -139,11 +140,13 @@ def find_convs(model, example_input) -> tuple[list[Site], list[Unplanned]]:
 @dataclass
 class ModelLayers:
     """A model's distinct conv problems as layers of `net` (each layer's `count`: how many conv
-    modules have its problem), and the conv modules no `ConvProblem` describes (with why)."""
+    modules have its problem), the conv modules no `ConvProblem` describes (with why), and
+    the measured ones `apply` would leave to torch (`kept`: module name -> why)."""
 
     net: str
     layers: list[Layer]
     unplanned: list[Unplanned] = field(default_factory=list)
+    kept: dict[str, str] = field(default_factory=dict)
 
     @property
     def occurrences(self) -> dict[str, int]:
@@ -227,4 +230,4 @@ def conv_layers(model, input_shape: tuple[int, ...], net: str = "model",
         why = f" ({unplanned[0].layer}: {unplanned[0].reason})" if unplanned else ""
         raise ValueError(f"the model has no conv layer convbench can run{why}")
     layers = [Layer(net, name, problem, counts[problem]) for problem, name in first.items()]
-    return ModelLayers(net, layers, unplanned)
+    return ModelLayers(net, layers, unplanned, {s.name: s.kept for s in sites if s.kept})
