@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from convbench.algos import registry
+from convbench.algos import kernel_base, registry
 from convbench.cli import kernels as cli_kernels
 from convbench.core.problem import ConvProblem
-from convbench.cuda import emu, kernels
+from convbench.cuda import emu, gate, kernels
 
 HERE = Path(__file__).parent / "kernels"
 DIRECT_ENTRIES = {"direct_fwd", "direct_bwd_data", "direct_bwd_filter", "direct_sum_splits"}
@@ -114,7 +114,7 @@ ptxas info    : Function properties for k
 ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 ptxas info    : Used 40 registers, used 1 barriers, 8320 bytes smem, 400 bytes cmem[0]
 """
-    helper, k = kernels.parse_ptxas(log)
+    helper, k = gate.parse_ptxas(log)
     assert (helper.kernel, helper.stack, helper.spill) == ("_Z6helperv", 8, 8)
     assert (k.kernel, k.registers, k.smem, k.spill) == ("k", 40, 8320, 0)
 
@@ -127,7 +127,7 @@ def test_gate_passes_every_declared_kernel_without_spills():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     for entry in DIRECT_ENTRIES:
-        for arch in kernels.GATE_ARCHS:
+        for arch in gate.GATE_ARCHS:
             for layout in ("NHWC=0", "NHWC=1"):
                 assert any(entry in ln and arch in ln and layout in ln and ln.endswith(" ok")
                            for ln in lines), (entry, arch, layout)
@@ -135,11 +135,11 @@ def test_gate_passes_every_declared_kernel_without_spills():
 
 @needs_nvrtc
 def test_the_gate_in_processes_gives_the_rows_of_one_process_in_job_order():
-    jobs = [(HERE / "spills.cu", ()), kernels.declared_jobs()[0][0]]
-    serial = kernels.gate(jobs, ["sm_80"], workers=1)
+    jobs = [(HERE / "spills.cu", ()), gate.declared_jobs()[0][0]]
+    serial = gate.gate(jobs, ["sm_80"], workers=1)
     files = [r.file for r in serial]
     assert files[0] == "spills.cu" and files[-1] == jobs[1][0].name
-    assert kernels.gate(jobs, ["sm_80"], workers=2) == serial
+    assert gate.gate(jobs, ["sm_80"], workers=2) == serial
 
 
 @needs_nvrtc
@@ -156,7 +156,8 @@ def test_bad_gate_input_is_one_line(capsys, argv, words):
 
 
 def test_every_kernel_file_has_declared_configurations():
-    jobs, undeclared = kernels.declared_jobs()
+    registry.load()  # the algorithm modules declare their configurations at import
+    jobs, undeclared = gate.declared_jobs()
     assert undeclared == []
     assert {path.name for path, _ in jobs} >= {"direct.cu"}
 
@@ -164,7 +165,7 @@ def test_every_kernel_file_has_declared_configurations():
 def test_a_kernel_file_without_configurations_is_reported(tmp_path, monkeypatch):
     (tmp_path / "orphan.cu").write_text("")
     monkeypatch.setattr(kernels, "kernel_dir", lambda: tmp_path)
-    assert kernels.declared_jobs()[1] == ["orphan.cu"]
+    assert gate.declared_jobs()[1] == ["orphan.cu"]
 
 
 @needs_nvrtc
@@ -185,12 +186,12 @@ def test_gate_fails_on_compile_errors(tmp_path, capsys):
 
 
 # --- the wrappers' base ---------------------------------------------------------------------------
-class _Toy(kernels.KernelImplementation):
+class _Toy(kernel_base.KernelImplementation):
     """The base's checks on hooks sized by the problem: a launch of N blocks in z, a workspace
     buffer of C·2^20 elements."""
 
     def check_launch(self, problem, pass_, layout):
-        kernels.check_grid((1, 1, problem.n))
+        kernel_base.check_grid((1, 1, problem.n))
 
     def workspace_buffers(self, problem, pass_, layout):
         return {"the toy buffer": problem.c << 20}
@@ -204,7 +205,7 @@ class _Refusing(_Toy):
         return "toy refuses"
 
 
-def _toy(backend: str, cls: type = _Toy) -> kernels.KernelImplementation:
+def _toy(backend: str, cls: type = _Toy) -> kernel_base.KernelImplementation:
     impl = cls()
     impl.algo, impl.backend = "direct", backend
     return impl
@@ -254,10 +255,10 @@ def test_kernel_base_declares_its_buffers_as_float32_workspace():
 
 
 def test_kernel_helpers():
-    assert [kernels.ceil_div(a, 4) for a in (0, 1, 4, 5)] == [0, 1, 1, 2]
-    kernels.check_grid((2**31 - 1, kernels.GRID_YZ_MAX, kernels.GRID_YZ_MAX), (70000, 1))
+    assert [kernel_base.ceil_div(a, 4) for a in (0, 1, 4, 5)] == [0, 1, 1, 2]
+    kernel_base.check_grid((2**31 - 1, kernel_base.GRID_YZ_MAX, kernel_base.GRID_YZ_MAX), (70000, 1))
     with pytest.raises(ValueError, match=r"grid \(1, 65536\) exceeds the CUDA limit"):
-        kernels.check_grid((1, 1, 1), (1, 65536))
+        kernel_base.check_grid((1, 1, 1), (1, 65536))
 
 
 KERNEL_ALGOS = registry.algos_for("emu")
@@ -266,7 +267,7 @@ KERNEL_ALGOS = registry.algos_for("emu")
 @pytest.mark.parametrize("algo", KERNEL_ALGOS)
 def test_every_kernel_wrapper_is_one_class_on_cuda_and_emu(algo):
     on_cuda, on_emu = registry.get(algo, "cuda"), registry.get(algo, "emu")
-    assert isinstance(registry.unwrapped(on_emu), kernels.KernelImplementation)
+    assert isinstance(registry.unwrapped(on_emu), kernel_base.KernelImplementation)
     assert type(registry.unwrapped(on_cuda)) is type(registry.unwrapped(on_emu))
     assert on_cuda is not on_emu
 
@@ -279,5 +280,5 @@ def test_every_kernel_wrapper_refuses_a_tensor_past_32_bit_indexing(algo):
 
 
 def test_gemm_cublas_is_a_kernel_wrapper_on_cuda_only():
-    assert isinstance(registry.get("gemm-cublas", "cuda"), kernels.KernelImplementation)
+    assert isinstance(registry.get("gemm-cublas", "cuda"), kernel_base.KernelImplementation)
     assert "gemm-cublas" not in registry.algos_for("emu")

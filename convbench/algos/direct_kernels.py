@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from ..core.problem import LAYOUTS, ConvProblem
 from ..cuda import kernels
-from ..cuda.kernels import ceil_div
+from . import kernel_base
+from .kernel_base import ceil_div
 
 #: FILT_PAD: floats between the staged filter rows of TILE_O channels (direct.cu says why).
 TILES = {"THREADS": 256, "TILE_H": 8, "TILE_W": 8, "TILE_O": 32, "FILT_PAD": 4,
@@ -83,7 +84,7 @@ def _gather_geometry(p: ConvProblem, pass_: str) -> _GatherGeometry:
                          f"shared memory, over {kernels.DEFAULT_DYNAMIC_SHARED:,}")
     grid = (ceil_div(out_h, TILES["TILE_H"]) * ceil_div(out_w, TILES["TILE_W"]),
             p.groups * ceil_div(out_g, TILES["TILE_O"]), p.n)
-    kernels.check_grid(grid)
+    kernel_base.check_grid(grid)
     return _GatherGeometry(grid, smem(chunk), patch_h, patch_w, chunk)
 
 
@@ -91,9 +92,9 @@ def _filter_geometry(p: ConvProblem) -> _FilterGeometry:
     kg, crs = p.k // p.groups, p.cg * p.r * p.s
     tiles = (ceil_div(crs, TILES["BF_TILE_CRS"]), p.groups * ceil_div(kg, TILES["BF_TILE_K"]))
     splits = max(1, min(ceil_div(SPLIT_TARGET_BLOCKS, math.prod(tiles)),
-                        p.n * p.p * p.q // MIN_SPLIT_PIXELS, kernels.GRID_YZ_MAX))
+                        p.n * p.p * p.q // MIN_SPLIT_PIXELS, kernel_base.GRID_YZ_MAX))
     grid = (*tiles, splits)
-    kernels.check_grid(grid)
+    kernel_base.check_grid(grid)
     return _FilterGeometry(grid, splits, p.k * crs)
 
 
@@ -104,8 +105,8 @@ def _geometry(problem: ConvProblem, pass_: str) -> _GatherGeometry | _FilterGeom
     return _gather_geometry(problem, pass_)
 
 
-@kernels.register_kernels("direct")
-class DirectKernels(kernels.KernelImplementation):
+@kernel_base.register_kernels("direct")
+class DirectKernels(kernel_base.KernelImplementation):
     """`direct` through kernels/direct.cu."""
 
     asymmetric_pad = True  # the kernels take the padding before and the output size
@@ -131,11 +132,11 @@ class DirectKernels(kernels.KernelImplementation):
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         launch = kernels.launcher(self.backend, "direct", CONFIGURATIONS[layout])
         p, geo = problem, _geometry(problem, pass_)
-        dims = (p.n, p.c, p.h, p.w, p.k, p.r, p.s, p.p, p.q, *kernels.axis_args(p), p.groups)
+        dims = (p.n, p.c, p.h, p.w, p.k, p.r, p.s, p.p, p.q, *kernel_base.axis_args(p), p.groups)
         if isinstance(geo, _GatherGeometry):
             return launch.kernel(f"direct_{pass_}").bind(
                 geo.grid, THREADS, (*dims, geo.patch_h, geo.patch_w, geo.chunk), geo.smem)
         reduce = launch.kernel("direct_bwd_filter").bind(geo.grid, THREADS,
                                                          (*dims, geo.splits))
-        return kernels.split_sum(launch, reduce, "direct_sum_splits", geo.dw_size, geo.splits,
+        return kernel_base.split_sum(launch, reduce, "direct_sum_splits", geo.dw_size, geo.splits,
                                  THREADS)

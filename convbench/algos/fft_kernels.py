@@ -53,9 +53,9 @@ import numpy as np
 from ..core.fmt import first_line
 from ..core.problem import LAYOUTS, ConvProblem
 from ..cuda import kernels
-from ..cuda.kernels import ceil_div
-from . import registry
+from . import kernel_base, registry
 from .fft import fft_refusal
+from .kernel_base import ceil_div
 from .phases import OPERAND_NAMES, Phased, phase_names
 
 #: PROD_MIN_BLOCKS: the product kernel's blocks per SM in its launch bounds (fft.cu says why 1).
@@ -321,8 +321,8 @@ _TRANSFORMS = {"cuda": _CuFFT, "emu": _NumpyFFT}
 
 
 # --- the implementation ---------------------------------------------------------------------------
-@kernels.register_kernels("fft")
-class FFTKernels(kernels.KernelImplementation):
+@kernel_base.register_kernels("fft")
+class FFTKernels(kernel_base.KernelImplementation):
     """`fft` through cuFFT and kernels/fft.cu."""
 
     tile: int | None = None  #: transform size per axis of `fft-tiled`; None: one whole grid
@@ -341,7 +341,7 @@ class FFTKernels(kernels.KernelImplementation):
         return fft_refusal(self.algo, problem)
 
     def check_launch(self, problem: ConvProblem, pass_: str, layout: str) -> None:
-        kernels.check_grid(*_geometry(problem, pass_, self.tile).launch_grids())
+        kernel_base.check_grid(*_geometry(problem, pass_, self.tile).launch_grids())
 
     def workspace_buffers(self, problem: ConvProblem, pass_: str, layout: str
                           ) -> dict[str, int]:
@@ -418,7 +418,7 @@ class FFTKernels(kernels.KernelImplementation):
         })
 
 
-@kernels.register_kernels("fft-tiled")
+@kernel_base.register_kernels("fft-tiled")
 class FFTTiledKernels(FFTKernels):
     """`fft-tiled`: the same kernels over TILE × TILE transforms of overlapping tiles."""
 

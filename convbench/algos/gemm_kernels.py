@@ -40,7 +40,8 @@ import numpy as np
 from ..core.fmt import first_line
 from ..core.problem import LAYOUTS, ConvProblem
 from ..cuda import kernels
-from ..cuda.kernels import ceil_div
+from . import kernel_base
+from .kernel_base import ceil_div
 from .registry import register
 
 #: The SGEMM tile configurations (-D defines of gemm.cu). `large`: a 128×128 tile of C per block
@@ -155,7 +156,7 @@ def sgemm_geometry(product: Product, tiles: str | None = None) -> SgemmGeometry:
             return SgemmGeometry(p, name, (*xy, p.groups * p.images), k_tiles, 1)
         total = p.images * k_tiles
         splits = max(1, min(ceil_div(SPLIT_TARGET_BLOCKS, xy[0] * xy[1] * p.groups),
-                            total // MIN_SPLIT_TILES, kernels.GRID_YZ_MAX // p.groups))
+                            total // MIN_SPLIT_TILES, kernel_base.GRID_YZ_MAX // p.groups))
         per_split = ceil_div(total, splits)
         splits = ceil_div(total, per_split)  # no empty slice
         return SgemmGeometry(p, name, (*xy, p.groups * splits), per_split, splits)
@@ -164,7 +165,7 @@ def sgemm_geometry(product: Product, tiles: str | None = None) -> SgemmGeometry:
         large = geometry("large")
         tiles = "large" if math.prod(large.grid) >= LARGE_TILE_MIN_BLOCKS else "small"
     chosen = geometry(tiles)
-    kernels.check_grid(chosen.grid)
+    kernel_base.check_grid(chosen.grid)
     if chosen.splits > 1 and (p.ldc != p.n or (p.groups > 1 and p.c_group != p.m * p.ldc)):
         raise ValueError("a split reduction sums whole partial results: C must be contiguous")
     return chosen
@@ -181,7 +182,7 @@ def sgemm_runner(backend: str, geo: SgemmGeometry) -> Callable:
         geo.grid, block, (p.m, p.n, p.k, p.lda, p.ldb, p.ldc, p.groups, p.images,
                           geo.tiles_per_split, p.a_group, p.a_image, p.b_group, p.b_image,
                           p.c_group, c_split), geo.smem)
-    return kernels.split_sum(launch, multiply, "gemm_sum_splits", p.c_extent, geo.splits, block)
+    return kernel_base.split_sum(launch, multiply, "gemm_sum_splits", p.c_extent, geo.splits, block)
 
 
 def cublas_available() -> str | None:
@@ -294,7 +295,7 @@ def cublas_runner(product: Product) -> Callable:
     slices = cublas_slices(p)[0]
     if not cublas_partial_elements(p):
         return products
-    return kernels.split_sum(kernels.launcher("cuda", "gemm", TILES["small"]), products,
+    return kernel_base.split_sum(kernels.launcher("cuda", "gemm", TILES["small"]), products,
                              "gemm_sum_splits", p.c_extent, slices, threads("small"))
 
 
@@ -346,8 +347,8 @@ def _sgemm_geometry(problem: ConvProblem, pass_: str, layout: str) -> SgemmGeome
     return sgemm_geometry(conv_product(problem, pass_, layout)[0])
 
 
-@kernels.register_kernels("gemm")
-class GemmKernels(kernels.KernelImplementation):
+@kernel_base.register_kernels("gemm")
+class GemmKernels(kernel_base.KernelImplementation):
     """`gemm` through kernels/im2col.cu and kernels/gemm.cu."""
 
     asymmetric_pad = True  # im2col takes the padding before and the output size
@@ -377,7 +378,7 @@ class GemmKernels(kernels.KernelImplementation):
         lowering = kernels.launcher(self.backend, "im2col", LOWERING[layout])
         col = lowering.xp.empty(col_elements(problem), dtype=lowering.xp.float32)
         p = problem
-        dims = (p.n, p.c, p.h, p.w, p.r, p.s, p.p, p.q, *kernels.axis_args(p), p.groups)
+        dims = (p.n, p.c, p.h, p.w, p.r, p.s, p.p, p.q, *kernel_base.axis_args(p), p.groups)
         if pass_ == "bwd_data":
             col2im = lowering.kernel("col2im").bind(
                 ceil_div(p.n * p.c * p.h * p.w, LOWERING_THREADS), LOWERING_THREADS, dims)

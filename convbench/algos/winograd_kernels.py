@@ -43,8 +43,8 @@ import numpy as np
 
 from ..core.problem import LAYOUTS, ConvProblem
 from ..cuda import kernels
-from ..cuda.kernels import ceil_div
-from . import phases
+from . import kernel_base, phases
+from .kernel_base import ceil_div
 from .phases import OPERAND_NAMES, Phased, phase_names
 from .transforms import WinogradTransform, c_literal, winograd_matrices
 from .winograd import Winograd
@@ -127,7 +127,7 @@ class _Gemm:
         asks for within the limits, none empty."""
         blocks = self.grid_tiles * self.alpha2
         splits = max(1, min(ceil_div(SPLIT_TARGET_BLOCKS, blocks), self.depth // MIN_SLICE_DEPTH,
-                            kernels.GRID_YZ_MAX // self.alpha2))
+                            kernel_base.GRID_YZ_MAX // self.alpha2))
         return ceil_div(ceil_div(self.depth, splits), GEMM["GEMM_BK"]) * GEMM["GEMM_BK"]
 
     @property
@@ -232,7 +232,7 @@ def _steps(p: ConvProblem, pass_: str, geo: _Geometry, launch: kernels.Launcher,
     return dict(zip(phase_names(pass_), steps))
 
 
-class _WinogradKernels(kernels.KernelImplementation, Winograd):
+class _WinogradKernels(kernel_base.KernelImplementation, Winograd):
     """F(m×m, 3×3) through kernels/winograd.cu; `m` by subclass.
 
     What Winograd refuses (filters other than 3x3, stride, dilation, groups) is the CPU
@@ -297,7 +297,7 @@ class _FusedWinogradKernels(_WinogradKernels):
         return super().refuses(problem, pass_, layout, precision)
 
     def check_launch(self, problem: ConvProblem, pass_: str, layout: str) -> None:
-        kernels.check_grid(_fused_geometry(problem, pass_, self.m)["grid"])
+        kernel_base.check_grid(_fused_geometry(problem, pass_, self.m)["grid"])
 
     def workspace_buffers(self, problem: ConvProblem, pass_: str, layout: str
                           ) -> dict[str, int]:
@@ -337,7 +337,7 @@ class _FusedWinogradKernels(_WinogradKernels):
 def _per_tile(base: type, algo: str) -> list[type]:
     """`base` with each tile size m of TILE_SIZES, registered as `<algo>-<m>x<m>`."""
     name = base.__name__.lstrip("_")
-    return [kernels.register_kernels(f"{algo}-{m}x{m}")(
+    return [kernel_base.register_kernels(f"{algo}-{m}x{m}")(
         type(f"{name}{m}x{m}", (base,), {"m": m, "__module__": __name__}))
         for m in TILE_SIZES]
 

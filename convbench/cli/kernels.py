@@ -1,4 +1,4 @@
-"""`convbench kernels`: the CUDA compile gate (`convbench.cuda.kernels.gate`) on the command line.
+"""`convbench kernels`: the CUDA compile gate (`convbench.cuda.gate`) on the command line.
 
 Every declared kernel configuration, or the files given, compiled with NVRTC for each arch (no
 GPU needed); registers, shared memory and spills as a table. Exit 1 on a compile error, a
@@ -12,7 +12,8 @@ import re
 import sys
 from pathlib import Path
 
-from ..cuda import kernels
+from ..algos import registry
+from ..cuda import gate, kernels
 from .common import EXIT_INTERRUPTED, EXIT_USAGE
 
 
@@ -26,7 +27,7 @@ def main(argv: list[str]) -> int:
                              "declared configurations")
     parser.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--arch", action="append",
-                        help=f"default: {' '.join(kernels.GATE_ARCHS)}")
+                        help=f"default: {' '.join(gate.GATE_ARCHS)}")
     args = parser.parse_args(argv)
     if reason := kernels.nvrtc_available():
         print(f"convbench kernels: {reason}", file=sys.stderr)
@@ -38,15 +39,16 @@ def main(argv: list[str]) -> int:
     if args.files:
         jobs, undeclared = [(f, defines) for f in args.files], []
     else:
-        jobs, undeclared = kernels.declared_jobs()
+        registry.load()  # every algorithm module declares its configurations at import
+        jobs, undeclared = gate.declared_jobs()
     try:
-        rows = kernels.gate(jobs, args.arch or kernels.GATE_ARCHS)
+        rows = gate.gate(jobs, args.arch or gate.GATE_ARCHS)
     except KeyboardInterrupt:
         print("convbench kernels: interrupted; nothing was checked to the end", file=sys.stderr)
         return EXIT_INTERRUPTED
-    rows += [kernels.GateRow(name, (), "-", None, "no configuration declared (kernels.declare)")
+    rows += [gate.GateRow(name, (), "-", None, "no configuration declared (kernels.declare)")
              for name in undeclared]
-    print(kernels.render(rows))
+    print(gate.render(rows))
     for row in rows:
         if row.log and row.error:
             print(f"\n--- {row.file} {dict(row.defines)} {row.arch}\n{row.log}", file=sys.stderr)

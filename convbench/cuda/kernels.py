@@ -1,5 +1,6 @@
-"""The only reader of kernels/: loads CUDA sources for both backends, gates them, and gives
-the wrappers that launch them their base (`KernelImplementation`).
+"""The only reader of kernels/: loads CUDA sources for both backends and launches them. The
+compile gate is `cuda.gate`; the wrappers' base, `KernelImplementation`, is in
+`algos.kernel_base`.
 
 From `kernels/<name>.cu` to a launch
 ------------------------------------
@@ -33,7 +34,7 @@ Rules for kernel sources, so that NVRTC, g++ and the parameter parser agree:
 
 Adding a kernel file: write kernels/<name>.cu by those rules; in its algorithm's
 `convbench/algos/<algo>_kernels.py` declare its configurations and write one wrapper class, a
-`KernelImplementation` registered for both ``cuda`` and ``emu`` by ``@register_kernels(algo)``
+`KernelImplementation` (`algos.kernel_base`) registered for both ``cuda`` and ``emu`` by ``@register_kernels(algo)``
 (`convbench.algos.direct_kernels` is the model): the base checks the limits every kernel has,
 and the wrapper adds its own through the base's hooks. Test it under ``emu`` against the float64
 reference, and on ``cuda`` with the ``gpu`` marker (tests/test_direct_kernels.py).
@@ -48,25 +49,19 @@ uses), or from convbench/_kernels/ in an installed wheel (setup.py copies them t
 from __future__ import annotations
 
 import functools
-import math
 import numbers
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
 from ..algos import registry
-from ..algos.phases import OPERAND_NAMES
 from ..core.fmt import first_line
-from ..core.problem import ConvProblem, check_choice
-from ..machine import threads
+from ..core.problem import check_choice
 from . import emu
 
-#: Architectures the compile gate builds every configuration for.
-GATE_ARCHS = ("sm_80", "sm_90")
 #: Options of every compilation, on the GPU and in the gate.
 COMPILE_OPTIONS = ("-std=c++17",)
 #: Dynamic shared memory a launch gets without opting in (above it, `cuda` sets the attribute).
@@ -276,8 +271,8 @@ def declare(name: str, configurations: Iterable[Mapping[str, object]]) -> None:
 
 
 def declared() -> dict[str, list[Defines]]:
-    """Every declared (file name -> define sets), after importing every algorithm module."""
-    registry.load()
+    """Every declaration so far (file name -> define sets): the algorithm modules declare at
+    import, so the whole list is there once they are imported (`registry.load`)."""
     return {name: list(sets) for name, sets in _DECLARED.items()}
 
 
@@ -341,317 +336,6 @@ def _cuda_function(fn) -> Callable:
         fn(grid, block, args, shared_mem=shared_mem)
 
     return launch
-
-
-# --- the wrappers' base -------------------------------------------------------------------------
-#: The kernels index with 32-bit ints: every tensor and workspace buffer has fewer elements.
-INDEX_LIMIT = 2**31
-#: CUDA's limit on a grid's y and z (x goes to 2^31 - 1).
-GRID_YZ_MAX = 65535
-
-
-def ceil_div(a: int, b: int) -> int:
-    """The blocks (tiles, slices) of `b` that cover `a`."""
-    return -(-a // b)
-
-
-def axis_args(p: ConvProblem) -> tuple[int, int, int, int, int, int]:
-    """A problem's per-axis geometry as the kernels take it: stride_h, stride_w, pad_h, pad_w,
-    dil_h, dil_w (each axis apart, so a per-axis problem runs as any other). The kernels take
-    the padding before (top, left) only: with the output size P, Q given, they read no padding
-    after, so a problem padded unequally before and after runs as any other."""
-    return p.stride_h, p.stride_w, p.pad_top, p.pad_left, p.dil_h, p.dil_w
-
-
-def check_grid(*grids: tuple[int, ...]) -> None:
-    """Raises ValueError(reason) for the first grid past CUDA's limit in y or z."""
-    for grid in grids:
-        if max(grid[1:], default=1) > GRID_YZ_MAX:
-            raise ValueError(f"grid {grid} exceeds the CUDA limit of {GRID_YZ_MAX} in y or z")
-
-
-def _over_index_limit(sizes: Mapping[str, int]) -> str | None:
-    """The reason if an array of `sizes` (name -> elements) is too large to index, else None."""
-    for name, count in sizes.items():
-        if count >= INDEX_LIMIT:
-            return (f"{name} has {count:,} elements, 2^31 or more: the kernels index with "
-                    f"32-bit ints")
-    return None
-
-
-#: The last answers of `KernelImplementation._kernel_reason`, by (class, algo, problem, pass,
-#: layout, precision): the `cuda` and `emu` wrappers of an algorithm are one class, and a
-#: listing asks both about each case back to back (`convbench list --net convset`: 8498
-#: problems, 2 backends). A few are enough; the oldest goes first.
-_KERNEL_REASONS: dict = {}
-_KERNEL_REASONS_KEPT = 64
-_UNSEEN = object()
-
-
-class KernelImplementation(registry.Implementation):
-    """An implementation through kernels/*.cu: one class serves `cuda` and `emu`
-    (`register_kernels`), the backend only changing what `launcher` hands back, so the emulated
-    tests check exactly the launch code that runs on the GPU.
-
-    `supports` is written once, here, from hooks: what the algorithm itself refuses comes first
-    (`refuses`), then the limits every kernel has, each with its reason: 32-bit indexing of the
-    operands, the wrapper's launch geometry (`check_launch`), 32-bit indexing of its workspace
-    buffers (`workspace_buffers`), and on `emu` the emulator's budget (`emulated_work`).
-    """
-
-    precisions = ("fp32",)
-
-    def available(self) -> str | None:
-        return available(self.backend)
-
-    def supports(self, problem: ConvProblem, pass_: str, layout: str,
-                 precision: str) -> str | None:
-        key = (type(self), self.algo, problem, pass_, layout, precision)
-        reason = _KERNEL_REASONS.get(key, _UNSEEN)
-        if reason is _UNSEEN:
-            reason = self._kernel_reason(problem, pass_, layout, precision)
-            if len(_KERNEL_REASONS) >= _KERNEL_REASONS_KEPT:
-                del _KERNEL_REASONS[next(iter(_KERNEL_REASONS))]
-            _KERNEL_REASONS[key] = reason
-        if reason or self.backend != "emu":
-            return reason
-        return emu.too_big(self.emulated_work(problem, pass_, layout))
-
-    def _kernel_reason(self, problem: ConvProblem, pass_: str, layout: str,
-                       precision: str) -> str | None:
-        """What the algorithm and its kernels' limits refuse, the same on `cuda` and `emu`."""
-        operands = zip(OPERAND_NAMES[pass_], problem.operand_shapes(pass_, layout))
-        reason = (self.refuses(problem, pass_, layout, precision)
-                  or _over_index_limit({name: math.prod(s) for name, s in operands}))
-        if reason:
-            return reason
-        try:
-            self.check_launch(problem, pass_, layout)
-            return _over_index_limit(self.workspace_buffers(problem, pass_, layout))
-        except ValueError as exc:
-            return str(exc)
-
-    def refuses(self, problem: ConvProblem, pass_: str, layout: str,
-                precision: str) -> str | None:
-        """Why the algorithm does not run this problem at any size (FFT's stride > 1,
-        Winograd's filters other than 3x3), or None."""
-        return None
-
-    def check_launch(self, problem: ConvProblem, pass_: str, layout: str) -> None:
-        """Raises ValueError(reason) where the launch geometry does not fit the hardware (a grid
-        past `GRID_YZ_MAX`, too much shared memory); nothing to check by default."""
-
-    def workspace_buffers(self, problem: ConvProblem, pass_: str, layout: str
-                          ) -> dict[str, int]:
-        """Elements of each buffer `prepare` allocates, by the name a reason gives it."""
-        return {}
-
-    def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
-                        precision: str) -> int:
-        """The workspace buffers, float32: declared from the sizes `supports` checks, so the
-        two cannot disagree."""
-        return 4 * sum(self.workspace_buffers(problem, pass_, layout).values())
-
-    def emulated_work(self, problem: ConvProblem, pass_: str, layout: str) -> int:
-        """Multiply-adds the emulator would run, for `emu.too_big`: the direct convolution's."""
-        return problem.flops // 2
-
-
-def split_sum(launch: Launcher, reduce: Callable, sum_kernel: str, size: int, splits: int,
-              threads: int) -> Callable:
-    """``run(a, b, out)`` of a reduction split over `splits` slices: `reduce(a, b, partials)`
-    writes one partial result of `size` elements per slice, then `sum_kernel(partials, out,
-    size, splits)` adds them in slice order (deterministic). The partials are allocated here,
-    once; with one slice `reduce` writes `out` itself."""
-    if splits == 1:
-        return reduce
-    add = launch.kernel(sum_kernel).bind(ceil_div(size, threads), threads, (size, splits))
-    part = launch.xp.empty(splits * size, dtype=launch.xp.float32)
-
-    def run(a, b, out) -> None:
-        reduce(a, b, part)
-        add(part, out)
-
-    return run
-
-
-def register_kernels(algo: str) -> Callable[[type], type]:
-    """Class decorator: register a kernel wrapper as `algo` on both `cuda` and `emu`."""
-    def deco(cls: type) -> type:
-        for backend in ("cuda", "emu"):
-            registry.register(algo, backend)(cls)
-        return cls
-
-    return deco
-
-
-# --- the compile gate ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Resources:
-    """What ptxas reports for one function of one compilation."""
-
-    kernel: str
-    registers: int = 0
-    smem: int = 0  #: static shared memory, bytes
-    stack: int = 0  #: stack frame (local memory), bytes
-    spill_stores: int = 0
-    spill_loads: int = 0
-
-    @property
-    def spill(self) -> int:
-        return self.spill_stores + self.spill_loads
-
-
-_PTXAS_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
-_PTXAS_PROPS = re.compile(r"Function properties for (\S+)")
-_PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, "
-                          r"(\d+) bytes spill loads")
-_PTXAS_USED = re.compile(r"Used (\d+) registers")
-_PTXAS_SMEM = re.compile(r"(\d+) bytes smem")
-
-
-def parse_ptxas(log: str) -> list[Resources]:
-    """One `Resources` per function in a ``--ptxas-options=-v`` log, in order of appearance
-    (entry points, and any device function that was not inlined)."""
-    found: dict[str, dict[str, int]] = {}
-    entry = props = None
-    for line in log.splitlines():
-        if m := _PTXAS_ENTRY.search(line):
-            entry = found.setdefault(m.group(1), {})
-        elif m := _PTXAS_PROPS.search(line):
-            props = found.setdefault(m.group(1), {})
-        elif (m := _PTXAS_FRAME.search(line)) and props is not None:
-            props.update(stack=int(m.group(1)), spill_stores=int(m.group(2)),
-                         spill_loads=int(m.group(3)))
-        elif (m := _PTXAS_USED.search(line)) and entry is not None:
-            smem = _PTXAS_SMEM.search(line)
-            entry.update(registers=int(m.group(1)), smem=int(smem.group(1)) if smem else 0)
-    return [Resources(name, **fields) for name, fields in found.items()]
-
-
-@dataclass(frozen=True)
-class GateRow:
-    """One function of one (file, defines, arch) compilation, or the error that stopped it."""
-
-    file: str
-    defines: Defines
-    arch: str
-    resources: Resources | None
-    error: str = ""  #: one line; the full compiler log is in `log`
-    log: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return not self.error and self.resources is not None and self.resources.spill == 0
-
-
-def compile_check(path: Path, defines: Defines, arch: str) -> list[GateRow]:
-    """Compile one configuration with NVRTC for `arch` (no GPU needed) and report its kernels."""
-    from cupy.cuda import nvrtc
-
-    path = Path(path)
-
-    def failed(error: str, log: str = "") -> list[GateRow]:
-        return [GateRow(path.name, defines, arch, None, error, log)]
-
-    try:
-        code = read_source(path)
-    except OSError as exc:
-        return failed(str(exc))
-    options = [f"--gpu-architecture={arch}", "--ptxas-options=-v", *COMPILE_OPTIONS,
-               *define_options(defines)]
-    program = nvrtc.createProgram(code, path.name, [], [])
-    try:
-        nvrtc.compileProgram(program, options)
-        error = ""
-    except nvrtc.NVRTCError as exc:
-        error = str(exc)
-    log = nvrtc.getProgramLog(program).rstrip("\x00")
-    nvrtc.destroyProgram(program)
-    if error:
-        first = next((ln for ln in log.splitlines() if "error" in ln), error)
-        return failed(f"compile error: {first.strip()}", log)
-    resources = parse_ptxas(log)
-    if not resources:
-        return failed("ptxas reported no kernels", log)
-    return [GateRow(path.name, defines, arch, r) for r in resources]
-
-
-def _ignore_interrupts() -> None:
-    """A gate worker leaves Ctrl-C to the gate, which stops handing out compiles."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def gate(jobs: Iterable[tuple[Path, Defines]], archs: Iterable[str] = GATE_ARCHS,
-         workers: int | None = None) -> list[GateRow]:
-    """Every (file, defines) job compiled for every arch; rows in job order.
-
-    The compiles run in `workers` processes (default: the cores this process may use), each
-    compile alone in its process, never in threads: NVRTC compiles run concurrently in one
-    process gave ptxas results that differ from run to run (the 128×128 SGEMM, at its
-    128-register cap, spilled 72 bytes in one of three loaded runs and never when compiled
-    alone), and a gate must not be flaky. Two processes on a 2-core machine: `convbench
-    kernels` 34.7 -> 19.2 s.
-    """
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    archs = tuple(archs)
-    tasks = [(path, defines, arch) for path, defines in jobs for arch in archs]
-    workers = min(len(tasks), workers or threads.available_cores())
-    if workers <= 1:
-        return [row for task in tasks for row in compile_check(*task)]
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_ignore_interrupts)
-    try:
-        results = list(pool.map(compile_check, *zip(*tasks)))
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown()
-    return [row for rows in results for row in rows]
-
-
-def declared_jobs() -> tuple[list[tuple[Path, Defines]], list[str]]:
-    """(the declared configurations as gate jobs, the kernel files nobody declared)."""
-    configurations = declared()
-    jobs = [(kernel_dir() / f"{name}.cu", d) for name, sets in configurations.items()
-            for d in sets]
-    undeclared = sorted(p.name for p in kernel_dir().glob("*.cu") if p.stem not in configurations)
-    return jobs, undeclared
-
-
-def _brief(value: str) -> str:
-    """A define's value for the table: a brace initializer (a baked-in matrix) by its size."""
-    if value.startswith("{") and value.endswith("}"):
-        return f"{{{value.count(',') + 1} values}}"
-    return value
-
-
-def render(rows: list[GateRow]) -> str:
-    """The resource table. Its `defines` column shows what varies between a file's
-    configurations; what they share is listed once per file below the table."""
-    from ..core.fmt import tabulate
-
-    shared: dict[str, set[tuple[str, str]]] = {}
-    for r in rows:
-        shared[r.file] = shared.get(r.file, set(r.defines)) & set(r.defines)
-    table = []
-    for r in rows:
-        res = r.resources
-        numbers = [res.registers, res.smem, res.stack, res.spill] if res else [""] * 4
-        shown = " ".join(f"{k}={v}" for k, v in r.defines if (k, v) not in shared[r.file])
-        status = r.error or ("ok" if r.ok else "SPILL")
-        table.append([r.file, shown, r.arch, res.kernel if res else "-", *numbers, status])
-    notes = [f"{file} in every configuration: "
-             f"{' '.join(f'{k}={_brief(v)}' for k, v in sorted(common))}"
-             for file, common in shared.items() if common]
-    return "\n".join([tabulate(table, headers=["file", "defines", "arch", "kernel", "registers",
-                                                "static smem B", "stack B", "spill B",
-                                                "status"]),
-                      *notes])
 
 
 # --- the timer's head start -----------------------------------------------------------------------
