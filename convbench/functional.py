@@ -16,11 +16,8 @@ import functools
 import numpy as np
 
 from .algos import registry
+from .algos.registry import UnsupportedError
 from .core.problem import LAYOUTS, PRECISION_OF_DTYPE, ConvProblem, check_choice
-
-
-class UnsupportedError(ValueError):
-    """The implementation cannot run this problem; the message is its one-line reason."""
 
 
 def _as_int(name: str, v) -> int:

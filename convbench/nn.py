@@ -25,8 +25,8 @@ from torch.autograd.function import once_differentiable
 from torch.nn.utils import parametrize
 
 from . import functional
+from .algos.registry import TORCH_ALGOS
 from .core.problem import LAYOUTS, PASSES, ConvProblem, Pair, axis_pair, check_choice
-from .planning.plan import TORCH_ALGOS
 
 #: The memory format that stores a tensor in each layout.
 MEMORY_FORMAT = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}

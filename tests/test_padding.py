@@ -17,7 +17,7 @@ from convbench.catalogs.layers import Layer
 from convbench.core import results
 from convbench.core.problem import LAYOUTS, PASSES, ConvProblem, pair_text, parse_spec
 from convbench.measure import runner
-from convbench.planning import plan
+from convbench.planning import planschema
 
 ASYM = testing.ASYMMETRIC_PROBLEMS
 
@@ -225,15 +225,15 @@ def test_a_plan_problem_keeps_the_padding_and_old_forms_load():
     p = ASYM[2]
     entry = json.loads(json.dumps(dataclasses.asdict(p)))
     assert entry["pad"] == [[1, -2], [0, 1]]
-    assert plan._problem_field(entry, "problem") == p
+    assert planschema.problem_field(entry, "problem") == p
     for old in (1, [1, 2]):  # what plans written before padding had sides hold
         old_entry = {**entry, "pad": old}
-        assert plan._problem_field(old_entry, "problem").pad == (tuple(old) if
+        assert planschema.problem_field(old_entry, "problem").pad == (tuple(old) if
                                                                   isinstance(old, list) else old)
-    with pytest.raises(plan._Invalid, match=r"expected an integer or \[before, after\]"):
-        plan._problem_field({**entry, "pad": [[0, 1, 2], 1]}, "problem")
-    with pytest.raises(plan._Invalid, match=r"expected an integer >= 0, got -1"):
-        plan._problem_field({**entry, "pad": [[-1, 1], 1]}, "problem")
+    with pytest.raises(planschema.Invalid, match=r"expected an integer or \[before, after\]"):
+        planschema.problem_field({**entry, "pad": [[0, 1, 2], 1]}, "problem")
+    with pytest.raises(planschema.Invalid, match=r"expected an integer >= 0, got -1"):
+        planschema.problem_field({**entry, "pad": [[-1, 1], 1]}, "problem")
 
 
 def test_the_functional_api_takes_sides():

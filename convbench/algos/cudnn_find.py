@@ -33,8 +33,7 @@ import weakref
 from dataclasses import dataclass
 
 from ..core.problem import ConvProblem
-from ..functional import UnsupportedError
-from .registry import Implementation, register
+from .registry import Implementation, UnsupportedError, register
 
 # --- cuDNN's enums (cudnn_cnn.h / cudnn_graph.h, stable from cuDNN 7 to 9) -------------------
 #: Algorithm names by pass, in enum order (the index is the enum value).

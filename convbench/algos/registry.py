@@ -30,6 +30,9 @@ ALGOS = ("direct", "gemm", "gemm-cublas", "fft", "fft-tiled", "winograd-2x2", "w
          "cudnn-find-winograd-nonfused", "cudnn-find-algo-0", "cudnn-find-algo-1",
          "cudnn-find-algo-3")
 BACKENDS = ("numpy", "cuda", "emu")
+#: Algorithms that are torch's own convolution, and the `cudnn.benchmark` each runs with (None:
+#: whatever is set). A pass planned for one of them is left to torch when the plan is applied.
+TORCH_ALGOS = {"torch-cpu": None, "cudnn": False, "cudnn-autotune": True}
 #: What `winograd` and `all` mean on the command line.
 ALIASES = {"winograd": ("winograd-2x2", "winograd-4x4"),
            "winograd-fused": ("winograd-fused-2x2", "winograd-fused-4x4"),
@@ -37,6 +40,10 @@ ALIASES = {"winograd": ("winograd-2x2", "winograd-4x4"),
 #: Algos that `all` leaves out, asked for by name (their alias): cuDNN's algorithms one by one
 #: are eleven cases more per pass, for the study of cuDNN, not for choosing a plan.
 OPT_IN = ALIASES["cudnn-find"]
+
+class UnsupportedError(ValueError):
+    """The implementation cannot run this problem; the message is its one-line reason."""
+
 
 #: One prepared pass: ``run(a, b, out)`` reads the pass's two inputs and writes every element of
 #: the preallocated `out` (NumPy arrays on `numpy` and `emu`, CuPy on `cuda`).

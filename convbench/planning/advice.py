@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from ..algos.registry import TORCH_ALGOS
 from ..analysis.ranking import Candidate, busy_mask, preferred, tied
 from ..core import stats
 from ..core.fmt import fmt_ms, tabulate
@@ -28,7 +29,7 @@ from ..core.problem import LAYOUTS, PASSES, ConvProblem
 from ..core.results import PROBLEM_FIELDS, problem_from_row
 from ..measure.memory import format_size
 from . import layoutplan
-from .plan import TORCH_ALGOS, Choice, Constraints, LayerPlan, NetworkTotals, Plan, Unplanned
+from .plan import Choice, Constraints, LayerPlan, NetworkTotals, Plan, Unplanned
 
 #: Algorithms whose results may differ bitwise from run to run. cuDNN's own choice (benchmark
 #: off or on) may be one of its algorithms that accumulate with atomics (several bwd_data and

@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..algos import registry
+from ..algos.registry import TORCH_ALGOS
 from ..core.fmt import tabulate
 from ..core.problem import AXIS_FIELDS, PASSES
 from ..machine.threads import CPU_THREAD_ENV  # the environment a CPU plan with NumPy passes wants
 from ..measure import verify
-from .plan import TORCH_ALGOS, LayerPlan, Plan, PlanError, current_env_key, stale_fields
+from .plan import LayerPlan, Plan, PlanError, current_env_key, stale_fields
 
 
 @dataclass(frozen=True)

@@ -25,22 +25,34 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..algos.registry import ALGOS, BACKENDS
-from ..core.problem import AXIS_FIELDS, FIELD_MAX, LAYOUTS, PASSES, PRECISIONS, ConvProblem
-from ..core.results import ENTRY_NUMBERS, ENTRY_TEXTS, PROBLEM_FIELDS, STATUSES
+from ..core.problem import LAYOUTS, PASSES, PRECISIONS, ConvProblem
+from ..core.results import ENTRY_NUMBERS, ENTRY_TEXTS, STATUSES
+from .planschema import (
+    Invalid,
+    anything,
+    flag,
+    integer,
+    list_of,
+    no_constant,
+    no_duplicates,
+    number,
+    obj,
+    one_of,
+    optional,
+    passes,
+    problem_field,
+    text,
+)
 
 PLAN_FORMAT = "convbench-plan"
 #: Bumped whenever a field changes meaning; a plan of another version is refused, not guessed.
 PLAN_VERSION = 1
 #: What makes a measurement valid: a change in any of these makes a stored plan stale.
 ENV_FIELDS = ("device", "driver", "cuda", "cudnn", "torch", "cupy", "convbench")
-#: Algorithms that are torch's own convolution, and the `cudnn.benchmark` each runs with (None:
-#: whatever is set). A pass planned for one of them is left to torch when the plan is applied.
-TORCH_ALGOS = {"torch-cpu": None, "cudnn": False, "cudnn-autotune": True}
 #: How a tie within noise is broken (`Constraints.tie_break`): the least workspace (declared,
 #: else the measured peak), the lowest median, or the smallest error against float64.
 TIE_BREAKS = ("workspace", "time", "error")
@@ -195,17 +207,17 @@ class Plan:
         """Validate `data` field by field and build the plan; PlanError naming the first bad
         field otherwise."""
         try:
-            header = _obj({"format": _text, "version": _any}, partial=True)(data, "")
+            header = obj({"format": text, "version": anything}, partial=True)(data, "")
             if header["format"] != PLAN_FORMAT:
-                raise _Invalid("format", f"expected {PLAN_FORMAT!r}, got {header['format']!r}: "
+                raise Invalid("format", f"expected {PLAN_FORMAT!r}, got {header['format']!r}: "
                                "not a convbench plan")
             version = header["version"]
             if type(version) is not int or version != PLAN_VERSION:
-                raise _Invalid("version", f"plan format version {version!r}; this "
+                raise Invalid("version", f"plan format version {version!r}; this "
                                f"convbench reads version {PLAN_VERSION} (tune again to replace "
                                "it)")
             plan = _PLAN(data, "")
-        except _Invalid as exc:
+        except Invalid as exc:
             raise PlanError(f"invalid plan {source}: {exc.path or 'top level'}: {exc.what}") \
                 from None
         _check_consistent(plan, source)
@@ -214,11 +226,11 @@ class Plan:
     @classmethod
     def from_json(cls, text: str, source: str = "plan") -> Plan:
         try:
-            data = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_no_duplicates)
+            data = json.loads(text, parse_constant=no_constant, object_pairs_hook=no_duplicates)
         except json.JSONDecodeError as exc:
             raise PlanError(f"invalid plan {source}: not valid JSON ({exc.msg} at line "
                             f"{exc.lineno} column {exc.colno})") from None
-        except _Invalid as exc:
+        except Invalid as exc:
             raise PlanError(f"invalid plan {source}: {exc.what}") from None
         return cls.from_dict(data, source)
 
@@ -313,191 +325,38 @@ class PlanStore:
         return out
 
 
-# --- validation: a small schema that parses as it checks ------------------------------------
-class _Invalid(Exception):
-    def __init__(self, path: str, what: str):
-        super().__init__(what)
-        self.path, self.what = path, what
-
-
-Validator = Callable[[object, str], object]
-
-
-def _no_constant(name: str):
-    raise _Invalid("", f"{name} is not a number JSON allows")
-
-
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
-    out = {}
-    for k, v in pairs:
-        if k in out:
-            raise _Invalid("", f"key {k!r} appears twice in one object")
-        out[k] = v
-    return out
-
-
-def _describe(v) -> str:
-    name = {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
-            type(None): "null"}.get(type(v), "a number")
-    return f"{name} ({json.dumps(v)[:40]})" if not isinstance(v, (dict, list)) else name
-
-
-def _join(path: str, key) -> str:
-    return f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else key
-
-
-def _any(v, path):
-    return v
-
-
-def _text(v, path):
-    if not isinstance(v, str):
-        raise _Invalid(path, f"expected a string, got {_describe(v)}")
-    return v
-
-
-def _flag(v, path):
-    if not isinstance(v, bool):
-        raise _Invalid(path, f"expected true or false, got {_describe(v)}")
-    return v
-
-
-def _integer(minimum: int = 0) -> Validator:
-    def check(v, path):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise _Invalid(path, f"expected an integer, got {_describe(v)}")
-        if v < minimum:
-            raise _Invalid(path, f"expected an integer >= {minimum}, got {v}")
-        return v
-
-    return check
-
-
-def _axis_value(minimum: int, sides: bool = False) -> Validator:
-    """Stride, pad or dilation: one integer, or [height, width]; with `sides` (the padding),
-    each of height and width may be [before, after] (after may be negative: rows no output
-    reads), as a problem padded unequally is written."""
-    whole = _integer(minimum)
-    after = _integer(-FIELD_MAX)
-
-    def side(x, path):
-        if sides and isinstance(x, list):
-            if len(x) != 2:
-                raise _Invalid(path, f"expected an integer or [before, after], got "
-                                     f"{_describe(x)}")
-            return (whole(x[0], f"{path}[0]"), after(x[1], f"{path}[1]"))
-        return whole(x, path)
-
-    def check(v, path):
-        if isinstance(v, list):
-            if len(v) != 2:
-                raise _Invalid(path, f"expected an integer or [height, width], got {_describe(v)}")
-            return tuple(side(x, f"{path}[{i}]") for i, x in enumerate(v))
-        return whole(v, path)
-
-    return check
-
-
-def _number(v, path):
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise _Invalid(path, f"expected a number, got {_describe(v)}")
-    if v < 0:
-        raise _Invalid(path, f"expected a number >= 0, got {v}")
-    return float(v)
-
-
-def _one_of(valid: Iterable[str], kind: str) -> Validator:
-    valid = tuple(valid)
-
-    def check(v, path):
-        if _text(v, path) not in valid:
-            raise _Invalid(path, f"unknown {kind} {v!r}; valid: {', '.join(valid)}")
-        return v
-
-    return check
-
-
-def _optional(inner: Validator) -> Validator:
-    return lambda v, path: None if v is None else inner(v, path)
-
-
-def _list(item: Validator, length: int | None = None) -> Validator:
-    def check(v, path):
-        if not isinstance(v, list):
-            raise _Invalid(path, f"expected a list, got {_describe(v)}")
-        if length is not None and len(v) != length:
-            raise _Invalid(path, f"expected {length} items, got {len(v)}")
-        return [item(x, _join(path, i)) for i, x in enumerate(v)]
-
-    return check
-
-
-def _obj(fields: dict[str, Validator], build: Callable = dict, partial: bool = False,
-         optional: Iterable[str] = ()) -> Validator:
-    """An object with exactly `fields` (with `partial`, at least them), each validated, built
-    into `build(**values)`; `optional` ones (added after a format version) may be missing, and
-    are then left to `build`'s default."""
-    optional = set(optional)
-
-    def check(v, path):
-        if not isinstance(v, dict):
-            raise _Invalid(path, f"expected an object, got {_describe(v)}")
-        missing = [k for k in fields if k not in v and k not in optional]
-        if missing:
-            raise _Invalid(path, f"missing key {missing[0]!r}")
-        unknown = [k for k in v if k not in fields]
-        if unknown and not partial:
-            raise _Invalid(path, f"unknown key {unknown[0]!r}; expected: {', '.join(fields)}")
-        return build(**{k: fn(v[k], _join(path, k)) for k, fn in fields.items() if k in v})
-
-    return check
-
-
-def _problem_field(v, path):
-    fields = _obj({f: _axis_value(AXIS_FIELDS[f], f == "pad") if f in AXIS_FIELDS else _integer(1)
-                   for f in PROBLEM_FIELDS})(v, path)
-    try:
-        return ConvProblem(**fields)
-    except ValueError as exc:
-        raise _Invalid(path, str(exc)) from None
-
-
-def _passes(choice: Validator) -> Validator:
-    return _obj({p: _optional(choice) for p in PASSES})
-
-
-_ALGO, _BACKEND = _one_of(ALGOS, "algo"), _one_of(BACKENDS, "backend")
-_LAYOUT, _PASS = _one_of(LAYOUTS, "layout"), _one_of(PASSES, "pass")
-_OPT_NUMBER = _optional(_number)
-_MEASUREMENT = _obj({"problem": _problem_field, "pass": _PASS, "algo": _ALGO,
+_ALGO, _BACKEND = one_of(ALGOS, "algo"), one_of(BACKENDS, "backend")
+_LAYOUT, _PASS = one_of(LAYOUTS, "layout"), one_of(PASSES, "pass")
+_OPT_NUMBER = optional(number)
+_MEASUREMENT = obj({"problem": problem_field, "pass": _PASS, "algo": _ALGO,
                      "backend": _BACKEND, "layout": _LAYOUT,
-                     "status": _one_of(STATUSES, "status"), "reason": _text,
+                     "status": one_of(STATUSES, "status"), "reason": text,
                      **{k: _OPT_NUMBER for k in ENTRY_NUMBERS},
-                     "workspace_bytes": _optional(_integer()), "times_ms": _list(_number),
-                     **{k: _text for k in ENTRY_TEXTS}, "contended": _flag},
+                     "workspace_bytes": optional(integer()), "times_ms": list_of(number),
+                     **{k: text for k in ENTRY_TEXTS}, "contended": flag},
                     optional=(*ENTRY_TEXTS, "contended"))
-_CHOICE = _obj({"algo": _ALGO, "backend": _BACKEND, "median_ms": _number, "iqr_ms": _number},
+_CHOICE = obj({"algo": _ALGO, "backend": _BACKEND, "median_ms": number, "iqr_ms": number},
                Choice)
-_PLAN = _obj({
-    "format": _text, "version": _any, "created": _text,
-    "env": _obj({f: _optional(_text) for f in ENV_FIELDS}),
+_PLAN = obj({
+    "format": text, "version": anything, "created": text,
+    "env": obj({f: optional(text) for f in ENV_FIELDS}),
     "backend": _BACKEND,
-    "precision": _one_of(PRECISIONS, "precision"),
-    "constraints": _obj({"workspace_budget": _optional(_integer()), "deterministic": _flag,
+    "precision": one_of(PRECISIONS, "precision"),
+    "constraints": obj({"workspace_budget": optional(integer()), "deterministic": flag,
                          "max_error": _OPT_NUMBER,
-                         "tie_break": _one_of(TIE_BREAKS, "tie-break"), "include_busy": _flag},
+                         "tie_break": one_of(TIE_BREAKS, "tie-break"), "include_busy": flag},
                         Constraints, optional=("tie_break", "include_busy")),
-    "cudnn": _obj({"benchmark": _flag, "deterministic": _flag}),
+    "cudnn": obj({"benchmark": flag, "deterministic": flag}),
     "input_layout": _LAYOUT, "output_layout": _LAYOUT,
-    "layers": _list(_obj({"layer": _text, "problem": _problem_field, "layout": _LAYOUT,
-                          "passes": _passes(_CHOICE)}, LayerPlan)),
-    "network": _optional(_obj({"total_ms": _number, "conversion_ms": _number,
-                               "per_layer_best_layouts": _list(_LAYOUT),
-                               "per_layer_best_ms": _number}, NetworkTotals)),
-    "unplanned": _list(_obj({"layer": _text, "reason": _text}, Unplanned)),
-    "measurements": _list(_MEASUREMENT),
-    "conversions": _list(_obj({"shape": _list(_integer(1), 4), "from": _LAYOUT, "to": _LAYOUT,
-                               "median_ms": _number, "iqr_ms": _number})),
+    "layers": list_of(obj({"layer": text, "problem": problem_field, "layout": _LAYOUT,
+                          "passes": passes(_CHOICE)}, LayerPlan)),
+    "network": optional(obj({"total_ms": number, "conversion_ms": number,
+                               "per_layer_best_layouts": list_of(_LAYOUT),
+                               "per_layer_best_ms": number}, NetworkTotals)),
+    "unplanned": list_of(obj({"layer": text, "reason": text}, Unplanned)),
+    "measurements": list_of(_MEASUREMENT),
+    "conversions": list_of(obj({"shape": list_of(integer(1), 4), "from": _LAYOUT, "to": _LAYOUT,
+                               "median_ms": number, "iqr_ms": number})),
 }, lambda format, version, **fields: Plan(**fields))
 
 

@@ -40,9 +40,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
 from ..algos import registry
+from ..algos.registry import TORCH_ALGOS
 from ..measure import memory, opcount
 from ..measure.devices import backend_of
-from ..planning.plan import TORCH_ALGOS, Plan
+from ..planning.plan import Plan
 from .workload import Workload
 
 #: (layer, pass) -> (algo, backend, layout) of the conv passes a configuration runs through
