@@ -9,7 +9,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import convbench.algos.winograd as winograd_module
-from convbench.algos import reference, registry
+from convbench.algos import products, reference, registry
 from convbench.algos.transforms import WinogradTransform, winograd_matrices
 from convbench.catalogs.layers import net_layers
 from convbench.core.problem import LAYOUTS, PASSES, ConvProblem
@@ -138,11 +138,14 @@ def test_fp32_error_on_alexnet_4x4_worse_than_2x2(layer, pass_):
     assert two.rel_error > 1e-8
 
 
+@pytest.mark.parametrize("library", ["torch", "numpy"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("pass_", PASSES)
 @pytest.mark.parametrize("algo", ALGOS)
-def test_fp32_is_computed_in_fp32(algo, pass_, layout):
-    """Every GEMM — transforms and per-frequency products — gets float32 operands and output."""
+def test_fp32_is_computed_in_fp32(algo, pass_, layout, library, monkeypatch):
+    """Every GEMM — transforms and per-frequency products — gets float32 operands and output,
+    the products on either library (forced: a probe's calls would add to the count)."""
+    monkeypatch.setenv(products.GEMM_ENV, library)
     problem = ConvProblem(n=2, c=3, h=7, w=10, k=5, r=3, s=3, pad=1)
     seen = matmul_dtypes(_impl(algo), problem, pass_, layout)
     # 2 per data transform (Bᵀ, then the columns; G's for bwd_filter's dy), 1 for the filters
@@ -284,7 +287,8 @@ def test_strided_zero_gradient_rows_past_the_planes():
 
 
 @pytest.mark.parametrize("pass_", PASSES)
-def test_strided_fp32_is_computed_in_fp32(pass_):
+def test_strided_fp32_is_computed_in_fp32(pass_, monkeypatch):
+    monkeypatch.setenv(products.GEMM_ENV, "torch")  # a probe's calls would add to the count
     problem = ConvProblem(n=2, c=3, h=17, w=15, k=4, r=7, s=7, stride=2, pad=3)
     seen = matmul_dtypes(_impl("winograd-4x4"), problem, pass_, "nchw")
     # bwd_data's tiles are the phase planes', channels last: its inverse is nhwc's, 2 GEMMs

@@ -104,9 +104,10 @@ def nbytes(elements: int, precision: str) -> int:
 
 
 def tensor(a: np.ndarray):
-    """A torch tensor sharing `a`'s memory, so the CPU algorithms run their copies and products
-    through torch (MKL, its thread pool) on NumPy's buffers; a copy only for what torch cannot
-    view (negative strides, read-only arrays)."""
+    """A torch tensor sharing `a`'s memory, so the CPU algorithms run their copies through
+    torch (its thread pool) on NumPy's buffers, and their products through `products.Route`
+    (torch's or NumPy's BLAS, on the same memory); a copy only for what torch cannot view
+    (negative strides, read-only arrays)."""
     import torch
 
     if not a.flags.writeable or any(s < 0 for s in a.strides):

@@ -20,10 +20,14 @@ Why it is built this way (measured on a 2-core AVX-512 Xeon, AlexNet at batch 8)
   (groups, N, P, Q, R, S, C/g) — a window per tap and position — and copied whole into the
   column buffer. A copy per tap (121 of them for conv1's 11x11 filter, each of 3-channel vectors
   in nhwc) made conv1's nhwc im2col 3x slower than its nchw one.
-- The copies and products run on torch tensors sharing the NumPy buffers (zero-copy): torch's
-  MKL SGEMM reaches ~400 GFLOP/s where NumPy's OpenBLAS reached ~300 on conv3's 384x2304x1352,
-  and torch's copies use every thread of the run's policy (`threads.count()`). col2im stays a
-  NumPy add per tap (each one small: a threaded call would cost more to start than to run).
+- The copies run on torch tensors sharing the NumPy buffers (zero-copy): torch's copies use
+  every thread of the run's policy (`threads.count()`). col2im stays a NumPy add per tap (each
+  one small: a threaded call would cost more to start than to run).
+- The products go through `products.Route`: each on the faster, for its shape on this machine,
+  of torch's MKL and NumPy's OpenBLAS (which one wins depends on both), writing into the
+  column buffer or the output in either; the row's note names the library they ran on. The
+  sums into dw (nchw's per-image products, the blocks after the first) run on torch, whose
+  product alone adds into its output.
 - nhwc's fwd and bwd_filter on large images lower and multiply a block of images at a time
   (`images_per_block`): the block's columns are still in cache when its product reads them,
   where the whole matrix (33.5 MiB for conv1) went out to memory and back. One phase then,
@@ -51,6 +55,7 @@ from ._lowering import (
     workspace,
 )
 from .phases import FUSED, OPERAND_NAMES, Phased
+from .products import Route, note
 from .reference import DTYPES
 from .registry import Implementation, register
 
@@ -180,12 +185,10 @@ def images_per_block(p: ConvProblem, pass_: str, layout: str, precision: str) ->
     return max(1, min(p.n, BLOCK_BYTES // per_image))
 
 
-def _blocked(low: _Lowered, pass_: str):
+def _blocked(low: _Lowered, pass_: str, route: Route):
     """The blocked nhwc pass (fwd or bwd_filter): per block of images, im2col into the block's
     columns, then that block's rows of the product (fwd: its rows of y; bwd_filter: its share
     of the sum over images, added into dw by BLAS with beta = 1 after the first)."""
-    import torch
-
     p, block = low.problem, low.images
     rows = p.p * p.q
 
@@ -203,11 +206,11 @@ def _blocked(low: _Lowered, pass_: str):
             lo, hi = first * rows, (first + count) * rows
             for g, (side, wg) in enumerate(pairs):
                 if pass_ == "fwd":
-                    torch.matmul(low.block(g, count), wg.t(), out=side[lo:hi])
+                    route.matmul(low.block(g, count), wg.t(), side[lo:hi])
                 elif first == 0:
-                    torch.matmul(side[lo:hi].t(), low.block(g, count), out=wg)
+                    route.matmul(side[lo:hi].t(), low.block(g, count), wg)
                 else:
-                    wg.addmm_(side[lo:hi].t(), low.block(g, count))
+                    route.addmm(wg, side[lo:hi].t(), low.block(g, count))
     return fused
 
 
@@ -228,7 +231,8 @@ class GemmCPU(Implementation):
         else:
             lowering = "im2col: one strided copy"
         pages = pages_note(self.workspace_bytes(problem, pass_, layout, precision))
-        return (f"{lowering}; MKL GEMM through torch, {threads.count()} threads"
+        products = note((self.algo, problem, pass_, layout, precision))
+        return (f"{lowering}; {products}, {threads.count()} threads"
                 + (f"; {pages}" if pages else ""))
 
     def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
@@ -254,13 +258,12 @@ class GemmCPU(Implementation):
         return [f"transform {a}", "product"]
 
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
-        import torch
-
+        route = Route((self.algo, problem, pass_, layout, precision))
         block = images_per_block(problem, pass_, layout, precision)
         low = _Lowered(problem, pass_, layout, DTYPES[precision], block)
         nchw = layout == "nchw"
         if block < problem.n:
-            return Phased({FUSED: _blocked(low, pass_)})
+            return Phased({FUSED: _blocked(low, pass_, route)})
 
         def im2col(x, b, out):
             low.im2col(low.pad(tensor(np.ascontiguousarray(x))))
@@ -273,18 +276,18 @@ class GemmCPU(Implementation):
                 ys = low.output_side(tensor(out))
                 for g, wg in enumerate(low.filters(tensor(np.ascontiguousarray(w)))):
                     if nchw:  # (K/g × CRS/g) · (CRS/g × PQ) per image
-                        torch.matmul(wg, low.matrices[g], out=ys[g])
+                        route.matmul(wg, low.matrices[g], ys[g])
                     else:  # (NPQ × RSC/g) · (RSC/g × K/g)
-                        torch.matmul(low.matrices[g], wg.t(), out=ys[g])
+                        route.matmul(low.matrices[g], wg.t(), ys[g])
             steps = (im2col, product)
         elif pass_ == "bwd_data":
             def product(dy, w, out):
                 dys = low.output_side(tensor(np.ascontiguousarray(dy)))
                 for g, wg in enumerate(low.filters(tensor(np.ascontiguousarray(w)))):
                     if nchw:
-                        torch.matmul(wg.t(), dys[g], out=low.matrices[g])
+                        route.matmul(wg.t(), dys[g], low.matrices[g])
                     else:
-                        torch.matmul(dys[g], wg, out=low.matrices[g])
+                        route.matmul(dys[g], wg, low.matrices[g])
             steps = (product, col2im)
         else:
             def product(x, dy, out):
@@ -292,10 +295,10 @@ class GemmCPU(Implementation):
                 for g, dwg in enumerate(low.filters(tensor(out))):
                     col = low.matrices[g]
                     if nchw:  # one product per image, each added into dw by BLAS
-                        torch.matmul(dys[g][0], col[0].t(), out=dwg)
+                        route.matmul(dys[g][0], col[0].t(), dwg)
                         for i in range(1, len(col)):
-                            dwg.addmm_(dys[g][i], col[i].t())
+                            route.addmm(dwg, dys[g][i], col[i].t())
                     else:  # (K/g × NPQ) · (NPQ × RSC/g)
-                        torch.matmul(dys[g].t(), col, out=dwg)
+                        route.matmul(dys[g].t(), col, dwg)
             steps = (im2col, product)
         return Phased(dict(zip(self.phases(problem, pass_, layout, precision), steps)))

@@ -12,10 +12,13 @@ Structured like cuDNN's WINOGRAD_NONFUSED, one pass over memory per stage, each 
 Why it is built this way (measured on a 2-core AVX-512 Xeon, AlexNet conv3, batch 8):
 
 - Every array operation runs on torch tensors that share the NumPy buffers (`torch.from_numpy`,
-  zero-copy): the batched product through torch's MKL runs ~370 GFLOP/s where NumPy's OpenBLAS
-  `matmul` reached ~200 (36 GEMMs of 128×256×384: 2.4 ms instead of 4.6), and torch's copies and
-  GEMMs use every thread of the run's policy (`threads.count()`, set in torch by `threads.use`)
-  where NumPy's copies use one. Only BLAS and strided copies are borrowed, never a convolution.
+  zero-copy): torch's copies and GEMMs use every thread of the run's policy (`threads.count()`,
+  set in torch by `threads.use`) where NumPy's copies use one. Only BLAS and strided copies are
+  borrowed, never a convolution.
+- The batched product goes through `products.Route`: on the faster, for its shape on this
+  machine, of torch's MKL and NumPy's OpenBLAS (which one wins depends on both), into the
+  product buffer in either; the row's note names the library. The transforms' small GEMMs stay
+  on torch.
 - A data transform is one copy gathering every tile (a strided window view, no loop over tiles)
   and two GEMMs with the small Bᵀ (rows of every tile at once, then columns): ~12 multiply-adds
   per tile element where Bᵀ⊗Bᵀ would take alpha², in the same time. The inverse is two GEMMs
@@ -52,6 +55,7 @@ from ..core.problem import FILTER_LAYOUT, ConvProblem, pair_text
 from ..machine import threads
 from ._lowering import pages_note, tensor, workspace
 from .phases import Phased, phase_names
+from .products import Route, note
 from .reference import DTYPES
 from .registry import Implementation, register
 from .transforms import CPU_FILTER_SIZES, phase_split, winograd_matrices
@@ -376,11 +380,11 @@ class _TiledOutput:
     """
 
     def __init__(self, problem: ConvProblem, pass_: str, layout: str, m: int, dtype,
-                 split: ConvProblem | None = None):
+                 split: ConvProblem | None = None, route: Route | None = None):
         torch = _torch()
         eq = split or problem  # the stride-1 problem the tiles run
         stride = problem.stride
-        self.pass_ = pass_
+        self.pass_, self.route = pass_, route
         r = eq.r
         t = winograd_matrices(m, r).astype(dtype)
         in_shape = problem.operand_shapes(pass_, layout)[0]
@@ -440,13 +444,12 @@ class _TiledOutput:
         self.u = u if self.pass_ == "fwd" else u.transpose(1, 2)  # (alpha², out ch, in ch)
 
     def product(self, a, b, out) -> None:
-        torch = _torch()
         nchw = self.tile_layout == "nchw"
         prod = self.prod.view(self.alpha2, -1, self.tiles if nchw else self.cout)
         if nchw:  # (K×C)·(C×T): the product in (channel, tiles) order
-            torch.matmul(self.u, self.v, out=prod)
+            self.route.matmul(self.u, self.v, prod)
         else:  # (T×C)·(C×K): in (tiles, channel) order
-            torch.matmul(self.v.transpose(1, 2), self.u.transpose(1, 2), out=prod)
+            self.route.matmul(self.v.transpose(1, 2), self.u.transpose(1, 2), prod)
 
     def inverse(self, a, b, out) -> None:
         if self.planes is None:
@@ -468,9 +471,10 @@ class _WeightGradient:
     phase's taps are copied into dw's taps s·a + b (the padding taps past the filter dropped)."""
 
     def __init__(self, problem: ConvProblem, layout: str, m: int, dtype,
-                 split: ConvProblem | None = None):
+                 split: ConvProblem | None = None, route: Route | None = None):
         torch = _torch()
         p, eq = problem, split or problem
+        self.route = route
         stride = p.stride
         t = winograd_matrices(eq.r, m).astype(dtype)
         counts = _tile_counts((eq.p, eq.q), m)
@@ -511,7 +515,7 @@ class _WeightGradient:
         self.u = _channel_major(self.dy(self.dy_pad(tensor(dy))))  # (alpha², K, tiles)
 
     def product(self, x, dy, out) -> None:
-        _torch().matmul(self.u, self.v.transpose(1, 2), out=self.prod)
+        self.route.matmul(self.u, self.v.transpose(1, 2), self.prod)
 
     def inverse(self, x, dy, out) -> None:
         grad = self.untransform(self.prod)
@@ -582,11 +586,13 @@ class WinogradCPU(Winograd):
         """The stride-1 problem a strided one runs as, None at stride 1."""
         return None if problem.stride == 1 else phase_split(problem, self.filter_sizes)
 
-    def _pass(self, problem, pass_, layout, precision):
+    def _pass(self, problem, pass_, layout, precision, route: Route | None = None):
+        """The pass's buffers and steps; `route` takes its products (a pass that only
+        describes or sizes itself runs none)."""
         dtype, split = DTYPES[precision], self._split(problem)
         if pass_ == "bwd_filter":
-            return _WeightGradient(problem, layout, self.m, dtype, split)
-        return _TiledOutput(problem, pass_, layout, self.m, dtype, split)
+            return _WeightGradient(problem, layout, self.m, dtype, split, route)
+        return _TiledOutput(problem, pass_, layout, self.m, dtype, split, route)
 
     def describe(self, problem, pass_, layout, precision) -> str:
         run = self._pass(problem, pass_, layout, precision)
@@ -597,7 +603,8 @@ class WinogradCPU(Winograd):
             f"; stride {problem.stride} as {problem.stride ** 2} stride-1 phases: {split.c} "
             f"channels, {problem.r}x{problem.s} filters as {split.r}x{split.s}")
         return (f"{super().describe(split or problem, pass_, layout, precision)} "
-                f"({rows}x{depth})·({depth}x{cols}), MKL through torch, "
+                f"({rows}x{depth})·({depth}x{cols}), "
+                f"{note((self.algo, problem, pass_, layout, precision))}, "
                 f"{threads.count()} threads{how}" + (f"; {pages}" if pages else ""))
 
     def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
@@ -611,7 +618,8 @@ class WinogradCPU(Winograd):
         return phase_names(pass_)
 
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
-        run = self._pass(problem, pass_, layout, precision)
+        route = Route((self.algo, problem, pass_, layout, precision))
+        run = self._pass(problem, pass_, layout, precision, route)
         steps = (run.transform_a, run.transform_w, run.product, run.inverse)
         return Phased(dict(zip(phase_names(pass_), steps)))
 
