@@ -97,9 +97,6 @@ def test_timer_for_backend():
     assert timing.timer_for("cuda") is timing.time_cuda
     assert timing.timer_for("numpy") is timing.time_cpu
     assert timing.timer_for("emu") is timing.time_cpu
-    assert timing.phase_timer_for("cuda") is timing.time_cuda_phases
-    assert timing.phase_timer_for("numpy") is timing.time_cpu_phases
-    assert timing.phase_timer_for("emu") is timing.time_cpu_phases
 
 
 class FakePhases:
@@ -122,7 +119,9 @@ class FakePhases:
 
 def test_phases_are_timed_one_by_one_in_order():
     clock = FakePhases(0.01, 0.03, 0.06)  # a 0.1 s sequence
-    got = timing.time_cpu_phases(clock.fns, budget_s=1.0, clock=clock)
+    (timed,) = timing.rounds_cpu([timing.Contender(clock.fns)], 1.0, clock=clock,
+                                 min_reps=timing.MIN_REPS_ALONE)
+    got = timed.steps
     assert list(got) == ["phase 0", "phase 1", "phase 2"]
     reps = timing.MIN_REPS_ALONE  # steady: the target is met as soon as it can be judged
     for m, ms in zip(got.values(), (10.0, 30.0, 60.0)):
@@ -279,8 +278,9 @@ def test_cuda_phases_are_timed_with_events():
 
     small = cupy.ones((256, 256), dtype=cupy.float32)
     large = cupy.ones((2048, 2048), dtype=cupy.float32)
-    got = timing.time_cuda_phases({"small": lambda: small @ small, "large": lambda: large @ large},
-                                  budget_s=0.05)
+    (timed,) = timing.rounds_cuda([timing.Contender({"small": lambda: small @ small,
+                                                     "large": lambda: large @ large})], 0.05)
+    got = timed.steps
     assert list(got) == ["small", "large"]
     assert all(timing.MIN_REPS <= m.reps <= timing.MAX_REPS_GPU and m.min > 0
                for m in got.values())

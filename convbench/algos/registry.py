@@ -265,12 +265,6 @@ def get(algo: str, backend: str) -> Implementation:
     return impl
 
 
-def unwrapped(impl: Implementation) -> Implementation:
-    """The implementation class's own instance, without the `ExplicitPad` that `register`
-    puts in front of one that pads both sides alike."""
-    return impl.inner if isinstance(impl, ExplicitPad) else impl
-
-
 def implementations(backend: str | None = None) -> list[Implementation]:
     """Registered implementations, in ALGOS order, optionally of one backend."""
     load()

@@ -20,7 +20,7 @@ from .. import runs
 from ..measure import envinfo
 from ..measure.devices import backend_of
 from ..studies import scale
-from ..studies.workload import Workload
+from ..studies.workload import VARIANTS, Workload
 from .common import (
     batches,
     command_line,
@@ -71,7 +71,7 @@ def cmd_scale(args) -> int:
 def add_parsers(sub) -> None:
     p = sub.add_parser("scale", help="data-parallel training step (DDP on torch.distributed) "
                        "per world size, batch and communication hook")
-    p.add_argument("--net", default="alexnet", choices=scale.NETS,
+    p.add_argument("--net", default="alexnet", choices=VARIANTS,
                    help="the training-step model; -fcfree: fc6-fc8 as 1x1 convolutions "
                         "(default alexnet)")
     device_option(p, "cuda: a GPU per rank, NCCL; cpu: a core per rank, gloo (default cuda "

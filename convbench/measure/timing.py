@@ -201,17 +201,6 @@ def time_cpu(fn: Fn, budget_s: float, max_reps: int = MAX_REPS_CPU,
     return timed.total
 
 
-def time_cpu_phases(phase_fns: Mapping[str, Fn], budget_s: float,
-                    max_reps: int = MAX_REPS_CPU,
-                    clock: Callable[[], float] = time.perf_counter,
-                    target: float = TARGET_NOISE,
-                    min_reps: int = MIN_REPS_ALONE) -> dict[str, Measurement]:
-    """Time each phase of a sequence on the host: name -> Measurement, in the given order."""
-    (timed,) = rounds_cpu([Contender(phase_fns)], budget_s, target=target, max_reps=max_reps,
-                          min_reps=min_reps, clock=clock)
-    return timed.steps
-
-
 # --- the GPU -----------------------------------------------------------------------------------
 def l2_flush_buffer():
     """A device buffer twice the size of the current GPU's L2 cache (at least 64 MiB when the
@@ -309,15 +298,6 @@ def time_cuda(fn: Fn, budget_s: float, max_reps: int = MAX_REPS_GPU,
     return timed.total
 
 
-def time_cuda_phases(phase_fns: Mapping[str, Fn], budget_s: float,
-                     max_reps: int = MAX_REPS_GPU, target: float = TARGET_NOISE,
-                     min_reps: int = MIN_REPS_ALONE) -> dict[str, Measurement]:
-    """Time each phase of a sequence on the GPU: name -> Measurement, in the given order."""
-    (timed,) = rounds_cuda([Contender(phase_fns)], budget_s, target=target, max_reps=max_reps,
-                           min_reps=min_reps)
-    return timed.steps
-
-
 def time_rounds(contenders: Sequence[Contender], budget_s: float, backend: str,
                 **options) -> list[Timed]:
     """`rounds_cuda` on `cuda`, `rounds_cpu` elsewhere (options: theirs)."""
@@ -328,8 +308,3 @@ def timer_for(backend: str) -> Callable[[Fn, float], Measurement]:
     """The timer that fits where `backend` runs: CUDA events on `cuda`, the host clock else."""
     return time_cuda if backend == "cuda" else time_cpu
 
-
-def phase_timer_for(backend: str) -> Callable[[Mapping[str, Fn], float],
-                                                dict[str, Measurement]]:
-    """The phase-sequence timer that fits where `backend` runs, as `timer_for` chooses."""
-    return time_cuda_phases if backend == "cuda" else time_cpu_phases

@@ -67,13 +67,6 @@ class PassAdvice:
     tied: tuple[Candidate, ...]  # the candidates tied with the fastest, it included
 
     @property
-    def margin(self) -> float | None:
-        """How much slower the runner-up is, as a fraction of the fastest's time."""
-        if self.runner_up is None:
-            return None
-        return self.runner_up.median_ms / self.fastest.median_ms - 1
-
-    @property
     def within_noise(self) -> bool | None:
         """Whether the fastest and the runner-up are a tie: the interval of their ratio
         reaches 1 (or there are too few repetitions for one)."""

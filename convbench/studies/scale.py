@@ -66,10 +66,8 @@ from .ddp import (
     rank_info,
 )
 from .folder import write_study
-from .workload import VARIANTS, Workload
+from .workload import Workload
 
-#: The net options: the training-step nets, and each as the study's FC-free variant.
-NETS = VARIANTS
 HOOKS = ("allreduce", "fp16", "bf16", "powersgd")
 KINDS = ("compute", "exchange", "serial", "step")
 #: The layers counted as fully connected, whichever form they take.
