@@ -1,6 +1,8 @@
 """Test-suite wiring: `gpu` tests skip, with the reason, where no CUDA GPU can run them; a plan
 store of each test's own; Ctrl-C in the middle of a run; without hypothesis, its property tests
-skip and every other test of their modules still runs."""
+skip and every other test of their modules still runs; the device's ceilings faked (a run's
+env.json measures them: seconds each on a machine whose cache misses), unless a test asks for
+the real `ceilings.measure` (`real_ceilings`)."""
 
 import sys
 import types
@@ -100,3 +102,43 @@ def interrupt(monkeypatch):
         return seen
 
     return after
+
+
+#: The model name of the fake ceilings every test's run gets (`fake_ceilings`).
+FAKE_CEILINGS_MODEL = "test fake (tests/conftest.py: no ceilings measured)"
+
+
+def fake_ceilings(device: str = "cpu", threads: int | None = None, **_) -> object:
+    """A fixed, clearly fake `Ceilings` (1 PFLOP/s, 1 TB/s: above anything a test's tiny
+    problems reach, so no real row of a test is guarded away), for `ceilings.measure`."""
+    from convbench.measure import ceilings
+
+    device = ceilings._device(device)
+    return ceilings.Ceilings(
+        device=device, model=FAKE_CEILINGS_MODEL, threads=threads or 1,
+        gflops_attainable=1e6, gemm_backend="fake",
+        gflops_by_backend={"fake": {"square": 1e6}}, gflops_peak_theoretical=2e6,
+        peak_method="fake: not measured", bandwidth_gbs_dram=1e3, bandwidth_gbs_cache=1e4,
+        bandwidth_by_kernel={"dram": {"fake copy": 1e3}, "cache": {"fake copy": 1e4}},
+        clock_mhz=None, openblas_coretype=None, openblas_faster_coretype=None,
+        methods={"attainable": "fake on square", "gflops": "fake; products: square (1x1)@(1x1)",
+                 "bandwidth": "fake"},
+        measured_at="2026-01-01T00:00:00+00:00", versions={})
+
+
+@pytest.fixture
+def real_ceilings():
+    """The real `ceilings.measure` for this test (every other test gets `fake_ceilings`)."""
+    from convbench.measure import ceilings
+
+    return ceilings.measure
+
+
+@pytest.fixture(autouse=True)
+def _fake_ceilings(request, monkeypatch):
+    """`ceilings.measure` faked (`fake_ceilings`) unless the test uses `real_ceilings`."""
+    if "real_ceilings" in request.fixturenames:
+        return
+    from convbench.measure import ceilings
+
+    monkeypatch.setattr(ceilings, "measure", fake_ceilings)

@@ -11,6 +11,9 @@ import pytest
 
 from convbench.measure import ceilings as C
 
+# the real `measure` (every other test module gets conftest's fake)
+pytestmark = pytest.mark.usefixtures("real_ceilings")
+
 XEON_SPR = """processor	: 0
 vendor_id	: GenuineIntel
 cpu family	: 6
@@ -283,3 +286,16 @@ def test_probe_of_the_current_openblas_coretype_takes():
     assert probe["current"] == current
     assert probe["results"][current]["took"] and probe["results"][current]["gflops"] > 0
     assert probe["fastest"] == current
+
+
+def test_a_run_s_ceilings_come_back_from_its_env_json():
+    c = fake_ceilings()
+    assert C.from_env({"ceilings": json.loads(json.dumps(c.to_dict()))}) == c
+    assert C.from_env({}) is None and C.from_env(None) is None  # a run from before them
+    assert C.from_env({"ceilings": None, "ceilings_note": "not measured: no cupy"}) is None
+    assert C.from_env({"ceilings": {**c.to_dict(), "schema": C.SCHEMA + 1}}) is None
+
+
+def test_tests_measure_no_ceilings_unless_they_ask(real_ceilings):
+    """conftest fakes `measure` for every test but those using `real_ceilings` (this module)."""
+    assert C.measure is real_ceilings and real_ceilings.__module__ == C.__name__

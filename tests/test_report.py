@@ -428,3 +428,103 @@ def test_bar_plots_mark_busy_and_noisy_times():
     labels = ax.get_legend_handles_labels()[1]
     assert labels[3:] == [report.BUSY_BAR[1], report.NOISY_BAR[1]]
     plt.close(fig)
+
+
+# --- the device's ceilings: the header, each row's share, the roofline --------------------------
+def ceilings_env(**figures) -> dict:
+    """env.json of a run whose ceilings are conftest's fake with these figures, in the form a
+    measurement has them (the attainable's library and product named in `methods`)."""
+    import dataclasses
+
+    from convbench.measure import ceilings
+
+    c = dataclasses.replace(ceilings.measure("cpu", 2), **{
+        "model": "Fake CPU", "gflops_attainable": 100.0, "gemm_backend": "torch",
+        "gflops_peak_theoretical": 150.0, "peak_method": "2 cores x 16 lanes x 2 FMA units",
+        "bandwidth_gbs_dram": 10.0, "bandwidth_gbs_cache": 100.0,
+        "methods": {"attainable": "torch on square",
+                    "gflops": "best of 3; products: square (2048x2048)@(2048x2048); im2col "
+                              "(256x2304)@(2304x1352)",
+                    "bandwidth": "STREAM copy and triad"}, **figures})
+    return {"run": {"backend": "numpy", "budget_s": 0.5}, "ceilings": c.to_dict(),
+            "ceilings_note": None}
+
+
+def test_the_header_states_the_ceilings_and_the_winners_their_share():
+    df = results.frame(rows(TIMES))
+    text = report.markdown(df, ceilings_env())
+    header = text.split("## Which wins")[0]
+    assert "- ceilings of Fake CPU (cpu, 2 threads" in header
+    assert ("  - attainable fp32: 100 GFLOP/s, torch on square (2048x2048)@(2048x2048)"
+            in header)
+    assert "  - theoretical peak: 150 GFLOP/s (2 cores x 16 lanes x 2 FMA units)" in header
+    assert ("  - bandwidth: 10 GB/s beyond cache, 100 GB/s within (STREAM copy and triad)"
+            in header)
+    assert "peak is not known here" not in text
+    assert "the share of the device's attainable fp32 ceiling, 100 GFLOP/s" in text
+    gflops = df.loc[(df["algo"] == "gemm") & (df["layer"] == "conv4")
+                    & (df["pass"] == "fwd"), "gflops"].iloc[0]
+    assert f"{gflops:.4g} ({gflops / 100:.0%} of ceiling)" in text
+
+
+def test_each_row_s_share_of_the_ceiling_in_direct_flops_and_own_ops_and_its_bound():
+    from convbench.measure import ceilings, memory
+
+    df = results.frame(rows(TIMES))
+    env = ceilings_env()
+    c = ceilings.from_env(env)
+    roof = report.roof_frame(df, c).set_index(["layer", "pass", "algo"])
+    assert len(roof) == 8  # every ok fp32 row
+    wino = roof.loc[("conv3", "fwd", "winograd-2x2")]
+    conv3 = LAYERS[0].problem
+    seconds = FAST.median / 1e3
+    assert wino["direct_share"] == pytest.approx(conv3.flops / seconds / 1e9 / 100)
+    assert wino["own_share"] == pytest.approx(wino["algo_ops"] / seconds / 1e9 / 100)
+    assert wino["own_share"] < wino["direct_share"]  # Winograd does fewer operations
+    nbytes = memory.operand_bytes(conv3, "fwd", "float32") + (1 << 20)  # and its workspace
+    assert wino["bytes"] == nbytes
+    assert wino["intensity"] == pytest.approx(wino["algo_ops"] / nbytes)
+    b = ceilings.bound(ceilings.roofline_point(wino["algo_ops"], nbytes, seconds), c)
+    assert (wino["bound"], wino["roof_share"]) == (b.kind, pytest.approx(b.share))
+    torch_cpu = roof.loc[("conv3", "fwd", "torch-cpu")]  # a library's choice: no own count
+    assert not torch_cpu["own_counted"]
+    table = report.roof_table(report.roof_frame(df, c))
+    assert list(table.columns) == list(report.ROOF_COLUMNS)
+    assert {"% of ceiling (direct flops)", "% of ceiling (own ops)"} <= set(table.columns)
+    assert table.loc[("conv3", "fwd", "torch-cpu", "nchw"), "% of ceiling (own ops)"] == ""
+    text = report.markdown(df, env)
+    section = text.split("## How far from the roof")[1].split("\n## ")[0]
+    assert "% of ceiling (direct flops)" in section and "% of ceiling (own ops)" in section
+    assert "its two inputs and its output once each, 4 bytes an element" in section
+    assert "the DRAM bandwidth (10 GB/s, the ridge at 10 flop/byte)" in section
+
+
+def test_a_large_run_lists_each_algorithm_s_row_nearest_its_roof(monkeypatch):
+    monkeypatch.setattr(report, "ROOF_MAX_ROWS", 3)
+    text = report.markdown(results.frame(rows(TIMES)), ceilings_env())
+    section = text.split("## How far from the roof")[1].split("\n## ")[0]
+    assert "8 rows: each (algo, pass, layout)'s row nearest the ceiling" in section
+    assert section.count("| conv") == 6  # 3 algos x 2 passes
+
+
+def test_a_run_without_ceilings_says_they_were_not_measured(tmp_path):
+    df = results.frame(rows(TIMES))
+    old = report.markdown(df, {"run": {"backend": "numpy"}})
+    assert ("- ceilings: not measured for this run (a run folder from before the ceilings "
+            "were measured)") in old
+    assert "The device's ceilings were not measured for this run" in old
+    assert "the device's peak is not known here" in old
+    failed = report.markdown(df, {"run": {}, "ceilings": None,
+                                  "ceilings_note": "not measured: ImportError: no cupy"})
+    assert "- ceilings: not measured for this run (not measured: ImportError: no cupy)" in failed
+    if report.pyplot() is not None:
+        assert "roofline.png" not in report.plot(df, tmp_path, {"run": {}})
+
+
+def test_the_roofline_is_drawn_from_env_json_s_ceilings(tmp_path):
+    pytest.importorskip("matplotlib")
+    df, env = results.frame(rows(TIMES)), ceilings_env()
+    names = report.plot(df, tmp_path, env)
+    assert names[-1] == "roofline.png"
+    assert (tmp_path / "roofline.png").read_bytes()[:4] == b"\x89PNG"
+    assert "![roofline](roofline.png)" in report.markdown(df, env, names)

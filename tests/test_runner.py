@@ -534,3 +534,104 @@ def test_an_output_whose_random_terms_cancel_is_not_a_failed_row():
         operands = runner.Operands()
         ready = runner.prepare(case, operands)
         assert operands.floor > 1.0 and ready.check.ok, ready.check.reason
+
+
+# --- the limit: a row faster than the device can go is not a result ---------------------------
+def device_ceilings(**figures):
+    """conftest's fake ceilings with the figures given (GFLOP/s, GB/s)."""
+    import dataclasses
+
+    from convbench.measure import ceilings
+
+    return dataclasses.replace(ceilings.measure("cpu", 1), **figures)
+
+
+#: A CPU's ceilings: 100 GFLOP/s attainable, 150 peak (the guard's roof: 150 x 1.25).
+CPU_LIKE = {"gflops_attainable": 100.0, "gflops_peak_theoretical": 150.0}
+
+
+def plant_fast(monkeypatch, algo: str, factor: float = 1e-6) -> None:
+    """The timer reports `algo`'s case `factor` times its real time (a missed
+    synchronisation, a timer around the wrong call): far faster than the device can go."""
+    import dataclasses
+
+    from convbench.core.measurement import Measurement
+
+    real = runner._time_part
+
+    def time_part(part, *args, **kw):
+        real_rounds = timing.time_rounds
+
+        def rounds(contenders, budget_s, backend, **options):
+            out = real_rounds(contenders, budget_s, backend, **options)
+            if len(out) != len(part):  # a phase timing of one contender
+                return out
+            return [dataclasses.replace(t, total=Measurement(tuple(
+                v * factor for v in t.total.times_ms))) if case.algo == algo else t
+                for (case, _), t in zip(part, out)]
+
+        monkeypatch.setattr(timing, "time_rounds", rounds)
+        try:
+            return real(part, *args, **kw)
+        finally:
+            monkeypatch.setattr(timing, "time_rounds", real_rounds)
+
+    monkeypatch.setattr(runner, "_time_part", time_part)
+
+
+def test_a_planted_too_fast_row_is_failed_and_a_plausible_one_passes(monkeypatch):
+    """With the device's ceilings, a row timed faster than the device can go is `failed` with
+    the guard's reason, no time of its own (never a win), its check kept; its competitor,
+    timed beside it at its real speed, is `ok`. Without ceilings nothing is guarded."""
+    impls = {"good": Fake("good"), "fast": Fake("fast")}
+    plant_fast(monkeypatch, "fast")
+    unguarded = {r["algo"]: r for r in runner.run(cases(impls), BUDGET, impls)}
+    assert unguarded["fast"]["status"] == "ok"  # the old behaviour: a 1e6x win
+    rows = {r["algo"]: r for r in runner.run(cases(impls), BUDGET, impls,
+                                             ceilings=device_ceilings(**CPU_LIKE))}
+    assert rows["good"]["status"] == "ok" and rows["good"]["gflops"] < 100
+    fast = rows["fast"]
+    assert fast["status"] == "failed" and fast["reason"].startswith("implausible: timed at")
+    assert "a timing or synchronisation bug" in fast["reason"]
+    assert fast["median_ms"] is None and fast["gflops"] is None
+    assert fast["rel_error"] is not None and set(fast) == set(results.COLUMNS)
+    df = results.frame(list(rows.values()))
+    winners = report.winner_table(df)  # good's, or none where the machine was busy
+    assert winners.loc[("tiny", "fwd"), "fastest"] in ("good nchw", "")
+    assert "fast failed" in winners.loc[("tiny", "fwd"), "did not run"]
+    assert report.time_table(df).loc["fast", "tiny"] == "failed"
+
+
+def test_a_tiny_ceiling_fails_every_row_a_high_one_none():
+    impls = {"good": Fake("good")}
+    (low,) = runner.run(cases(impls), BUDGET, impls,
+                        ceilings=device_ceilings(gflops_attainable=1e-9,
+                                                 gflops_peak_theoretical=None))
+    assert low["status"] == "failed" and "implausible" in low["reason"]
+    (high,) = runner.run(cases(impls), BUDGET, impls, ceilings=device_ceilings(**CPU_LIKE))
+    assert high["status"] == "ok"
+
+
+def test_the_guard_allows_fft_and_winograd_their_reduction_and_libraries_the_largest():
+    from convbench.catalogs import layers
+    from convbench.measure import opcount
+
+    conv3 = layers.resolve("alexnet:conv3").problem.with_batch(1)
+    layer = Layer("alexnet", "conv3", conv3)
+    (wino, gemm, torch_cpu, cudnn_gemm) = runner.sweep(
+        [layer], ["winograd-4x4", "gemm", "torch-cpu", "cudnn-find-implicit-gemm"], "numpy",
+        ["fwd"], ["nchw"], ["fp32"])
+    ops = opcount.op_count("winograd-4x4", conv3, "fwd").total
+    assert runner.reduction(wino, ops) == pytest.approx(conv3.flops / ops) and ops < conv3.flops
+    assert runner.reduction(gemm, conv3.flops) == 1.0
+    assert runner.reduction(cudnn_gemm, None) == 1.0
+    # a library's own choice may be a Winograd or an FFT kernel: our best reduction is allowed
+    assert runner.reduction(torch_cpu, None) >= conv3.flops / ops > 1
+    c = device_ceilings(**CPU_LIKE)  # roof 150 x 1.25
+    fast = {"gflops": 150 * 1.25 * 1.5, "algo_ops": ops}  # 1.5x the roof in direct flops
+    # F(4x4) does ~2x fewer operations here, its transforms counted
+    assert runner.plausibility(fast, wino, c) is None
+    assert runner.plausibility(fast, gemm, c) is not None
+    tf32 = runner.sweep([layer], ["gemm"], "numpy", ["fwd"], ["nchw"], ["tf32"])[0]
+    assert runner.plausibility(fast, tf32, c) is None  # tensor cores: above the fp32 roof
+    assert runner.plausibility(fast, gemm, None) is None

@@ -119,3 +119,75 @@ def test_a_problem_list_keeps_each_problems_own_batch_unless_one_is_given():
     assert runs.layer_at("alexnet:conv2", "alexnet", None, cpu).problem.n == cpu.batch
     counted = runs.layer_at(layers.Layer("f", "x*4", first.problem, 4), "alexnet", 2, cpu)
     assert counted.count == 4 and counted.problem.n == 2
+
+
+# --- the device's ceilings: in env.json, guarding the run ---------------------------------------
+def test_env_json_carries_the_ceilings_of_the_run_s_device_and_threads(tmp_path, monkeypatch):
+    """The ceilings `ceilings.measure` gives for the run's backend and thread count (conftest's
+    fake here), stored whole; the run reads them back from the folder to guard its rows."""
+    from convbench.machine import threads
+    from convbench.measure import ceilings
+
+    asked = []
+    fake = ceilings.measure
+    monkeypatch.setattr(ceilings, "measure",
+                        lambda device, n: asked.append((device, n)) or fake(device, n))
+    device, cases = tiny_cases()
+    env = runs.environment(device, "alexnet", cases, BUDGET)
+    assert asked == [("numpy", threads.count())]
+    assert ceilings.Ceilings.from_dict(env["ceilings"]) == fake("numpy", threads.count())
+    assert env["ceilings_note"] is None
+    folder = results.RunFolder.open(tmp_path / "run", env)
+    assert runs.Run(cases, BUDGET, folder).ceilings == ceilings.from_env(env)
+    _, stored = results.load_run(tmp_path / "run")
+    assert stored["ceilings"] == env["ceilings"]
+
+
+def test_the_emu_backend_s_ceilings_are_said_to_be_the_cpu_s():
+    record, note = runs.device_ceilings("emu", 1)
+    assert record["device"] == "cpu" and "the CPU's ceilings" in note
+
+
+def test_ceilings_that_cannot_be_measured_are_none_with_the_reason(monkeypatch):
+    from convbench.measure import ceilings
+
+    def no_gpu(device, n):
+        raise ModuleNotFoundError("No module named 'cupy'")
+
+    monkeypatch.setattr(ceilings, "measure", no_gpu)
+    device, cases = tiny_cases()
+    env = runs.environment(device, "alexnet", cases, BUDGET)  # the run goes on
+    assert env["ceilings"] is None
+    assert env["ceilings_note"] == "not measured: ModuleNotFoundError: No module named 'cupy'"
+    assert runs.Run(cases, BUDGET).ceilings is None
+
+
+def test_a_run_whose_rows_beat_its_ceilings_records_them_failed_never_a_win(tmp_path):
+    """Ceilings far below what the rows reach: every row is `failed` by the guard, so the
+    report names no winner and advice has nothing to advise."""
+    import dataclasses
+
+    from convbench.analysis import report
+    from convbench.measure import ceilings
+    from convbench.planning import advice
+
+    device, cases = tiny_cases()
+    env = runs.environment(device, "alexnet", cases, BUDGET)
+    env["ceilings"] = dataclasses.replace(ceilings.from_env(env), gflops_attainable=1e-9,
+                                          gflops_peak_theoretical=None).to_dict()
+    outcome = runs.Run(cases, BUDGET, results.RunFolder.open(tmp_path / "run", env)).measure()
+    assert set(outcome.frame["status"]) == {"failed"}
+    assert all(r.startswith("implausible: timed at") for r in outcome.frame["reason"])
+    assert set(report.winner_table(outcome.frame)["verdict"]) == {report.UNDECIDED_NONE}
+    assert advice.advise(outcome.frame).passes == {}
+    assert "## Not measured" in outcome.report and "implausible" in outcome.report
+
+
+def test_tests_get_fake_ceilings_measured_in_no_time():
+    import time
+
+    from convbench.measure import ceilings
+
+    start = time.perf_counter()
+    c = ceilings.measure("cpu", 2)
+    assert time.perf_counter() - start < 0.1 and c.model.startswith("test fake")

@@ -15,6 +15,12 @@ such as Winograd F(4x4) against F(2x2), computed from the data), and, for the al
 phases (FFT, Winograd), where each pass's time goes — each phase's share, as NNPACK's benchmark
 prints it, so a reader sees per layer whether the transforms or the product are the bottleneck.
 
+Against the device's ceilings (env.json's `ceilings`, `measure.ceilings`), stated in the
+header: each verified fp32 row's rate as a share of the attainable fp32 ceiling, in direct
+flops and in the algorithm's own operations, and whether its intensity puts it under the
+compute or the memory roof (How far from the roof, and `roofline.png`). A run folder from
+before the ceilings renders as before, saying they were not measured.
+
 A batch sweep (several batch sizes of a layer) reads differently: `sweepreport` renders it
 with this module's header and notes; `runs.write_report` picks which renders a run folder.
 
@@ -26,8 +32,10 @@ without it the report says so and carries on.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from ..algos import registry
@@ -46,8 +54,9 @@ from ..core.fmt import (
 )
 from ..core.measurement import CONTENDED_SHARE, NOISE_THRESHOLD, Measurement, is_host_bound
 from ..core.problem import PASSES
-from ..core.results import KEY, RESULTS_CSV, parse_phases
+from ..core.results import KEY, RESULTS_CSV, parse_phases, problem_from_row
 from ..machine import contention
+from ..measure import ceilings as ceilings_
 from ..measure import memory
 from ..measure.devices import DEVICES
 from . import ranking, speedup
@@ -160,11 +169,12 @@ UNDECIDED_BUSY = "not decided: measured on a busy machine"
 UNDECIDED_NONE = "not decided: nothing ran verified"
 
 
-def winner_table(df: pd.DataFrame, peak_gflops: float | None = None) -> pd.DataFrame:
+def winner_table(df: pd.DataFrame, peak_gflops: float | None = None,
+                 peak_name: str = "peak") -> pd.DataFrame:
     """Per layer and pass (of one precision), across algorithms and layouts: the fastest, its
     median and interval, the runner-up, the ratio of their medians with its interval, whether
     the fastest wins or ties (and with what), its GFLOP/s and share of the device's peak
-    (`peak_gflops`, where known), and the algorithms that did not run, by status. Rows measured
+    (`peak_gflops`, where known; `peak_name` says which), and the algorithms that did not run, by status. Rows measured
     on a busy machine do not compete; every (layer, pass) measured has its row, a pair with
     nothing to compete `not decided` and why, so none goes missing from the table unsaid."""
     out = []
@@ -186,7 +196,7 @@ def winner_table(df: pd.DataFrame, peak_gflops: float | None = None) -> pd.DataF
                 "median ms": fmt_ms(first.median_ms)
                 + (f" [{fmt_ms(interval[0])}, {fmt_ms(interval[1])}]" if interval else ""),
                 "GFLOP/s": "" if pd.isna(gflops) else f"{gflops:.4g}"
-                + (f" ({gflops / peak_gflops:.0%} of peak)" if peak_gflops else ""),
+                + (f" ({gflops / peak_gflops:.0%} of {peak_name})" if peak_gflops else ""),
                 "runner-up": "", "runner-up / fastest": "", "verdict": "only candidate"}
         if len(ranked) > 1:
             up = ranked[1]
@@ -496,9 +506,54 @@ def _header(df: pd.DataFrame, env: dict) -> list[str]:
              ("date", env.get("date")),
              ("command", run.get("command"))]
     lines += [f"- {k}: {v}" for k, v in facts if v]
+    lines += ceilings_lines(env)
     counts = df["status"].value_counts()
     lines += ["- measurements: " + ", ".join(f"{counts[s]} {s}" for s in counts.index), ""]
     return lines
+
+
+#: What the report says where a run's env.json has no ceilings (a run from before them).
+NO_CEILINGS = "not measured for this run (a run folder from before the ceilings were measured)"
+
+
+def _product(c: ceilings_.Ceilings, shape: str) -> str:
+    """The product a ceiling's shape names, as its `methods` describes it (`square
+    (2048x2048)@(2048x2048)`), or the name alone."""
+    m = re.search(rf"(?:products: |; ){re.escape(shape)} ([^;]+)", c.methods.get("gflops", ""))
+    return f"{shape} {m[1].strip()}" if m else shape
+
+
+def _rate(x: float | None, unit: str) -> str:
+    return "n/a" if x is None else f"{x:.4g} {unit}"
+
+
+def ceilings_lines(env: dict | None) -> list[str]:
+    """The header's lines on the device's ceilings: the attainable fp32 rate and which library
+    on which product gave it, the theoretical peak and how it was reckoned, the bandwidth
+    beyond and within cache (and how), the GPU's clock while timed; or why there are none."""
+    env = env or {}
+    c = ceilings_.from_env(env)
+    note = env.get("ceilings_note")
+    if c is None:
+        why = (f"not measured for this run ({note})" if note else NO_CEILINGS
+               if "ceilings" not in env else "not measured for this run")
+        return [f"- ceilings: {why}"] if env else []
+    backend, _, shape = c.methods.get("attainable", c.gemm_backend).partition(" on ")
+    out = [f"- ceilings of {c.model} ({c.device}, {c.threads} threads, measured "
+           f"{c.measured_at}" + (f"; {note}" if note else "") + "):",
+           (f"  - attainable fp32: {_rate(c.gflops_attainable, 'GFLOP/s')}, {backend or '?'}"
+            + (f" on {_product(c, shape)}" if shape else "")
+            + " (the fastest SGEMM of the libraries here)"),
+           (f"  - theoretical peak: {_rate(c.gflops_peak_theoretical, 'GFLOP/s')} "
+            f"({c.peak_method})"),
+           (f"  - bandwidth: {_rate(c.bandwidth_gbs_dram, 'GB/s')} beyond cache, "
+            f"{_rate(c.bandwidth_gbs_cache, 'GB/s')} within"
+            + (f" ({c.methods['bandwidth']})" if c.methods.get("bandwidth") else ""))]
+    if c.clock_mhz is not None:
+        out.append(f"  - SM clock while the products ran: {c.clock_mhz:.0f} MHz")
+    if c.contended:
+        out.append(f"  - contended, so low: {c.methods['contended']}")
+    return out
 
 
 def _threads(env: dict, torch: dict, blas: dict) -> str | None:
@@ -594,6 +649,175 @@ def network_section(df: pd.DataFrame, env: dict) -> list[str]:
     return out
 
 
+# --- how far from the roof ---------------------------------------------------------------------
+#: Bytes per element of the roof's byte count: the ceilings are fp32's, so are the rows read.
+ROOF_PRECISION, ROOF_ELEMENT_BYTES = "fp32", 4
+#: Most rows the roof's table lists one by one; a larger run lists each (algo, pass, layout)'s
+#: row nearest its roof.
+ROOF_MAX_ROWS = 60
+ROOF_COLUMNS = ("median ms", "GFLOP/s (direct flops)", "% of ceiling (direct flops)",
+                "GFLOP/s (own ops)", "% of ceiling (own ops)", "flop/byte (own ops)", "bound",
+                "% of roof")
+
+
+def min_bytes(r) -> int:
+    """The fewest bytes a row's pass can move: its two inputs and its output once each, fp32
+    (`ROOF_ELEMENT_BYTES`), and its declared workspace where it has one."""
+    moved = memory.operand_bytes(problem_from_row(r), r["pass"], np.float32)
+    ws = r.get("workspace_bytes")
+    return int(moved + (0 if ws is None or pd.isna(ws) else ws))
+
+
+def roof_frame(df: pd.DataFrame, ceilings: ceilings_.Ceilings) -> pd.DataFrame:
+    """The verified fp32 rows with their standing against `ceilings`: `direct_share` (GFLOP/s
+    over the attainable ceiling), `own_gflops` and `own_share` (the algorithm's own operations,
+    `algo_ops`, over the median; for a row without a count of its own, the direct flops,
+    `own_counted` False), `bytes` (`min_bytes`), `intensity` (own ops per byte), and which roof
+    is lower there (`bound`: compute or memory, against the DRAM bandwidth) with `roof_share`,
+    the share of that roof attained."""
+    rows = df[(df["status"] == "ok") & (df["precision"] == ROOF_PRECISION)
+              & df["median_ms"].notna() & (df["median_ms"] > 0)]
+    out = []
+    for r in rows.to_dict("records"):
+        counted = r.get("algo_ops") is not None and pd.notna(r["algo_ops"]) and r["algo_ops"] > 0
+        ops = float(r["algo_ops"]) if counted else float(problem_from_row(r).flops)
+        seconds, nbytes = r["median_ms"] / 1e3, min_bytes(r)
+        point = ceilings_.roofline_point(ops, nbytes, seconds)
+        try:
+            b = ceilings_.bound(point, ceilings)
+            kind, share = b.kind, b.share
+        except ValueError:  # no DRAM bandwidth measured
+            kind, share = "", math.nan
+        out.append({**r, "own_counted": counted, "own_gflops": point.gflops,
+                    "direct_share": r["gflops"] / ceilings.gflops_attainable,
+                    "own_share": point.gflops / ceilings.gflops_attainable,
+                    "bytes": nbytes, "intensity": point.intensity, "bound": kind,
+                    "roof_share": share})
+    return pd.DataFrame(out, columns=[*df.columns, "own_counted", "own_gflops", "direct_share",
+                                      "own_share", "bytes", "intensity", "bound", "roof_share"])
+
+
+def _pct(x: float) -> str:
+    return "" if x is None or pd.isna(x) else f"{100 * x:.3g}%"
+
+
+def roof_table(roof: pd.DataFrame) -> pd.DataFrame:
+    """Rows (layer, pass, algo, layout) of `roof_frame`: the median, the attained GFLOP/s in
+    direct flops and in own ops with their shares of the ceiling, the intensity, the bound and
+    the share of that roof. A row without an op count of its own has no own-op figures (its
+    intensity and bound are read with the direct flops, marked `d`)."""
+    own = roof["own_counted"].astype(bool)
+    cells = {"median ms": roof["median_ms"].map(fmt_ms),
+             "GFLOP/s (direct flops)": roof["gflops"].map(lambda v: f"{v:.4g}"),
+             "% of ceiling (direct flops)": roof["direct_share"].map(_pct),
+             "GFLOP/s (own ops)": [f"{v:.4g}" if c else "" for v, c in
+                                   zip(roof["own_gflops"], own)],
+             "% of ceiling (own ops)": [_pct(v) if c else "" for v, c in
+                                        zip(roof["own_share"], own)],
+             "flop/byte (own ops)": [f"{v:.3g}" + ("" if c else " d") for v, c in
+                                     zip(roof["intensity"], own)],
+             "bound": roof["bound"], "% of roof": roof["roof_share"].map(_pct)}
+    return pd.DataFrame({k: list(v) for k, v in cells.items()},
+                        index=pd.MultiIndex.from_frame(roof[["layer", "pass", "algo", "layout"]]),
+                        columns=list(ROOF_COLUMNS))
+
+
+def roof_section(df: pd.DataFrame, env: dict | None) -> list[str]:
+    """How far from the roof: each verified fp32 row's share of the device's attainable
+    ceiling, in direct flops and in its own operations, and whether it is compute- or
+    memory-bound by the minimum bytes its pass moves; each (algo, pass, layout)'s row nearest
+    its roof where the run has more than `ROOF_MAX_ROWS`. Where env.json has no ceilings,
+    says so. [] where no row ran verified."""
+    if not (df["status"] == "ok").any():
+        return []
+    out = ["## How far from the roof", ""]
+    ceilings = ceilings_.from_env(env)
+    if ceilings is None:
+        note = (env or {}).get("ceilings_note")
+        return out + [("The device's ceilings were not measured for this run"
+                       + (f" ({note})" if note else "") + ": no row's share of them can be "
+                       "stated."), ""]
+    roof = roof_frame(df, ceilings)
+    if roof.empty:
+        return out + [(f"No verified {ROOF_PRECISION} row: the ceilings are {ROOF_PRECISION}'s, "
+                       "and rows of other precisions are not read against them."), ""]
+    ridge = (f", the ridge at {ceilings.gflops_attainable / ceilings.bandwidth_gbs_dram:.3g} "
+             "flop/byte" if ceilings.bandwidth_gbs_dram else "")
+    out += [(f"Each verified {ROOF_PRECISION} row against {ceilings.model}'s ceilings (in the "
+             f"header): its rate as a share of the attainable {ROOF_PRECISION} ceiling, "
+             f"{ceilings.gflops_attainable:.4g} GFLOP/s, counted two ways: in direct-convolution "
+             "flops over its median (`% of ceiling (direct flops)`: above 100% only where the "
+             "algorithm does fewer operations than the direct convolution, FFT and Winograd), "
+             "and in the algorithm's own operations (`algo_ops`, the Operation counts; `% of "
+             "ceiling (own ops)`: the share of the hardware's rate its own arithmetic used). "
+             "`flop/byte`: its own operations over the fewest bytes its pass can move (its two "
+             f"inputs and its output once each, {ROOF_ELEMENT_BYTES} bytes an element, plus the "
+             "workspace it declares; caches and re-reads move more, so this intensity is an "
+             "upper bound). `bound`: the lower roof at that intensity, the attainable compute "
+             f"or the DRAM bandwidth ({_rate(ceilings.bandwidth_gbs_dram, 'GB/s')}{ridge}), and "
+             "`% of roof` the share of it attained. A library's choice of kernel has no "
+             "operation count of its own: its intensity is read in direct flops (`d`). Any "
+             f"row faster than the device can go was failed by the runner's guard (see Not "
+             f"measured). The picture is `roofline.png`."), ""]
+    if len(roof) > ROOF_MAX_ROWS:
+        best = roof.loc[roof.groupby(["algo", "pass", "layout"], sort=False)["own_share"]
+                        .idxmax()]
+        out += [(f"{len(roof)} rows: each (algo, pass, layout)'s row nearest the ceiling in "
+                 "its own operations."), "", md_table(roof_table(_algo_major(best))), ""]
+    else:
+        out += [md_table(roof_table(roof)), ""]
+    bound = roof["bound"].value_counts()
+    if len(bound):
+        out += ["Bound: " + ", ".join(f"{bound[k]} {k}" for k in bound.index)
+                + f" of {len(roof)} rows (against the DRAM roof).", ""]
+    return out
+
+
+def roofline_plot(plt, df: pd.DataFrame, env: dict | None, folder: Path) -> list[str]:
+    """roofline.png: per verified fp32 row, its own operations per byte (x) and own-op GFLOP/s
+    (y), log-log, coloured per algorithm (hollow where the count is the direct flops), under
+    the compute ceilings (attainable; theoretical peak dashed) and the bandwidth roofs (DRAM;
+    within cache dotted). [] without ceilings in env.json or a verified fp32 row."""
+    ceilings = ceilings_.from_env(env)
+    if ceilings is None:
+        return []
+    roof = roof_frame(df, ceilings)
+    if roof.empty:
+        return []
+    fig, ax = plt.subplots(figsize=(10.5, 5.5), layout="constrained")
+    lo = min(roof["intensity"].min(), 0.1) / 2
+    hi = max(roof["intensity"].max(), 100.0) * 2
+    x = np.geomspace(lo, hi, 200)
+    attain = ceilings.gflops_attainable
+    for bw, style, name in ((ceilings.bandwidth_gbs_dram, "-", "DRAM"),
+                            (ceilings.bandwidth_gbs_cache, ":", "cache")):
+        if bw:
+            ax.plot(x, np.minimum(x * bw, attain), color="black", linestyle=style,
+                    linewidth=1, label=f"roof: {name} {bw:.4g} GB/s, attainable {attain:.4g} "
+                    "GFLOP/s")
+    if not (ceilings.bandwidth_gbs_dram or ceilings.bandwidth_gbs_cache):
+        ax.axhline(attain, color="black", linewidth=1, label=f"attainable {attain:.4g} GFLOP/s")
+    if ceilings.gflops_peak_theoretical:
+        ax.axhline(ceilings.gflops_peak_theoretical, color="grey", linestyle="--",
+                   linewidth=1, label=f"theoretical peak "
+                   f"{ceilings.gflops_peak_theoretical:.4g} GFLOP/s")
+    for i, algo in enumerate(_algos(roof)):
+        rows = roof[roof["algo"] == algo]
+        own = rows["own_counted"].astype(bool)
+        for sub, filled in ((rows[own], True), (rows[~own], False)):
+            if len(sub):
+                ax.scatter(sub["intensity"], sub["own_gflops"], s=24, color=f"C{i % 10}",
+                           facecolors=None if filled else "none",
+                           label=algo if filled else f"{algo} (direct flops: no own count)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (own operations / minimum bytes, fp32)")
+    ax.set_ylabel("attained GFLOP/s (own operations)")
+    ax.set_title(f"{ceilings.model}, {ceilings.threads} threads: verified {ROOF_PRECISION} rows")
+    save_figure(fig, folder / "roofline.png")
+    return ["roofline.png"]
+
+
 def many_problems(df: pd.DataFrame) -> bool:
     """Whether a run has problems enough for the sorted speed-up picture."""
     return df["layer"].nunique() >= speedup.MIN_PROBLEMS
@@ -647,18 +871,28 @@ def markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = (),
                  if len(host_bound) else "")
     busy_note = (f", `{BUSY}` a time measured on a busy machine (see Busy machine)"
                  if len(busy) else "")
+    ceilings = ceilings_.from_env(env)
     fp32_peak = (env.get("gpu") or {}).get("fp32_peak_tflops") if env else None
     for precision, rows in df.groupby("precision", sort=False):
-        peak = fp32_peak * 1e3 if fp32_peak and precision == "fp32" else None
-        winners = winner_table(rows, peak)
+        if ceilings is not None:
+            peak, peak_name = (ceilings.gflops_attainable if precision == "fp32" else None,
+                               "ceiling")
+            share = (f"; in brackets the share of the device's attainable fp32 ceiling, "
+                     f"{peak:.4g} GFLOP/s (see How far from the roof)" if peak else
+                     f"; the device's ceilings are fp32's, not {precision}'s")
+        else:
+            peak, peak_name = (fp32_peak * 1e3 if fp32_peak and precision == "fp32" else None,
+                               "peak")
+            share = (f"; in brackets the share of the device's FP32 peak, {peak:.4g} GFLOP/s"
+                     if peak else "; the device's peak is not known here (its ceilings were "
+                     "not measured for this run)")
+        winners = winner_table(rows, peak, peak_name)
         if winners.empty:
             continue
         out += [f"## Which wins ({precision})", "",
                 ("Per layer and pass, across every algorithm and layout: the fastest, its median "
                  "ms with the 95% interval of the median (order statistics), its GFLOP/s "
-                 "(direct-convolution flops over the median"
-                 + (f"; in brackets the share of the device's FP32 peak, {peak:.4g} GFLOP/s"
-                    if peak else "; the device's peak is not known here") + "), the "
+                 "(direct-convolution flops over the median" + share + "), the "
                  "runner-up and the ratio of their medians with its 95% interval (bootstrap, "
                  "paired by round: they were timed side by side), and the algorithms that did "
                  "not run, by status (their reasons are under Not measured). The fastest wins "
@@ -676,6 +910,7 @@ def markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = (),
                                                        sort=False):
         out += [f"### {pass_}, {layout}, {precision}", "", md_table(time_table(rows)), ""]
     out += network_section(df, env)
+    out += roof_section(df, env)
     out += ["## Operation counts", "",
             ("Theoretical GFLOP per pass (`opcount.py`); n/a where the kernel is the library's "
              "choice or the algorithm does not apply."), "", md_table(op_table(df)), ""]
@@ -747,15 +982,16 @@ def plot(df: pd.DataFrame, folder: str | Path, env: dict | None = None,
          baseline: str | None = None) -> list[str] | str:
     """PNG plots in `folder`: for a run of many problems the sorted speed-up curves; per pass,
     grouped bars of time per layer per algorithm (a panel per layout) and the op counts per
-    layer per algorithm (up to `MAX_BAR_LAYERS` layers), and the phase breakdown where rows have
-    phases. Returns the file names, or a note when matplotlib is missing."""
+    layer per algorithm (up to `MAX_BAR_LAYERS` layers), the phase breakdown where rows have
+    phases, and the roofline where env.json has the device's ceilings (`roofline_plot`).
+    Returns the file names, or a note when matplotlib is missing."""
     plt = pyplot()
     if plt is None:
         return NO_MATPLOTLIB
     folder = Path(folder)
     names = speedup_plots(plt, df, env or {}, folder, baseline)
     if df["layer"].nunique() > MAX_BAR_LAYERS:
-        return names
+        return names + roofline_plot(plt, df, env, folder)
     single = df["precision"].nunique() == 1
     for (precision, pass_), rows in df.groupby(["precision", "pass"], sort=False):
         name = f"time_{pass_}.png" if single else f"time_{pass_}_{precision}.png"
@@ -788,7 +1024,8 @@ def plot(df: pd.DataFrame, folder: str | Path, env: dict | None = None,
         ax.set_title(f"theoretical operations, {pass_}")
         ax.set_ylabel("GFLOP")
     save_figure(fig, folder / "opcount.png")
-    return names + ["opcount.png", *_phase_plot(plt, df, folder)]
+    return names + ["opcount.png", *_phase_plot(plt, df, folder),
+                    *roofline_plot(plt, df, env, folder)]
 
 
 def _phase_plot(plt, df: pd.DataFrame, folder: Path) -> list[str]:

@@ -908,6 +908,19 @@ def fastest_gemm(shape: str | Product = "square", ceilings: Ceilings | None = No
     return name, rates[name]
 
 
+def from_env(env: Mapping | None) -> Ceilings | None:
+    """The ceilings a run's env.json carries (`env["ceilings"]`, `runs.environment`), or None:
+    not measured there (a run folder from before them, a device without them) or a record of
+    another schema."""
+    record = (env or {}).get("ceilings")
+    if not isinstance(record, Mapping):
+        return None
+    try:
+        return Ceilings.from_dict(record)
+    except (ValueError, TypeError):
+        return None
+
+
 # --- reading rows against the ceilings ---------------------------------------------------------
 def implausible(gflops_direct: float | None, algo_ops_ratio: float | None,
                 ceilings: Ceilings, margin: float = MARGIN) -> str | None:

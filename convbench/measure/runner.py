@@ -32,6 +32,13 @@ result into the harness's output as a phase (`phases.OUTPUT_COPY`), which the pa
 in training code; it is timed in the rounds as its phases, its time the sum of the others,
 repetition by repetition, and the note says what the copy took.
 
+The limit (DESIGN.md §5): given the device's ceilings (`ceilings.measure`, which a run passes
+in: `runs.Run`), a timed fp32 or fp64 row faster than the device can go (`plausibility`: its
+direct-convolution rate above the ceiling times its algorithm's arithmetic reduction and
+`ceilings.MARGIN`) is not a result: its row is `failed`, with the guard's reason and the time
+it was timed at, and no time of its own, so it never wins. Without ceilings (None) no row is
+guarded.
+
 `on_row` sees each row the moment its group is done: `runs` streams it into a run folder
 (`results.RunFolder`), so an interrupted run keeps everything it measured (a group cut short by
 Ctrl-C is not written: a resumed run measures it whole).
@@ -58,7 +65,9 @@ from ..core.measurement import Measurement
 from ..core.problem import ConvProblem
 from ..cuda import kernels
 from ..functional import UnsupportedError
+from . import ceilings as ceilings_
 from . import memory, opcount, timing, verify
+from .ceilings import Ceilings
 from .memory import MemoryLimit
 from .timing import Contender, Timed
 
@@ -400,10 +409,11 @@ def _crowded(backend: str) -> bool:
 
 
 def _time_part(part: list[tuple[Case, Ready]], budget_s: float, target: float,
-               seed: int) -> list[dict]:
+               seed: int, ceilings: Ceilings | None = None) -> list[dict]:
     """Rows for prepared, verified cases timed together in rounds (see the module's docstring);
     a case whose call raises while timed gets its row (`failed` or `oom`) and the others are
-    timed again without it. DeviceFault if the GPU faulted, naming the case where it can."""
+    timed again without it; a row faster than `ceilings` allow is `failed` (`plausibility`).
+    DeviceFault if the GPU faulted, naming the case where it can."""
     if not part:
         return []
     backend, group = part[0][0].backend, f"{_PROCESS}-{next(_GROUPS)}"
@@ -423,7 +433,7 @@ def _time_part(part: list[tuple[Case, Ready]], budget_s: float, target: float,
         if nm.fatal:
             raise DeviceFault(r) from blame.__cause__
         rest = iter(_time_part(part[:blame.index] + part[blame.index + 1:], budget_s, target,
-                               seed))
+                               seed, ceilings))
         return [r if i == blame.index else next(rest) for i in range(len(part))]
     except Exception as exc:  # outside any one case's call: the timer's, or a GPU fault seen
         nm = _not_measured(exc)  # at a synchronize, which no one call can be blamed for
@@ -439,11 +449,13 @@ def _time_part(part: list[tuple[Case, Ready]], budget_s: float, target: float,
     faulted: dict | None = None
     for (case, ready), t, ph in zip(part, timed, phases):
         if faulted is not None:  # timed before the fault; no description can be made now
-            out.append(_timed_row(case, ready, t, ph, group, "(no description: the GPU "
-                                  f"faulted describing {faulted['algo']} {faulted['layout']})"))
+            out.append(_guarded_row(_timed_row(
+                case, ready, t, ph, group, "(no description: the GPU faulted describing "
+                f"{faulted['algo']} {faulted['layout']})"), case, ready, ceilings))
             continue
         try:
-            out.append(_timed_row(case, ready, t, ph, group))
+            out.append(_guarded_row(_timed_row(case, ready, t, ph, group), case, ready,
+                                    ceilings))
         except Exception as exc:  # noqa: BLE001 - only a GPU fault leaves `_describe`
             nm = _not_measured(exc)
             faulted = row(case, nm.status, f"{nm.reason} (while described)", ready.check)
@@ -453,6 +465,65 @@ def _time_part(part: list[tuple[Case, Ready]], budget_s: float, target: float,
         fault.done = [r for r in out if r is not faulted]
         raise fault
     return out
+
+
+#: Precisions the guard reads against the fp32 ceilings: fp64 goes no faster than fp32; TF32,
+#: FP16 and BF16 run on tensor cores (or their CPU counterparts), above the fp32 roof.
+GUARDED_PRECISIONS = ("fp32", "fp64")
+#: Algorithms whose own op count is below the direct convolution's by an arithmetic reduction
+#: the guard allows for (direct flops over their op count, `opcount`).
+REDUCING = ("fft", "winograd")
+#: Algorithms whose kernel does the direct convolution's flops, no fewer: no reduction allowed.
+#: Every other algorithm without an op count of its own (a library's choice of kernel: cuDNN,
+#: its FFT and Winograd kernels, torch's) may run a transform: it is allowed the largest
+#: reduction our own FFT and Winograd counts have on its problem and pass.
+NO_REDUCTION = ("direct", "gemm", "gemm-cublas", "cudnn-find-implicit-gemm",
+                "cudnn-find-implicit-precomp-gemm", "cudnn-find-gemm", "cudnn-find-direct")
+
+
+def reduction(case: Case, algo_ops: float | None) -> float:
+    """The arithmetic reduction the guard allows `case`'s row: direct flops over its own op
+    count for FFT and Winograd (`REDUCING`), 1 for the algorithms that do the direct flops
+    (`NO_REDUCTION`), and for any other row without a count of its own (a library's choice of
+    kernel; a pass our count does not cover) the largest of our FFT's and Winograd's on its
+    problem and pass (at least 1)."""
+    flops = case.problem.flops
+    if case.algo.startswith(REDUCING) and algo_ops:
+        return flops / algo_ops
+    if case.algo in NO_REDUCTION:
+        return 1.0
+    counts = (_op_total(algo, case) for algo in registry.ALGOS if algo.startswith(REDUCING))
+    return max([1.0, *(flops / ops for ops in counts if ops)])
+
+
+def _op_total(algo: str, case: Case) -> float | None:
+    """`algo`'s op count on `case`'s problem and pass, or None: none, or one that cannot be
+    made (a count that cannot be made allows no reduction)."""
+    try:
+        ops = opcount.op_count(algo, case.problem, case.pass_, case.precision, case.backend)
+    except Exception:  # noqa: BLE001
+        return None
+    return ops.total if ops else None
+
+
+def plausibility(r: dict, case: Case, ceilings: Ceilings | None) -> str | None:
+    """Why a timed row is faster than the device can go (`ceilings.implausible` with the row's
+    GFLOP/s and its algorithm's `reduction`), or None: no ceilings, a precision the fp32
+    ceilings do not bound (`GUARDED_PRECISIONS`), or a plausible rate."""
+    if ceilings is None or case.precision not in GUARDED_PRECISIONS or r.get("gflops") is None:
+        return None
+    return ceilings_.implausible(r["gflops"], reduction(case, r.get("algo_ops")), ceilings)
+
+
+def _guarded_row(r: dict, case: Case, ready: Ready, ceilings: Ceilings | None) -> dict:
+    """`r` as it is, or, where it is faster than the device can go (`plausibility`), its case's
+    `failed` row: the guard's reason and the median it was timed at, no time of its own."""
+    why = plausibility(r, case, ceilings)
+    if why is None:
+        return r
+    return row(case, "failed", f"implausible: timed at {r['median_ms']:.4g} ms, {why}",
+               ready.check, workspace=ready.workspace, peak_bytes=ready.peak_bytes,
+               memory_method=ready.memory_method)
 
 
 def _timed_row(case: Case, ready: Ready, t: Timed, phases: dict[str, Measurement] | None,
@@ -475,16 +546,18 @@ def _timed_row(case: Case, ready: Ready, t: Timed, phases: dict[str, Measurement
 
 def measure_group(group: list[Case], operands: Operands, budget_s: float,
                   impls: dict | None = None, limit: MemoryLimit | None = None,
-                  target: float = timing.TARGET_NOISE, seed: int = 0) -> list[dict]:
+                  target: float = timing.TARGET_NOISE, seed: int = 0, *,
+                  ceilings: Ceilings | None = None) -> list[dict]:
     """Rows for a group of competing cases, in the group's order: each prepared and verified
-    (`prepare`), then the verified ones timed together (`_time_part`). Under `limit`, or where
-    memory runs short, prepared cases are timed before the next is prepared. A fault of the GPU
-    raises DeviceFault with the rows finished before it (`DeviceFault.done`)."""
+    (`prepare`), then the verified ones timed together (`_time_part`), each checked against
+    `ceilings` where given (`plausibility`). Under `limit`, or where memory runs short,
+    prepared cases are timed before the next is prepared. A fault of the GPU raises
+    DeviceFault with the rows finished before it (`DeviceFault.done`)."""
     rows: dict[int, dict] = {}
     part: list[tuple[int, Case, Ready]] = []
 
     def time_part() -> None:
-        done = _time_part([(c, r) for _, c, r in part], budget_s, target, seed)
+        done = _time_part([(c, r) for _, c, r in part], budget_s, target, seed, ceilings)
         rows.update(zip((i for i, _, _ in part), done))
         part.clear()
 
@@ -509,11 +582,12 @@ def measure_group(group: list[Case], operands: Operands, budget_s: float,
 
 
 def measure(case: Case, operands: Operands, budget_s: float, impl=None,
-            limit: MemoryLimit | None = None, target: float = timing.TARGET_NOISE) -> dict:
+            limit: MemoryLimit | None = None, target: float = timing.TARGET_NOISE, *,
+            ceilings: Ceilings | None = None) -> dict:
     """One results row for `case` alone: verified, its memory read and timed (and its phases,
     when it has them), or the reason it is not."""
     (r,) = measure_group([case], operands, budget_s, {case.algo: impl} if impl else None, limit,
-                         target)
+                         target, ceilings=ceilings)
     return r
 
 
@@ -551,17 +625,20 @@ def row(case: Case, status: str, reason: str = "", check: verify.Check | None = 
 
 def run_groups(groups: Iterable[list[Case]], budget_s: float, impls: dict | None = None,
                on_row: Callable[[dict], None] | None = None, limit: MemoryLimit | None = None,
-               target: float = timing.TARGET_NOISE, seed: int = 0) -> list[dict]:
+               target: float = timing.TARGET_NOISE, seed: int = 0, *,
+               ceilings: Ceilings | None = None) -> list[dict]:
     """Measure each group of competing cases (`measure_group`) in order; `on_row` sees each row
     as soon as its group is done (to stream it). `impls` maps algo names to implementation
-    objects that replace the registry's. `groups` may be a generator that decides what comes
+    objects that replace the registry's; `ceilings`, the device's, guard every timed row
+    (`plausibility`; None: no guard). `groups` may be a generator that decides what comes
     next from the rows `on_row` has seen (as the batch sweep does)."""
     # The reference on the GPU, beside the operands, unless a memory limit must see the
     # pools hold only the case's own memory.
     operands, rows = Operands(on_device=limit is None), []
     for group in groups:
         try:
-            done = measure_group(group, operands, budget_s, impls, limit, target, seed)
+            done = measure_group(group, operands, budget_s, impls, limit, target, seed,
+                                 ceilings=ceilings)
         except DeviceFault as fault:  # the rows before it are kept, then nothing more can run
             for r in [*fault.done, fault.row]:
                 rows.append(r)
@@ -577,6 +654,8 @@ def run_groups(groups: Iterable[list[Case]], budget_s: float, impls: dict | None
 
 def run(cases: Iterable[Case], budget_s: float, impls: dict | None = None,
         on_row: Callable[[dict], None] | None = None, limit: MemoryLimit | None = None,
-        target: float = timing.TARGET_NOISE, seed: int = 0) -> list[dict]:
+        target: float = timing.TARGET_NOISE, seed: int = 0, *,
+        ceilings: Ceilings | None = None) -> list[dict]:
     """`run_groups` of the competing groups of `cases` (`competing`), in their order."""
-    return run_groups(competing(cases), budget_s, impls, on_row, limit, target, seed)
+    return run_groups(competing(cases), budget_s, impls, on_row, limit, target, seed,
+                      ceilings=ceilings)

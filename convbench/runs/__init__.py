@@ -9,6 +9,12 @@ What `convbench layer`, `bench` and `sweep` do, as library calls with explicit p
     folder = results.RunFolder.open(path, runs.environment(device, "alexnet", ...))
     outcome = runs.Run(cases, device.budget_s, folder).measure()
 
+env.json carries the device's ceilings (`ceilings.measure` on the run's backend and thread
+count: the attainable fp32 GEMM rate, the theoretical peak, the bandwidth beyond and within
+cache), measured once per machine and cached, or None with the reason where they cannot be
+measured; the run reads them back to guard its rows (`runner.plausibility`: a row faster than
+the device can go is `failed`, never a win), and the report states each row's share of them.
+
 A run skips the cases its folder already holds (resume) and, as a batch sweep, the cases whose
 series ran out of memory at a smaller batch (`batchsweep.SkipLarger`). Asked to `remeasure`
 rows flagged busy or noisy, it measures their cases again, each with every competitor it was
@@ -34,11 +40,14 @@ from ..analysis import report, sweepreport
 from ..analysis.ranking import busy
 from ..catalogs import layers
 from ..core import stats
+from ..core.fmt import first_line
 from ..core.measurement import CONTENDED_SHARE
 from ..core.results import RunFolder, frame, load_run, row_key
 from ..machine import contention, nvml, threads
+from ..measure import ceilings as ceilings_
 from ..measure import envinfo, memory, runner, timing
 from ..measure.batchsweep import SkipLarger
+from ..measure.ceilings import Ceilings
 from ..measure.devices import Device
 from ..measure.memory import MemoryLimit
 
@@ -105,7 +114,26 @@ def environment(device: Device, net: str, cases: list[runner.Case], budget_s: fl
                    else "unavailable: this kernel reports no per-thread schedstat"),
     }
     env["load"] = [load_reading("start", device.backend)]
+    env["ceilings"], env["ceilings_note"] = device_ceilings(device.backend, threads.count())
     return env
+
+
+#: What env.json's `ceilings_note` says of an emulated backend's ceilings.
+EMU_CEILINGS = ("the emu backend's kernels are emulated on the host: these are the CPU's "
+                "ceilings, not a GPU's")
+
+
+def device_ceilings(backend: str, n_threads: int) -> tuple[dict | None, str | None]:
+    """env.json's `ceilings` and `ceilings_note` for a run on `backend` with `n_threads`
+    threads: `ceilings.measure(...).to_dict()` (cached per machine, threads and library
+    versions) and a note where the figures need one (the emu backend's are the CPU's); or
+    None and why, where they cannot be measured (no GPU library, a failing probe): a run goes
+    on without them, unguarded (`runner.plausibility`)."""
+    try:
+        measured = ceilings_.measure(backend, n_threads)
+    except Exception as exc:  # noqa: BLE001 - the run goes on without its ceilings
+        return None, f"not measured: {type(exc).__name__}: {first_line(exc)}"
+    return measured.to_dict(), EMU_CEILINGS if backend == "emu" else None
 
 
 def load_reading(when: str, backend: str) -> dict:
@@ -149,12 +177,16 @@ class Run:
     """`cases` to measure with `budget_s` seconds of timing each, into `folder` if given, under
     a memory `limit` if given. `todo` is what is left once the folder's rows are skipped, and
     with `remeasure` (flags of REMEASURE) every case of a competing group where the folder has
-    a row so flagged: such a group is timed again whole, in rounds, as the first run timed it."""
+    a row so flagged: such a group is timed again whole, in rounds, as the first run timed it.
+    `ceilings` guard every timed row (`runner.plausibility`); None: the folder's env.json's
+    (`ceilings.from_env`), and without a folder or ceilings there, no guard."""
 
     def __init__(self, cases: Iterable[runner.Case], budget_s: float,
                  folder: RunFolder | None = None, limit: MemoryLimit | None = None,
-                 target: float = timing.TARGET_NOISE, remeasure: Iterable[str] = ()):
+                 target: float = timing.TARGET_NOISE, remeasure: Iterable[str] = (),
+                 ceilings: Ceilings | None = None):
         self.budget_s, self.folder, self.limit, self.target = budget_s, folder, limit, target
+        self.ceilings = ceilings or ceilings_.from_env(folder.env if folder else None)
         self.started = time.monotonic()
         measured = folder.measured if folder else []
         self._done = {row_key(r) for r in measured}
@@ -184,7 +216,8 @@ class Run:
         interrupted, fault = False, None
         try:
             runner.run_groups(self._skip.pending_groups(runner.competing(self.todo)),
-                              self.budget_s, on_row=seen, limit=self.limit, target=self.target)
+                              self.budget_s, on_row=seen, limit=self.limit, target=self.target,
+                              ceilings=self.ceilings)
         except KeyboardInterrupt:
             interrupted = True
         except runner.DeviceFault as exc:
