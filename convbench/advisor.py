@@ -11,41 +11,16 @@ Three parts, each with one job, in the order the data flows:
   measured by the runner -> advice;
 - `convbench.planning.apply`: a model changed to run a plan.
 
-This module only gathers their public names, so `advisor.tune`, `advisor.apply` and the
-rest keep one address.
+This module gathers what training code needs of them — `tune`, `apply`, `advise_run`, the plan
+and its store, the constraints, `plan_text`, and `CPU_THREAD_ENV` (the environment NumPy passes
+want) — so they keep one address; the rest stays with the part it belongs to.
 """
 
 from .machine.threads import CPU_THREAD_ENV
-from .planning.advice import (
-    NO_CONSTRAINTS,
-    NONDETERMINISTIC_ALGOS,
-    Advice,
-    Boundary,
-    Candidate,
-    PassAdvice,
-    advice_table,
-    advise,
-    boundaries,
-    build_plan,
-    choose_precision,
-    constraint_cost,
-    is_deterministic,
-    layer_costs,
-    needed_conversions,
-    plan_table,
-    plan_text,
-    plan_total_ms,
-)
-from .planning.apply import Change, Summary, apply
-from .planning.models import Site, find_convs
-from .planning.plan import Constraints, Plan, PlanError, PlanStore, current_env_key
-from .planning.tune import advise_run, measure_conversions, tune
+from .planning.advice import NO_CONSTRAINTS, plan_text
+from .planning.apply import Summary, apply
+from .planning.plan import Constraints, Plan, PlanError, PlanStore
+from .planning.tune import advise_run, tune
 
-__all__ = [
-    "CPU_THREAD_ENV", "NONDETERMINISTIC_ALGOS", "NO_CONSTRAINTS", "Advice", "Boundary",
-    "Candidate", "Change", "Constraints", "PassAdvice", "Plan", "PlanError", "PlanStore", "Site",
-    "Summary", "advice_table", "advise", "advise_run", "apply", "boundaries", "build_plan",
-    "choose_precision", "constraint_cost", "current_env_key", "find_convs", "is_deterministic",
-    "layer_costs", "measure_conversions", "needed_conversions", "plan_table", "plan_text",
-    "plan_total_ms", "tune",
-]
+__all__ = ["CPU_THREAD_ENV", "NO_CONSTRAINTS", "Constraints", "Plan", "PlanError", "PlanStore",
+           "Summary", "advise_run", "apply", "plan_text", "tune"]
