@@ -2,7 +2,8 @@
 store of each test's own; Ctrl-C in the middle of a run; without hypothesis, its property tests
 skip and every other test of their modules still runs; the device's ceilings faked (a run's
 env.json measures them: seconds each on a machine whose cache misses), unless a test asks for
-the real `ceilings.measure` (`real_ceilings`)."""
+the real `ceilings.measure` (`real_ceilings`), and for runs in subprocesses a cache of the
+session's own that holds the fake."""
 
 import sys
 import types
@@ -124,6 +125,31 @@ def fake_ceilings(device: str = "cpu", threads: int | None = None, **_) -> objec
         methods={"attainable": "fake on square", "gflops": "fake; products: square (1x1)@(1x1)",
                  "bandwidth": "fake"},
         measured_at="2026-01-01T00:00:00+00:00", versions={})
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fake_ceilings_cache(tmp_path_factory):
+    """A ceilings cache of the session's own (`$CONVBENCH_CACHE_DIR`) holding `fake_ceilings`
+    for this CPU at every thread count, so a `convbench` run in a subprocess (the CLI,
+    torchrun's ranks), which the monkeypatch does not reach, reads it instead of measuring."""
+    import os
+
+    from convbench.measure import ceilings
+
+    folder = tmp_path_factory.mktemp("ceilings-cache")
+    before = os.environ.get("CONVBENCH_CACHE_DIR")
+    os.environ["CONVBENCH_CACHE_DIR"] = str(folder)
+    try:
+        base = ceilings.cache_key("cpu", 1)
+        for n in range(1, max(os.cpu_count() or 1, ceilings.available_cores()) + 1):
+            key = {**base, "threads": n}
+            ceilings._store(ceilings.cache_path(key), key, fake_ceilings("cpu", n))
+        yield folder
+    finally:
+        if before is None:
+            os.environ.pop("CONVBENCH_CACHE_DIR", None)
+        else:
+            os.environ["CONVBENCH_CACHE_DIR"] = before
 
 
 @pytest.fixture

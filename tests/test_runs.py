@@ -191,3 +191,19 @@ def test_tests_get_fake_ceilings_measured_in_no_time():
     start = time.perf_counter()
     c = ceilings.measure("cpu", 2)
     assert time.perf_counter() - start < 0.1 and c.model.startswith("test fake")
+
+
+def test_a_run_in_a_subprocess_reads_the_fake_from_the_session_s_cache():
+    """The CLI or torchrun's ranks, which conftest's monkeypatch does not reach, find the fake
+    in the session's cache ($CONVBENCH_CACHE_DIR) and measure nothing."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from convbench.measure import ceilings as C\n"
+            "C.measure_cpu = C.measure_gpu = None  # measuring would fail\n"
+            "print(C.measure('cpu', 1).model)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=os.environ, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("test fake")
