@@ -20,13 +20,13 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 endif
 
-.PHONY: test bench phases gpu-check gpu-check-tests lint clean install
+.PHONY: test bench phases gpu-check gpu-check-tests lint docs clean install
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
 	$(VENV)/bin/python -m pip install -q "$(TORCH)"
-	$(VENV)/bin/python -m pip install -q -e ".[dev,plot,cuda]"
+	$(VENV)/bin/python -m pip install -q -e ".[dev,plot,cuda,docs]"
 	touch $@
 
 install: $(STAMP)
@@ -66,5 +66,10 @@ gpu-check-tests: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check convbench tests
 
+# The documentation site (MkDocs + Material, docs/mkdocs.yml, pages in docs/pages/) into
+# docs/site/, warnings as errors: a broken link or a docstring the API pages cannot read fails.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -f docs/mkdocs.yml
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache docs/site
