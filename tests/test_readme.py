@@ -1,17 +1,18 @@
 """The README's commands, so that it cannot drift from the code.
 
-Its fenced code blocks are read:
+Its fenced code blocks are read (the helpers here read the documentation pages the same way,
+tests/test_docs.py):
 
 - every `convbench ...` command in a `console` block (also `python -m convbench ...`, `torchrun
   ... -m convbench ...`, and the `BENCH_ARGS`/`CHECK_ARGS` of a `make` line) is parsed by the
   command line's own parser: an option the code no longer has fails here;
 - an example `$ convbench ...` is run (in a folder of its own, with a plan store of its own),
-  after the files its `$ cat FILE` lines show; what the README shows under it must be what it
+  after the files its `$ cat FILE` lines show; what the page shows under it must be what it
   prints: each table's header, each `convbench:` line (numbers and paths aside; warnings of a
-  busy machine aside), an error line
-  word for word (and then exit code 2, else 0);
+  busy machine aside), an error line word for word (and then exit code 2, else 0);
 - a `python` block is run, and the tables' headers of the `text` block after it must be in
-  what it prints.
+  what it prints;
+- every relative link points to a file of the repository.
 """
 
 from __future__ import annotations
@@ -27,15 +28,19 @@ from test_cli import run_cli
 
 from convbench import cli
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+REPO = Path(__file__).resolve().parent.parent
+README = REPO / "README.md"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
+#: A markdown link or image: [text](target) or ![alt](target).
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 #: Wildcards for what differs from run to run in a `convbench:` line: numbers and paths.
 NUMBER = re.compile(r"\d[\d.,]*")
 PATH = re.compile(r"\S*/\S*")
 
 
-def blocks(kind: str | None = None) -> list[tuple[str, str]]:
-    return [(k, body) for k, body in FENCE.findall(README.read_text())
+def blocks(page: Path = README, kind: str | None = None) -> list[tuple[str, str]]:
+    """(kind, body) of each fenced block of a markdown page, `kind` only where given."""
+    return [(k, body) for k, body in FENCE.findall(page.read_text())
             if kind is None or k == kind]
 
 
@@ -44,8 +49,8 @@ def _strip_comment(line: str) -> str:
 
 
 def convbench_argv(line: str) -> list[str] | None:
-    """The arguments a README command line gives `convbench`, or None if it runs no convbench
-    command."""
+    """The arguments a command line on a page gives `convbench`, or None if it runs no
+    convbench command."""
     words = shlex.split(_strip_comment(line.removeprefix("$ ")).split(" | ")[0])
     while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):  # PYTHONPATH=. convbench ...
         words = words[1:]
@@ -65,9 +70,11 @@ def convbench_argv(line: str) -> list[str] | None:
     return None
 
 
-def commands() -> list[str]:
+def commands(page: Path = README) -> list[str]:
+    """Every convbench command line of a page's console blocks (of an example block, only its
+    `$ ` lines: the rest is output)."""
     out = []
-    for _, body in blocks("console"):
+    for _, body in blocks(page, "console"):
         lines = body.splitlines()
         if any(line.startswith("$ ") for line in lines):  # an example: its output is no command
             lines = [line for line in lines if line.startswith("$ ")]
@@ -75,14 +82,8 @@ def commands() -> list[str]:
     return out
 
 
-def test_the_readme_has_commands_and_examples():
-    assert len(commands()) > 40
-    assert len(examples()) >= 5
-    assert blocks("python")
-
-
-@pytest.mark.parametrize("line", commands())
-def test_every_command_parses(line):
+def check_parses(line: str, where: str) -> None:
+    """Fails the test where `line` (a page's command) does not parse."""
     argv = convbench_argv(line)
     if argv[:1] == ["kernels"]:  # the compile gate parses its own arguments
         return
@@ -90,14 +91,14 @@ def test_every_command_parses(line):
         cli.build_parser().parse_args(argv)
     except SystemExit as exc:  # --help and --version end here, with 0
         if exc.code:
-            pytest.fail(f"README: `{line}` does not parse (exit {exc.code})")
+            pytest.fail(f"{where}: `{line}` does not parse (exit {exc.code})")
 
 
-def examples() -> list[tuple[dict[str, str], str, list[str]]]:
-    """Per `$ convbench` example: (the files the block's `$ cat` lines showed before it, the
-    command, the lines shown under it)."""
+def examples(page: Path = README) -> list[tuple[dict[str, str], str, list[str]]]:
+    """Per `$ convbench` example of a page: (the files the block's `$ cat` lines showed before
+    it, the command, the lines shown under it)."""
     out = []
-    for _, body in blocks("console"):
+    for _, body in blocks(page, "console"):
         files: dict[str, str] = {}
         current, shown = None, []
         for line in [*body.splitlines(), "$ end"]:
@@ -126,14 +127,14 @@ def _pattern(line: str) -> re.Pattern:
                               else re.escape(p) for p in parts if p))
 
 
-@pytest.mark.parametrize("files, command, shown", examples(),
-                         ids=lambda v: v if isinstance(v, str) else "")
-def test_every_example_prints_what_the_readme_shows(files, command, shown, tmp_path,
-                                                    monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("CONVBENCH_PLAN_DIR", str(tmp_path / "plans"))
+def check_example(files: dict[str, str], command: str, shown: list[str], where: str,
+                  folder: Path, monkeypatch, capsys) -> None:
+    """Runs a page's `$ convbench` example in `folder` after writing the files it showed, and
+    fails the test where it no longer prints what the page shows."""
+    monkeypatch.chdir(folder)
+    monkeypatch.setenv("CONVBENCH_PLAN_DIR", str(folder / "plans"))
     for name, text in files.items():
-        (tmp_path / name).write_text(text)
+        (folder / name).write_text(text)
     monkeypatch.setattr(sys, "path", list(sys.path))  # --model appends the current folder
     code, out, err = run_cli(capsys, *convbench_argv(command))
     errors = [line for line in shown if line.startswith("convbench: error:")]
@@ -144,19 +145,66 @@ def test_every_example_prints_what_the_readme_shows(files, command, shown, tmp_p
     assert code == 0, err
     printed = {" ".join(line.split()) for line in out.splitlines()}
     for header in _headers(shown):
-        assert header in printed, f"README: `{command}` no longer prints {header!r}"
+        assert header in printed, f"{where}: `{command}` no longer prints {header!r}"
     said = err.splitlines() + out.splitlines()
     for line in shown:  # a warning about a busy machine depends on the machine's load
         if line.startswith("convbench: ") and not line.startswith("convbench: warning:"):
             assert any(_pattern(line).fullmatch(s) for s in said), \
-                f"README: `{command}` no longer says {line!r}"
+                f"{where}: `{command}` no longer says {line!r}"
 
 
-def python_examples() -> list[tuple[str, list[str]]]:
-    found = FENCE.findall(README.read_text())
+def python_examples(page: Path = README) -> list[tuple[str, list[str]]]:
+    """Per `python` block of a page: (its code, the lines of the `text` block after it)."""
+    found = FENCE.findall(page.read_text())
     return [(body, found[i + 1][1].splitlines() if i + 1 < len(found)
              and found[i + 1][0] == "text" else [])
             for i, (kind, body) in enumerate(found) if kind == "python"]
+
+
+def broken_links(page: Path) -> list[str]:
+    """The relative links of a page (outside its code blocks) whose file is not there."""
+    text = FENCE.sub("", page.read_text())
+    out = []
+    for target in LINK.findall(text):
+        path = target.split("#")[0]
+        if not path or re.match(r"[a-z]+:", path):  # an anchor, or https:, mailto:
+            continue
+        if not (page.parent / path).exists():
+            out.append(target)
+    return out
+
+
+# --- the README ------------------------------------------------------------------------------
+def test_the_readme_has_commands_and_examples():
+    """One tested example for each way to use it: the command line, a problem file, Python."""
+    assert len(commands()) >= 5
+    assert len(examples()) >= 2
+    assert python_examples()
+
+
+def test_the_readme_is_a_front_door():
+    """Short, and it says what convbench is, how to run it and what it found, in that order."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 260
+    first_screen = "\n".join(text.splitlines()[:60])
+    assert "make bench" in first_screen and "make test" in first_screen
+    assert "results/" in first_screen  # the headline result's run folder
+
+
+def test_every_readme_link_works():
+    assert broken_links(README) == []
+
+
+@pytest.mark.parametrize("line", commands())
+def test_every_command_parses(line):
+    check_parses(line, "README")
+
+
+@pytest.mark.parametrize("files, command, shown", examples(),
+                         ids=lambda v: v if isinstance(v, str) else "")
+def test_every_example_prints_what_the_readme_shows(files, command, shown, tmp_path,
+                                                    monkeypatch, capsys):
+    check_example(files, command, shown, "README", tmp_path, monkeypatch, capsys)
 
 
 @pytest.mark.parametrize("code, shown", python_examples())
