@@ -7,7 +7,7 @@ import time
 
 from ..planning.advice import constraint_cost, plan_text
 from ..planning.plan import Constraints, PlanStore
-from ..planning.tune import advise_run
+from ..planning.tune import advise_runs
 from .common import UsageError, positive, tie_options, workspace_budget_option
 
 
@@ -16,10 +16,10 @@ def cmd_advise(args) -> int:
                               args.tie_break, args.include_busy)
     started = time.monotonic()
     try:
-        plan, advice, note = advise_run(args.run, constraints, args.precision, args.batch)
         unconstrained = Constraints(tie_break=args.tie_break, include_busy=args.include_busy)
-        free = (None if constraints == unconstrained
-                else advise_run(args.run, unconstrained, args.precision, args.batch)[0])
+        asked = [constraints] + ([unconstrained] if constraints != unconstrained else [])
+        (plan, advice, note), *rest = advise_runs(args.run, asked, args.precision, args.batch)
+        free = rest[0][0] if rest else None
         written = [] if args.no_store else [PlanStore(args.store).save(plan)]
         if args.out:
             written.append(plan.save(args.out))

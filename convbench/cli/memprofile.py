@@ -10,7 +10,7 @@ import pandas as pd
 
 from ..measure import envinfo, memory
 from ..planning.plan import Constraints
-from ..planning.tune import advise_run
+from ..planning.tune import advise_runs
 from ..studies import footprint, memprofile
 from ..studies.workload import CPU_STEP_BATCH, Workload
 from .common import (
@@ -27,10 +27,11 @@ from .common import (
 from .measure import device as resolve_device
 
 
-def _advised(run: str, budget: int | None):
-    """The advisor's plan of a run folder, under a workspace budget if given."""
+def _advised(run: str, budget: int | None) -> tuple:
+    """The advisor's fastest plan of a run folder, and its plan under a workspace budget."""
     with usage_errors(f"--run {run}: "):
-        return advise_run(run, Constraints(workspace_budget=budget))[0]
+        fastest, budgeted = advise_runs(run, [Constraints(), Constraints(workspace_budget=budget)])
+    return fastest[0], budgeted[0]
 
 
 def cmd_memprofile(args) -> int:
@@ -43,8 +44,7 @@ def cmd_memprofile(args) -> int:
     budget = args.memory_budget or memory.capacity(device.backend)
     plans = {"defaults": None}
     if args.run:
-        plans["fastest"] = _advised(args.run, None)
-        plans["budgeted"] = _advised(args.run, args.workspace_budget)
+        plans["fastest"], plans["budgeted"] = _advised(args.run, args.workspace_budget)
     if args.config not in plans:
         raise UsageError(f"--config {args.config} needs --run RUN, a bench run folder to "
                          "advise from")

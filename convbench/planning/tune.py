@@ -230,23 +230,35 @@ def advise_run(folder: str | Path, constraints: Constraints = NO_CONSTRAINTS,
     """The plan of a run folder (of its rows at `batch`, if given), and a note when its layouts
     are each layer's own best because the conversions cannot be measured here: they must be
     measured on the run's device with the run's versions."""
+    return advise_runs(folder, [constraints], precision, batch, input_layout, output_layout)[0]
+
+
+def advise_runs(folder: str | Path, constraint_sets: list[Constraints],
+                precision: str | None = None, batch: int | None = None,
+                input_layout: str = "nchw",
+                output_layout: str = "nchw") -> list[tuple[Plan, Advice, str | None]]:
+    """`advise_run` under each of `constraint_sets`, the folder read once and each conversion
+    any of the plans weighs measured once (a plan and what its constraints cost are two
+    plans of one run)."""
     df, env = load_run(folder)
     if batch is not None:
         df = df[df["n"] == batch]
-    advice = advise(df, constraints, precision, env.get("run", {}).get("occurrences"))
-    key, conversions, note = env_key(env), None, None
-    unavailable = registry.available(advice.backend)
-    changed = [] if unavailable else stale_fields(key, current_env_key(advice.backend))
+    occurrences = env.get("run", {}).get("occurrences")
+    advices = [advise(df, c, precision, occurrences) for c in constraint_sets]
+    backend, precision = advices[0].backend, advices[0].precision
+    key, measured, note = env_key(env), None, None
+    unavailable = registry.available(backend)
+    changed = [] if unavailable else stale_fields(key, current_env_key(backend))
     if unavailable or changed:
         why = unavailable or f"this machine differs from the run's in {', '.join(changed)}"
         note = f"no network layout plan: conversions cannot be measured here ({why})"
     else:
-        keys = needed_conversions(layer_costs(advice, input_layout), boundaries(advice),
-                                  input_layout, output_layout)
-        conversions = measure_conversions(keys, advice.backend, advice.precision)
-    records = df[df["precision"] == advice.precision].to_dict("records")
-    plan = build_plan(advice, key, conversions,
-                      measurements=[entry_from_row(r) for r in records],
-                      input_layout=input_layout, output_layout=output_layout)
-    return plan, advice, note
+        keys = set().union(*(needed_conversions(layer_costs(a, input_layout), boundaries(a),
+                                                input_layout, output_layout)
+                             for a in advices))
+        measured = measure_conversions(keys, backend, precision)
+    records = df[df["precision"] == precision].to_dict("records")
+    entries = [entry_from_row(r) for r in records]
+    return [(build_plan(a, key, measured, measurements=entries, input_layout=input_layout,
+                        output_layout=output_layout), a, note) for a in advices]
 
