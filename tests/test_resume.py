@@ -102,7 +102,9 @@ def _rows(folder: Path) -> list[dict]:
 
 def _verdict(folder: Path, pass_: str) -> str:
     """The report's line of the layer's `pass_` in its table of winners."""
-    (line,) = [x for x in (folder / "report.md").read_text().splitlines()
+    text = (folder / "report.md").read_text()
+    wins = text[text.index("## Which wins"):].split("\n## ")[0]
+    (line,) = [x for x in wins.splitlines()
                if [c.strip() for c in x.split("|")[1:3]] == [TINY, pass_]]
     return line
 

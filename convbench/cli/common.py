@@ -14,7 +14,7 @@ from pathlib import Path
 from ..core import results
 from ..core.fmt import first_line
 from ..core.problem import FIELD_MAX, check_choice
-from ..measure import memory
+from ..measure import devices, memory
 
 EXIT_FAULT = 1
 EXIT_USAGE = 2
@@ -44,6 +44,13 @@ def usage_errors(prefix: str = ""):
         yield
     except ValueError as exc:
         raise UsageError(prefix + first_line(exc)) from None
+
+
+def resolve_device(name: str | None) -> devices.Device:
+    """The device of `--device` (None: `devices.default_device()`, the one default of every
+    command), or a UsageError naming why it cannot run here."""
+    with usage_errors("--device "):
+        return devices.resolve(name)
 
 
 # --- argument types -------------------------------------------------------------------------

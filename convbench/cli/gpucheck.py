@@ -12,8 +12,15 @@ from ..algos import registry
 from ..catalogs import layers
 from ..measure.devices import DEVICES
 from ..runs import gpucheck
-from .common import EXIT_FAULT, choices, device_option, positive, time_budget_option, usage_errors
-from .measure import device as resolve_device
+from .common import (
+    EXIT_FAULT,
+    choices,
+    device_option,
+    positive,
+    resolve_device,
+    time_budget_option,
+    usage_errors,
+)
 
 
 def cmd_gpu_check(args) -> int:

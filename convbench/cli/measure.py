@@ -41,16 +41,11 @@ from .common import (
     model_options,
     percent,
     positive,
+    resolve_device,
     size,
     time_budget_option,
     usage_errors,
 )
-
-
-def device(name: str | None) -> devices.Device:
-    """The device of `--device` (None: the default here), or a UsageError naming why not."""
-    with usage_errors("--device "):
-        return devices.resolve(name)
 
 
 def _measure(args, specs: list, device: devices.Device, folder: Path | None,
@@ -284,7 +279,7 @@ def cmd_layer(args) -> int:
         raise UsageError("give layers, --model or --problems, not several")
     if not (args.layer or args.model or args.problems):
         raise UsageError("no layer given: name layers or specs, or give --model or --problems")
-    dev = device(args.device)
+    dev = resolve_device(args.device)
     specs, source = network(args, dev) if not args.layer else (args.layer, None)
     args.net = args.net or layers.NETS[0]
     outcome = _measure(args, specs, dev, folder, _limit(args), source)
@@ -294,7 +289,7 @@ def cmd_layer(args) -> int:
 
 def cmd_bench(args) -> int:
     args = resumed(args)
-    dev = device(args.device)
+    dev = resolve_device(args.device)
     specs, source = network(args, dev)
     folder = Path(args.out) if args.out else runs.default_folder(args.net, dev.backend)
     outcome = _measure(args, specs, dev, folder, _limit(args), source)
@@ -306,7 +301,7 @@ def cmd_sweep(args) -> int:
     """`bench` over a list of batches: time per image and peak memory as the batch grows. On
     the host the memory limit defaults to a share of the memory available now."""
     args = resumed(args)
-    dev = device(args.device)
+    dev = resolve_device(args.device)
     args.net = args.net or layers.NETS[0]
     args.batch = args.batch or list(batchsweep.DEFAULT_BATCHES[dev.name])
     folder = (Path(args.out) if args.out

@@ -21,12 +21,12 @@ from .common import (
     memory_budget_option,
     model_options,
     positive,
+    resolve_device,
     step_options,
     study_output_options,
     time_budget_option,
     usage_errors,
 )
-from .measure import device as resolve_device
 
 
 def _workload(args, device) -> Workload:

@@ -19,12 +19,12 @@ from .common import (
     emit,
     memory_budget_option,
     positive,
+    resolve_device,
     step_options,
     study_output_options,
     usage_errors,
     workspace_budget_option,
 )
-from .measure import device as resolve_device
 
 
 def _advised(run: str, budget: int | None) -> tuple:

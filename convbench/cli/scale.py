@@ -18,10 +18,11 @@ import pandas as pd
 
 from .. import runs
 from ..measure import envinfo
-from ..measure.devices import backend_of
+from ..measure.devices import backend_of, default_device
 from ..studies import scale
 from ..studies.workload import VARIANTS, Workload
 from .common import (
+    UsageError,
     batches,
     command_line,
     counts,
@@ -38,7 +39,9 @@ def job_from(args) -> scale.Job:
     is wrong."""
     import torch
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = args.device or default_device()  # the one default of every command
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: torch sees no GPU here; valid: cpu")
     with usage_errors():
         hooks = scale.parse_hooks(args.hooks)
         per_rank = args.per_rank_batch is not None

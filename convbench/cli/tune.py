@@ -20,11 +20,11 @@ from ..planning.plan import Constraints
 from ..planning.tune import TuneInterrupted, tune_advice
 from .common import (
     EXIT_INTERRUPTED,
-    UsageError,
     choices,
     device_option,
     model_options,
     positive,
+    resolve_device,
     tie_options,
     time_budget_option,
     usage_errors,
@@ -35,9 +35,7 @@ from .common import (
 def cmd_tune(args) -> int:
     import torch
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: torch sees no GPU here; valid: cpu")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(args.device).name  # tune measures our algorithms there too
     with usage_errors():
         threads.use(threads.check(args.threads))
     started = time.monotonic()
