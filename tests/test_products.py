@@ -140,14 +140,32 @@ def test_probe_picks_the_faster_and_keeps_it(costs, winner, monkeypatch):
 
 
 @pytest.mark.parametrize("cost, rounds", [
-    (0.001, products.PROBE_ROUNDS),  # cheap: every round
-    (products.PROBE_SECONDS, 2),  # past the budget after the second round
-    (products.PROBE_CAP, 1),  # a first round this long decides alone
+    (0.001, products.PROBE_ROUNDS),
+    (products.PROBE_CAP / 4, products.PROBE_ROUNDS),
+    (products.PROBE_CAP / 1.5, 1),  # a first round this long decides alone
 ])
 def test_probe_is_bounded(cost, rounds, monkeypatch):
-    fakes = _Fakes(monkeypatch, {"torch": cost, "numpy": cost * 0.9})
+    fakes = _Fakes(monkeypatch, {"torch": cost, "numpy": cost / 2})
     assert products.choose(*_operands()) == "numpy"
     assert fakes.calls == {"torch": rounds, "numpy": rounds}
+
+
+def test_probe_counts_medians_and_keeps_near_ties_on_torch(monkeypatch):
+    """A library fast in one round of three but slow in the others loses (a best time would
+    pick it); one less than `PROBE_MARGIN` faster leaves the product on torch, the first."""
+    now, costs = [0.0], {"torch": iter([0.002] * 3), "numpy": iter([0.0005, 0.004, 0.004])}
+
+    def make(name):
+        def matmul(a, b, out):
+            now[0] += next(costs[name])
+        return products.Backend(matmul, lambda a, b, out: True, lambda: name)
+
+    monkeypatch.setattr(products, "clock", lambda: now[0])
+    monkeypatch.setattr(products, "BACKENDS", {n: make(n) for n in costs})
+    assert products.choose(*_operands()) == "torch"
+    products._choices.clear()
+    _Fakes(monkeypatch, {"torch": 0.001, "numpy": 0.001 * (1 - products.PROBE_MARGIN / 2)})
+    assert products.choose(*_operands()) == "torch"
 
 
 def test_a_library_without_blas_for_the_shape_is_not_probed():

@@ -12,11 +12,17 @@ The rule:
   and strides as the algorithm calls it (so a transposed operand is another key).
 - On a key's first use, `probe` times each library that runs it through BLAS on the call's own
   operands, interleaved, each writing into `out` (the real product follows, so nothing of the
-  probe remains): at least 2 rounds (the first wakes the library's threads), at most
-  `PROBE_ROUNDS`, and no round begins once `PROBE_SECONDS` are spent (one round alone where it
-  took `PROBE_CAP`). The fastest best time wins and is kept for the process (`_choices`). The
-  harness's first call, which prepares and verifies, is the one that probes: timed calls never
-  do.
+  probe remains): `PROBE_ROUNDS` rounds of one call each, or one round alone where it took
+  `PROBE_CAP` (so large a product's warm-up effects are small; more rounds would not be).
+  Each library's median time counts, not its best: the median of three drops one outlier, the
+  first call's page faults into a fresh `out` or a preempted call; and NumPy's batched matmul
+  wakes OpenBLAS's threads once per matrix, which on a busy machine is now quick, now a
+  scheduler's time slice, and a best time would pick it for a lucky round. Torch (the first
+  library, on which these algorithms ran before) keeps a product unless another's median is
+  `PROBE_MARGIN` lower: near ties flip with noise, and a product moved to NumPy also wakes a
+  second thread pool between torch's transforms, a cost the probe sees only in part. The
+  choice is kept for the process (`_choices`). The harness's first call, which prepares and
+  verifies, is the one that probes: timed calls never do.
 - NumPy runs a product through BLAS only where each operand has a unit-stride axis and its
   output is row-major (NumPy's `is_blasable2d`); elsewhere its matmul is a plain loop, many times
   slower, and is never probed.
@@ -33,8 +39,8 @@ ran on, and the algorithm's row note says them (`note`).
 from __future__ import annotations
 
 import functools
-import math
 import os
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,12 +51,12 @@ from ..machine import threads
 
 #: Names a library that runs every product, unprobed: "torch" or "numpy".
 GEMM_ENV = "CONVBENCH_GEMM"
-#: Most rounds of a probe (one call of each library per round).
+#: Rounds of a probe (one call of each library per round).
 PROBE_ROUNDS = 3
-#: No probe round begins once this much time (s) is spent, after the second.
-PROBE_SECONDS = 0.02
-#: A first round this long (s) decides alone: a second would double a large product's cost.
+#: A first round this long (s) decides alone: more would multiply a large product's cost.
 PROBE_CAP = 0.2
+#: How much lower (a fraction) another library's median must be to take a product from torch.
+PROBE_MARGIN = 0.1
 
 #: The clock probes read (tests give a fake one).
 clock: Callable[[], float] = time.perf_counter
@@ -167,22 +173,24 @@ def key(a, b, out) -> tuple:
 
 
 def probe(candidates: dict[str, Callable], a, b, out) -> str:
-    """The fastest of `candidates` (name -> matmul) on this product: their best times over
-    interleaved rounds, in the bounds of the module's rule."""
+    """The fastest of `candidates` (name -> matmul, the incumbent first) on this product: their
+    median times over interleaved rounds, in the bounds and with the margin of the module's
+    rule."""
     names = list(candidates)
     if len(names) == 1:
         return names[0]
-    best = dict.fromkeys(names, math.inf)
+    times: dict[str, list[float]] = {name: [] for name in names}
     start = clock()
     for round_ in range(PROBE_ROUNDS):
         for name in names if round_ % 2 == 0 else names[::-1]:
             before = clock()
             candidates[name](a, b, out)
-            best[name] = min(best[name], clock() - before)
-        spent = clock() - start
-        if (round_ >= 1 and spent >= PROBE_SECONDS) or spent >= PROBE_CAP:
+            times[name].append(clock() - before)
+        if round_ == 0 and clock() - start >= PROBE_CAP:
             break
-    return min(names, key=best.__getitem__)
+    median = {name: statistics.median(t) for name, t in times.items()}
+    fastest = min(names, key=median.__getitem__)
+    return fastest if median[fastest] < (1 - PROBE_MARGIN) * median[names[0]] else names[0]
 
 
 def choose(a, b, out) -> str:
