@@ -66,9 +66,9 @@ def pytest_collection_modifyitems(config, items):
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
-    from convbench.algos import registry
+    from convbench.machine import backends
 
-    reason = registry.available("cuda")
+    reason = backends.available("cuda")
     if reason:
         skip = pytest.mark.skip(reason=f"gpu test: {reason}")
         for item in gpu_items:

@@ -12,6 +12,7 @@ from convbench.algos import registry
 from convbench.cli import common
 from convbench.core import results
 from convbench.core.problem import PASSES
+from convbench.machine import backends
 from convbench.measure import runner
 
 TINY = "n=1,c=2,h=6,w=6,k=3,r=3,s=3,pad=1"
@@ -68,7 +69,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, names):
     assert out == ""
 
 
-@pytest.mark.skipif(registry.available("cuda") is None, reason="this machine has a GPU")
+@pytest.mark.skipif(backends.available("cuda") is None, reason="this machine has a GPU")
 def test_cuda_without_gpu_names_what_is_valid(capsys):
     code, _, err = run_cli(capsys, "layer", "conv2", "--device", "cuda")
     assert code == 2 and err.count("\n") == 1

@@ -6,12 +6,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from convbench.algos import registry
 from convbench.cuda import emu, kernels
+from convbench.machine import backends
 from convbench.measure import verify
 
-pytestmark = pytest.mark.skipif(registry.available("emu") is not None,
-                                reason=str(registry.available("emu")))
+pytestmark = pytest.mark.skipif(backends.available("emu") is not None,
+                                reason=str(backends.available("emu")))
 
 HERE = Path(__file__).parent / "kernels"
 

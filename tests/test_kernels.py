@@ -13,6 +13,7 @@ from convbench.algos import kernel_base, registry
 from convbench.cli import kernels as cli_kernels
 from convbench.core.problem import ConvProblem
 from convbench.cuda import emu, gate, kernels
+from convbench.machine import backends
 
 HERE = Path(__file__).parent / "kernels"
 DIRECT_ENTRIES = {"direct_fwd", "direct_bwd_data", "direct_bwd_filter", "direct_sum_splits"}
@@ -20,8 +21,8 @@ DIRECT_ENTRIES = {"direct_fwd", "direct_bwd_data", "direct_bwd_filter", "direct_
 
 needs_nvrtc = pytest.mark.skipif(kernels.nvrtc_available() is not None,
                                  reason=str(kernels.nvrtc_available()))
-needs_emu = pytest.mark.skipif(registry.available("emu") is not None,
-                               reason=str(registry.available("emu")))
+needs_emu = pytest.mark.skipif(backends.available("emu") is not None,
+                               reason=str(backends.available("emu")))
 
 
 def test_kernel_dir_holds_the_sources():

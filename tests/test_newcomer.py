@@ -13,7 +13,7 @@ import pytest
 import convbench
 from convbench import __version__
 from convbench.cli.common import EXIT_PIPE
-from convbench.machine import launch
+from convbench.machine import backends, launch
 
 PACKAGE = os.path.dirname(convbench.__file__)
 ROOT = Path(PACKAGE).parent
@@ -84,11 +84,10 @@ def test_every_command_leaves_quietly_when_its_reader_does(tmp_path):
 def test_list_says_a_missing_backend_once(capsys):
     from test_cli import run_cli
 
-    from convbench.algos import registry
 
     code, out, _ = run_cli(capsys, "list")
     assert code == 0
-    reason = registry.available("cuda")
+    reason = backends.available("cuda")
     if reason is not None:
         assert out.count(reason) == 1
     assert "runs here" in out  # the numpy table keeps the column: its algos may differ

@@ -2,6 +2,7 @@ import pytest
 
 from convbench.algos import registry
 from convbench.core.problem import ConvProblem
+from convbench.machine import backends
 
 
 def test_every_module_registers_and_torch_cpu_is_there():
@@ -10,7 +11,7 @@ def test_every_module_registers_and_torch_cpu_is_there():
     assert all(i.backend == "numpy" for i in impls)
     for impl in registry.implementations():
         assert isinstance(impl, registry.Implementation)
-        assert impl.algo in registry.ALGOS and impl.backend in registry.BACKENDS
+        assert impl.algo in registry.ALGOS and impl.backend in backends.BACKENDS
         assert set(impl.precisions) <= {"fp64", "fp32", "tf32", "fp16", "bf16"}
 
 
@@ -45,8 +46,8 @@ def test_register_refuses_duplicates_and_unknown_names():
 
 
 def test_backend_availability():
-    assert registry.available("numpy") is None
-    cuda = registry.available("cuda")
+    assert backends.available("numpy") is None
+    cuda = backends.available("cuda")
     assert cuda is None or "GPU" in cuda or "CuPy" in cuda
 
 
@@ -115,7 +116,7 @@ def test_optional_hooks_default_to_nothing_to_add(scratch_registry):
     assert impl.describe(*case) == ""
     assert impl.workspace_bytes(*case) is None
     assert impl.phases(*case) is None
-    assert registry.impl_available(impl) == registry.available("emu")
+    assert registry.impl_available(impl) == backends.available("emu")
 
 
 def test_device_caches_are_registered_and_cleared(monkeypatch):

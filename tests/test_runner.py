@@ -7,6 +7,7 @@ from convbench.analysis import report
 from convbench.catalogs.layers import Layer
 from convbench.core import results
 from convbench.core.problem import ConvProblem
+from convbench.machine import backends
 from convbench.measure import runner, timing
 
 TINY = ConvProblem(n=1, c=2, h=6, w=6, k=3, r=3, s=3, pad=1)
@@ -360,7 +361,7 @@ EMU_TINY = Layer("custom", "tiny", ConvProblem(n=1, c=4, h=7, w=7, k=4, r=3, s=3
 
 
 def test_emu_fft_and_winograd_carry_their_four_phases():
-    reason = registry.available("emu")
+    reason = backends.available("emu")
     if reason:
         pytest.skip(reason)
     passes = ("fwd", "bwd_data", "bwd_filter")

@@ -5,10 +5,10 @@ import json
 import pytest
 
 from convbench import runs
-from convbench.algos import registry
 from convbench.core import results
 from convbench.core.problem import LAYOUTS
-from convbench.measure import devices, runner
+from convbench.machine import backends, devices
+from convbench.measure import runner
 
 TINY = "n=1,c=2,h=6,w=6,k=3,r=3,s=3,pad=1"
 BUDGET = 0.002
@@ -79,7 +79,7 @@ def test_devices_say_what_is_wrong():
         devices.resolve("tpu")
     assert devices.resolve(None).name == devices.default_device()
     assert devices.of_backend("numpy").name == "cpu"
-    if registry.available("cuda") is not None:
+    if backends.available("cuda") is not None:
         with pytest.raises(ValueError, match="^cuda: .*; valid here: cpu"):
             devices.resolve("cuda")
 

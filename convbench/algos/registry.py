@@ -16,8 +16,8 @@ import pkgutil
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from ..core.fmt import first_line
 from ..core.problem import LAYOUTS, PASSES, PRECISIONS, ConvProblem, check_choice, pair_text
+from ..machine import backends
 from . import padding
 from .phases import CONVOLUTION, CROP, EXPLICIT_PAD, Phased
 
@@ -29,7 +29,6 @@ ALGOS = ("direct", "gemm", "gemm-cublas", "fft", "fft-tiled", "winograd-2x2", "w
          "cudnn-find-direct", "cudnn-find-fft", "cudnn-find-fft-tiling", "cudnn-find-winograd",
          "cudnn-find-winograd-nonfused", "cudnn-find-algo-0", "cudnn-find-algo-1",
          "cudnn-find-algo-3")
-BACKENDS = ("numpy", "cuda", "emu")
 #: Algorithms that are torch's own convolution, and the `cudnn.benchmark` each runs with (None:
 #: whatever is set). A pass planned for one of them is left to torch when the plan is applied.
 TORCH_ALGOS = {"torch-cpu": None, "cudnn": False, "cudnn-autotune": True}
@@ -207,7 +206,7 @@ def register(algo: str, backend: str) -> Callable[[type], type]:
     """Class decorator: instantiate the class and file it under (algo, backend). A class that
     breaks the contract (`Implementation`) raises TypeError here, at import."""
     check_choice("algo", algo, ALGOS)
-    check_choice("backend", backend, BACKENDS)
+    check_choice("backend", backend, backends.BACKENDS)
 
     def deco(cls: type) -> type:
         key = (algo, backend)
@@ -257,7 +256,7 @@ def get(algo: str, backend: str) -> Implementation:
     """The implementation of `algo` on `backend`; ValueError naming what exists if none."""
     load()
     check_choice("algo", algo, ALGOS)
-    check_choice("backend", backend, BACKENDS)
+    check_choice("backend", backend, backends.BACKENDS)
     impl = _IMPLS.get((algo, backend))
     if impl is None:
         have = ", ".join(sorted(a for a, b in _IMPLS if b == backend)) or "none"
@@ -269,7 +268,7 @@ def implementations(backend: str | None = None) -> list[Implementation]:
     """Registered implementations, in ALGOS order, optionally of one backend."""
     load()
     order = {a: i for i, a in enumerate(ALGOS)}
-    keys = sorted(_IMPLS, key=lambda k: (order[k[0]], BACKENDS.index(k[1])))
+    keys = sorted(_IMPLS, key=lambda k: (order[k[0]], backends.BACKENDS.index(k[1])))
     return [_IMPLS[k] for k in keys if backend is None or k[1] == backend]
 
 
@@ -300,33 +299,9 @@ def expand_algos(text: str, backend: str) -> list[str]:
     return out
 
 
-def available(backend: str) -> str | None:
-    """None if `backend` can run on this machine, else the reason (no GPU, no compiler)."""
-    check_choice("backend", backend, BACKENDS)
-    if backend == "emu":
-        import shutil
-
-        return None if shutil.which("g++") else "the emu backend needs g++ on PATH"
-    if backend == "cuda":
-        return _cuda_available()
-    return None
-
-
-def _cuda_available() -> str | None:
-    try:
-        import cupy
-    except ImportError:
-        return "the cuda backend needs CuPy: pip install 'convbench[cuda]'"
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # noqa: BLE001  (no driver, no device: CuPy's own runtime errors)
-        return f"no CUDA GPU: {first_line(exc)}"
-    return None if count > 0 else "no CUDA GPU found"
-
-
 def impl_available(impl: Implementation) -> str | None:
     """None if this implementation can run here: its backend, then its own needs."""
-    return available(impl.backend) or impl.available()
+    return backends.available(impl.backend) or impl.available()
 
 
 def supports(impl: Implementation, problem: ConvProblem, pass_: str, layout: str,

@@ -56,9 +56,9 @@ from ..core.measurement import CONTENDED_SHARE, NOISE_THRESHOLD, Measurement, is
 from ..core.problem import PASSES
 from ..core.results import KEY, RESULTS_CSV, parse_phases, problem_from_row
 from ..machine import contention
+from ..machine.devices import DEVICES
 from ..measure import ceilings as ceilings_
 from ..measure import memory
-from ..measure.devices import DEVICES
 from . import ranking, speedup
 
 REPORT_MD = "report.md"

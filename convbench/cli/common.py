@@ -14,7 +14,8 @@ from pathlib import Path
 from ..core import results
 from ..core.fmt import first_line
 from ..core.problem import FIELD_MAX, check_choice
-from ..measure import devices, memory
+from ..machine import devices
+from ..measure import memory
 
 EXIT_FAULT = 1
 EXIT_USAGE = 2

@@ -10,7 +10,7 @@ from pathlib import Path
 from .. import runs
 from ..algos import registry
 from ..catalogs import layers
-from ..measure.devices import DEVICES
+from ..machine.devices import DEVICES
 from ..runs import gpucheck
 from .common import (
     EXIT_FAULT,

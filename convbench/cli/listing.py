@@ -14,6 +14,7 @@ from ..analysis import report
 from ..catalogs import convset, layers, selection
 from ..core.fmt import tabulate
 from ..core.problem import LAYOUTS, PASSES, PRECISIONS
+from ..machine.backends import BACKENDS, available
 
 #: A catalog with more problems than this is listed by class, not problem by problem.
 MANY = 40
@@ -118,7 +119,7 @@ def _alike(algo: str, reasons: dict) -> list[str]:
 
 
 def support_tables(net: str, found: list[layers.Layer], precision: str,
-                   backends: tuple[str, ...] = registry.BACKENDS) -> list[str]:
+                   backends: tuple[str, ...] = BACKENDS) -> list[str]:
     out = []
     by_class = len(found) > MANY
     groups = _columns(found)
@@ -131,7 +132,7 @@ def support_tables(net: str, found: list[layers.Layer], precision: str,
         support.update(zip([(i.backend, algo) for i in same],
                            _support(same, groups, by_class, precision)))
     for backend in backends:
-        reason = registry.available(backend)
+        reason = available(backend)
         impls = every[backend]
         head = f"## backend {backend} on {net}: {'available' if reason is None else reason}"
         if not impls:
@@ -168,7 +169,7 @@ def cmd_list(args) -> int:
         print(problems_table(net, found, args.all))
         print()
     # the emulator runs small problems only: its table is worth reading for a chosen catalog
-    backends = registry.BACKENDS if args.net else ("numpy", "cuda")
+    backends = BACKENDS if args.net else ("numpy", "cuda")
     print("\n".join(support_tables(net, found, args.precision, backends)).rstrip())
     if not args.net:
         print("\n(backend emu, the CUDA sources run on the CPU for small problems: "

@@ -23,9 +23,9 @@ from ..analysis import report
 from ..catalogs import layers, problemfile
 from ..core.problem import LAYOUTS, PASSES, PRECISIONS
 from ..core.results import ENV_JSON, FolderInUse, RunFolder, resumable_env
-from ..machine import threads
-from ..measure import batchsweep, devices, envinfo, memory, timing
-from ..measure.devices import DEVICES
+from ..machine import devices, threads
+from ..machine.devices import DEVICES
+from ..measure import batchsweep, envinfo, memory, timing
 from ..planning import models
 from ..runs import shard
 from . import catalog

@@ -17,8 +17,8 @@ from pathlib import Path
 import pandas as pd
 
 from .. import runs
+from ..machine.devices import backend_of, default_device
 from ..measure import envinfo
-from ..measure.devices import backend_of, default_device
 from ..studies import scale
 from ..studies.workload import VARIANTS, Workload
 from .common import (

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from ..algos.registry import available
+from ..machine.backends import available
+from ..machine.devices import DEVICES, default_device
 from ..measure import envinfo
-from ..measure.devices import DEVICES, default_device
 from ..studies import trainstep
 from ..studies.workload import CPU_STEP_BATCH, CPU_TUNE_BUDGET_S, Workload
 from .common import (

@@ -57,9 +57,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..algos import registry
 from ..core.fmt import first_line
 from ..core.problem import check_choice
+from ..machine import backends
 from . import emu
 
 #: Options of every compilation, on the GPU and in the gate.
@@ -289,7 +289,7 @@ def nvrtc_available() -> str | None:
 
 def available(backend: str) -> str | None:
     """None if kernels compile and launch on `backend` here, else why not."""
-    reason = registry.available(backend)
+    reason = backends.available(backend)
     return reason or (nvrtc_available() if backend == "cuda" else None)
 
 

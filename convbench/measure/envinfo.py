@@ -15,8 +15,7 @@ import subprocess
 from pathlib import Path
 
 from .. import __version__
-from ..algos import registry
-from ..machine import nvml
+from ..machine import backends, nvml
 
 
 def _version(module: str) -> str | None:
@@ -39,7 +38,7 @@ def cpu_model() -> str:
 
 def gpu_name() -> str | None:
     """The current CUDA device's name, or None where the cuda backend cannot run."""
-    if registry.available("cuda"):
+    if backends.available("cuda"):
         return None
     import cupy
 

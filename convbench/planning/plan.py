@@ -28,9 +28,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..algos.registry import ALGOS, BACKENDS
+from ..algos.registry import ALGOS
 from ..core.problem import LAYOUTS, PASSES, PRECISIONS, ConvProblem
 from ..core.results import ENTRY_NUMBERS, ENTRY_TEXTS, STATUSES
+from ..machine.backends import BACKENDS
 from .planschema import (
     Invalid,
     anything,

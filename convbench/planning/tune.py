@@ -25,7 +25,8 @@ from ..algos.reference import DTYPES, array_module
 from ..core.measurement import Measurement
 from ..core.problem import LAYOUTS, PASSES, PRECISION_OF_DTYPE, ConvProblem, check_choice
 from ..core.results import entry_from_row, frame, load_run, problem_from_row, row_from_entry
-from ..measure import devices, runner, timing
+from ..machine import backends, devices
+from ..measure import runner, timing
 from .advice import (
     NO_CONSTRAINTS,
     Advice,
@@ -247,7 +248,7 @@ def advise_runs(folder: str | Path, constraint_sets: list[Constraints],
     advices = [advise(df, c, precision, occurrences) for c in constraint_sets]
     backend, precision = advices[0].backend, advices[0].precision
     key, measured, note = env_key(env), None, None
-    unavailable = registry.available(backend)
+    unavailable = backends.available(backend)
     changed = [] if unavailable else stale_fields(key, current_env_key(backend))
     if unavailable or changed:
         why = unavailable or f"this machine differs from the run's in {', '.join(changed)}"

@@ -44,11 +44,11 @@ from ..core.fmt import first_line
 from ..core.measurement import CONTENDED_SHARE
 from ..core.results import RunFolder, frame, load_run, row_key
 from ..machine import contention, nvml, threads
+from ..machine.devices import Device
 from ..measure import ceilings as ceilings_
 from ..measure import envinfo, memory, runner, timing
 from ..measure.batchsweep import SkipLarger
 from ..measure.ceilings import Ceilings
-from ..measure.devices import Device
 from ..measure.memory import MemoryLimit
 
 

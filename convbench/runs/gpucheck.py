@@ -30,8 +30,8 @@ from ..analysis import summary
 from ..catalogs import layers as catalogs
 from ..core.problem import LAYOUTS, PASSES
 from ..core.results import ENV_JSON, RunFolder
+from ..machine.devices import Device
 from ..measure import runner
-from ..measure.devices import Device
 
 RUN = "run"
 TESTS_LOG = "tests.log"

@@ -41,8 +41,8 @@ from dataclasses import asdict, dataclass
 
 from ..algos import registry
 from ..algos.registry import TORCH_ALGOS
+from ..machine.devices import backend_of
 from ..measure import memory, opcount
-from ..measure.devices import backend_of
 from ..planning.plan import Plan
 from .workload import Workload
 

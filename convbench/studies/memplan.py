@@ -53,8 +53,8 @@ from pathlib import Path
 from ..core.fmt import NO_MATPLOTLIB, fmt_mib, pyplot, save_figure
 from ..core.measurement import Measurement
 from ..machine import launch
+from ..machine.devices import backend_of
 from ..measure import memory, timing
-from ..measure.devices import backend_of
 from .folder import write_study
 from .footprint import modelled_peak
 from .workload import Training, Workload, worker_environment

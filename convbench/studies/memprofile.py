@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..core.fmt import NO_MATPLOTLIB, fmt_mib, pyplot, save_figure
+from ..machine.devices import backend_of
 from ..measure import memory
-from ..measure.devices import backend_of
 from ..planning.plan import Plan
 from .folder import write_study
 from .footprint import (

@@ -48,9 +48,9 @@ from ..core import stats
 from ..core.fmt import fmt_ms, tabulate
 from ..core.measurement import Measurement
 from ..machine import launch
+from ..machine.devices import backend_of
 from ..machine.threads import CPU_THREAD_ENV
 from ..measure import timing
-from ..measure.devices import backend_of
 from ..planning import tune
 from ..planning.plan import Plan
 from .folder import write_study

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ..catalogs import layers
+from ..machine.devices import backend_of
 from ..machine.threads import CPU_THREAD_ENV
-from ..measure.devices import backend_of
 from ..planning import apply, models
 
 #: The catalog nets a training step is built from.

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from ..algos import registry
 from ..core import results
 from ..core.problem import LAYOUTS
-from ..measure import devices, opcount, runner, verify
-from ..measure.devices import backend_of
+from ..machine import devices
+from ..machine.devices import backend_of
+from ..measure import opcount, runner, verify
 from ..planning.advice import advise, build_plan
 from ..planning.models import find_convs
 from ..planning.plan import Constraints, Plan, current_env_key

@@ -1,7 +1,7 @@
 """Devices as users name them (`cpu`, `cuda`, `emu`): the backend each runs, and the defaults a
 sweep uses there.
 
-A device is where a sweep runs; a backend (`registry.BACKENDS`) is where an implementation runs.
+A device is where a sweep runs; a backend (`backends.BACKENDS`) is where an implementation runs.
 They differ in one place: `cpu` runs the `numpy` backend. The defaults are the batch and the
 timing budget per measurement a sweep takes when not told otherwise.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..algos import registry
 from ..core.problem import check_choice
+from . import backends
 
 
 @dataclass(frozen=True)
@@ -36,19 +36,19 @@ DEVICES = {
 
 def default_device() -> str:
     """`cuda` where a GPU and CuPy are here, else `cpu`."""
-    return "cuda" if registry.available("cuda") is None else "cpu"
+    return "cuda" if backends.available("cuda") is None else "cpu"
 
 
 def here() -> list[str]:
     """The devices this machine can run."""
-    return [name for name, d in DEVICES.items() if registry.available(d.backend) is None]
+    return [name for name, d in DEVICES.items() if backends.available(d.backend) is None]
 
 
 def resolve(name: str | None) -> Device:
     """The device `name` (None: the default here); ValueError naming why it cannot run here
     and which can."""
     device = DEVICES[check_choice("device", name or default_device(), tuple(DEVICES))]
-    reason = registry.available(device.backend)
+    reason = backends.available(device.backend)
     if reason:
         raise ValueError(f"{device.name}: {reason}; valid here: {', '.join(here())}")
     return device
