@@ -1,8 +1,8 @@
 """`python -m convbench`: the same as the `convbench` command.
 
-Run from the folder that holds a clone named `convbench`, `python -m` may have imported that
-folder as a namespace package (see `convbench.machine.launch`): then the current directory leaves the
-path and the package is imported again, so the installed one runs.
+Run from the folder that holds a clone named `convbench`, `python -m` may have imported that folder
+as a namespace package (see `convbench.machine.launch`): then the current directory leaves the path
+and the package is imported again, so the installed one runs.
 """
 
 import os

@@ -1,5 +1,5 @@
-"""The house is one-way (DESIGN.md §1): every import points down the layers, nothing imports
-the command line, advice never reaches the timers, and the import graph has no circle.
+"""The house is one-way (docs/pages/design.md §1): every import points down the layers, nothing
+imports the command line, advice never reaches the timers, and the import graph has no circle.
 
 Two ways of looking, as cudnn-frontend's `test_import_boundaries.py` looks at its package:
 
@@ -30,8 +30,8 @@ import convbench
 
 PACKAGE = Path(convbench.__file__).parent
 
-#: The layers of DESIGN.md §1, bottom up, one entry per folder ("name/": the folder and all in it)
-#: or top-level module. A module imports only from its own layer or below.
+#: The layers of docs/pages/design.md §1, bottom up, one entry per folder ("name/": the folder and
+#: all in it) or top-level module. A module imports only from its own layer or below.
 LAYERS = {
     "core": ["convbench", "core/", "catalogs/", "machine/", "tools", "tools.convert_convset"],
     "implementations": ["algos/", "cuda/", "functional"],
@@ -42,7 +42,7 @@ LAYERS = {
     "studies": ["studies/"],
     "cli": ["cli/", "__main__"],
 }
-#: The training-step studies (DESIGN.md §1, layer 7).
+#: The training-step studies (docs/pages/design.md §1, layer 7).
 STUDIES = ("trainstep", "memprofile", "memplan", "scale")
 #: What a module must not reach, directly or through others, though its layer would allow it.
 FORBIDDEN = {

@@ -1,8 +1,8 @@
 """Ranking competing measurements: which is fastest, and which are a tie within noise with it.
 
-The rule of the whole project (DESIGN.md §5): a time beats another only where the interval of
-their ratio excludes 1 (`stats.ratio`, paired by round where the two were timed in the same
-interleaved rounds); otherwise they are a tie, and a tie-break the user chose decides among the
+The rule of the whole project (docs/pages/design.md §5): a time beats another only where the
+interval of their ratio excludes 1 (`stats.ratio`, paired by round where the two were timed in the
+same interleaved rounds); otherwise they are a tie, and a tie-break the user chose decides among the
 tied (`plan.TIE_BREAKS`). Advice chooses by it, and the report marks its tables by it.
 """
 

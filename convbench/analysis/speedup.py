@@ -3,12 +3,12 @@
 per class of problem (`selection`) a summary.
 
 Per problem (layer), pass and precision, each algorithm in its faster layout is set against the
-baseline in its faster layout: speed-up = baseline's median / the algorithm's, with the 95%
-interval of that ratio (`ranking.Candidate.ratio_to`, paired by round where they were timed
-side by side). The algorithm *wins* a problem only where the interval lies above 1, *loses*
-where it lies below, and ties otherwise (DESIGN.md §5: a tie is not a win). Rows measured on a
-busy machine do not compete; a problem where the algorithm or the baseline has no fair verified
-time (unsupported, failed, busy) is counted apart (`not compared`), never drawn.
+baseline in its faster layout: speed-up = baseline's median / the algorithm's, with the 95% interval
+of that ratio (`ranking.Candidate.ratio_to`, paired by round where they were timed side by side).
+The algorithm *wins* a problem only where the interval lies above 1, *loses* where it lies below,
+and ties otherwise (docs/pages/design.md §5: a tie is not a win). Rows measured on a busy
+machine do not compete; a problem where the algorithm or the baseline has no fair verified time (unsupported,
+failed, busy) is counted apart (`not compared`), never drawn.
 """
 
 from __future__ import annotations

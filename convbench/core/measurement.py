@@ -17,7 +17,7 @@ import numpy as np
 
 from . import stats
 
-#: IQR / median above which a measurement is flagged noisy (DESIGN.md §5).
+#: IQR / median above which a measurement is flagged noisy (docs/pages/design.md §5).
 NOISE_THRESHOLD = 0.1
 #: Below this share of the time its threads were ready to run spent on a core (median over the
 #: repetitions), a host measurement is contended: the machine did not give it the cores its

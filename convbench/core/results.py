@@ -1,13 +1,13 @@
 """The results row and its forms: columns and types, CSV on disk, a run folder read back.
 
-One row is one measurement (DESIGN.md §3): the key that identifies it (layer, problem, algo,
-backend, pass, layout, precision), its status and reason, the times and what was derived from
-them, accuracy, memory and notes. Everything that writes or reads rows goes through here: the
-runner makes rows of `COLUMNS`; `CsvSink` appends them to measurements.csv one at a time, so an
-interrupted run keeps every row it measured; `read_rows` and `load_run` read a run back;
-`frame` types a table of rows (from the runner or read back as strings) as a DataFrame, which
-report, advice and sweeps read; `to_records`/`to_json` are its JSON form, and `entry_from_row` /
-`row_from_entry` the compact form a plan stores its measurements in.
+One row is one measurement (docs/pages/design.md §3): the key that identifies it (layer, problem,
+algo, backend, pass, layout, precision), its status and reason, the times and what was derived from
+them, accuracy, memory and notes. Everything that writes or reads rows goes through here: the runner
+makes rows of `COLUMNS`; `CsvSink` appends them to measurements.csv one at a time, so an interrupted
+run keeps every row it measured; `read_rows` and `load_run` read a run back; `frame` types a table
+of rows (from the runner or read back as strings) as a DataFrame, which report, advice and sweeps
+read; `to_records`/`to_json` are its JSON form, and `entry_from_row` / `row_from_entry` the compact
+form a plan stores its measurements in.
 
 A run folder holds measurements.csv, env.json (the machine and how the run was asked for) and
 the report rendered from them. `RunFolder.open` prepares one for a run: it refuses to mix new
@@ -35,8 +35,8 @@ from .problem import AXIS_FIELDS, ConvProblem, axis_pair, pair_text
 PROBLEM_FIELDS = tuple(f.name for f in dataclasses.fields(ConvProblem))
 #: What identifies a row: a second row with the same key is the same measurement.
 KEY = ("layer", *PROBLEM_FIELDS, "algo", "backend", "pass", "layout", "precision")
-#: The results table: DESIGN.md §5's columns first (the measured peak memory and how it was
-#: read beside the predicted workspace), then what the reports and compare use.
+#: The results table: docs/pages/design.md §5's columns first (the measured peak memory and how it
+#: was read beside the predicted workspace), then what the reports and compare use.
 COLUMNS = (*KEY, "status", "reason", "median_ms", "iqr_ms", "reps", "gflops", "rel_error",
            "workspace_bytes", "peak_bytes", "memory_method", "net", "min_ms", "noisy",
            "times_ms", "phases_ms", "algo_ops", "max_abs_error", "tolerance", "note", "host_ms",

@@ -3,7 +3,7 @@ bandwidth beyond and within cache, and on a GPU the clock that ran; measured onc
 and library versions, and cached.
 
 A row's rate means something only against what the device can do, and a row faster than the
-device can go is a timing bug, never a win (DESIGN.md §5). So:
+device can go is a timing bug, never a win (docs/pages/design.md §5). So:
 
 - **Attainable compute** is the best SGEMM rate of the GEMM libraries here (CPU: `torch.matmul`
   on MKL/oneDNN and NumPy's `@` on OpenBLAS; GPU: cuBLAS through CuPy and torch, TF32 off), on
@@ -713,7 +713,7 @@ def _torch_gemm_cuda(p: Product, reps: int) -> float:
     b = torch.randn((*lead, p.k, p.n), device="cuda", generator=g)
     c = torch.empty((*lead, p.m, p.n), device="cuda")
     was = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False  # FP32 means FP32 (DESIGN.md §5)
+    torch.backends.cuda.matmul.allow_tf32 = False  # FP32 means FP32 (docs/pages/design.md §5)
     try:
         torch.matmul(a, b, out=c)
         start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))

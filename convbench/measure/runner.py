@@ -23,8 +23,8 @@ The verifying run is also the memory run: a `memory.trace` reads the allocators 
 costs its time anything. A `MemoryLimit` turns a footprint beyond it into `oom`: on the host
 the predicted footprint is checked before anything is allocated, the measured one before timing.
 
-A pass with phases (`convbench.algos.phases`: FFT's and Winograd's transforms, product and inverse) is
-timed twice: whole, in the rounds, for the row's time, then alone as its sequence of phases, for
+A pass with phases (`convbench.algos.phases`: FFT's and Winograd's transforms, product and
+inverse) is timed twice: whole, in the rounds, for the row's time, then alone as its sequence of phases, for
 `phases_ms`, the median of each phase (`results.phases_text`), sized by the same budget. The
 whole pass stays the row's time: the phases' medians need not add up to it exactly. One
 exception: a library that returns its own result (torch's convolution) has the copy of that
@@ -32,12 +32,11 @@ result into the harness's output as a phase (`phases.OUTPUT_COPY`), which the pa
 in training code; it is timed in the rounds as its phases, its time the sum of the others,
 repetition by repetition, and the note says what the copy took.
 
-The limit (DESIGN.md §5): given the device's ceilings (`ceilings.measure`, which a run passes
-in: `runs.Run`), a timed fp32 or fp64 row faster than the device can go (`plausibility`: its
+The limit (docs/pages/design.md §5): given the device's ceilings (`ceilings.measure`, which a run
+passes in: `runs.Run`), a timed fp32 or fp64 row faster than the device can go (`plausibility`: its
 direct-convolution rate above the ceiling times its algorithm's arithmetic reduction and
-`ceilings.MARGIN`) is not a result: its row is `failed`, with the guard's reason and the time
-it was timed at, and no time of its own, so it never wins. Without ceilings (None) no row is
-guarded.
+`ceilings.MARGIN`) is not a result: its row is `failed`, with the guard's reason and the time it was
+timed at, and no time of its own, so it never wins. Without ceilings (None) no row is guarded.
 
 `on_row` sees each row the moment its group is done: `runs` streams it into a run folder
 (`results.RunFolder`), so an interrupted run keeps everything it measured (a group cut short by

@@ -1,5 +1,5 @@
-"""Every study writes its folder one way (DESIGN.md §7): report.md (the markdown it printed),
-`<study>.csv` (its main table, one row per measurement), env.json (the machine, and under
+"""Every study writes its folder one way (docs/pages/design.md §7): report.md (the markdown it
+printed), `<study>.csv` (its main table, one row per measurement), env.json (the machine, and under
 "run" how the study was asked for), then the study's own extra files and its plots; plots are
 skipped, with the report saying so, where matplotlib is missing."""
 
