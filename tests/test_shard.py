@@ -24,6 +24,9 @@ BENCH = ["bench", "--algos", "torch-cpu,gemm", "--batch", "1", "--passes", "fwd"
 CONTENT = (*results.KEY, "net", "status", "reason", "tolerance", "workspace_bytes", "algo_ops",
            "memory_method")
 ERRORS = ("rel_error", "max_abs_error")
+#: The products' library pinned in every process: where the probe picks (`algos.products`), a
+#: busy machine may tip two processes to different libraries, whose sums round apart.
+PINNED = {"CONVBENCH_GEMM": "torch"}
 #: A rank that dies: rank 1 exits, as if killed, when its second group of competing cases (a
 #: layer's two algos) starts.
 DYING = """\
@@ -44,7 +47,7 @@ sys.exit(cli.main())
 def torchrun(*argv, script: list[str] | None = None) -> subprocess.CompletedProcess:
     """`torchrun --standalone --nproc-per-node 2 -m convbench ARGV` (or SCRIPT ARGV), bounded."""
     target = script or ["-m", "convbench"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **PINNED}
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node", "2", *target, *argv], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=180, check=False)
@@ -65,7 +68,10 @@ def assert_same_rows(got: list[tuple], want: list[tuple]) -> None:
 @pytest.fixture(scope="module")
 def unsharded(tmp_path_factory):
     folder = tmp_path_factory.mktemp("unsharded") / "run"
-    assert cli.main([*BENCH, "--threads", "1", "--out", str(folder)]) == 0
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in PINNED.items():
+            mp.setenv(name, value)
+        assert cli.main([*BENCH, "--threads", "1", "--out", str(folder)]) == 0
     rows = content(folder)
     assert len(rows) == 10 and len({r[0] for r in rows}) == 10
     return rows

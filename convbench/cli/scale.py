@@ -22,7 +22,6 @@ from ..measure import envinfo
 from ..studies import scale
 from ..studies.workload import VARIANTS, Workload
 from .common import (
-    UsageError,
     batches,
     command_line,
     counts,
@@ -37,11 +36,8 @@ from .common import (
 def job_from(args) -> scale.Job:
     """The job the options ask for, checked here (`scale.check_job`); UsageError naming what
     is wrong."""
-    import torch
 
     device = args.device or default_device()  # the one default of every command
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: torch sees no GPU here; valid: cpu")
     with usage_errors():
         hooks = scale.parse_hooks(args.hooks)
         per_rank = args.per_rank_batch is not None
