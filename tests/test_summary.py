@@ -1,5 +1,9 @@
 """The GPU summary's ratios, from synthetic rows of a run (no GPU needed to check the sums)."""
 
+import math
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 from convbench.analysis import summary
@@ -62,11 +66,12 @@ def test_achieved_tflops_and_the_share_of_the_peak():
 def test_the_markdown_says_what_a_run_lacks():
     df = results.frame(rows({("gemm", "l1", "fwd", "nchw"): 1.0}))
     text = summary.markdown(df, {})
-    assert text.count("(no rows to compare in this run)") == 5
+    assert text.count("(no rows to compare in this run)") == 8
     assert "the device's FP32 peak is not known here" in text
     assert "## Own SGEMM / cuBLAS" in text and "## Achieved FP32 TFLOP/s" in text
     full = summary.markdown(results.frame(rows(TIMES)), {"gpu": {"fp32_peak_tflops": 66.9}})
-    assert "(no rows to compare" not in full and "66.9 TFLOP/s" in full
+    # TIMES has no cudnn-find rows and no first calls: those two study tables say so
+    assert full.count("(no rows to compare") == 2 and "66.9 TFLOP/s" in full
 
 
 @pytest.mark.parametrize("cc, sms, khz, peak", [
@@ -77,3 +82,103 @@ def test_fp32_peak_from_the_device(cc, sms, khz, peak):
 
     got = fp32_peak_tflops(cc, sms, khz)
     assert got == pytest.approx(peak, rel=1e-3) if peak else got is None
+
+
+# --- the study's tables, from a committed CPU-made fixture and synthetic GPU rows -------------
+#: Real rows of a CPU run (results/2026-11-26-cpu-2core-xeon-alexnet-ceilings, AlexNet conv2 and
+#: conv3 at batch 8): our kernels' times with their rounds, as a GPU run's own kernels would be.
+FIXTURE = Path(__file__).parent / "data" / "summary_cpu_rows.csv"
+SYNTHETIC = "SYNTHETIC test row, never a measurement"
+
+
+def synthetic_gpu_rows(cpu: list[dict]) -> list[dict]:
+    """Made-up cuDNN rows beside each (layer, pass, layout) of `cpu`, clearly labelled in their
+    note: torch-cpu's times scaled, in the same rounds (paired): `cudnn` 1.3x, `cudnn-autotune`
+    0.77x, `cudnn-find-gemm` 0.75x with a 64 MiB workspace, `cudnn-find-fft` `unsupported`."""
+    out = []
+    for r in cpu:
+        if r["algo"] != "torch-cpu" or r["status"] != "ok":
+            continue
+        times = [float(t) for t in r["times_ms"].split()]
+        for algo, scale, note, ws in (
+                ("cudnn", 1.3, "implicit GEMM (kernel: k1); first call 40 ms", 0),
+                ("cudnn-autotune", 0.77, "FFT (kernel: k2); first call 900 ms", 0),
+                ("cudnn-find-gemm", 0.75, "cuDNN find", 64 << 20)):
+            t = [x * scale for x in times]
+            out.append({**r, "algo": algo, "backend": "cuda", "times_ms": " ".join(
+                f"{x:.6g}" for x in t), "median_ms": str(float(np.median(t))),
+                "note": f"{SYNTHETIC}: {note}", "workspace_bytes": str(ws)})
+        out.append({**r, "algo": "cudnn-find-fft", "backend": "cuda", "status": "unsupported",
+                    "median_ms": "", "times_ms": "", "note": SYNTHETIC,
+                    "reason": "cuDNN's find: CUDNN_STATUS_NOT_SUPPORTED"})
+    return out
+
+
+@pytest.fixture(scope="module")
+def study():
+    cpu = results.read_rows(FIXTURE)
+    assert {r["backend"] for r in cpu} == {"numpy"} and len(cpu) == 96  # the real rows
+    return cpu, results.frame(cpu + synthetic_gpu_rows(cpu))
+
+
+def test_the_cudnn_algorithm_table_has_each_algorithm_the_picks_and_our_best(study):
+    cpu, df = study
+    table = summary.cudnn_algorithms(df)
+    assert list(table.columns) == ["gemm", "cudnn", "cudnn-autotune", "best own"]
+    assert len(table) == 2 * 3 * 2  # conv2, conv3 x 3 passes x 2 layouts
+    cell = table.loc[("conv3", "fwd", "nchw")]
+    assert cell["gemm"].endswith("ms (64 MiB)") and "implicit GEMM" in cell["cudnn"]
+    assert "FFT" in cell["cudnn-autotune"] and "first call" not in cell["cudnn-autotune"]
+    own = [r for r in cpu if (r["layer"], r["pass"], r["layout"]) == ("conv3", "fwd", "nchw")
+           and r["status"] == "ok" and r["algo"] != "torch-cpu"]
+    best = min(own, key=lambda r: float(r["median_ms"]))
+    assert cell["best own"] == f"{float(best['median_ms']):.3g} ms {best['algo']}"
+    assert summary.cudnn_algorithms(results.frame(cpu)).empty  # no cudnn-find: no table
+
+
+def test_the_regret_is_paired_against_the_fastest_verified_algorithm(study):
+    _, df = study
+    table = summary.regret(df)
+    assert len(table) == 12
+    for key, cells in table.iterrows():
+        rows = df[(df["layer"] == key[0]) & (df["pass"] == key[1]) & (df["layout"] == key[2])
+                  & (df["status"] == "ok") & ~df["algo"].isin(["cudnn", "cudnn-autotune",
+                                                               "torch-cpu"])]
+        fastest = rows.loc[rows["median_ms"].idxmin()]
+        assert cells["fastest"].startswith(fastest["algo"])
+        assert "[" in cells["cudnn"] and "[" in cells["cudnn-autotune"]  # an interval each
+    # where cuDNN's GEMM (0.75x torch-cpu) is the fastest, the picks' regrets are exactly
+    # 1.3/0.75 and 0.77/0.75, paired round by round: tight, and only the heuristic's (73%)
+    # flagged, not the search's (2.7%)
+    gemm_fastest = table[table["fastest"].str.startswith("cudnn-find-gemm")]
+    assert len(gemm_fastest)
+    for _, cells in gemm_fastest.iterrows():
+        assert cells["cudnn"].startswith(f"{1.3 / 0.75:.3g}×") and cells["cudnn"].endswith("⚑")
+        assert cells["cudnn-autotune"].startswith(f"{0.77 / 0.75:.3g}×")
+        assert not cells["cudnn-autotune"].endswith("⚑")
+    busy = df.copy()
+    busy.loc[busy["algo"] == "cudnn", "throttled"] = "power limit: 60% of its time"
+    assert (summary.regret(busy)["cudnn"] == "").all()  # busy rows leave the table
+
+
+def test_tuning_cost_and_break_even_from_the_notes(study):
+    _, df = study
+    table = summary.tuning_cost(df)
+    cell = table.loc[("conv3", "fwd", "nchw")]
+    rows = df[(df["layer"] == "conv3") & (df["pass"] == "fwd") & (df["layout"] == "nchw")]
+    h = float(rows[rows["algo"] == "cudnn"]["median_ms"].iloc[0])
+    a = float(rows[rows["algo"] == "cudnn-autotune"]["median_ms"].iloc[0])
+    search = 900 - a - max(0.0, 40 - h)
+    want = f"{math.ceil(max(search, 0) / (h - a)):,}" if h > a else "never"
+    assert cell["search's first call"] == "900 ms" and cell["calls to break even"] == want
+    assert summary.first_call("FFT (kernel: x); first call 12.5 ms") == 12.5
+    assert summary.first_call("FFT (kernel: x)") is None
+
+
+def test_the_summary_renders_the_study_tables(study):
+    _, df = study
+    text = summary.markdown(df, {})
+    for title in ("## cuDNN's algorithms one by one", "## The heuristic's regret",
+                  "## Tuning cost"):
+        part = text.split(title)[1].split("## ")[0]
+        assert "| layer" in part and "(no rows" not in part

@@ -15,17 +15,34 @@ about layouts:
 - achieved FP32 TFLOP/s (direct-convolution flops over the median) of the best own kernel and
   of cudnn-autotune, as a share of the device's FP32 peak where env.json knows it.
 
+And the study's tables, each built from rows alone (so tested on the CPU with made-up rows):
+
+- cuDNN's algorithms one by one (`cudnn_algorithms`, the ISPASS-style table): per layer, pass
+  and layout, each `cudnn-find-*` algorithm's time and workspace, the kernel family the
+  heuristic (`cudnn`) and the search (`cudnn-autotune`) ran with their times, and our best
+  kernel beside them;
+- the heuristic's regret (`regret`): per layer, pass and layout, `cudnn` and `cudnn-autotune`
+  over the fastest verified algorithm measured (cuDNN's one by one and ours), with the paired
+  interval (`ranking.Candidate.ratio_to`), flagged where over `REGRET_FLAG` with an interval
+  that excludes 1; rows timed on a busy machine are left out, as the verdicts leave them;
+- tuning cost (`tuning_cost`): the first call with `cudnn.benchmark` (plan and search, from the
+  row's note, `algos.cudnn`) against the steady state, and the calls after which the search
+  pays: (search's first call − its steady call − the heuristic's first-call overhead) / (the
+  heuristic's steady time − the search's).
+
 A ratio above 1 means the first is slower. A cell is empty where either side has no `ok` row.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 import pandas as pd
 
 from ..algos import registry
 from ..core.fmt import fmt_ratio, md_table
+from .ranking import Candidate, busy_mask
 
 #: Implementations of other people: everything else in a run is convbench's own kernel.
 LIBRARIES = ("gemm-cublas", "cudnn", "cudnn-autotune", "torch-cpu", *registry.OPT_IN)
@@ -33,6 +50,12 @@ LIBRARIES = ("gemm-cublas", "cudnn", "cudnn-autotune", "torch-cpu", *registry.OP
 TRANSFORM_ALGOS = ("fft", "fft-tiled", "winograd-2x2", "winograd-4x4", "winograd-5x5",
                    "winograd-6x6", "winograd-fused-2x2", "winograd-fused-4x4")
 AUTOTUNE = "cudnn-autotune"
+HEURISTIC = "cudnn"
+FIND_PREFIX = "cudnn-find-"
+#: The regret flagged: more than 5% slower than the fastest, the interval excluding 1.
+REGRET_FLAG = 1.05
+#: The first call's wall time in a cudnn row's note (`algos.cudnn.FIRST_CALL_NOTE`).
+_FIRST_CALL = re.compile(r"first call ([0-9.eE+-]+) ms")
 
 
 def ratio_text(x: float) -> str:
@@ -151,6 +174,116 @@ def tflops(df: pd.DataFrame, peak_tflops: float | None) -> pd.DataFrame:
                         index=pd.MultiIndex.from_tuples(keys, names=["layer", "pass"]))
 
 
+def _keyed(df: pd.DataFrame) -> pd.DataFrame:
+    """The `ok` fp32 rows not timed on a busy machine."""
+    ok = _ok(df)
+    return ok[~busy_mask(ok)] if len(ok) else ok
+
+
+def _family(note) -> str:
+    """The kernel family a cudnn row's note names (`cudnn.classify_kernels`), without the
+    kernel and the first call."""
+    if not isinstance(note, str) or not note:
+        return ""
+    return note.split(" (kernel")[0].split(";")[0].strip()
+
+
+def _mib(nbytes) -> str:
+    return "" if nbytes is None or pd.isna(nbytes) else f"{nbytes / 2**20:.3g} MiB"
+
+
+def cudnn_algorithms(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (layer, pass, layout): each cudnn-find algorithm's median ms and workspace, what
+    the heuristic and the search ran (family, ms), our best kernel (algo, ms)."""
+    ok = _ok(df)
+    finds = [a for a in dict.fromkeys(ok["algo"]) if a.startswith(FIND_PREFIX)]
+    if not finds:
+        return pd.DataFrame()
+    rows = {}
+    for key, group in ok.groupby(["layer", "pass", "layout"], sort=False):
+        by = group.set_index("algo")
+        cells = {a.removeprefix(FIND_PREFIX): (f"{by.loc[a, 'median_ms']:.3g} ms"
+                                               + (f" ({_mib(by.loc[a, 'workspace_bytes'])})"
+                                                  if _mib(by.loc[a, 'workspace_bytes'])
+                                                  else ""))
+                 if a in by.index else "" for a in finds}
+        for algo in (HEURISTIC, AUTOTUNE):
+            cells[algo] = (f"{by.loc[algo, 'median_ms']:.3g} ms {_family(by.loc[algo, 'note'])}"
+                           .strip() if algo in by.index else "")
+        own = group[~group["algo"].isin(LIBRARIES) & ~group["algo"].str.startswith(FIND_PREFIX)]
+        cells["best own"] = ("" if own.empty else
+                             "{1:.3g} ms {0}".format(*own.loc[own["median_ms"].idxmin(),
+                                                              ["algo", "median_ms"]]))
+        rows[key] = cells
+    out = pd.DataFrame(list(rows.values()),
+                       index=pd.MultiIndex.from_tuples(list(rows),
+                                                       names=["layer", "pass", "layout"]))
+    return out.fillna("")
+
+
+def regret(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (layer, pass, layout): the fastest verified algorithm measured other than torch's
+    picks, and `cudnn` and `cudnn-autotune` over it with their interval, `⚑` where the regret
+    is over `REGRET_FLAG` and its interval excludes 1."""
+    ok = _keyed(df)
+    rows = {}
+    for key, group in ok.groupby(["layer", "pass", "layout"], sort=False):
+        picks = group[group["algo"].isin([HEURISTIC, AUTOTUNE])]
+        others = group[~group["algo"].isin(registry.TORCH_ALGOS)]
+        if picks.empty or others.empty:
+            continue
+        fastest = Candidate.from_row(others.loc[others["median_ms"].idxmin()])
+        cells = {"fastest": f"{fastest.algo} {fastest.median_ms:.3g} ms"}
+        for algo in (HEURISTIC, AUTOTUNE):
+            row = picks[picks["algo"] == algo]
+            if row.empty:
+                cells[algo] = ""
+                continue
+            r = Candidate.from_row(row.iloc[0]).ratio_to(fastest)
+            flag = r.value > REGRET_FLAG and r.low is not None and r.low > 1
+            cells[algo] = r.text() + (" ⚑" if flag else "")
+        rows[key] = cells
+    if not rows:
+        return pd.DataFrame()
+    return pd.DataFrame(list(rows.values()), index=pd.MultiIndex.from_tuples(
+        list(rows), names=["layer", "pass", "layout"])).fillna("")
+
+
+def first_call(note) -> float | None:
+    """The first call's ms a cudnn row's note holds, or None."""
+    m = _FIRST_CALL.search(note) if isinstance(note, str) else None
+    return float(m.group(1)) if m else None
+
+
+def tuning_cost(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (layer, pass, layout) where both cudnn modes ran and said their first call: the
+    first calls and steady medians (ms), and the calls after which the search pays ("never"
+    where the search's pick is not faster)."""
+    ok = _ok(df)
+    rows = {}
+    for key, group in ok.groupby(["layer", "pass", "layout"], sort=False):
+        by = group.set_index("algo")
+        if not {HEURISTIC, AUTOTUNE} <= set(by.index):
+            continue
+        h, a = by.loc[HEURISTIC], by.loc[AUTOTUNE]
+        first_h, first_a = first_call(h["note"]), first_call(a["note"])
+        if first_a is None:
+            continue
+        search = first_a - a["median_ms"] - (0.0 if first_h is None
+                                             else max(0.0, first_h - h["median_ms"]))
+        saved = h["median_ms"] - a["median_ms"]
+        calls = (f"{math.ceil(max(search, 0.0) / saved):,}" if saved > 0 else "never")
+        rows[key] = {"search's first call": f"{first_a:.4g} ms",
+                     "heuristic's first call": "" if first_h is None else f"{first_h:.4g} ms",
+                     "steady (search / heuristic)":
+                         f"{a['median_ms']:.3g} / {h['median_ms']:.3g} ms",
+                     "calls to break even": calls}
+    if not rows:
+        return pd.DataFrame()
+    return pd.DataFrame(list(rows.values()), index=pd.MultiIndex.from_tuples(
+        list(rows), names=["layer", "pass", "layout"]))
+
+
 def markdown(df: pd.DataFrame, env: dict) -> str:
     """The summary's sections, each a table, or a line saying what the run lacks for it."""
     gpu = env.get("gpu") or {}
@@ -170,6 +303,19 @@ def markdown(df: pd.DataFrame, env: dict) -> str:
          (f"direct-convolution flops over the median; in brackets the share of the FP32 peak, "
           f"{peak:.4g} TFLOP/s" if peak else "the device's FP32 peak is not known here"),
          tflops(df, peak)),
+        ("cuDNN's algorithms one by one",
+         ("per layer, pass and layout: each cudnn-find algorithm's median and workspace, the "
+          "family and time of the heuristic's pick (cudnn) and the search's (cudnn-autotune), "
+          "and our fastest kernel"), cudnn_algorithms(df)),
+        ("The heuristic's regret",
+         ("cudnn and cudnn-autotune over the fastest verified algorithm measured (cuDNN's one "
+          "by one and ours, same layout; busy rows left out), with the interval, paired where "
+          f"timed in the same rounds; ⚑: over {REGRET_FLAG:g}× with an interval above 1"),
+         regret(df)),
+        ("Tuning cost",
+         ("cudnn.benchmark's first call (its plan and search) against the steady state, and "
+          "the calls after which searching pays for itself against the heuristic"),
+         tuning_cost(df)),
     ]
     out = []
     for title, what, table in sections:
