@@ -6,40 +6,25 @@ product over channels, transform back, and cut the output from the grid. The pas
 in where each operand sits on the grid, whether one is stored reversed, and which way round the
 product goes (`_AXIS_STARTS`, `_FLIP_B`, `_PRODUCT`).
 
-Why it is built this way:
+The rules (the measurements behind them: docs/pages/cpu-algorithms.md, `fft`):
 
-- Transform size per axis: the smallest FFT-friendly size with no circular aliasing on the
-  outputs kept, which is ``H + pad`` rather than ``H + 2·pad``: operands may wrap around the
-  grid's edge, so one zero gap serves as the padding on both sides (`_axis`).
-- Spectra are channel-minor, ``(A, Th, Tf, B)``, in both layouts: each frequency's matrix then
-  has unit stride, so the batched product hands every frequency to BLAS without a transpose
-  copy, and FFTW writes that order straight from either spatial layout.
-- The product is `torch.matmul` on zero-copy views of the NumPy spectra, not `np.matmul`:
-  NumPy's OpenBLAS leaves a worker spinning for ~100 ms after each threaded call, taking a core
-  from the transforms that follow (measured 1.5x slower per pass); torch's pool waits passively.
-- Each 2-D transform is two 1-D stages (real along the width, complex along the height), so
-  rows that are all zero - a 5-row filter on a 30-row grid - skip the first stage, and only the
-  rows an output keeps get the last stage back. Filters are the largest transforms at small
-  batch (K·C of them), so this nearly halves the dominant cost.
-- Transforms run in chunks of the leading axis (images or filters) sized to the cache: a chunk
-  goes through placement and both stages while it is still in cache, only the spectra that the
-  product needs are full size, and FFTW_MEASURE plans on one chunk in milliseconds. Each worker
-  thread takes every n-th chunk with single-threaded plans: one hand-off per transform
-  (`_run_all`). The workers are the run's thread policy (`threads.count()`, read in `prepare`),
-  never more than an operand has chunks; the note says how many each operand gets, and the
-  product runs on torch's pool, which the same policy sizes.
-- The product stays one batched complex GEMM (MKL's cgemm through torch): the 3-multiplication
-  form on planar real and imaginary parts measured 5x slower on AlexNet's conv2 at batch 8 (three
-  real batched GEMMs and the sums, 137 ms, against 24 ms), and a frequency-major copy of the
-  filter spectrum no faster (24 ms): at small batch each filter frequency is used by few
-  images, so the product, like the filter transform, is bound by the filter spectrum's memory
-  traffic (K·C·Th·(Tw/2+1) complex values written once and read once), not by multiplications.
-  Transforming and multiplying the filters in cache-sized groups does not help either: conv2's
-  filter transform and product took 31 ms for all 256 filters at once, 37-56 ms as 8-32 groups
-  (smaller GEMMs, one hand-off per group).
-- Plans and buffers are made once in `prepare`; zeros outside an operand's window are written
-  once, since every chunk overwrites the same window and FFTW's out-of-place real-to-complex and
-  complex transforms preserve their input.
+- The grid is ``H + pad`` per axis (FFT-friendly), not ``H + 2·pad``: one zero gap serves as the
+  padding on both sides of a wrapping operand (`_axis`).
+- Spectra are channel-minor, ``(A, Th, Tf, B)``, in both layouts: each frequency's matrix has
+  unit stride, so the batched product needs no transpose copy.
+- Each 2-D transform is two 1-D stages, so all-zero rows (a 5-row filter on a 30-row grid) skip
+  the first and only the rows an output keeps get the last: filters (K·C of them) dominate at
+  small batch, so this nearly halves the cost.
+- Transforms run in cache-sized chunks of the leading axis, single-threaded FFTW_MEASURE plans,
+  each worker taking every n-th chunk (`_run_all`); the workers are the run's thread policy
+  (`threads.count()`, read in `prepare`), at most one per chunk, and the note says how many.
+- The product is one batched complex GEMM (MKL's cgemm through `torch.matmul` on zero-copy
+  views), not `np.matmul`, whose OpenBLAS workers spin after each call and take a core from the
+  transforms; neither the 3-multiplication form, a frequency-major filter spectrum nor filters
+  in groups beat it: at small batch the product, like the filter transform, is bound by the
+  filter spectrum's memory traffic, not by multiplications.
+- Plans, buffers and the zeros outside an operand's window are made once in `prepare` (every
+  chunk overwrites the same window; FFTW's out-of-place transforms preserve their input).
 """
 
 from __future__ import annotations
@@ -57,8 +42,8 @@ from ..machine import threads
 from .phases import Phased, phase_names
 from .registry import Implementation, register
 
-#: FFTW planner effort: FFTW_MEASURE's plans for these strided batches run up to 5x faster than
-#: FFTW_ESTIMATE's, and measuring on one chunk keeps planning to a fraction of a second.
+#: FFTW planner effort: FFTW_MEASURE's plans for these strided batches run several times faster
+#: than FFTW_ESTIMATE's, and measuring on one chunk keeps planning to a fraction of a second.
 PLANNER_EFFORT = "FFTW_MEASURE"
 #: Target bytes of one chunk's spectrum: about a core's L2.
 CHUNK_BYTES = 2 << 20
@@ -255,7 +240,7 @@ class _FFTW:
         """A callable (src, dst) writing the unnormalized DFT of src along `axis` into dst, for
         arrays shaped and strided like these; the kind follows the dtypes. Planning overwrites
         both arrays. FFTW_UNALIGNED because chunks of a spectrum need not start on a SIMD
-        boundary (measured: no slower on these batches)."""
+        boundary (and it runs no slower)."""
         fftw = self.lib.FFTW(src, dst, axes=(axis,), threads=1,
                              direction="FFTW_BACKWARD" if inverse else "FFTW_FORWARD",
                              flags=(PLANNER_EFFORT, "FFTW_UNALIGNED"))
@@ -310,7 +295,7 @@ def _run_all(tasks: list) -> None:
     """Run the tasks at once, the last on this thread, and wait for all (errors re-raised).
 
     One hand-off per transform: FFTW's own threads would synchronize once per chunk and stage,
-    which on a busy machine costs a scheduler slice each time (measured up to 6x slower).
+    which on a busy machine costs a scheduler slice each time.
     """
     *rest, last = tasks
     futures = [_pool(os.getpid(), len(rest)).submit(task) for task in rest] if rest else []

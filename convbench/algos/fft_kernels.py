@@ -1,43 +1,25 @@
 """`fft` and `fft-tiled` on the GPU (`cuda`) and in the emulator (`emu`): cuFFT around the
 kernels of kernels/fft.cu.
 
-The math is that of `convbench.algos.fft` (the CPU version): each tensor goes onto a periodic
-grid of the transform size, is transformed, the spectra are multiplied per frequency with a
-complex matrix product over channels, and the output is cut from the inverse transform. The grid
-is the same, ``Th × Tw`` with ``T = fast(max(H + pad, P, R))`` per axis: a product wrapped around
-the grid's edge lands in the pad-wide zero gap beside the input, never on a kept output.
+The math is `convbench.algos.fft`'s, on the same ``Th × Tw`` grid (``T = fast(max(H + pad, P,
+R))`` per axis), except that no operand is stored reversed: x sits at (pad, pad), its padding
+the grid's zero border, w and y (or dy) at the origin, and the passes differ only in which
+factor is conjugated (the spectrum of the reversed tensor), so one spectrum serves every pass:
 
-What differs is that no operand is stored reversed: every tensor has one place on the grid, and
-the passes differ only in which factor of the product is conjugated (a conjugated spectrum is
-the spectrum of the reversed tensor, so correlation needs no flipped copy):
-
-- x at (pad, pad): its zero padding is the grid's zero border; w and y (or dy) at the origin;
 - fwd         Ŷ[f][n][k]  = Σ_c X̂[f][n][c] · conj(Ŵ[f][k][c])    y = x ⋆ w, a correlation
 - bwd_data    dX̂[f][n][c] = Σ_k dŶ[f][n][k] · Ŵ[f][k][c]         dx = dy * w, a convolution
 - bwd_filter  dŴ[f][k][c] = Σ_n conj(dŶ[f][n][k]) · X̂[f][n][c]   dw = x ⋆ dy, a correlation
 
-So one spectrum of w (or x, or dy) serves every pass that reads it, which a training step that
-kept spectra could exploit; here each call transforms its inputs afresh, as cuDNN's FFT does.
+`fft-tiled` is cuDNN's FFT_TILING: overlap-save on TILE × TILE grids, so the filter spectra are
+TILE² rather than image-sized; the tiles are more items to the product, (n, tile, channel), and
+nothing may wrap around a tile (`_bwd_data_starts`). `fft` is the one-tile case of the same
+kernels.
 
-`fft-tiled` is cuDNN's FFT_TILING: the images are cut into overlapping tiles, each transformed on
-a TILE × TILE grid, so the filter's spectra (K·C of them) are TILE² rather than image-sized and
-the grid wastes at most a tile's rows on padding (overlap-save: a tile computes TILE − R + 1 rows
-of the output, or of dy for bwd_filter, and reads the R − 1 rows beside them too). The tiles are
-more images to the product: an image tensor's items become (n, tile, channel), and bwd_filter's
-sum over n runs over the tiles too. Nothing may wrap around a tile, which moves bwd_data's
-placements (`_bwd_data_starts`). The same kernels run both algorithms: `fft` is the one-tile case.
-
-Who does what: our kernels pack a tensor (NCHW or NHWC, read natively) onto the real grids
-(`fft_pack`), multiply the spectra (`fft_product`, a batched complex GEMM over the frequencies,
-both factors read in the item-major order cuFFT writes, so nothing is transposed), and crop and
-scale the inverse transform into the output (`fft_crop`). The transforms between them are
-cuFFT's batched 2-D R2C and C2R on `cuda`, planned in `prepare` and cached per shape; the
-emulator has no cuFFT, so on `emu` they are numpy.fft's (float32 in, complex64 out, unnormalized
-like cuFFT) and only our kernels run emulated. Tile sizes are chosen here and compiled in as
-``-D`` defines; the kernels' tiling is described in kernels/fft.cu.
-
-Phases (the breakdown the harness times) follow `convbench.algos.phases`: ``transform <a>``,
-``transform <b>``, ``product``, ``inverse <out>``.
+Our kernels pack a tensor (NCHW or NHWC, read natively) onto the grids (`fft_pack`), multiply
+the spectra in the item-major order cuFFT writes (`fft_product`), and crop and scale the inverse
+(`fft_crop`); between them run cuFFT's batched R2C and C2R on `cuda` (planned in `prepare`), and
+numpy.fft's on `emu`, which has no cuFFT. Each call transforms its inputs afresh, as cuDNN's FFT
+does. Phases: ``transform <a>``, ``transform <b>``, ``product``, ``inverse <out>``.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ _C_TYPES = {"float": (np.float32, "f"), "double": (np.float64, "")}
 #: problem's phase split may round its filter up to: 5x5 too, as cuDNN's WINOGRAD_NONFUSED does
 #: — F(4x4, 5x5) does a fifth of a direct 5x5 convolution's multiplications (AlexNet's conv2) —
 #: except with 5x5 and 6x6 tiles: F(6x6, 5x5)'s alpha = 10 needs the points ±3, and its fp32
-#: error reached 2.5e-4 on AlexNet's conv2 (F(4x4, 5x5): 6e-6), too large to call a convolution.
+#: error is too large to call a convolution (measured: docs/pages/cpu-algorithms.md, Winograd).
 CPU_FILTER_SIZES = (3, 5)
 
 

@@ -1,48 +1,29 @@
 """`winograd-2x2`, `-4x4`, `-5x5`, `-6x6`: F(m×m, 3×3) Winograd convolution on the CPU.
 
-Structured like cuDNN's WINOGRAD_NONFUSED, one pass over memory per stage, each stage a phase
-(`convbench.algos.phases`):
+Structured like cuDNN's WINOGRAD_NONFUSED, one pass over memory per stage, each a phase
+(`convbench.algos.phases`): input tiles (alpha×alpha every m, alpha = m + 2) transformed by
+Bᵀ d B and filters by G g Gᵀ; one GEMM per frequency position over channels, all alpha² in one
+batched call (`products.Route`: torch's MKL or NumPy's OpenBLAS, the faster for the shape here,
+named in the row's note; the transforms' small GEMMs stay on torch); the inverse Aᵀ M A, tiles
+written straight into the output, partial edge tiles cropped.
 
-1. transform: input tiles (alpha×alpha every m, alpha = m + 2) by Bᵀ d B, filters by G g Gᵀ;
-2. product: one GEMM per frequency position over channels, all alpha² of them in one batched
-   call;
-3. inverse: Aᵀ M A on every tile, the tiles written straight into the output, partial edge tiles
-   cropped.
+The rules, each chosen side by side against the alternative (the measurements are in
+docs/pages/cpu-algorithms.md, Winograd):
 
-Why it is built this way (measured on a 2-core AVX-512 Xeon, AlexNet conv3, batch 8):
+- Arrays are torch tensors sharing the NumPy buffers (zero-copy), so copies and GEMMs use the
+  run's threads (`threads.count()`); only BLAS and strided copies are borrowed, no convolution.
+- Transforms are GEMMs: data tiles gathered by one copy, then two GEMMs with the small Bᵀ
+  (`_Sandwich`); filters one GEMM with G⊗G, one pass over the transformed filters that dominate
+  its traffic (`_FilterTransform`); the inverse two GEMMs with Aᵀ in nhwc, one with Aᵀ⊗Aᵀ
+  writing the tiles transposed in nchw (`_Kron`).
+- Tiles are gathered channels last in both layouts, and products ordered to land in the output's
+  order, (K×C)·(C×T) for nchw and (T×C)·(C×K) for nhwc; transposes reach BLAS as flags.
+- Buffers are made once, on 2 MiB huge pages where the kernel offers them
+  (`_lowering.workspace`): other work evicts them between calls, and a cold call walks the page
+  tables once per page.
 
-- Every array operation runs on torch tensors that share the NumPy buffers (`torch.from_numpy`,
-  zero-copy): torch's copies and GEMMs use every thread of the run's policy (`threads.count()`,
-  set in torch by `threads.use`) where NumPy's copies use one. Only BLAS and strided copies are
-  borrowed, never a convolution.
-- The batched product goes through `products.Route`: on the faster, for its shape on this
-  machine, of torch's MKL and NumPy's OpenBLAS (which one wins depends on both), into the
-  product buffer in either; the row's note names the library. The transforms' small GEMMs stay
-  on torch.
-- A data transform is one copy gathering every tile (a strided window view, no loop over tiles)
-  and two GEMMs with the small Bᵀ (rows of every tile at once, then columns): ~12 multiply-adds
-  per tile element where Bᵀ⊗Bᵀ would take alpha², in the same time. The inverse is two GEMMs
-  with Aᵀ too where the tiles stay in the product's order (nhwc), one GEMM with Aᵀ⊗Aᵀ where it
-  writes them transposed (nchw, `_Kron`'s `last`).
-- The filter transform is one GEMM with the Kronecker product G⊗G (alpha² × r²) on the filters
-  seen as r² × (K·C): a single pass writing the alpha²·K·C transformed filters, which dominate its
-  memory traffic (twice as fast as the two-stage form, whose intermediate is as large).
-- Every buffer is on 2 MiB transparent huge pages where the kernel offers them
-  (`_lowering.workspace`): between two calls other work evicts the buffers, and a cold call
-  then walked the page tables for each 4 KiB page (5% of the pass on conv3-conv5).
-- The inverse writes whole tiles straight into the output (up to four rectangles: whole tiles,
-  and the partial tiles of the bottom and right edges), without a tile-aligned buffer to crop.
-
-Input tiles are gathered channels last in both layouts (an nchw input is transposed by the copy
-that pads it anyway), so the gather copies contiguous channel vectors; the products are ordered
-so they land in the output's own order — (K×C)·(C×T) for nchw, (T×C)·(C×K) for nhwc — and
-transposed operands reach BLAS as flags, not copies.
-
-bwd_data is the same machinery on dy padded by r-1-pad, with the filter rotated 180° (G's
-columns reversed) and K/C swapped (the transformed filter transposed). bwd_filter is Winograd in
-the weight-gradient form: dw[k, c] sums, over the batch and the m×m tiles of dy, the correlation
-of an x tile with a dy tile — F(3, m) with the dy tile as the filter, F(3x3, m×m); the sum over
-tiles and batch is the per-frequency GEMM (K×tiles)·(tiles×C).
+bwd_data is the same machinery (`_TiledOutput`); bwd_filter is the weight-gradient form
+F(3x3, m×m) (`_WeightGradient`).
 """
 
 from __future__ import annotations
@@ -111,15 +92,12 @@ class _Sandwich:
 class _Kron:
     """mat·X·matᵀ for a stack of alpha×alpha matrices X laid out (alpha, alpha, ...), as one GEMM
     with mat ⊗ mat: for the wide Aᵀ of the inverse transforms, which shrink alpha² values to m²
-    (or r²). MKL runs this short, wide GEMM well below its peak, and which of one pass over the
-    products and `_Sandwich`'s two (a third of the multiply-adds) is faster depends on the
-    machine: 0.48 against 0.84 ms on AlexNet conv3's output tiles on one 2-core Xeon, while on
-    another (2026-11-26, `make phases` side by side) the two GEMMs made winograd-5x5's inverse
-    3-19% faster on conv1, conv3 and conv5, forward and data gradient — so nhwc's inverse, whose
-    tiles keep their order, takes two; this form stays for `last`. The result is (m, m, ...),
-    or with `last` (..., m, m): written
-    transposed (Xᵀ·(mat ⊗ mat)ᵀ), which puts the tile innermost for free, so nchw outputs and
-    kcrs filters are copied out in runs of whole tile rows rather than element by element."""
+    (or r²). MKL runs this short, wide GEMM well below its peak, so whether it or `_Sandwich`'s
+    two GEMMs (a third of the multiply-adds) is faster depends on the machine; nhwc's inverse,
+    whose tiles keep their order, takes two, and this form stays for `last`. The result is
+    (m, m, ...), or with `last` (..., m, m): written transposed (Xᵀ·(mat ⊗ mat)ᵀ), which puts
+    the tile innermost for free, so nchw outputs and kcrs filters are copied out in runs of
+    whole tile rows rather than element by element."""
 
     def __init__(self, mat: np.ndarray, rest: tuple[int, ...], dtype, last: bool = False):
         torch = _torch()
@@ -146,7 +124,7 @@ class _Padding:
     """Places an activation, channels last, at a spatial offset in a zero buffer sized to whole
     tiles; a negative offset crops. The buffer and its zero border are made once; a call only
     copies the interior (an nchw activation transposed on the way: one pass over the input,
-    where gathering tiles straight from nchw's rows reads them element by element, measured 3x
+    where gathering tiles straight from nchw's rows reads them element by element, which is
     slower). An nhwc activation needing no zero border is used in place."""
 
     def __init__(self, shape, layout: str, before: int, sizes: tuple[int, int], dtype):
@@ -187,8 +165,7 @@ class _TileTransform:
     and (w/s, s), the s·s phases become channels, (phase row, phase column, channel). The
     planes are made by one copy first — each run of s·C values (a phase column's channels)
     moved as one opaque record by NumPy — and the tiles gathered from them with their channels
-    contiguous: 2.7 against 4.3 ms gathering straight from the padded input, whose runs are C
-    values (AlexNet conv1, F(5x5, 3x3), batch 8)."""
+    contiguous, faster than gathering straight from the padded input, whose runs are C values."""
 
     def __init__(self, shape, labels: str, order: str, mat: np.ndarray, step: int,
                  counts: tuple[int, int], dtype, split: int = 1):
@@ -275,14 +252,12 @@ class _FilterTransform:
     as (alpha², K, C), a view. kcrs filters are read in place (a transposed operand); krsc ones
     are first gathered as (r·s, K, C). With `ck` they are kept as (alpha², C, K) in memory
     (gathered as (r·s, C, K) from either layout, a copy of the small filter): the nhwc forward
-    product (tiles×C)·(C×K) then reads its right operand untransposed, which MKL runs 10-15%
-    faster (49 GEMMs of 72×256×384: 5.1 against 5.9 ms, AlexNet conv3 at batch 8).
+    product (tiles×C)·(C×K) then reads its right operand untransposed, which MKL runs faster.
 
     At stride s > 1 the filter is the phase split's (`transforms.phase_split`): copied into a
     zero buffer of s·r' taps per axis (r' G's size; taps past the filter stay zero), whose taps
     s·a + b are gathered, phases next to the channels, as (r', r', K, s, s, C) by a second copy
-    (two copies, not one per phase: 0.1 against 0.9 ms on AlexNet's conv1), and transformed the
-    same way, as (alpha², K, s·s·C)."""
+    (two copies, not one per phase), and transformed the same way, as (alpha², K, s·s·C)."""
 
     def __init__(self, g: np.ndarray, shape, layout: str, dtype, stride: int = 1,
                  ck: bool = False):
@@ -638,8 +613,7 @@ class Winograd4x4(WinogradCPU):
 class Winograd5x5(WinogradCPU):
     """F(5x5, 3x3), alpha 7: on 13x13 outputs (AlexNet's conv3-conv5) its tiles cover 15x15
     where F(4x4)'s cover 16x16, so 49/25·(15/13)² = 2.61 multiplications per output against
-    3.41 (measured 5-9% faster than winograd-4x4 there). 3x3 filters only: F(5x5, 5x5) needs
-    alpha 9, past 6x6's points."""
+    3.41. 3x3 filters only: F(5x5, 5x5) needs alpha 9, past 6x6's points."""
 
     m = 5
     filter_sizes = (3,)

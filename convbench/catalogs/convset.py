@@ -2,16 +2,15 @@
 (`layers` makes it a catalog; `selection` takes a class or a sample of it).
 
 The 2024 ConvBench study (Alvarenga et al., arXiv 2407.10730) ran every model TIMM lists once at
-batch 1 and kept each distinct convolution with the modules that have it: 9,017 entries from
-1,017 models, 77,820 conv modules. Without the bias (convbench has none) they are 8,498
-distinct problems, shipped as `data/convset.csv.gz` with each one's sources (how many modules
-and models have it, each model with its count) — converted from the study's own file by
-`convbench.tools.convert_convset`, whose docstring says how.
+batch 1 and kept each distinct convolution with the modules that have it; without the bias
+(convbench has none) they are 8,498 problems, shipped as `data/convset.csv.gz` with each one's
+sources (how many modules and models have it, each model with its count), converted from the
+study's own file by `convbench.tools.convert_convset` (docs/pages/problems.md has the counts).
 
-Each problem keeps its batch of 1 (the study's) unless `--batch` gives another. Its padding is
-kept per side: TIMM's "SAME" padding with an odd total (228 problems) pads one more after than
-before (`pad=0+1`). A row that `ConvProblem` refuses would be left out, counted, with its
-reason (the shipped file has none).
+Each problem keeps its batch of 1 (the study's) unless `--batch` gives another, and its padding
+per side: TIMM's "SAME" padding with an odd total pads one more after than before (`pad=0+1`).
+A row that `ConvProblem` refuses would be left out, counted, with its reason (the shipped file
+has none).
 """
 
 from __future__ import annotations

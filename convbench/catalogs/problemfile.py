@@ -1,58 +1,25 @@
 """Problem lists from outside: a file of convolutions, as CSV or as oneDNN benchdnn descriptors,
 read into named `Layer`s, so that benchdnn's own shape files run unchanged.
 
-In both forms blank lines and lines starting with `#` are skipped. The form is told by the first
-other line: CSV when it has a comma (outside a `#` comment, and it does not start with `--`),
-else benchdnn descriptors.
+The form is told by the first line that is not blank or a `#` comment: CSV when it has a comma
+(and does not start with `--`), else benchdnn descriptors. A CSV has a header of ConvProblem's
+fields (per-axis fields as `2x1` or as `stride_h`/`stride_w` columns, optional `name` and
+`count`). benchdnn descriptors are read as benchdnn reads them (oneDNN's `knobs_desc.md`,
+`driver_conv.md` and `conv_aux.cpp`): its defaults, its deduction of the output size and the
+padding, its square rule, names from `n"..."` and counts from a trailing `*N`, `--mb=N`; the
+knobs that choose how benchdnn runs a problem are skipped (convbench's own options choose
+those), other options refused. The padding after is benchdnn's, whatever it is; `ConvProblem`
+keeps it in its one form. docs/pages/problems.md, problem files, has every rule.
 
-**CSV.** A header row of ConvProblem's fields: `n, c, h, w, k, r, s` required; `stride`, `pad`,
-`dilation`, `groups` optional (defaults 1, 0, 1, 1; also spelt `padding`, `dil`, `g`); a
-per-axis field as one column (`2` or `2x1`, height x width) or as two (`stride_h`, `stride_w`);
-optional `name` (or `layer`) and `count` (how many times the list has that shape, default 1).
-An empty cell of an optional column takes the default. Another column is an error naming it.
+Names: from `n"..."` or the name column, else `line<N>`; a name met again gets `#2`, `#3`, ...,
+so every layer of a file has its own name.
 
-**benchdnn.** One problem per descriptor, as oneDNN's `tests/benchdnn/doc/knobs_desc.md` and
-`driver_conv.md` define them and `conv_aux.cpp` reads them (`g2mb256ic96ih27oc256kh5ph2n"x"`):
-
-- entries `g mb ic id ih iw oc od oh ow kd kh kw sd sh sw pd ph pw dd dh dw`, in any order, an
-  `_` allowed after each value; `n` ends the descriptor and the rest is its name (quotes
-  dropped). Defaults: g 1, mb 2, strides 1, dilation 0 (benchdnn's dilation counts the gaps:
-  `dh1` is ConvProblem's dilation 2). An entry given twice is an error (benchdnn keeps the last).
-- per axis (d, h, w): an axis is given when any of its input, kernel, output or dilation is
-  non-zero, its stride is not 1 or its padding is at least 1; a given axis needs its input and
-  kernel. Without the output size, the output is computed (padding 0 if not given); with the
-  output and no padding, the padding is deduced as ((o-1)*s - i + (k-1)*(d+1) + 1) / 2, both
-  divisions truncating as C does. The right (bottom) padding is what is left over:
-  (o-1)*s - i + (k-1)*(d+1) + 1 - p.
-- then the square rule: a descriptor with h and no w entries copies all of h to w (and one
-  with only d entries copies d to h and w); one with only w entries is 1-D, run as height 1.
-- the padding after is benchdnn's, whatever it is: more than the padding before (TensorFlow's
-  SAME), less (negative where input rows are never read), or what a computed output leaves;
-  `ConvProblem` keeps it in its one form (equal to the padding before where that gives the same
-  output). Only a padding before deduced negative is not a convolution convbench holds.
-- 3-D descriptors are not convolutions convbench runs, save a depth of 1 (id, kd, od 1, pd 0),
-  which is 2-D: `read(..., skipped=[...])` lists them (and any other well-formed line it cannot
-  hold: a size past a 32-bit index, a kernel larger than its padded input) with their reasons
-  and reads the rest; without `skipped` such a line is an error like any other.
-- a name ending in `*N` (oneDNN's topology files: `res2a_branch2b*3`) gives the count N; the
-  name is kept as written.
-
-A benchdnn file is read as benchdnn reads it: tokens split at white space, a token starting
-with `#` comments out the rest of its line. Of benchdnn's options, `--mb=N` sets the batch of
-the descriptors after it (`--mb=0` and `--reset` give each its own back); `--match` (a filter)
-and `--batch` (an include) are refused; the knobs that choose how a problem is run rather than
-what it is (`--dir`, `--dt`, `--cfg`, memory tags and `--strides`, `--alg`, `--attr-*`, the
-implementation filters) are skipped: convbench's own options choose passes, layouts, precisions
-and algorithms. Any other option is refused.
-
-Names: from `n"..."` or the name column, else `line<N>`. A name met again gets `#2`, `#3`, ...,
-so every layer of a file has its own name; equal problems under different names are all kept.
-
-Errors: the first malformed entry ends the read with a `ProblemFileError` whose message is one
-line, `FILE:LINE: field: what is wrong`; nothing is returned before the whole file is read.
-Only a line that cannot be read refuses a file when `skipped` is given (the command line gives
-it): a file of skipped lines only is refused for having no problems convbench runs.
-This module's one I/O is `read` taking the text of its file.
+Errors: the first malformed entry ends the read with a `ProblemFileError`, one line `FILE:LINE:
+field: what is wrong`, and nothing is returned before the whole file is read. With `skipped`
+(the command line gives it), a well-formed line convbench cannot hold (3-D, a size past a
+32-bit index, a kernel larger than its padded input) is listed there with its reason instead,
+and a file of skipped lines only is refused for having no problems convbench runs. This
+module's one I/O is `read` taking the text of its file.
 """
 
 from __future__ import annotations

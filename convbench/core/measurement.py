@@ -21,16 +21,14 @@ from . import stats
 NOISE_THRESHOLD = 0.1
 #: Below this share of the time its threads were ready to run spent on a core (median over the
 #: repetitions), a host measurement is contended: the machine did not give it the cores its
-#: threads need. Quiet, the share is 0.97-1.0 on this project's 2-core machine for most passes
-#: (short passes of many small parallel regions see 0.7-0.85 in some repetitions: a sleeping
-#: thread's wake-up counts as waiting); with two busy processes beside a 2-thread pass it is
-#: about 0.5, with one about 0.67. A noisy measurement is contended too where a quarter of its
-#: repetitions or more got less than this share: a load that came and went during its
-#: repetitions (a row 26% slower, median share 0.87, beside two busy processes) shows in its
-#: spread and in those repetitions, not in its median.
-#: The hypervisor's steal counts the same way: a measurement's share is its threads' share
-#: times the share of its cores' busy time the hypervisor left to this machine (1 - `stolen`),
-#: so a quiet process on a machine 20% stolen is contended (`contention`'s docstring).
+#: threads need. It sits between what a quiet machine gives (near 1, a little less for short
+#: passes of many parallel regions: a sleeping thread's wake-up counts as waiting) and what a
+#: busy process beside a pass leaves it. A noisy measurement is contended too where a quarter of
+#: its repetitions or more got less than this share: a load that came and went shows in its
+#: spread and in those repetitions, not in its median. The hypervisor's steal counts the same
+#: way: the share is its threads' share times the share of its cores' busy time the hypervisor
+#: left to this machine (1 - `stolen`), so a quiet process on a machine 20% stolen is contended.
+#: The shares measured on the project's machine: docs/pages/measurement.md, a busy machine.
 CONTENDED_SHARE = 0.8
 
 

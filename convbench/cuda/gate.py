@@ -123,10 +123,9 @@ def gate(jobs: Iterable[tuple[Path, kernels.Defines]], archs: Iterable[str] = GA
 
     The compiles run in `workers` processes (default: the cores this process may use), each
     compile alone in its process, never in threads: NVRTC compiles run concurrently in one
-    process gave ptxas results that differ from run to run (the 128×128 SGEMM, at its
-    128-register cap, spilled 72 bytes in one of three loaded runs and never when compiled
-    alone), and a gate must not be flaky. Two processes on a 2-core machine: `convbench
-    kernels` 34.7 -> 19.2 s.
+    process gave ptxas results that differ from run to run (a kernel at its register cap
+    spilled in some runs only), and a gate must not be flaky. The measurements are in
+    docs/pages/cuda.md, the compile gate.
     """
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor

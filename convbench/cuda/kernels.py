@@ -2,48 +2,26 @@
 compile gate is `cuda.gate`; the wrappers' base, `KernelImplementation`, is in
 `algos.kernel_base`.
 
-From `kernels/<name>.cu` to a launch
-------------------------------------
-1. The wrapper module (`convbench/algos/<algo>_kernels.py`) declares at import every set of
-   ``-D`` defines it compiles the file with (tile sizes, layout)::
+A wrapper module (`convbench/algos/<algo>_kernels.py`) declares at import every set of ``-D``
+defines it compiles a file with (``kernels.declare("direct", [{"NHWC": 0, "TILE_H": 8}])``): the
+declarations are the compile gate's work list, and `launcher` refuses a configuration not
+declared, so nothing runs that the gate has not compiled. ``launcher(backend, name, defines)``
+compiles once per (file, defines, arch) — NVRTC through a `cupy.RawModule` on `cuda`, g++ and the
+host emulator (`convbench.cuda.emu`) on `emu` — and ``launch.kernel(entry)(grid, block, args,
+shared_mem=0)`` is the same call on both, so a wrapper is written once (``launch.xp``: CuPy or
+NumPy, for workspaces). Arguments are checked against the entry point's parameters, parsed from
+the source: C-contiguous ``xp`` arrays of the pointee's dtype; scalars converted to the
+parameter's C type (CuPy would pass a Python int as 64 bits to an ``int``). `load` compiles any
+file, declared or not, for tests and experiments.
 
-       kernels.declare("direct", [{"NHWC": 0, "TILE_H": 8}, {"NHWC": 1, "TILE_H": 8}])
-
-   The declarations are the compile gate's work list: `convbench kernels` compiles each
-   configuration for sm_80 and sm_90 with nothing to add by hand, and `launcher` refuses any
-   configuration not declared, so nothing runs that the gate has not compiled.
-2. ``launch = kernels.launcher(backend, "direct", defines)`` compiles the file once per
-   (file, defines, arch) and returns a `Launcher`. On `cuda` that is a `cupy.RawModule` (NVRTC,
-   for the current device's arch); on `emu` a g++-built library run by the host emulator
-   (`convbench.cuda.emu`) on NumPy arrays.
-3. ``launch.kernel("direct_fwd")(grid, block, args, shared_mem=0)`` launches one entry point:
-   the same call on both backends, so a wrapper is written once. ``launch.xp`` is the array
-   module (CuPy or NumPy) for workspaces. Arguments are checked against the entry point's
-   parameter list, parsed from the source: arrays must be C-contiguous ``xp`` arrays of the
-   pointee's dtype, and scalars are converted to the parameter's C type (CuPy would otherwise
-   pass a Python int as 64 bits to an ``int``).
-
-Rules for kernel sources, so that NVRTC, g++ and the parameter parser agree:
-
-- entry points are ``extern "C" __global__ void name(...)`` (optionally with
-  ``__launch_bounds__``): not templates, not inside ``#if``, no macros in the parameter list;
-  tile sizes are ``-D`` defines, which the source should check with ``#error``/``static_assert``;
-- ``#include "x.cuh"`` is resolved here (the file's own folder, then kernels/) and inlined once
-  with ``#line`` markers, so the text compiled, cached and hashed is self-contained;
-- no inline PTX, and warp intrinsics only where `convbench/cuda/emu/cuda_emu.h` emulates them.
-
-Adding a kernel file: write kernels/<name>.cu by those rules; in its algorithm's
-`convbench/algos/<algo>_kernels.py` declare its configurations and write one wrapper class, a
-`KernelImplementation` (`algos.kernel_base`) registered for both ``cuda`` and ``emu`` by ``@register_kernels(algo)``
-(`convbench.algos.direct_kernels` is the model): the base checks the limits every kernel has,
-and the wrapper adds its own through the base's hooks. Test it under ``emu`` against the float64
-reference, and on ``cuda`` with the ``gpu`` marker (tests/test_direct_kernels.py).
-`convbench kernels` then gates it with no further change.
-Tests and experiments compile any file, declared or not, with
-``kernels.load(backend, path, defines)``; ``convbench kernels FILE.cu -D NAME=VALUE`` gates one.
-
-Kernels are read from the repository's top-level kernels/ (the editable install `make test`
-uses), or from convbench/_kernels/ in an installed wheel (setup.py copies them there).
+Kernel sources follow rules, so that NVRTC, g++ and the parameter parser agree: entry points
+are ``extern "C" __global__ void name(...)`` (``__launch_bounds__`` allowed), not templates, not
+inside ``#if``, no macros in the parameter list; tile sizes are ``-D`` defines, checked in the
+source (``#error``/``static_assert``); ``#include "x.cuh"`` is inlined here once, with ``#line``
+markers, so the text compiled, cached and hashed is self-contained; no inline PTX, and warp
+intrinsics only where `convbench/cuda/emu/cuda_emu.h` emulates them. Adding a kernel file:
+docs/pages/cuda.md, Writing a kernel. Sources come from the repository's kernels/ (the editable
+install), or from convbench/_kernels/ in a wheel (setup.py copies them there).
 """
 
 from __future__ import annotations

@@ -7,29 +7,18 @@ a short spin that bridges one call to the next).
 the machine's count, so a process pinned to one core does not start two threads that wait on
 each other. Algorithms read `count()` when they run, never a count frozen at import.
 
-**Idle threads sleep.** The NumPy algorithms run on OpenBLAS's threads and `torch-cpu` on
-torch's OpenMP threads, on the same cores; by default each pool's threads spin after their work
-(OpenBLAS's for up to 2^28 cycles), starving the other pool's next call. On 2 cores an AlexNet
-training step with a plan took 390 ms instead of 245 ms this way, while torch alone lost 2%
-(231 vs 226 ms), and in a sweep `torch-cpu` timed right after a NumPy algorithm measured 2-3x
-slow.
-
-**But not at once.** Sleeping at once (`PASSIVE` alone sets GNU OpenMP's spin count to 0) costs
-a wake-up per parallel region, and the algorithms of this package make several torch calls per
-pass (copies, GEMMs, transforms), each a region, microseconds apart: idle torch threads first
-spin for `GOMP_SPINCOUNT` = 10000 iterations (a fraction of a millisecond), which bridges those
-gaps, then sleep. Measured on the 2-core Xeon (AlexNet at batch 8, fwd, nhwc, four algorithms
-interleaved, two runs each): winograd-4x4 on conv3 7.9 / 8.9 ms sleeping at once, 6.8 / 7.2 ms
-with the spin; gemm 8.1 / 9.0 against 7.9 / 8.3; fft 34 / 37 against 27 / 27 (its FFTW workers
-lose nothing); torch-cpu 7.4 / 8.0 against 7.2 / 7.4. A spin count of 1000 was no better than
-none, 100000 no better than 10000. (torch's CPU wheels use GNU OpenMP; with Intel's the
-variable is ignored.)
+**Idle threads sleep, but not at once.** OpenBLAS's pool (the NumPy algorithms) and torch's
+OpenMP pool (`torch-cpu`) share the cores, and by default each spins after its work (OpenBLAS's
+for up to 2^28 cycles), starving the other's next call. Sleeping at once (`PASSIVE` alone sets
+GNU OpenMP's spin count to 0) costs a wake-up per parallel region, and our algorithms make
+several torch calls per pass microseconds apart: so idle torch threads first spin for
+`GOMP_SPINCOUNT` = 10000 iterations (a fraction of a millisecond), then sleep. (torch's CPU
+wheels use GNU OpenMP; Intel's ignores the variable.) The measurements behind both:
+docs/pages/measurement.md, one thread policy.
 
 All these variables are read when the libraries load, so they are set before NumPy or torch
-is imported, and never overridden.
-
-This module imports nothing heavy at import time: `convbench.cli` calls `sleep_idle_threads()`
-first thing; `use` loads the libraries it sets.
+is imported, and never overridden. This module imports nothing heavy at import time:
+`convbench.cli` calls `sleep_idle_threads()` first thing; `use` loads the libraries it sets.
 """
 
 from __future__ import annotations

@@ -1,36 +1,24 @@
 """Memory a pass allocates, read from the allocators around an untimed call; and memory limits.
 
-Three of the four papers convbench grows from are about memory: a workspace decides whether the
-fastest algorithm fits beside a batch's activations. So every results row carries the workspace
-an algorithm declares (`workspace_bytes`, predicted) and the peak it was seen to allocate
-(`peak_bytes`, measured), and `memory_method` says how that peak was read:
+A workspace decides whether the fastest algorithm fits beside a batch's activations, so every
+results row carries the workspace an algorithm declares (`workspace_bytes`, predicted) and the
+peak it was seen to allocate (`peak_bytes`), and `memory_method` says how that was read:
 
-- `torch-profiler+tracemalloc` (backends `numpy` and `emu`): NumPy's allocations through
-  `tracemalloc` — NumPy reports every data buffer to it, pyFFTW's aligned buffers included (they
-  are NumPy arrays) — plus torch's CPU allocator through the autograd profiler's memory events
-  (`torch-cpu`'s result tensors). Blind spots: memory a library takes with its own malloc — BLAS
-  thread buffers, FFTW plans, oneDNN's scratchpad.
-- `cupy-pool+torch-cuda` (backend `cuda`): CuPy's memory pool, whose used bytes a `MemoryHook`
-  reads after every malloc (used bytes only grow at a malloc, so that is the high-water mark the
-  pool keeps no statistic of), plus torch's caching allocator (`max_memory_allocated`, reset at
-  every mark) for the cuDNN rows. Blind spot: cuBLAS's own workspace, taken outside both pools.
+- `torch-profiler+tracemalloc` (`numpy`, `emu`): NumPy's buffers through `tracemalloc`
+  (pyFFTW's too), plus torch's CPU allocator through the profiler's memory events. Blind to a
+  library's own malloc: BLAS thread buffers, FFTW plans, oneDNN's scratchpad.
+- `cupy-pool+torch-cuda` (`cuda`): CuPy's pool, its used bytes read after every malloc (the
+  high-water mark it keeps no statistic of), plus torch's caching allocator's peak. Blind to
+  cuBLAS's own workspace.
 
-Both count bytes allocated, not pages resident: a `np.zeros` buffer counts in full though the
-kernel maps its pages lazily. What a row records is the pass's own memory: the trace begins after
-the operands and the output exist, the prepared buffers count (they are live while the pass
-runs), and so does every temporary of one call; the preparation's own temporaries (FFTW's
-planning, cuDNN's autotuning search) do not. The trace runs around the verifying call, which is
-never timed, and stops before timing starts, so timing never runs under a probe.
-
-`MemoryLimit` makes a budget an out-of-memory condition: the predicted and then the measured
-footprint are checked against it (`OverLimit`, a MemoryError), since a real host allocation
-failure would take the machine's other work down with it, and on the GPU CuPy's pool and torch's
-cache are two allocators whose sum only the measured footprint sees; on the GPU each allocator
-is also held to it for real (CuPy's pool limit, torch's per-process fraction).
-
-Those two caching allocators never lend each other a free block, so `release_device_memory`
-gives both pools' cached blocks back to the device before each GPU case: otherwise a case near
-capacity fails while the other pool sits on gigabytes it no longer uses.
+Bytes allocated, not pages resident. A row records the pass's own memory: the trace starts once
+the operands and output exist, counts the prepared buffers and every temporary of one call but
+not the preparation's (FFTW planning, cuDNN's autotuning), and runs around the verifying call,
+never around timing. `MemoryLimit` makes a budget an out-of-memory condition (`OverLimit`, a
+MemoryError) on the predicted, then the measured footprint — a real host allocation failure
+would take the machine's other work down, and on a GPU only the measured sum sees both pools —
+and on a GPU holds each allocator to it for real. The two pools never lend each other a block,
+so `release_device_memory` returns both pools' cached blocks before each GPU case.
 """
 
 from __future__ import annotations

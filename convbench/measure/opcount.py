@@ -1,28 +1,18 @@
 """Theoretical arithmetic and workspace of each algorithm: what a pass *must* cost.
 
-The study's "kernel operation counts for each conv layer" figure put direct, GEMM, FFT and
-Winograd side by side on paper; this module is that figure's table. Counts are floating-point
-operations (a multiply-add is 2, a complex multiply-add 8), split into
+The study's "kernel operation counts for each conv layer" figure, as a table. Counts are
+floating-point operations (a multiply-add is 2, a complex multiply-add 8), split into
+`products` (the core reduction: the direct loop, the GEMM, FFT's and Winograd's per-frequency
+products summed over channels), `transforms` (FFT's and Winograd's transforms, as dense matrix
+products; GEMM's col2im adds), `multiplications` (the scalar multiplications inside `products`,
+which Winograd and FFT set out to reduce) and `lowering_bytes` (im2col/col2im's column buffer
+written and read once: GEMM's time that is not arithmetic).
 
-- `products`: the core reduction — the direct loop, the GEMM, FFT's pointwise complex products
-  summed over channels, Winograd's element-wise products summed over channels;
-- `transforms`: FFT's forward and inverse 2-D transforms, Winograd's input, filter and output
-  transforms (dense matrix products, as generated matrices are applied), GEMM's col2im adds;
-- `multiplications`: the scalar multiplications inside `products`, the number Winograd and FFT
-  set out to reduce;
-- `lowering_bytes`: the memory traffic of im2col/col2im (the column buffer written and read once),
-  which costs GEMM time without being arithmetic.
-
-Algorithms whose kernel a library chooses (cuDNN, torch-cpu) have no count; Winograd counts exist
-where Winograd runs: 3×3 filters, stride 1, dilation 1, groups 1, one padding for both axes, and
-on the CPU strided layers too, counted as the stride-1 problem of their phase split
-(`transforms.phase_split`: AlexNet's conv1 as 48 channels and 3×3 filters). All three passes are
-two inputs transformed and one output produced, so the formulas share their parts across passes.
-
-FFT's count depends on its transform grid, which is the implementation's choice and differs by
-backend (FFTW's fast sizes on the CPU, cuFFT's on the GPU; fft-tiled's tiles), so the grid is
-asked of the implementation (`registry.TransformGrid`) rather than restated here: the count
-follows whatever grid actually runs.
+A library that chooses its own kernel (cuDNN, torch-cpu) has no count; Winograd's exist where it
+runs (3×3 or 5×5 filters, stride 1, dilation 1, groups 1, one padding for both axes, and on the
+CPU a strided layer counted as its phase split, `transforms.phase_split`). FFT's count follows
+the transform grid the implementation actually runs (`registry.TransformGrid`: FFTW's sizes on
+the CPU, cuFFT's on the GPU, fft-tiled's tiles), asked of it rather than restated here.
 """
 
 from __future__ import annotations

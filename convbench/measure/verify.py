@@ -4,26 +4,17 @@ The metric is ‖out − ref‖ / ‖ref‖ (relative Frobenius error) with the 
 against the float64 reference. NaN or inf anywhere makes the error inf: an unwritten element of a
 NaN-filled output can never pass.
 
-Tolerances are per algorithm and precision. Rounding error of a sum of L random-sign terms grows
-like sqrt(L), so the base tolerance holds for reductions up to 4096 terms and grows as
-sqrt(L / 4096) beyond (a batch-256 weight gradient sums N·P·Q ≈ 43k terms). The bases:
-
-- exact algorithms (direct, GEMM, cuDNN, torch-cpu): a few float32 ulps per term, 1e-5;
-- FFT: transforms add O(log size) rounding steps; measured at most 3e-7 in fp32 on AlexNet
-  conv2–conv5 (pyFFTW and the emulated GPU kernels alike), hence 2e-5;
-- Winograd: the transforms' coefficients amplify rounding, F(4x4,3x3) more than F(2x2,3x3):
-  measured on AlexNet conv3–conv5 in fp32, about 6e-7 for 2x2 and 4e-6 for 4x4 (against 1e-6
-  for torch-cpu), hence 2e-5 and 1e-4 — loose enough for other summation orders, tight enough
-  that a wrong coefficient fails. F(6x6,3x3) (points 0, ±1, ±2, ±1/2, coefficients up to 32 in
-  Aᵀ) measured about twice 4x4's: at most 7.5e-6 in fp32 and 1.4e-14 in fp64 on AlexNet
-  conv3–conv5 and VGG-16 conv3_2, every pass and layout; its tolerances are 4x4's doubled
-  (the same ~25x headroom over what was measured). The error follows the transform's size
-  alpha = m + r - 1 (its interpolation points), not the tile alone: for a problem, a Winograd
-  tile's column is the one of the 3x3 tile with the same alpha (r the filter a tile transforms:
-  at a stride, the phase split's, `transforms.phase_split`), so F(2x2, 5x5) (alpha 6,
-  measured 3.7e-6 on AlexNet conv2) gets F(4x4, 3x3)'s and F(4x4, 5x5) (alpha 8, 5.9e-6)
-  F(6x6, 3x3)'s. F(5x5, 3x3) (alpha 7) measured at most 5.7e-6 in fp32 on
-  AlexNet conv3–conv5, every pass and layout, between 4x4's and 6x6's: it takes 6x6's column.
+Tolerances are per algorithm and precision (`_BASE`), for reductions up to 4096 terms, growing as
+sqrt(L / 4096) beyond, as rounding error of a sum of L random-sign terms does (a batch-256 weight
+gradient sums N·P·Q ≈ 43k terms). Exact algorithms (direct, GEMM, cuDNN, torch-cpu) get a few
+float32 ulps per term; FFT (its transforms add O(log size) rounding steps) and Winograd (whose
+transform coefficients amplify rounding, the more the larger the tile) get their measured
+errors with ample headroom: loose enough for other summation orders, tight enough that a wrong
+coefficient fails (the measurements: docs/pages/measurement.md, checked before it is timed).
+Winograd's error follows its transform's size alpha = m + r - 1 (its interpolation points),
+not the tile alone: a tile takes the column of the 3x3 tile with the same alpha, r the filter
+it transforms (at a stride the phase split's, `transforms.phase_split`); F(5x5, 3x3), alpha 7,
+takes 6x6's.
 """
 
 from __future__ import annotations
@@ -127,11 +118,11 @@ class Check:
 def magnitude_floor(abs_ref, problem: ConvProblem, pass_: str) -> float:
     """A floor for the norm the error is relative to, from `abs_ref`, the pass computed on the
     operands' absolute values (`reference.magnitudes`: each element the sum of its terms'
-    magnitudes, which bounds its rounding error): that norm over sqrt(L), the size a sum of L random-sign terms of those
-    magnitudes typically has. A random output whose terms happen to cancel is then not judged
-    against its own small size: hypothesis drew a one-element output (direct, fwd, fp32,
-    n=1,c=4,h=5,w=5,k=1,r=5,s=2,stride=1x3,dilation=1x2) whose 40 terms summed to 0.0085, so an
-    error of 2.5e-7 read 3e-5 > 1e-5. Where the terms do not cancel, ‖ref‖ is the larger."""
+    magnitudes, which bounds its rounding error): that norm over sqrt(L), the size a sum of L
+    random-sign terms of those magnitudes typically has. A random output whose terms happen to
+    cancel is then not judged against its own small size, which would fail an exact algorithm
+    (the case hypothesis drew is in docs/pages/measurement.md and pinned in the tests). Where
+    the terms do not cancel, ‖ref‖ is the larger."""
     length = reduction_length(problem, pass_)
     return float(np.linalg.norm(np.asarray(abs_ref, dtype=np.float64))) / math.sqrt(length)
 

@@ -1,36 +1,25 @@
 """What one training step of a `Workload` holds in memory, layer by layer: the model of memory
 `memprofile` shows and `memplan` bounds its search with.
 
-The step — the workload's, `Training.step` — is profiled in its steady state (the second step:
-SGD's momentum buffers, made by the first, are held throughout), as a timeline of events, one
-per leaf module's forward and backward, split into
+The step (`Training.step`) is profiled in its steady state, the second step (SGD's momentum
+buffers, made by the first, are held throughout), as a timeline of events, one per leaf
+module's forward and backward, split into: weights; input (images and labels); activations
+(the tensors autograd saved for backward, `saved_tensors_hooks`, while alive: a tensor saved
+twice, or a view, counts once, by `StorageWeakRef`); gradients (a layer's own from its backward
+event, when its dw exists, just before autograd accumulates it into `.grad`); optimizer (the
+momentum buffers); other (outputs and gradients seen at the hooks, alive and not saved); and
+workspace, the convolution workspaces of the passes a plan runs through convbench as their
+algorithms declare them (`opcount.workspace_bytes`), either `held` throughout — how convbench
+runs a plan today, `functional.run` memoizing each prepared pass with its buffers — or
+`per-pass`, as cuDNN's and SuperNeurons' are. Torch's own convolution counts 0 (it does not
+expose its workspace; the measured columns include it). Beside the model, what the allocators
+saw at the same points (`memory.trace`: torch's and tracemalloc on the host, torch's and CuPy's
+pool on a GPU), read from before the first step, plus the weights and batch made before it.
 
-- weights: the parameters;
-- input: the batch of images and labels;
-- activations: the tensors autograd saved for backward (`saved_tensors_hooks`), while alive
-  (`StorageWeakRef`: a tensor saved twice, or a view, counts once; freed ones not at all);
-- gradients: the parameters' gradients, a layer's own counted from its backward event (its dw
-  exists then, though autograd accumulates it into `.grad` just after);
-- optimizer: SGD's momentum buffers (made by the first step);
-- other: the layer outputs and gradients seen at the hooks, alive and not saved;
-- workspace: the convolution workspaces of the passes a plan runs through convbench, as their
-  algorithms declare them at this batch (`opcount.workspace_bytes`), in one of two ways:
-  `held` — how convbench runs a plan today: `functional.run` memoizes each prepared pass with
-  its buffers, so after the first step every planned pass's workspace is held throughout —
-  or `per-pass` — allocated for the pass and freed after it, as cuDNN's are and as SuperNeurons
-  manages them: only the pass running at a conv layer's event counts. Torch's own convolution
-  counts 0: torch does not expose its workspace (the measured columns include it);
-
-and, beside the model, what the allocators saw at the same points (`memory.trace`: torch's CPU
-allocator and tracemalloc on the host, torch's caching allocator and CuPy's pool on a GPU),
-read from before the first step (so what it leaves held is seen), plus the weights and the
-batch, which existed before.
-
-The categories are tensors' storage sizes, so the same hooks on the `meta` device give them for
-any batch without computing or allocating anything: the largest batch under a budget is a
-doubling-then-bisection search on that model's peak (`largest_modelled_batch`), for any
-assignment of algorithms to the conv layers' passes (`Algos`; `plan_algos` reads one from an
-advisor plan).
+The categories are storage sizes, so the same hooks on the `meta` device give them for any batch
+without computing anything: the largest batch under a budget is a doubling-then-bisection search
+on that model's peak (`largest_modelled_batch`), for any assignment of algorithms to the conv
+passes (`Algos`; `plan_algos` reads one from an advisor plan).
 """
 
 from __future__ import annotations

@@ -1,33 +1,25 @@
 """`convbench train-step`: a whole training step, three ways — defaults, cudnn.benchmark, the plan.
 
 The study found that once the frameworks were tuned they differed little: what is left is the
-convolution algorithms, the layouts, and everything around them. This times a full step
-(forward, cross-entropy loss, backward, SGD update) of an AlexNet-shaped model — the catalog's
-conv layers with ReLU and 3x3/2 max-pooling after conv1, conv2 and conv5, then fc6-fc8 (4096,
-4096, 1000; no dropout, so every configuration computes the same thing) — with
+convolution algorithms, the layouts, and everything around them. This times a full step of the
+`Workload` (`studies.workload`: forward, loss, backward, SGD update) with
 
 - `defaults`: torch as installed (cuDNN heuristics on a GPU);
-- `cudnn.benchmark`: `torch.backends.cudnn.benchmark = True` (on the CPU this does nothing:
-  torch's CPU convolutions never read it, so that row is a control of run-to-run noise);
+- `cudnn.benchmark`: `torch.backends.cudnn.benchmark = True` (on the CPU torch never reads it,
+  so that row is a control of the noise between processes);
 - `plan`: `advisor.tune` on the model, then `advisor.apply`.
 
-Each configuration runs in its own process: cuDNN remembers the algorithm it picked for a shape
-for the life of a process (per thread, whatever `benchmark` was when it picked), so in one
-process the first configuration would decide the others' algorithms. Every process seeds the
-same weights and data, so their first-step losses agree. fp32 is fp32: TF32 is off for cuDNN and
-cuBLAS. Step times are measured like every other time here (`convbench.measure.timing`, sized by a
-budget), after one untimed step that also does cuDNN's autotuning. The three processes stay up
-and take turns, a few rounds each, so a machine whose load drifts while they are timed (a shared
-CPU) slows all three alike rather than whichever ran last. On the CPU every process, the tuning
-one included, runs with idle threads sleeping (`threads.CPU_THREAD_ENV`).
+Each configuration runs in its own process, since cuDNN remembers the algorithm it picked for a
+shape for the life of a process (per thread); every process seeds the same weights and data, so
+their first-step losses agree. fp32 is fp32: TF32 is off. Steps are timed as every other time
+(`convbench.measure.timing`) after one untimed step (cuDNN's autotuning), the three processes
+taking turns a few rounds each, so drifting load slows all three alike. On the CPU every
+process, the tuning one included, runs with idle threads sleeping (`threads.CPU_THREAD_ENV`).
 
-Each speed-up over `defaults` comes with its 95% interval (a bootstrap of both configurations'
-steps) and a verdict: `faster` or `slower` only where the interval excludes 1, else a `tie
-within noise`. On the CPU, where `cudnn.benchmark` changes nothing, that row is a control: two
-processes running the same step differ by more than their steps' intervals say (measured on 2
-cores: 4% [1%, 8%] at the default budget; at `--time-budget 3` a few 2-3x slower first steps
-made `defaults` look 2.2x slower), so there the plan wins or loses only where it does so
-against the control too, else it is a `tie within noise of the control`.
+Each speed-up over `defaults` has its 95% interval (a bootstrap of both configurations' steps)
+and a verdict (`with_speedups`): on the CPU two processes running the same step differ by more
+than their steps' intervals say, so there the plan wins or loses only where it does so against
+the control too (what the control measured: docs/pages/studies.md).
 """
 
 from __future__ import annotations
@@ -171,9 +163,9 @@ def with_speedups(rows: list[dict], control: str | None = None) -> list[dict]:
 
     `control` names a configuration that changes nothing (on the CPU, `cudnn.benchmark`): its
     distance from the baseline is the noise between two processes running the same step, which
-    the step-to-step intervals do not see (measured: 4% [1%, 8%] on 2 cores). Its verdict says
-    whether the processes differed, and another row wins or loses only where it does so against
-    the control as well, else it is a `tie within noise of the control`."""
+    the step-to-step intervals do not see. Its verdict says whether the processes differed, and
+    another row wins or loses only where it does so against the control as well, else it is a
+    `tie within noise of the control`."""
     base = rows[0]["times_ms"]
     ctrl = next((r for r in rows if r["config"] == control), None)
     out = []
@@ -212,8 +204,7 @@ def compare(load: Workload, batch: int, device: str, *, budget_s: float = STEP_B
     """Tune the model, then time the three configurations; (their rows, the plan, seconds the
     tuning took). Tuning runs in a process of its own too, with the workers' environment: with
     spinning threads, a measurement just after another thread pool's work (torch-cpu after a
-    NumPy algorithm) is slowed by that pool's spinning threads, 2-3x for torch-cpu at the small
-    budgets used here."""
+    NumPy algorithm) is slowed by that pool's spinning threads (`threads`)."""
     registry.expand_algos(algos, backend_of(device))  # a bad list fails here, in one line
     with tempfile.TemporaryDirectory() as tmp:
         plan_file = str(Path(tmp) / "plan.json")

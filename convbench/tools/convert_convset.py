@@ -1,34 +1,24 @@
 """Convert the ConvBench study's convolution set into convbench's `convset` catalog file.
 
-ConvBench (Alvarenga et al., "ConvBench: A Comprehensive Benchmark for 2D Convolution
-Primitive Evaluation", arXiv 2407.10730; github.com/LucasFernando-aes/ConvBench, MIT licence)
-ran every model of TIMM's `timm.list_models()` once at batch 1 with a forward hook on every
-`nn.Conv2d`, and kept, per distinct key, the `model.module` paths that have it. Its file
-`tmp/conv.pkl` (commit f7ba856, "convolution set from feb12") is a dict of
+ConvBench (Alvarenga et al., arXiv 2407.10730; github.com/LucasFernando-aes/ConvBench, MIT
+licence) ran every model of TIMM's `timm.list_models()` once at batch 1, hooking every
+`nn.Conv2d`. Its `tmp/conv.pkl` (the version converted: docs/pages/problems.md, catalogs) maps
+a key per distinct convolution to the `model.module` paths that have it:
 
     "C_in-shape_out-shape_kernel-padding-stride-dilation-groups-transposed_bias"
     e.g. "1,3,256,256_1,24,128,128_3,3-1,1,1,1-2,2-1,1-1-False_False"
-         -> ["bat_resnext26ts.stem.conv1.conv", "botnet26t_256.stem.conv1.conv", ...]
 
-with the input and output shapes as N,C,H,W (N is 1), the kernel as (kh, kw), the padding as
-torch's `_reversed_padding_repeated_twice` (left, right, top, bottom), stride and dilation as
-(h, w). What this script does with it:
+shapes as N,C,H,W, the kernel as (kh, kw), the padding as torch's
+`_reversed_padding_repeated_twice` (left, right, top, bottom), stride and dilation as (h, w).
+A key's padding is the module's own, except TIMM's `Conv2dSame` (TensorFlow's SAME), which pads
+in its forward and holds 0: there it is deduced from the shapes as TIMM's `pad_same` does, the
+total (o-1)*s + (k-1)*d + 1 - i, half before and the odd row after. Keys that differ only in
+the bias are one problem (`bias`: yes, no, both); each problem keeps `layers`, `models` and
+`sources` (each model with its count, `model*3`), named `cb0001`, ... in the set's order.
 
-- A key's padding is the module's own; TIMM's `Conv2dSame` modules (TensorFlow's "SAME") pad
-  inside their forward and hold padding 0, so their output is larger than padding 0 gives. For
-  those the padding is deduced from the shapes as TIMM's `pad_same` computes it: the total
-  (o-1)*s + (k-1)*d + 1 - i, half before and the odd row after. Where the total is odd the
-  padding before and after differ.
-- Keys that differ only in the bias are one convbench problem (convbench has no bias): merged,
-  their sources together; `bias` says which the set had (yes, no, both).
-- Each problem keeps its sources: `layers` (how many conv modules have it, over all models),
-  `models` (how many models), and `sources`, each model with its count (`model*3` where the
-  model has it three times), in the set's order.
-- Problems are named `cb0001`, ... in the order the set first has them.
-
-The pickle is read with an unpickler that builds only dicts, lists and strings (it refuses any
-class), so a tampered file cannot run code. The output is gzip'd CSV (`convbench/data/
-convset.csv.gz`), read by `convbench.catalogs.convset`.
+The pickle is read by an unpickler that builds only dicts, lists and strings, so a tampered file
+cannot run code. The output is gzip'd CSV (`convbench/catalogs/data/convset.csv.gz`), read by
+`convbench.catalogs.convset`.
 
     python -m convbench.tools.convert_convset path/to/ConvBench/tmp/conv.pkl [--out FILE]
 """

@@ -1,22 +1,18 @@
 """Each CPU algorithm's phases before and after a change: a baseline commit's algorithm modules
 against the working tree's, timed side by side in one process.
 
-    python -m convbench.tools.phases_bench --baseline 720e33a --layers alexnet:conv3 --batch 8
+    python -m convbench.tools.phases_bench --baseline HEAD~1 --layers alexnet:conv3 --batch 8
     make phases PHASES_ARGS="--baseline main --algos fft,winograd-4x4 --passes fwd"
 
-The baseline's `convbench/algos/` is read from git (`git archive`, so any commit, branch or tag
-of this checkout) and loaded as a second package beside `convbench.algos`, its classes filed
-in a registry of their own; both sides share the working tree's core (problem, phases,
-transforms), so a baseline whose algorithm modules need core code the tree no longer has fails
-to load with one line. Each case (layer x algo x pass x layout) is prepared on both sides,
-checked against the float64 reference, then timed phase by phase (`convbench.algos.phases`) in
-shuffled rounds (`timing.rounds_cpu`): drift falls on both alike. A side whose pass has no
-phases is timed as one phase, `pass`. Printed: per case and side, each phase's median ms, the
-pass's total (phases timed apart, like an explicit pad, left out) and after/before as a ratio
-with its interval; `--csv` keeps the table.
-
-This is a benchmark for people changing an algorithm, not a unit test: CI runs it on a tiny
-problem only to keep it working.
+The baseline's `convbench/algos/` is read from git (`git archive`: any commit, branch or tag)
+and loaded as a second package, its classes in a registry of their own; both sides share the
+working tree's core, so a baseline needing core code the tree no longer has fails with one
+line. Each case (layer x algo x pass x layout) is prepared on both sides, checked against the
+float64 reference, then timed phase by phase in shuffled rounds (`timing.rounds_cpu`), so drift
+falls on both alike; a pass without phases is one phase, `pass`. Printed per case and side:
+each phase's median ms, the pass's total (phases timed apart, like an explicit pad, left out)
+and after/before with its interval; `--csv` keeps the table. A benchmark for people changing an
+algorithm, not a unit test: CI runs it on a tiny problem only to keep it working.
 """
 
 from __future__ import annotations

@@ -1,33 +1,22 @@
 """The `emu` backend: the CUDA sources of kernels/ run on the CPU, so CI checks their numerics.
 
-Why
-    CI has no GPU. The compile gate (`convbench.cuda.kernels`) proves every kernel compiles without
-    spills; the emulator proves it computes the right thing: the same .cu text, compiled by
-    g++, is checked against the float64 reference on small problems on every commit. It is slow
-    (each CUDA thread is a fiber) and meant for small problems only (`too_big`).
+CI has no GPU: the compile gate (`convbench.cuda.gate`) proves every kernel compiles without
+spills, the emulator that it computes the right thing — the same .cu text, compiled by g++ with
+`cuda_emu.h` force-included (the CUDA built-ins as host C++; `build.translate` adds a C launcher
+per entry point; the library cached in `build.cache_dir`, ``$CONVBENCH_EMU_CACHE``), checked
+against the float64 reference on small problems (`too_big`: each CUDA thread is a fiber, slow).
 
-How a kernel runs here
-    1. `build.translate` adds a C launcher per ``extern "C" __global__`` entry point and points
-       ``extern __shared__`` arrays at the one dynamic shared buffer; g++ compiles it with
-       `cuda_emu.h` force-included (``-include``), which defines the CUDA built-ins as host C++.
-       The library is cached on disk (`build.cache_dir`, ``$CONVBENCH_EMU_CACHE``).
-    2. A launch runs the blocks of the grid one after another. The threads of a block are
-       cooperative fibers (ucontext, 128 KiB stack each, guard page below), switched only at
-       ``__syncthreads()``: the scheduler runs each fiber up to its next barrier or its exit,
-       then releases them all. Threads therefore interleave exactly at barriers, and only
-       there: a kernel missing a barrier reads shared memory its neighbours have not written
-       yet. All shared memory, static and dynamic, is filled with 0xFF bytes (NaN) before each
-       block, so such a read poisons the result and the reference check fails.
-    3. Faults the scheduler can see raise `EmuError`: a divergent barrier (some threads wait at
-       ``__syncthreads()`` while others have exited), an invalid launch configuration, too
-       much dynamic shared memory. Faults it cannot see are real host faults: an out-of-bounds
-       global access may corrupt memory or kill the process, as it may on the GPU.
-    4. Atomics are plain read-modify-writes (fibers never preempt one another); ``__ldg`` is a
-       load; math functions are the host's libm. Warp intrinsics are not emulated: write kernels
-       without them, or add them to `cuda_emu.h` with warp-wide barrier semantics.
+A launch runs the grid's blocks one after another, a block's threads as cooperative fibers
+(ucontext, 128 KiB stacks, a guard page) switched only at ``__syncthreads()``, so threads
+interleave exactly at barriers; shared memory is filled with NaN bytes (0xFF) before each block,
+so a missing barrier poisons the result and the check fails. A divergent barrier, a bad launch
+configuration or too much shared memory raise `EmuError`; an out-of-bounds global access is a
+real host fault, as on the GPU. Atomics are plain read-modify-writes (fibers never preempt),
+``__ldg`` a load, math the host's libm; warp intrinsics are not emulated (add them to
+`cuda_emu.h` with warp-wide barrier semantics, or write kernels without them).
 
-Kernels reach the emulator only through `convbench.cuda.kernels.launcher("emu", ...)`, which gives
-the same ``kernel(grid, block, args, shared_mem)`` call as on `cuda`, with NumPy arrays.
+Kernels reach it only through `convbench.cuda.kernels.launcher("emu", ...)`: the same
+``kernel(grid, block, args, shared_mem)`` call as on `cuda`, with NumPy arrays.
 """
 
 from __future__ import annotations
