@@ -1,6 +1,7 @@
 # convbench: `make bench` measures, `make test` checks. Both set up .venv from nothing.
 # On a machine that already has its Python environment (a GPU machine with CUDA torch and CuPy
 # and no package registry), USE_ENV=1 runs in it instead: no .venv, nothing installed, e.g.
+#   make gpu-first USE_ENV=1 OUT=$OUT        (a first GPU visit: one command, < 8 minutes)
 #   make gpu-check USE_ENV=1 && make gpu-check-tests USE_ENV=1
 PYTHON ?= python3
 VENV   := .venv
@@ -8,6 +9,8 @@ VENV   := .venv
 TORCH  ?= torch==2.13.0
 BENCH_ARGS ?=
 CHECK_ARGS ?=
+FIRST_ARGS ?=
+OUT ?= gpu-first
 PHASES_ARGS ?=
 # processes `make test` runs the tests in (pytest-xdist); the CI machine has 2 cores
 TEST_WORKERS ?= 2
@@ -20,7 +23,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 endif
 
-.PHONY: test bench phases gpu-check gpu-check-tests lint docs clean install
+.PHONY: test bench phases gpu-first gpu-check gpu-check-tests lint docs clean install
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -53,6 +56,14 @@ bench: $(STAMP)
 #   make phases PHASES_ARGS="--baseline main --layers alexnet:conv2 --algos fft"
 phases: $(STAMP)
 	$(PY) -m convbench.tools.phases_bench $(PHASES_ARGS)
+
+# A first GPU visit in one command within 7 minutes of wall time (convbench gpu-first --help):
+# the gpu tests that pin the reviews' predictions, env and the GPU's ceilings, AlexNet's layers
+# (conv2, conv3, conv4, conv5, conv1) with every algo x pass x layout until the deadline, and
+# the summary, packed into OUT as summary.md, tests.log and gpu-first.tar.gz. Refuses in one
+# line where CUDA cannot be used.
+gpu-first: $(STAMP)
+	$(PY) -m convbench gpu-first --out $(OUT) $(FIRST_ARGS)
 
 # The first GPU check in two commands, each within ten minutes, into one folder,
 # results/<date>-<gpu>-alexnet-gpu-check/ (convbench gpu-check --help): env, every algo x pass x

@@ -308,3 +308,22 @@ def test_math_settings_never_raise_and_are_restored(setup):
     finally:
         cudnn.conv.fp32_precision, cudnn.rnn.fp32_precision, matmul.fp32_precision = keep[:3]
         cudnn.benchmark = keep[3]
+
+
+@pytest.mark.gpu
+def test_the_first_call_is_timed_once_and_named_in_the_note():
+    """The tuning cost: the first call of a case in each mode (the plan, and for autotune the
+    search) is timed in `prepare`, once per process, and the row's note says it; a later
+    prepare (the plan cached) leaves it as it was."""
+    from convbench.algos import cudnn
+    from convbench.analysis.summary import first_call
+
+    p = ConvProblem(n=8, c=32, h=14, w=14, k=32, r=3, s=3, pad=1)
+    for algo in CUDNN:
+        impl = registry.get(algo, "cuda")
+        impl.prepare(p, "fwd", "nchw", "fp32")
+        first = cudnn.first_call_ms(algo, p, "fwd", "nchw", "fp32")
+        assert first is not None and first > 0
+        note = impl.describe(p, "fwd", "nchw", "fp32")
+        assert first_call(note) == pytest.approx(first, rel=1e-3)
+        assert cudnn.first_call_ms(algo, p, "fwd", "nchw", "fp32") == first

@@ -8,6 +8,7 @@ import io
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from convbench import cli
 from convbench.algos import registry
 from convbench.catalogs.layers import net_layers
 from convbench.core import results
+from convbench.machine.devices import DEVICES
 from convbench.measure import runner
 from convbench.runs import gpucheck
 
@@ -165,3 +167,76 @@ def test_the_tests_without_hypothesis_skip_only_the_property_tests(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:]
     assert "hypothesis is not installed" in proc.stdout and " passed" in proc.stdout
+
+
+# --- gpu-first --------------------------------------------------------------------------------
+FIRST = ["gpu-first", "--device", "cpu", "--batch", "1", "--time-budget", "0.002", "--layers",
+         "conv3", "--algos", "direct,gemm"]
+
+
+def test_gpu_first_dry_form_finishes_and_packs_at_most_eight_files(tmp_path, capsys):
+    """The CI form of a first GPU visit: tests, env and ceilings, the check, the summary, all
+    within its wall time, and the folder given holds what comes back from a lent machine."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    code, stdout, err = run_cli(capsys, *FIRST, "--wall", "300", "--out", str(out),
+                                "--work", str(work), *TESTS)
+    assert code == 0, err
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["gpu-first.tar.gz", "summary.md", "tests.log"]
+    assert len(files) <= gpucheck.MAX_FILES and all(
+        p.stat().st_size <= gpucheck.MAX_FILE_BYTES for p in out.iterdir())
+    with tarfile.open(out / "gpu-first.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert {"work/env.json", "work/run/measurements.csv", "work/summary.md",
+            "work/tests.log"} <= names
+    text = (out / "summary.md").read_text()
+    assert text.rstrip("\n") == stdout.rstrip("\n")
+    assert "- gpu-first: 300 s of wall time" in text and "1 skipped" in text
+    assert "- checked: layers conv3 in this order" in text and "not reached" not in text
+    for section in ("## The heuristic's regret", "## cuDNN's algorithms one by one",
+                    "## Tuning cost"):
+        assert section in text
+    df, _ = results.load_run(work / "run")
+    assert len(df) == 2 * 3 * 2
+
+
+def test_gpu_first_stops_between_groups_at_its_deadline(tmp_path, monkeypatch):
+    """With no time left after the tests, the check stops once its first competing group is
+    done (every row of it kept), says what it did not reach, and still packs."""
+    monkeypatch.setattr(gpucheck, "run_tests", lambda log, args, timeout_s: (
+        log.write_text("1 passed\n"), gpucheck.Tests(0, "1 passed", args, 0.1))[1])
+    registry.load()
+    done = gpucheck.first(tmp_path / "out", DEVICES["cpu"], work=tmp_path / "work",
+                          layers=["conv3"], algos="direct,gemm", batch=1, budget_s=0.002,
+                          wall_s=10.0, reserve_s=10.0)
+    assert done.ok
+    df, _ = results.load_run(tmp_path / "work" / "run")
+    assert len(df) == 4 and set(df["pass"]) == {"fwd"}  # one group: 2 algos x 2 layouts
+    assert "not reached: conv3 (bwd_data, bwd_filter)" in done.text
+    assert "`convbench gpu-check --out" in done.text
+    assert {p.name for p in done.files} == {"gpu-first.tar.gz", "summary.md", "tests.log"}
+
+
+@pytest.mark.parametrize("command", [["gpu-first", "--out", "x"], ["gpu-check"],
+                                     ["gpu-check", "--tests"]])
+def test_without_cuda_the_gpu_commands_refuse_in_one_line(tmp_path, capsys, monkeypatch,
+                                                          command):
+    """No silent CPU run: without --device, a machine where CUDA cannot be used is refused at
+    once, naming why; the dry form is asked for by name."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(gpucheck, "cuda_refusal", lambda: "no CUDA GPU found")
+    code, out, err = run_cli(capsys, *command)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "CUDA cannot be used here: no CUDA GPU found" in err and "--device cpu" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_per_thread_default_stream_is_refused(monkeypatch):
+    from convbench.algos import cudnn
+
+    monkeypatch.delenv(cudnn.PER_THREAD_STREAM, raising=False)
+    assert cudnn.per_thread_stream_refusal() is None
+    monkeypatch.setenv(cudnn.PER_THREAD_STREAM, "1")
+    assert "CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1" in cudnn.per_thread_stream_refusal()
+    if gpucheck.backends.available("cuda") is None:
+        assert "PER_THREAD" in gpucheck.cuda_refusal()

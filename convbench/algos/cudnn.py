@@ -14,6 +14,16 @@ shape first would silently decide the plan of the other. Each mode therefore run
 worker thread: a hand-off of some tens of microseconds per call (and per phase), paid by both
 modes alike, and seen in a GPU row's `host_ms`.
 
+A CuPy told to use per-thread default streams (`CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1`) is
+refused (`per_thread_stream_refusal`): its current stream is then `cudaStreamPerThread`, a handle
+that names the worker thread's own stream there, not the caller's, so the pass would run
+unordered with, and untimed by, the caller's events.
+
+**Tuning cost.** The first call of a shape in a mode (made in `prepare`) pays for the plan, and
+with `benchmark=True` for the search; its wall time (`first_call_ms`) goes into the row's note
+(`first call … ms`), beside the steady state the row times, so the summary can say after how
+many calls the search pays for itself (`summary.tuning_cost`).
+
 Precisions: fp32 runs with TF32 off for cuDNN and cuBLAS, tf32 with it allowed (both set around
 each call and restored, so nothing leaks); fp16 and bf16 run in their storage type.
 `describe` profiles one call and names the kernel family that ran (`classify_kernels`).
@@ -22,7 +32,9 @@ each call and restored, so nothing leaks); fp16 and bf16 run in their storage ty
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ..core.problem import ConvProblem
@@ -176,6 +188,31 @@ def _stream(ptr: int, device):
     return torch.cuda.stream(torch.cuda.ExternalStream(ptr, device=device))
 
 
+#: The environment variable that makes CuPy's default stream per thread.
+PER_THREAD_STREAM = "CUPY_CUDA_PER_THREAD_DEFAULT_STREAM"
+
+
+def per_thread_stream_refusal() -> str | None:
+    """Why cuDNN through torch cannot run with this CuPy's streams (see the module docstring),
+    or None."""
+    if os.environ.get(PER_THREAD_STREAM, "0") not in ("", "0"):
+        return (f"{PER_THREAD_STREAM}={os.environ[PER_THREAD_STREAM]}: torch's passes run on a "
+                "worker thread, where CuPy's per-thread default stream is another stream than "
+                "the caller's; unset it")
+    return None
+
+
+#: The wall time (ms) of the first call of each (algo, problem, pass, layout, precision) in
+#: this process: the plan made, and with autotune the search (`CuDNN.prepare`).
+_FIRST_CALLS: dict[tuple, float] = {}
+FIRST_CALL_NOTE = "first call {:.4g} ms"
+
+
+def first_call_ms(algo: str, problem, pass_: str, layout: str, precision: str) -> float | None:
+    """The first call's wall time of a case in this process (None: not made here yet)."""
+    return _FIRST_CALLS.get((algo, problem, pass_, layout, precision))
+
+
 def _capability():
     import torch
 
@@ -198,7 +235,7 @@ class CuDNN(Implementation):
             return f"torch {torch.__version__} cannot run cuDNN here: {build}"
         if not torch.backends.cudnn.is_available():
             return f"torch {torch.__version__} was built without cuDNN"
-        return None
+        return per_thread_stream_refusal()
 
     def supports(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         if precision == "bf16":
@@ -232,12 +269,19 @@ class CuDNN(Implementation):
         views = Views(layout)
         run = aten_phased(problem, pass_, views, run_in_mode)
         # One call on scratch operands: cuDNN's plan (and for autotune, its search) is made
-        # here, not in the first timed call. The scratch operands are dropped with their views
-        # before the harness reads the memory the prepared pass holds.
+        # here, not in the first timed call; the first such call of a case is timed (the
+        # tuning cost). The scratch operands are dropped with their views before the harness
+        # reads the memory the prepared pass holds.
         dtype = getattr(torch, _TORCH_DTYPES[precision])
-        run(*(torch.randn(s, dtype=dtype, device=device)
-              for s in problem.operand_shapes(pass_, layout)))
+        scratch = [torch.randn(s, dtype=dtype, device=device)
+                   for s in problem.operand_shapes(pass_, layout)]
         torch.cuda.synchronize()
+        started = time.perf_counter()
+        run(*scratch)
+        torch.cuda.synchronize()
+        _FIRST_CALLS.setdefault((self.algo, problem, pass_, layout, precision),
+                                (time.perf_counter() - started) * 1e3)
+        del scratch
         run.forget()  # and the views (`aten_phased`)
         return run
 
@@ -255,7 +299,9 @@ class CuDNN(Implementation):
             torch.cuda.synchronize()
         names = [e.name for e in prof.events()
                  if e.device_type == torch.autograd.DeviceType.CUDA]
-        return classify_kernels(names)
+        first = first_call_ms(self.algo, problem, pass_, layout, precision)
+        return classify_kernels(names) + (
+            "" if first is None else "; " + FIRST_CALL_NOTE.format(first))
 
 
 @register("cudnn-autotune", "cuda")

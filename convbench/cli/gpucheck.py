@@ -1,5 +1,9 @@
-"""`convbench gpu-check`: the first GPU check in two commands (`convbench.runs.gpucheck`): the run
-and its summary, then `--tests`, each within a ten-minute command."""
+"""`convbench gpu-first` and `convbench gpu-check`: the first GPU check (`convbench.runs.gpucheck`):
+one command for a first visit within its budget, packed for the trip back; or the whole run and
+its summary, then `--tests`, each within a ten-minute command.
+
+Both run on CUDA unless told `--device cpu` or `emu` (their dry forms): where CUDA cannot be
+used they refuse at once, in one line, instead of quietly running the CPU's form."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from ..machine.devices import DEVICES
 from ..runs import gpucheck
 from .common import (
     EXIT_FAULT,
+    UsageError,
     choices,
     device_option,
     positive,
@@ -23,15 +28,35 @@ from .common import (
 )
 
 
-def cmd_gpu_check(args) -> int:
-    device = resolve_device(args.device)
+def _device(args):
+    """The device asked for; without `--device`, CUDA or a one-line refusal."""
+    if args.device is None:
+        reason = gpucheck.cuda_refusal()
+        if reason:
+            raise UsageError(f"CUDA cannot be used here: {reason} (the dry form is asked for "
+                             "by name: --device cpu)")
+        return resolve_device("cuda")
+    return resolve_device(args.device)
+
+
+def _common(args, device) -> tuple[list[str] | None, tuple[str, ...]]:
     names = [layer.name for layer in layers.net_layers(args.net)]
-    folder = (Path(args.out) if args.out
-              else runs.default_folder(args.net, device.backend, "-gpu-check"))
     with usage_errors():
         chosen = choices(args.layers, "layer", tuple(names)) if args.layers else None
         registry.expand_algos(args.algos or "all", device.backend)
         pytest_args = tuple(shlex.split(args.pytest_args))
+    return chosen, pytest_args
+
+
+def _command(args) -> str:
+    return " ".join(["convbench", *getattr(args, "argv", [])])
+
+
+def cmd_gpu_check(args) -> int:
+    device = _device(args)
+    chosen, pytest_args = _common(args, device)
+    folder = (Path(args.out) if args.out
+              else runs.default_folder(args.net, device.backend, "-gpu-check"))
     if args.tests:
         tested = gpucheck.tests(folder, pytest_args, args.tests_timeout)
         print(gpucheck.tests_line(tested))
@@ -39,8 +64,7 @@ def cmd_gpu_check(args) -> int:
         return 0 if tested.passed else EXIT_FAULT
     done = gpucheck.run_check(
         folder, device, net=args.net, layers=chosen, algos=args.algos, batch=args.batch,
-        budget_s=args.time_budget,
-        command=" ".join(["convbench", *getattr(args, "argv", [])]))
+        budget_s=args.time_budget, command=_command(args))
     print(done.text.rstrip("\n"))
     print(f"convbench: {gpucheck.SUMMARY_MD}, {gpucheck.RUN}/, env.json in {folder}; then "
           f"`convbench gpu-check --tests --out {folder}` for the gpu tests", file=sys.stderr)
@@ -50,16 +74,23 @@ def cmd_gpu_check(args) -> int:
     return 0 if done.ok else EXIT_FAULT
 
 
-def add_parsers(sub) -> None:
-    p = sub.add_parser("gpu-check", help="the first GPU check in two commands: env, every "
-                       "algo × pass × layout of a net and the ratios; then --tests, the gpu "
-                       "tests' log")
-    p.add_argument("--out", help="folder for everything (default results/<date>-<device>-"
-                   "<net>-gpu-check); a folder holding a run is resumed")
-    p.add_argument("--tests", action="store_true",
-                   help="run the gpu tests (into OUT/tests.log, their line into summary.md) "
-                        "instead of the run")
-    device_option(p, "default cuda where a GPU is, else cpu (the dry form)", tuple(DEVICES))
+def cmd_gpu_first(args) -> int:
+    device = _device(args)
+    chosen, pytest_args = _common(args, device)
+    with usage_errors():
+        first = gpucheck.first(
+            args.out, device, work=args.work, net=args.net, layers=chosen, algos=args.algos,
+            batch=args.batch, budget_s=args.time_budget, wall_s=args.wall,
+            pytest_args=pytest_args, tests_timeout_s=args.tests_timeout,
+            command=_command(args))
+    print(first.text.rstrip("\n"))
+    print(f"convbench: {', '.join(p.name for p in first.files)} in {args.out}", file=sys.stderr)
+    return 0 if first.ok else EXIT_FAULT
+
+
+def _options(p, tests_default: float, pytest_default: tuple[str, ...]) -> None:
+    device_option(p, "default cuda, refused in one line where CUDA cannot be used; cpu or "
+                  "emu: the dry form", tuple(DEVICES))
     p.add_argument("--net", default="alexnet", choices=layers.NETS)
     p.add_argument("--layers", help="comma list of layers of --net (default: all)")
     p.add_argument("--algos", help="comma list of algos (default: all, and on cuda "
@@ -69,8 +100,33 @@ def add_parsers(sub) -> None:
                         f"alexnet; {DEVICES['cpu'].batch} on cpu)")
     time_budget_option(p, "seconds of timed repetitions per measurement (default "
                           f"{DEVICES['cuda'].budget_s} on cuda)")
-    p.add_argument("--pytest-args", default=" ".join(gpucheck.PYTEST_ARGS),
-                   help="what --tests runs pytest with (default: %(default)s)")
-    p.add_argument("--tests-timeout", type=positive(float), default=gpucheck.TESTS_TIMEOUT_S,
+    p.add_argument("--pytest-args", default=" ".join(pytest_default),
+                   help="what the tests run pytest with (default: %(default)s)")
+    p.add_argument("--tests-timeout", type=positive(float), default=tests_default,
                    metavar="S", help="seconds the tests may take (default %(default)s)")
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("gpu-first", help="a first GPU visit in one command within "
+                       f"{gpucheck.FIRST_BUDGET_S / 60:.0f} minutes: the gpu tests, env and "
+                       "ceilings, AlexNet's layers as far as the time goes, the summary; "
+                       f"packed into --out as at most {gpucheck.MAX_FILES} files")
+    p.add_argument("--out", required=True, help="folder the packed files are written to")
+    p.add_argument("--work", help="the check's folder (default results/<date>-<device>-"
+                   "<net>-gpu-first; `gpu-check --out` on it resumes what was not reached)")
+    p.add_argument("--wall", type=positive(float), default=gpucheck.FIRST_BUDGET_S,
+                   metavar="S", help="seconds of wall time for everything (default "
+                                     "%(default)s)")
+    _options(p, gpucheck.FIRST_TESTS_TIMEOUT_S, gpucheck.FIRST_TESTS)
+    p.set_defaults(func=cmd_gpu_first)
+
+    p = sub.add_parser("gpu-check", help="the first GPU check in two commands: env, every "
+                       "algo × pass × layout of a net and the ratios; then --tests, the gpu "
+                       "tests' log")
+    p.add_argument("--out", help="folder for everything (default results/<date>-<device>-"
+                   "<net>-gpu-check); a folder holding a run is resumed")
+    p.add_argument("--tests", action="store_true",
+                   help="run the gpu tests (into OUT/tests.log, their line into summary.md) "
+                        "instead of the run")
+    _options(p, gpucheck.TESTS_TIMEOUT_S, gpucheck.PYTEST_ARGS)
     p.set_defaults(func=cmd_gpu_check)

@@ -1,17 +1,29 @@
-"""The first GPU check in two commands, each within the ten minutes a lent machine gives one:
+"""The first GPU check: one command for a first visit, and the two it is made of.
 
-    convbench gpu-check [--out DIR]            # the run and its summary (under 6 min on an H100)
-    convbench gpu-check --tests [--out DIR]    # the `gpu` tests, into DIR/tests.log (under 8)
-    convbench gpu-check --device cpu --batch 1 --layers conv3   # the dry form CI runs
+    convbench gpu-first --out DIR             # everything a first visit needs, in < 8 minutes
+    convbench gpu-check [--out DIR]           # the whole run and its summary (3.5-8 min)
+    convbench gpu-check --tests [--out DIR]   # every `gpu` test, into DIR/tests.log (4-6.5 min)
+    convbench gpu-first --device cpu --batch 1 --layers conv3 ...   # the dry form CI runs
 
 `gpu-check` runs a net with every algorithm (cuDNN's one by one too: `cudnn-find`), pass and
-layout, and writes env.json, the run folder and summary.md (`summary`: the ratios), with the host
-seconds of each stage of the run (`runner.stage_seconds`: operands and reference, memory
-release, preparing, verifying, timing, describing) so the next check knows where its minutes
-went. It streams its rows: a command cut short keeps them and the same command resumes the run.
-`fft-tiled` is left out where it would not tile (`fft` runs the same transforms). `--tests` runs
-the `gpu` tests in a process of their own (a GPU fault in the run leaves only that process's
-device unusable), under a time limit, and adds their line to summary.md.
+layout, and writes env.json (the machine, its ceilings), the run folder and summary.md
+(`summary`: the ratios and the study's tables), with the host seconds of each stage of the run
+(`runner.stage_seconds`) so the next check knows where its minutes went. It streams its rows: a
+command cut short keeps them and the same command resumes the run. `fft-tiled` is left out where
+it would not tile (`fft` runs the same transforms). `--tests` runs the `gpu` tests in a process
+of their own (a GPU fault in the run leaves only that process's device unusable), under a time
+limit, and adds their line to summary.md.
+
+`gpu-first` (`first`) fits a lent GPU's 15 minutes, machine start included: a wall-time budget
+(`FIRST_BUDGET_S`) shared by, in this order, the `gpu` tests that pin the reviews' predictions
+(`FIRST_TESTS`, under `FIRST_TESTS_TIMEOUT_S`), the environment and the device's ceilings, and
+the AlexNet check in `FIRST_LAYERS` order — every algo, cuDNN's one by one, pass and layout —
+until the time left is the `FIRST_RESERVE_S` the summary and the packing need: it stops between
+competing groups, says which layers and passes it reached, and `gpu-check --out` on its run
+folder resumes the rest. Everything comes back as at most `MAX_FILES` files of at most
+`MAX_FILE_BYTES` in the folder given: summary.md, tests.log and one tar.gz of the run folder.
+Where CUDA cannot be used it refuses at once, in one line (`cuda_refusal`); the CPU dry form is
+asked for by name (`--device cpu`).
 """
 
 from __future__ import annotations
@@ -20,8 +32,10 @@ import json
 import re
 import subprocess
 import sys
+import tarfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import runs
@@ -29,7 +43,8 @@ from ..algos import registry
 from ..analysis import summary
 from ..catalogs import layers as catalogs
 from ..core.problem import LAYOUTS, PASSES
-from ..core.results import ENV_JSON, RunFolder
+from ..core.results import ENV_JSON, RunFolder, row_key
+from ..machine import backends
 from ..machine.devices import Device
 from ..measure import runner
 
@@ -42,6 +57,27 @@ PYTEST_ARGS = ("-m", "gpu", "-q", "-p", "no:cacheprovider")
 ALGOS = {"cuda": "all,cudnn-find"}
 #: Seconds the tests may take (`--tests-timeout`): within a ten-minute command.
 TESTS_TIMEOUT_S = 480
+
+# --- gpu-first's budget --------------------------------------------------------------------
+#: gpu-first's wall time (s), every stage included: under the 8 minutes a first visit may
+#: spend of its 15 (the machine's start and the transfers take the rest), with a minute spare.
+FIRST_BUDGET_S = 420.0
+#: The tests' share: the `gpu` tests of the modules that pin the three reviews' predictions
+#: (timer, NVML, cuDNN and its find, our GEMM and cuBLAS's, the runner's faults and memory,
+#: nn's dispatch); the kernels' own `gpu` tests are what the AlexNet check verifies anyway.
+FIRST_TESTS_TIMEOUT_S = 120.0
+FIRST_TESTS = ("tests/test_timing.py", "tests/test_nvml.py", "tests/test_cudnn.py",
+               "tests/test_cudnn_find.py", "tests/test_gemm_kernels.py",
+               "tests/test_runner.py", "tests/test_memory.py", "tests/test_nn.py",
+               *PYTEST_ARGS)
+#: Seconds kept back after the run for its report, the summary and the packing.
+FIRST_RESERVE_S = 45.0
+#: The order AlexNet's layers are checked in: the 5x5 and the 3x3 layers where FFT and
+#: Winograd compete first, conv1 (stride 4, 11x11: GEMM and direct only) last.
+FIRST_LAYERS = ("conv2", "conv3", "conv4", "conv5", "conv1")
+FIRST_ARCHIVE = "gpu-first.tar.gz"
+#: What comes back from a lent machine: at most 8 files of at most 16 MiB each.
+MAX_FILES, MAX_FILE_BYTES = 8, 16 << 20
 
 
 @dataclass
@@ -60,15 +96,31 @@ class Tests:
 
 @dataclass
 class CheckRun:
-    """What the run left in its folder: its outcome, the summary's text."""
+    """What the run left in its folder: its outcome, the summary's text, where its time went
+    and what a deadline left out."""
 
     folder: Path
     outcome: runs.Outcome
     text: str
+    seconds: dict[str, float] = field(default_factory=dict)
+    not_reached: list[str] = field(default_factory=list)
+    #: whether the run stopped at its deadline (not Ctrl-C, not a fault)
+    stopped: bool = False
 
     @property
     def ok(self) -> bool:
-        return self.outcome.fault is None and not self.outcome.interrupted
+        return self.outcome.fault is None and (not self.outcome.interrupted or self.stopped)
+
+
+def cuda_refusal() -> str | None:
+    """Why the check cannot run on CUDA here (one line), or None: no CuPy or GPU, a torch
+    without CUDA or cuDNN, or a CuPy told to use per-thread default streams."""
+    reason = backends.available("cuda")
+    if reason:
+        return reason
+    from ..algos.cudnn import CuDNN, per_thread_stream_refusal
+
+    return per_thread_stream_refusal() or CuDNN().available()
 
 
 def source_checkout() -> Path | None:
@@ -107,32 +159,88 @@ def never_tiles(case: runner.Case) -> bool:
         impl.transform_grid(case.problem, case.pass_)[2] == 1
 
 
-def run_check(folder: str | Path, device: Device, *, net: str = "alexnet",
-          layers: list[str] | None = None, algos: str | None = None, batch: int | None = None,
-          budget_s: float | None = None, command: str = "") -> CheckRun:
-    """Run the check into `folder` (a resumed run if it has one) and write its summary; see the
-    module docstring. ValueError for a bad net, layer or algo list, before anything runs."""
-    folder = Path(folder)
+class _Deadline:
+    """`on_row` of a run that stops it (as Ctrl-C does: every row kept) once `deadline` has
+    passed, at the end of a competing group, never inside one: a group's rows are timed
+    together, and a group cut short would lose the rows it had timed."""
+
+    def __init__(self, cases: list[runner.Case], deadline: float,
+                 clock: Callable[[], float] = time.monotonic):
+        self.deadline, self.clock, self.stopped = deadline, clock, False
+        self.left: dict[int, int] = {}
+        self.group_of: dict[tuple, int] = {}
+        for i, group in enumerate(runner.competing(cases)):
+            self.left[i] = len(group)
+            self.group_of.update((c.key(), i) for c in group)
+
+    def __call__(self, row: dict) -> None:
+        i = self.group_of.get(row_key(row))
+        if i is None:
+            return
+        self.left[i] -= 1
+        if self.left[i] == 0:
+            del self.left[i]
+            if self.left and self.clock() >= self.deadline:
+                self.stopped = True
+                raise KeyboardInterrupt
+
+
+def check_cases(device: Device, net: str, layers: list[str] | None, algos: str | None,
+                batch: int | None) -> tuple[list[runner.Case], list[runner.Case]]:
+    """(the cases of a check, the fft-tiled ones left out); ValueError for a bad net, layer
+    or algo list."""
     names = layers or [layer.name for layer in catalogs.net_layers(net)]
     cases = runs.sweep_cases([f"{net}:{name}" for name in names], net, [batch], device,
                              registry.expand_algos(algos or ALGOS.get(device.backend, "all"),
                                                    device.backend), PASSES, LAYOUTS,
                              ["fp32"])
-    untiled = [c for c in cases if never_tiles(c)]
-    cases = [c for c in cases if not never_tiles(c)]
+    return [c for c in cases if not never_tiles(c)], [c for c in cases if never_tiles(c)]
+
+
+def run_check(folder: str | Path, device: Device, *, net: str = "alexnet",
+              layers: list[str] | None = None, algos: str | None = None,
+              batch: int | None = None, budget_s: float | None = None, command: str = "",
+              deadline: float | None = None,
+              clock: Callable[[], float] = time.monotonic) -> CheckRun:
+    """Run the check into `folder` (a resumed run if it has one) and write its summary; see the
+    module docstring. `deadline` (a `clock` time): stop between groups once it has passed.
+    ValueError for a bad net, layer or algo list, before anything runs."""
+    folder = Path(folder)
+    cases, untiled = check_cases(device, net, layers, algos, batch)
     budget = budget_s or device.budget_s
     folder.mkdir(parents=True, exist_ok=True)
+    started = clock()
     env = runs.environment(device, net, cases, budget, batch=batch, command=command)
     (folder / ENV_JSON).write_text(json.dumps(env, indent=1) + "\n")
-    started = time.monotonic()
+    seconds = {"environment and ceilings": clock() - started}
+    started = clock()
     runner.stage_seconds(reset=True)
-    outcome = runs.Run(cases, budget, RunFolder.open(folder / RUN, env, resume=True)).measure()
-    seconds = {"run": time.monotonic() - started, **runner.stage_seconds(reset=True)}
+    run = runs.Run(cases, budget, RunFolder.open(folder / RUN, env, resume=True))
+    stop = _Deadline(run.todo, deadline, clock) if deadline is not None else None
+    outcome = run.measure(on_row=stop)
+    seconds = {**seconds, "run": clock() - started, **runner.stage_seconds(reset=True)}
+    measured = {row_key(r) for r in outcome.frame.to_dict("records")} if len(
+        outcome.frame) else set()
+    missing = [c for c in cases if c.key() not in measured]
+    stopped = stop is not None and stop.stopped
+    not_reached = reached_text(missing) if stopped else []
     notes = [(f"fft-tiled left out of {len(untiled)} cases where it runs one tile (fft's "
                "transforms)")] if untiled else []
+    if not_reached:
+        notes.append(f"stopped at the deadline with {len(missing)} of {len(cases)} cases "
+                     f"left: {'; '.join(not_reached)}; `convbench gpu-check --out {folder}` "
+                     "resumes them")
     text = markdown(env, outcome, seconds, notes)
     (folder / SUMMARY_MD).write_text(text)
-    return CheckRun(folder, outcome, text)
+    return CheckRun(folder, outcome, text, seconds, not_reached, stopped)
+
+
+def reached_text(missing: list[runner.Case]) -> list[str]:
+    """`conv1 (fwd, bwd_data)`: per layer, the passes with cases left."""
+    left: dict[str, dict[str, None]] = {}
+    for c in missing:
+        left.setdefault(c.layer, {})[c.pass_] = None
+    return [f"{layer} ({', '.join(passes)})" for layer, passes in left.items()]
 
 
 def tests(folder: str | Path, pytest_args=PYTEST_ARGS,
@@ -144,10 +252,15 @@ def tests(folder: str | Path, pytest_args=PYTEST_ARGS,
     tested = run_tests(folder / TESTS_LOG, tuple(pytest_args), timeout_s)
     path = folder / SUMMARY_MD
     if path.is_file():
-        text = re.sub(r"(?m)^- tests: .*\n", "", path.read_text())
-        head, sep, rest = text.partition("\n\n")
-        path.write_text(f"{head}\n{tests_line(tested)}{sep}{rest}")
+        path.write_text(with_tests_line(path.read_text(), tested))
     return tested
+
+
+def with_tests_line(text: str, tested: Tests) -> str:
+    """summary.md's text with `tested`'s line in its head (replacing one there)."""
+    text = re.sub(r"(?m)^- tests: .*\n", "", text)
+    head, sep, rest = text.partition("\n\n")
+    return f"{head}\n{tests_line(tested)}{sep}{rest}"
 
 
 def tests_line(tested: Tests) -> str:
@@ -159,7 +272,7 @@ def tests_line(tested: Tests) -> str:
 def markdown(env: dict, outcome: runs.Outcome, seconds: dict[str, float],
              notes: list[str] = ()) -> str:
     """summary.md: what ran where, how the run went and where its host time went, then the
-    ratios."""
+    ratios and the study's tables."""
     gpu = env.get("gpu") or {}
     torch = env.get("torch") or {}
     counts = outcome.frame["status"].value_counts() if len(outcome.frame) else {}
@@ -173,9 +286,13 @@ def markdown(env: dict, outcome: runs.Outcome, seconds: dict[str, float],
         ("FP32 peak", f"{gpu['fp32_peak_tflops']:.4g} TFLOP/s ({gpu['sm_count']} SMs at "
                       f"{gpu['clock_khz'] / 1e6:.3g} GHz)" if gpu.get("fp32_peak_tflops")
          else None),
+        ("ceilings", ceilings_text(env)),
         ("run", f"{RUN}/ ({RUN}/report.md): " + ", ".join(
             f"{counts[s]} {s}" for s in getattr(counts, "index", [])) +
-         f", in {seconds['run']:.0f} s" + (", interrupted" if outcome.interrupted else "")),
+         f", in {seconds.get('run', 0):.0f} s" + (", interrupted" if outcome.interrupted
+                                                  else "")),
+        ("environment and ceilings", f"{seconds['environment and ceilings']:.1f} s"
+         if "environment and ceilings" in seconds else None),
         ("host stages of the run", stages or None),
         ("GPU fault", outcome.fault),
         *(("note", n) for n in notes),
@@ -184,3 +301,97 @@ def markdown(env: dict, outcome: runs.Outcome, seconds: dict[str, float],
     lines = [f"# GPU check: {env.get('device')}", ""]
     lines += [f"- {k}: {v}" for k, v in facts if v]
     return "\n".join(lines + ["", summary.markdown(outcome.frame, env)])
+
+
+def ceilings_text(env: dict) -> str | None:
+    """The device's ceilings as env.json holds them, in a line; or why they are missing."""
+    c = env.get("ceilings")
+    if not c:
+        return env.get("ceilings_note")
+    parts = [f"{what} {c[k]:.4g} {unit}" for k, unit, what in (
+        ("gflops_attainable", "GFLOP/s", "attainable FP32 GEMM"),
+        ("gflops_peak_theoretical", "GFLOP/s", "peak"),
+        ("bandwidth_gbs_dram", "GB/s", "memory bandwidth"),
+        ("clock_mhz", "MHz", "SM clock while measured"))
+        if isinstance(c.get(k), (int, float))]
+    return ", ".join(parts) or None
+
+
+# --- gpu-first -----------------------------------------------------------------------------
+@dataclass
+class First:
+    """What `first` left: the files in the folder given, the summary's text, and whether the
+    run and the tests went through."""
+
+    files: list[Path]
+    text: str
+    ok: bool
+
+
+def first(out: str | Path, device: Device, *, work: str | Path | None = None,
+          net: str = "alexnet", layers: list[str] | None = None, algos: str | None = None,
+          batch: int | None = None, budget_s: float | None = None,
+          wall_s: float = FIRST_BUDGET_S, pytest_args=FIRST_TESTS,
+          tests_timeout_s: float = FIRST_TESTS_TIMEOUT_S, reserve_s: float = FIRST_RESERVE_S,
+          command: str = "", clock: Callable[[], float] = time.monotonic) -> First:
+    """A first GPU visit in `wall_s` seconds (see the module docstring): the tests, the
+    environment and ceilings, the check in `FIRST_LAYERS` order up to the deadline, the summary,
+    then `out` packed (`pack`). `work`: the check's folder (default results/<date>-<device>-
+    <net>-gpu-first), which `gpu-check --out` resumes. ValueError for a bad layer or algo
+    list, before anything runs."""
+    started = clock()
+    out = Path(out)
+    work = Path(work) if work else runs.default_folder(net, device.backend, "-gpu-first")
+    names = layers or [n for n in FIRST_LAYERS if n in
+                       {layer.name for layer in catalogs.net_layers(net)}] or None
+    check_cases(device, net, names, algos, batch)  # bad input: before anything runs
+    work.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    tests_s = max(1.0, min(tests_timeout_s, wall_s - reserve_s))
+    tested = run_tests(work / TESTS_LOG, tuple(pytest_args), tests_s)
+    done = run_check(work, device, net=net, layers=names, algos=algos, batch=batch,
+                     budget_s=budget_s, command=command,
+                     deadline=started + wall_s - reserve_s, clock=clock)
+    spent = {"tests": tested.seconds, **done.seconds}
+    head = [f"- gpu-first: {wall_s:.0f} s of wall time: tests (at most {tests_s:.0f} s), "
+            "environment and ceilings, the check up to the deadline, then this summary and "
+            f"the packing; spent " + ", ".join(f"{k} {v:.0f} s" for k, v in spent.items()
+                                              if k in ("tests", "environment and ceilings",
+                                                       "run")),
+            f"- checked: layers {', '.join(names or ['all'])} in this order, every algo "
+            f"({algos or ALGOS.get(device.backend, 'all')}), pass and layout"
+            + (f"; not reached: {'; '.join(done.not_reached)}" if done.not_reached else ""),
+            tests_line(tested)]
+    body = done.text.split("\n", 2)
+    text = "\n".join([body[0], "", *head, *body[2:]]) if len(body) == 3 else done.text
+    text = text.rstrip("\n") + "\n" + \
+        f"\n(total {clock() - started:.0f} s before packing)\n"
+    (work / SUMMARY_MD).write_text(text)
+    files = pack(work, out)
+    return First(files, text, done.ok and tested.passed)
+
+
+def pack(work: Path, out: Path) -> list[Path]:
+    """`out` gets summary.md, tests.log and `FIRST_ARCHIVE` (the whole of `work`); the archive
+    leaves the plots out where they would take it past `MAX_FILE_BYTES`. ValueError where the
+    files would still exceed what comes back from a lent machine."""
+    archive = out / FIRST_ARCHIVE
+    for plots in (True, False):
+        with tarfile.open(archive, "w:gz") as tar:
+            tar.add(work, arcname=work.name,
+                    filter=None if plots else
+                    (lambda info: None if info.name.endswith(".png") else info))
+        if archive.stat().st_size <= MAX_FILE_BYTES:
+            break
+    files = [archive]
+    for name in (SUMMARY_MD, TESTS_LOG):
+        if (work / name).is_file():
+            (out / name).write_bytes((work / name).read_bytes())
+            files.append(out / name)
+    present = [p for p in out.iterdir()]
+    big = [p.name for p in files if p.stat().st_size > MAX_FILE_BYTES]
+    if len(present) > MAX_FILES or big:
+        raise ValueError(f"{out} holds {len(present)} files (at most {MAX_FILES} come back)"
+                         + (f", {', '.join(big)} over {MAX_FILE_BYTES >> 20} MiB" if big
+                            else ""))
+    return files
