@@ -129,3 +129,69 @@ def test_cudnn_find_on_the_real_library():
     ok = [r for r in rows if r["status"] == "ok"]
     assert len(ok) >= 6 and all(r["note"].startswith("cuDNN find: ") for r in ok)
     assert not [r for r in rows if r["status"] == "failed"]
+
+
+def test_cudnn_s_fft_and_winograd_are_judged_with_their_own_tolerances():
+    """Not the exact column (1e-5, 2.5x our own 4x4 Winograd's measured error): cuDNN's
+    transforms round like ours."""
+    from convbench.measure import verify
+
+    p = ConvProblem(n=8, c=64, h=27, w=27, k=192, r=5, s=5, pad=2)
+    exact = verify.tolerance("cudnn-find-gemm", "fp32", p, "fwd")
+    assert verify.tolerance("cudnn-find-fft", "fp32", p, "fwd") == \
+        verify.tolerance("fft", "fp32", p, "fwd") > exact
+    assert verify.tolerance("cudnn-find-fft-tiling", "fp32", p) == verify.tolerance("fft", "fp32", p)
+    for algo in ("cudnn-find-winograd", "cudnn-find-winograd-nonfused"):
+        assert verify.tolerance(algo, "fp32", p, "bwd_data") == \
+            verify.tolerance("winograd-4x4", "fp32", None) * max(
+                1.0, (verify.reduction_length(p, "bwd_data") / 4096) ** 0.5)
+
+
+def test_the_find_s_workspace_cap_and_what_alloc_failed_means():
+    """The cap fits cuDNN's explicit GEMM at batch 256 (the im2col matrix: 1.2 GB on AlexNet's
+    conv2) within half the free memory; an algorithm still shut out says it is the cap."""
+    col = 256 * 64 * 25 * 27 * 27 * 4  # AlexNet conv2's im2col matrix, bytes
+    assert cf.find_workspace_bytes(70 << 30) >= col > 1 << 30
+    assert cf.find_workspace_bytes(2 << 30) == 1 << 30
+    perf = cf.Perf("GEMM", cf.ALLOC_FAILED, -1.0, 0, True, "FMA_MATH", 2, 3)
+    why = cf.reason(perf, 1 << 30)
+    assert "more workspace than the 1 GiB the find was given" in why
+    assert "not the GPU out of memory" in why
+    # the row is `unsupported` with that reason, never read as an out-of-memory
+    assert runner._not_measured(registry.UnsupportedError(why)).status == "unsupported"
+    assert cf.reason(cf.Perf("FFT", "CUDNN_STATUS_NOT_SUPPORTED", -1.0, 0, True, "FMA_MATH",
+                             4, 3), 0) == "cuDNN's find: CUDNN_STATUS_NOT_SUPPORTED"
+
+
+def test_a_library_that_cannot_load_is_one_reason_for_every_algorithm(monkeypatch, tmp_path):
+    """Every cudnn-find algorithm is unavailable with the same one-line reason (not a failed
+    row per case), asked of the library once."""
+    import sys
+    import types
+
+    broken = tmp_path / "libcudnn.so.9"
+    broken.write_text("not a library")
+    monkeypatch.setenv("CONVBENCH_CUDNN_LIBRARY", str(broken))
+    fake_torch = types.SimpleNamespace(backends=types.SimpleNamespace(
+        cudnn=types.SimpleNamespace(version=lambda: 91000)))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    cf._binding.cache_clear()
+    try:
+        why = cf.unavailable()
+        assert why.startswith(f"cannot bind {broken}: OSError") and "\n" not in why
+        with pytest.raises(RuntimeError, match="cannot bind"):
+            cf.binding()
+    finally:
+        cf._binding.cache_clear()
+
+
+@pytest.mark.gpu
+def test_cudnn_s_gemm_is_not_shut_out_at_batch_256():
+    """The review's prediction: with a 1 GiB find workspace, cuDNN's GEMM on AlexNet's conv2
+    at batch 256 was `CUDNN_STATUS_ALLOC_FAILED`; within half the free memory it runs."""
+    from convbench.catalogs.layers import net_layers
+
+    conv2 = next(la for la in net_layers("alexnet") if la.name == "conv2")
+    rows = runner.run(runner.sweep([conv2], ["cudnn-find-gemm"], "cuda", ["fwd"], ["nchw"],
+                                   ["fp32"]), 0.01)
+    assert rows[0]["status"] == "ok", rows[0]["reason"]

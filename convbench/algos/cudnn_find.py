@@ -14,8 +14,17 @@ own time and rank, its workspace, whether it is deterministic, and its math type
 the find rejects for a problem is `unsupported`, with cuDNN's status as the reason.
 
 The find runs once per (problem, pass, layout, precision, device), on scratch operands, with a
-workspace of at most `FIND_WORKSPACE` bytes (and a quarter of the free memory): an algorithm
-needing more is not tried. Math types: fp32 is `CUDNN_FMA_MATH` (no TF32), tf32, fp16 and bf16
+workspace of at most `FIND_WORKSPACE` bytes and half the free memory (`find_workspace_bytes`):
+cuDNN's explicit GEMM needs about the im2col matrix (1.1-1.2 GB for AlexNet's conv1 and conv2
+at batch 256), which a 1 GiB cap shut out. An algorithm that still needs more is not tried;
+cuDNN says `CUDNN_STATUS_ALLOC_FAILED` of it, and its row (`unsupported`) says that this is
+the find's workspace cap, not the GPU running out of memory (`reason`). A find that fails as a
+whole (not a GPU fault) is remembered, and every algorithm of its case is `unsupported` with
+its status, once; a libcudnn that cannot be loaded makes every `cudnn-find-*` algorithm
+unavailable with one reason (`available`), not a `failed` row per case.
+
+Tolerances: cuDNN's FFT and Winograd algorithms are judged with the FFT's and Winograd
+F(4x4, 3x3)'s tolerances (`measure.verify`), not the exact algorithms'. Math types: fp32 is `CUDNN_FMA_MATH` (no TF32), tf32, fp16 and bf16
 allow tensor cores (`CUDNN_TENSOR_OP_MATH`); where the find reports an algorithm under several
 math types, the fastest allowed one is run.
 
@@ -65,8 +74,24 @@ ALLOWED_MATH = {"fp32": ("FMA_MATH",),
                 "tf32": ("TENSOR_OP_MATH", "DEFAULT_MATH", "FMA_MATH"),
                 "fp16": ("TENSOR_OP_MATH", "DEFAULT_MATH", "FMA_MATH"),
                 "bf16": ("TENSOR_OP_MATH", "DEFAULT_MATH", "FMA_MATH")}
-#: The largest workspace the find may use: algorithms needing more are not tried.
-FIND_WORKSPACE = 1 << 30
+#: The largest workspace the find may use (and at most half the free memory): algorithms
+#: needing more are not tried.
+FIND_WORKSPACE = 8 << 30
+ALLOC_FAILED = "CUDNN_STATUS_ALLOC_FAILED"
+
+
+def find_workspace_bytes(free: int) -> int:
+    """The find's workspace, with `free` bytes of device memory free."""
+    return min(FIND_WORKSPACE, free // 2)
+
+
+def reason(perf: Perf, workspace_bytes: int) -> str:
+    """The `unsupported` reason of an algorithm the find did not run."""
+    if perf.status == ALLOC_FAILED:
+        return (f"cuDNN's find: {ALLOC_FAILED}: it needs more workspace than the "
+                f"{workspace_bytes / 2**30:.3g} GiB the find was given (FIND_WORKSPACE, at "
+                "most half the free memory), not the GPU out of memory")
+    return f"cuDNN's find: {perf.status}"
 
 
 def algo_name(enum_name: str) -> str:
@@ -307,15 +332,33 @@ def library_path() -> str | None:
 
 
 @functools.lru_cache(maxsize=1)
-def binding() -> Binding:
-    """The binding of the libcudnn torch uses (loading it through torch first)."""
+def _binding() -> Binding | str:
+    """The binding of the libcudnn torch uses (loading it through torch first), or why there
+    is none: asked once per process."""
     import torch
 
     torch.backends.cudnn.version()  # loads libcudnn
     path = library_path()
     if path is None:
-        raise RuntimeError("torch has not loaded a libcudnn this process can see")
-    return Binding.load(path)
+        return "torch has not loaded a libcudnn this process can see"
+    try:
+        return Binding.load(path)
+    except (OSError, AttributeError) as exc:  # not loadable; a symbol the library lacks
+        return f"cannot bind {path}: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+
+
+def binding() -> Binding:
+    """The binding of the libcudnn torch uses; RuntimeError with the reason where none."""
+    found = _binding()
+    if isinstance(found, str):
+        raise RuntimeError(found)
+    return found
+
+
+def unavailable() -> str | None:
+    """Why cuDNN's find cannot be reached here (the one reason every case gets), or None."""
+    found = _binding()
+    return found if isinstance(found, str) else None
 
 
 # --- the implementations ---------------------------------------------------------------------
@@ -326,6 +369,9 @@ class _Finds:
     def __init__(self):
         self._handles: dict[int, int] = {}
         self._perfs: dict[tuple, list[Perf]] = {}
+        self._failed: dict[tuple, str] = {}
+        #: the workspace each find was given (bytes)
+        self.sizes: dict[tuple, int] = {}
 
     def handle(self, cudnn: Binding, device: int) -> int:
         if device not in self._handles:
@@ -337,6 +383,8 @@ class _Finds:
 
         device = cupy.cuda.Device().id
         key = (problem, pass_, layout, precision, device)
+        if key in self._failed:
+            raise UnsupportedError(self._failed[key])
         if key not in self._perfs:
             cudnn = binding()
             handle = self.handle(cudnn, device)
@@ -346,16 +394,27 @@ class _Finds:
                     for s in problem.operand_shapes(pass_, layout)[:2])
             out = cupy.empty(problem.operand_shapes(pass_, layout)[2], dtype=dtype)
             free = cupy.cuda.Device().mem_info[0]
-            size = min(FIND_WORKSPACE, free // 4)
+            size = self.sizes[key] = find_workspace_bytes(free)
             ws = cupy.empty(size, dtype=cupy.uint8)
             stream = cupy.cuda.get_current_stream()
             cudnn.call("cudnnSetStream", handle, stream.ptr)
             math = "FMA_MATH" if precision == "fp32" else "TENSOR_OP_MATH"
-            with Descriptors(cudnn, problem, pass_, layout, precision, math) as desc:
-                self._perfs[key] = find(cudnn, handle, desc, a.data.ptr, b.data.ptr,
-                                        out.data.ptr, ws.data.ptr, size)
+            try:
+                with Descriptors(cudnn, problem, pass_, layout, precision, math) as desc:
+                    self._perfs[key] = find(cudnn, handle, desc, a.data.ptr, b.data.ptr,
+                                            out.data.ptr, ws.data.ptr, size)
+            except CudnnError as exc:
+                if _sticky(exc):
+                    raise
+                self._failed[key] = f"cuDNN's find failed: {exc}"
+                raise UnsupportedError(self._failed[key]) from exc
             stream.synchronize()
         return self._perfs[key]
+
+
+def _sticky(exc: CudnnError) -> bool:
+    """A status that leaves the GPU unusable (the runner's fault, not the find's answer)."""
+    return any(s in str(exc) for s in ("EXECUTION_FAILED", "INTERNAL_ERROR", "MAPPING_ERROR"))
 
 
 _FINDS = _Finds()
@@ -370,7 +429,7 @@ class _CudnnFind(Implementation):
     def available(self) -> str | None:
         from .cudnn import CuDNN
 
-        return CuDNN.available(self)
+        return CuDNN.available(self) or unavailable()
 
     def supports(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         if self.enum not in ALGO_ENUMS[pass_]:
@@ -387,7 +446,8 @@ class _CudnnFind(Implementation):
         if chosen is None:
             raise UnsupportedError(f"cuDNN's find did not report {self.enum} for this problem")
         if not chosen.ok:
-            raise UnsupportedError(f"cuDNN's find: {chosen.status}")
+            raise UnsupportedError(reason(chosen, _FINDS.sizes.get(
+                (problem, pass_, layout, precision, cupy.cuda.Device().id), 0)))
         cudnn = binding()
         handle = _FINDS.handle(cudnn, cupy.cuda.Device().id)
         desc = Descriptors(cudnn, problem, pass_, layout, precision, chosen.math)

@@ -36,7 +36,11 @@ _BASE = {  # precision -> (exact algorithms, fft, winograd-2x2, winograd-4x4, wi
 }
 _COLUMN = {"fft": 1, "fft-tiled": 1, "winograd-2x2": 2, "winograd-4x4": 3, "winograd-5x5": 4,
            "winograd-6x6": 4,
-           "winograd-fused-2x2": 2, "winograd-fused-4x4": 3}
+           "winograd-fused-2x2": 2, "winograd-fused-4x4": 3,
+           # cuDNN's own, one by one (`cudnn_find`): its tiles are not said, so Winograd takes
+           # F(4x4, 3x3)'s column, which also holds F(2x2, 5x5) (alpha 6)
+           "cudnn-find-fft": 1, "cudnn-find-fft-tiling": 1, "cudnn-find-winograd": 3,
+           "cudnn-find-winograd-nonfused": 3}
 
 
 def reduction_length(problem: ConvProblem, pass_: str) -> int:
