@@ -132,3 +132,13 @@ def test_a_gpu_run_records_the_gpu_at_its_start_and_end(fake, tmp_path):
     saved = results.load_run(tmp_path / "run")[1]["load"]
     assert [r["when"] for r in saved] == ["start", "end"]
     assert saved[1]["gpu"]["sm_clock_mhz"] == 1755
+
+
+def test_a_row_s_share_of_time_held_down_flags_it():
+    assert nvml.row_throttled({"power": 0.5}, 10.0) == []  # 5%: the cap reached now and then
+    assert nvml.row_throttled({"power": 2.0}, 10.0) == ["power limit (20% of its time held down)"]
+    assert nvml.row_throttled({}, 10.0, ["hw slowdown"]) == ["hw slowdown"]
+    s0 = nvml.Sample(1980, 0x4, {"power": 0, "thermal": 0})
+    s1 = nvml.Sample(1500, 0x4 | 0x40, {"power": 3_000_000, "thermal": None})
+    assert nvml.held_down_ms(s0, s1) == {"power": 3.0}
+    assert nvml.hard_reasons(s0, s1) == ["hw thermal slowdown"]  # not the sw power cap

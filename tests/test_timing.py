@@ -370,14 +370,43 @@ def test_host_bound_rule_without_a_head_start():
     assert Measurement((1.0,)).host_median is None and not Measurement((1.0,)).host_bound
 
 
-def test_throttling_seen_by_nvml_flags_the_rounds(monkeypatch):
+def _violations(held_ms_per_chunk, reasons=0x4):
+    """NVML samples whose power counter grows by each of `held_ms_per_chunk` in turn (then
+    stays), with `reasons` set from the second sample on."""
+    total, out = 0, [nvml.Sample(1980, 0, {"power": 0, "thermal": 0})]
+    for ms in held_ms_per_chunk:
+        total += int(ms * 1e6)
+        out.append(nvml.Sample(1500, reasons, {"power": total, "thermal": 0}))
+    return iter(out + [out[-1]] * 1000)
+
+
+def test_a_row_is_flagged_by_the_share_of_its_own_time_held_down(monkeypatch):
+    """5 ms of power capping over a 20 ms chunk: a quarter of the row's time, flagged with
+    its share; the software power cap's bit alone says nothing more."""
     gpu = FakeDevice(device_ms=1.0, host_ms=0.01)
     monkeypatch.setitem(sys.modules, "cupy", gpu.module)
-    samples = iter([nvml.Sample(1980, 0, {"power": 0, "thermal": 0})]
-                   + [nvml.Sample(1500, 0x4, {"power": 5_000_000, "thermal": 0})] * 1000)
-    (t,) = timing.rounds_cuda([timing.Contender.call(gpu.fn)], 0.02, clock=gpu.clock,
-                              gpu_probe=lambda: next(samples))
-    assert t.throttled == ("power limit (5 ms held down)", "sw power cap")
+    samples = _violations([5.0])
+    (t,) = timing.rounds_cuda([timing.Contender.call(gpu.fn)], 0.2, clock=gpu.clock,
+                              gpu_probe=lambda: next(samples), target=-1.0, max_reps=20)
+    assert t.total.reps == 20  # one chunk of 20 repetitions, 20 ms of GPU time
+    assert t.throttled == ("power limit (25% of its time held down)",)
+
+
+def test_a_power_cap_reached_now_and_then_flags_no_row(monkeypatch):
+    """The old rule flagged every row of a group whose counter rose at all (a power cap under
+    FP32 load is normal): 0.1 ms held down in a 20 ms chunk is 0.5% of each row's time."""
+    gpu = FakeDevice(device_ms=1.0, host_ms=0.01)
+    monkeypatch.setitem(sys.modules, "cupy", gpu.module)
+    samples = _violations([0.1])
+    rows = timing.rounds_cuda([timing.Contender.call(gpu.fn), timing.Contender.call(gpu.fn)],
+                              0.1, clock=gpu.clock, gpu_probe=lambda: next(samples),
+                              target=-1.0, max_reps=10)
+    assert [t.throttled for t in rows] == [(), ()]
+    samples = _violations([0.1], reasons=0x40)  # a hardware thermal slowdown flags them all
+    rows = timing.rounds_cuda([timing.Contender.call(gpu.fn), timing.Contender.call(gpu.fn)],
+                              0.1, clock=gpu.clock, gpu_probe=lambda: next(samples),
+                              target=-1.0, max_reps=10)
+    assert [t.throttled for t in rows] == [("hw thermal slowdown",)] * 2
 
 
 def test_a_time_that_is_not_compared_needs_fewer_repetitions():

@@ -5,7 +5,12 @@ hardware slowdown) is slower than the same kernel on the same GPU a minute later
 spread need not show it. NVML (`nvidia-ml-py`, imported as `pynvml`) says why clocks are held
 down now (the clock-event reasons) and for how long they have been since the driver loaded (the
 power and thermal violation counters). The timer reads both before and after the rounds of each
-group of competing cases; a row timed while either moved is flagged `throttled`.
+group of competing cases. A row is flagged `throttled` by the share of its own time held down
+(`THROTTLED_SHARE`): a chunk's violation time is spread over the chunk's GPU time, and each row
+takes the part that fell on its repetitions (`measure.timing`); a power cap reached now and then
+under FP32 load flags no row, one that held a row down for a tenth of its time does. The
+hardware's and the thermal slowdowns (`HARD_REASONS`) flag every row of the chunk they are seen
+at; the software power cap's bit alone does not (its counter measures it).
 
 `snapshot` is what env.json records of the GPU at the start and end of a run: SM and memory
 clocks (current, application, maximum), power limit (set and enforced) and draw, temperature,
@@ -27,6 +32,11 @@ from dataclasses import dataclass
 #: throttling a measurement.
 THROTTLE_REASONS = {0x4: "sw power cap", 0x8: "hw slowdown", 0x20: "sw thermal slowdown",
                     0x40: "hw thermal slowdown", 0x80: "hw power brake"}
+#: The reasons that flag a chunk's rows whatever their share: all but the software power cap,
+#: which the power violation counter measures by time.
+HARD_REASONS = {bit: name for bit, name in THROTTLE_REASONS.items() if bit != 0x4}
+#: The share of a row's own time held down (by a violation counter) that flags it.
+THROTTLED_SHARE = 0.1
 #: NVML_PERF_POLICY_POWER and NVML_PERF_POLICY_THERMAL: the violation counters read.
 _POLICIES = {"power": 0, "thermal": 1}
 _CLOCK_SM, _CLOCK_MEM, _TEMPERATURE_GPU = 1, 2, 0
@@ -139,6 +149,29 @@ def throttled(before: Sample | None, after: Sample | None) -> list[str]:
            and after.violations[k] > before.violations[k]]
     return why + [r for r in dict.fromkeys(reason_names(before.reasons)
                                            + reason_names(after.reasons)) if r not in why]
+
+
+def held_down_ms(before: Sample | None, after: Sample | None) -> dict[str, float]:
+    """Per violation counter (power, thermal) that grew between two samples, the ms it grew."""
+    if before is None or after is None:
+        return {}
+    return {k: (after.violations[k] - before.violations[k]) / 1e6 for k in _POLICIES
+            if None not in (before.violations.get(k), after.violations.get(k))
+            and after.violations[k] > before.violations[k]}
+
+
+def hard_reasons(before: Sample | None, after: Sample | None) -> list[str]:
+    """The `HARD_REASONS` active at either sample."""
+    bits = [s.reasons for s in (before, after) if s is not None]
+    return [name for bit, name in HARD_REASONS.items() if any(b and b & bit for b in bits)]
+
+
+def row_throttled(held_ms: dict[str, float], own_ms: float, reasons=()) -> list[str]:
+    """Why a row's clocks were held down: each counter's share of its own time `own_ms` that
+    reached `THROTTLED_SHARE`, then the hard reasons seen during its chunks; [] else."""
+    why = [f"{k} limit ({held / own_ms:.0%} of its time held down)"
+           for k, held in held_ms.items() if own_ms > 0 and held / own_ms >= THROTTLED_SHARE]
+    return why + [r for r in dict.fromkeys(reasons)]
 
 
 def snapshot() -> dict | None:

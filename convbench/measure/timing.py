@@ -34,8 +34,10 @@ may be timed but left out of the contender's time (`excluded`: the copy of a lib
   waits for the host between the first and the last event. The host's time to issue each call is
   kept (`Measurement.host_ms`) with the head start it had (`slack_ms`): a repetition whose host
   took longer than its head start may hold idle time (`Measurement.host_bound`), and the next
-  head start grows. Rounds are synchronised in chunks; NVML is read before and after each chunk
-  (`nvml.throttled`).
+  head start grows. Rounds are synchronised in chunks; NVML is read before and after each chunk,
+  and each contender is flagged by the share of its own time held down (`nvml.row_throttled`):
+  a chunk's violation time, spread over the chunk's GPU time from its first event to its last,
+  falls on each contender in proportion to its time in the chunk.
 """
 
 from __future__ import annotations
@@ -251,7 +253,8 @@ def rounds_cuda(contenders: Sequence[Contender], budget_s: float, *,
     reps: list[list[list[float]]] = [[] for _ in contenders]
     hosts: list[list[list[float]]] = [[] for _ in contenders]
     slacks: list[list[float]] = [[] for _ in contenders]
-    throttled: list[str] = []
+    held: list[dict[str, float]] = [{} for _ in contenders]  # ms held down, per counter
+    hard: list[list[str]] = [[] for _ in contenders]
     started, rounds, stop = clock(), 0, None
     before = gpu_probe()
     while stop is None:
@@ -273,21 +276,41 @@ def rounds_cuda(contenders: Sequence[Contender], budget_s: float, *,
                 pending.append((i, events, issued, slack[i]))
             rounds += 1
         pending[-1][1][-1].synchronize()
+        in_chunk = [0.0] * len(contenders)
         for i, events, issued, given in pending:
             reps[i].append([cupy.cuda.get_elapsed_time(a, b)
                             for a, b in itertools.pairwise(events)])
+            in_chunk[i] += _counted(contenders[i], reps[i][-1])
             hosts[i].append(issued)
             slacks[i].append(given)
             if sum(issued) > given:  # the GPU may have waited: a longer head start next time
                 slack[i] = min(MAX_SLACK_MS, SLACK_FACTOR * sum(issued))
         after = gpu_probe()
-        throttled += [r for r in nvml.throttled(before, after) if r not in throttled]
+        _attribute(nvml.held_down_ms(before, after), nvml.hard_reasons(before, after),
+                   cupy.cuda.get_elapsed_time(pending[0][1][0], pending[-1][1][-1]),
+                   in_chunk, held, hard)
         before = after
         stop = _stop(rounds, clock() - started, budget_s * len(contenders), max_reps,
                      [[_counted(c, r) for r in rs] for c, rs in zip(contenders, reps)], target,
                      min_reps)
-    return [_timed(c, r, stop, hosts=h, slacks=s, throttled=throttled)
-            for c, r, h, s in zip(contenders, reps, hosts, slacks)]
+    return [_timed(c, r, stop, hosts=h, slacks=s,
+                   throttled=nvml.row_throttled(held[i], sum(_counted(c, x) for x in r), hard[i]))
+            for i, (c, r, h, s) in enumerate(zip(contenders, reps, hosts, slacks))]
+
+
+def _attribute(held_ms: dict[str, float], reasons: list[str], span_ms: float,
+               in_chunk: list[float], held: list[dict[str, float]],
+               hard: list[list[str]]) -> None:
+    """Spread a chunk's held-down ms (per counter) over its GPU time `span_ms`: contender i,
+    `in_chunk[i]` ms of it, takes that share (at most all of its time); the chunk's hard
+    reasons go to every contender that ran in it."""
+    for i, own in enumerate(in_chunk):
+        if own <= 0:
+            continue
+        for k, ms in held_ms.items():
+            fraction = min(1.0, ms / span_ms) if span_ms > 0 else 1.0
+            held[i][k] = held[i].get(k, 0.0) + fraction * own
+        hard[i] += [r for r in reasons if r not in hard[i]]
 
 
 def time_cuda(fn: Fn, budget_s: float, max_reps: int = MAX_REPS_GPU,
