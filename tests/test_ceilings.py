@@ -10,6 +10,9 @@ import time
 import pytest
 
 from convbench.measure import ceilings as C
+from convbench.measure import ceilings_cpu as cpu
+from convbench.measure import ceilings_gpu as gpu
+from convbench.measure import roofline
 
 # the real `measure` (every other test module gets conftest's fake)
 pytestmark = pytest.mark.usefixtures("real_ceilings")
@@ -48,36 +51,37 @@ flags		: fpu sse sse2 avx fma avx2
 
 
 def test_peak_intel_avx512_reads_lanes_units_and_the_cpuinfo_clock():
-    gflops, method = C.cpu_peak(XEON_SPR, cores=2)
+    gflops, method = cpu.cpu_peak(XEON_SPR, cores=2)
     assert gflops == pytest.approx(2 * 16 * 2 * 2 * 2000 / 1e3)
     assert "AVX-512" in method and "cpu MHz" in method and "assumed" in method
 
 
 def test_peak_zen5_full_width_and_zen4_double_pumped():
-    gflops, method = C.cpu_peak(ZEN5, cores=4)
+    gflops, method = cpu.cpu_peak(ZEN5, cores=4)
     assert gflops == pytest.approx(4 * 16 * 2 * 2 * 2700 / 1e3)
     assert "Zen 5" in method
-    zen4, method4 = C.cpu_peak(ZEN4, cores=4)
+    zen4, method4 = cpu.cpu_peak(ZEN4, cores=4)
     assert zen4 == pytest.approx(gflops / 2) and "Zen 4" in method4
 
 
 def test_peak_avx2_only_prefers_the_cpufreq_maximum():
-    gflops, method = C.cpu_peak(AVX2_ONLY, cores=6, max_freq_khz=4_600_000)
+    gflops, method = cpu.cpu_peak(AVX2_ONLY, cores=6, max_freq_khz=4_600_000)
     assert gflops == pytest.approx(6 * 8 * 2 * 2 * 4600 / 1e3)
     assert "AVX/AVX2" in method and "cpuinfo_max_freq" in method
 
 
 def test_peak_unknown_without_x86_flags_or_a_clock():
-    assert C.cpu_peak("processor : 0\nFeatures : fp asimd\n", cores=4)[0] is None
-    assert C.cpu_peak(AVX2_ONLY.replace("cpu MHz		: 3200.000\n", ""), cores=1)[0] is None
+    assert cpu.cpu_peak("processor : 0\nFeatures : fp asimd\n", cores=4)[0] is None
+    assert cpu.cpu_peak(AVX2_ONLY.replace("cpu MHz		: 3200.000\n", ""), cores=1)[0] is None
 
 
 def test_openblas_fell_back_to_avx2_on_an_avx512_cpu():
-    flags = set(C.parse_cpuinfo(XEON_SPR)["flags"].split())
-    assert C.faster_coretype("Haswell", flags) == "Cooperlake"
-    assert C.faster_coretype("SkylakeX", flags) is None
-    assert C.faster_coretype("Haswell", set(C.parse_cpuinfo(AVX2_ONLY)["flags"].split())) is None
-    assert C.coretype_candidates(flags) == ["Haswell", "SkylakeX", "Cooperlake", "SapphireRapids"]
+    flags = set(cpu.parse_cpuinfo(XEON_SPR)["flags"].split())
+    assert cpu.faster_coretype("Haswell", flags) == "Cooperlake"
+    assert cpu.faster_coretype("SkylakeX", flags) is None
+    avx2 = set(cpu.parse_cpuinfo(AVX2_ONLY)["flags"].split())
+    assert cpu.faster_coretype("Haswell", avx2) is None
+    assert cpu.coretype_candidates(flags) == ["Haswell", "SkylakeX", "Cooperlake", "SapphireRapids"]
 
 
 def test_cache_sizes_from_sysfs(tmp_path):
@@ -87,11 +91,11 @@ def test_cache_sizes_from_sysfs(tmp_path):
         d.mkdir()
         for name, value in (("level", level), ("type", kind), ("size", size)):
             (d / name).write_text(f"{value}\n")
-    assert C.cache_sizes(tmp_path) == {1: 48 << 10, 2: 2 << 20, 3: 480 << 20}
+    assert cpu.cache_sizes(tmp_path) == {1: 48 << 10, 2: 2 << 20, 3: 480 << 20}
 
 
 # --- the GPU on fakes --------------------------------------------------------------------------
-H100 = C.GpuInfo("Fake H100", sm_count=132, compute_capability="90", l2_bytes=50 << 20,
+H100 = gpu.GpuInfo("Fake H100", sm_count=132, compute_capability="90", l2_bytes=50 << 20,
                  max_clock_mhz=1980.0)
 
 
@@ -102,7 +106,7 @@ def test_gpu_rates_peak_and_bandwidth_from_fake_timers():
         seen.append(p)
         return p.flops / 50e12
 
-    c = C.measure_gpu(2, gemm_timers={"cupy": cublas}, copy_timer=lambda n, reps: 2 * n / 3e12,
+    c = gpu.measure_gpu(2, gemm_timers={"cupy": cublas}, copy_timer=lambda n, reps: 2 * n / 3e12,
                       clock=lambda: 1755, info=H100)
     assert [p.name for p in seen] == ["square", "im2col", "winograd"]
     assert c.gflops_attainable == pytest.approx(50e3) and c.gemm_backend == "cupy"
@@ -124,13 +128,13 @@ def test_gpu_clock_is_the_one_sampled_while_the_products_ran():
         running.clear()
         return p.flops / 40e12
 
-    c = C.measure_gpu(gemm_timers={"torch": cublas}, copy_timer=lambda n, reps: n / 1e12,
+    c = gpu.measure_gpu(gemm_timers={"torch": cublas}, copy_timer=lambda n, reps: n / 1e12,
                       clock=lambda: 1980 if running.is_set() else 345, info=H100)
     assert c.clock_mhz == 1980
 
 
 def test_gpu_without_nvml_falls_back_to_the_maximum_clock():
-    c = C.measure_gpu(gemm_timers={"cupy": lambda p, reps: p.flops / 1e12},
+    c = gpu.measure_gpu(gemm_timers={"cupy": lambda p, reps: p.flops / 1e12},
                       copy_timer=lambda n, reps: n / 1e12, clock=lambda: None, info=H100)
     assert c.clock_mhz is None
     assert c.gflops_peak_theoretical == pytest.approx(132 * 128 * 2 * 1980 / 1e3)
@@ -139,10 +143,10 @@ def test_gpu_without_nvml_falls_back_to_the_maximum_clock():
 
 @pytest.mark.gpu
 def test_gpu_measured_for_real():
-    c = C.measure_gpu(scale=0.25)
+    c = gpu.measure_gpu(scale=0.25)
     assert c.gflops_attainable > 0 and c.bandwidth_gbs_dram > 0
     peak = c.gflops_peak_theoretical
-    assert peak is None or c.gflops_attainable < C.MARGIN * peak
+    assert peak is None or c.gflops_attainable < roofline.MARGIN * peak
 
 
 # --- the record and its cache ------------------------------------------------------------------
@@ -227,31 +231,31 @@ def test_cache_folder_follows_xdg_without_the_override(monkeypatch, tmp_path):
 # --- reading rows against them -----------------------------------------------------------------
 def test_guard_catches_a_planted_too_fast_row_and_passes_a_plausible_one():
     c = fake_ceilings(gflops=100.0, peak=150.0)  # roof: 150
-    assert C.implausible(120.0, 1.0, c) is None
-    assert C.implausible(150 * 1.25 * 0.99, None, c) is None
-    reason = C.implausible(10 * 150.0, 1.0, c)  # a GEMM row 10x above the peak: no sync
+    assert roofline.implausible(120.0, 1.0, c) is None
+    assert roofline.implausible(150 * 1.25 * 0.99, None, c) is None
+    reason = roofline.implausible(10 * 150.0, 1.0, c)  # a GEMM row 10x above the peak: no sync
     assert reason and "synchronisation" in reason and "Fake CPU" in reason
     # Winograd F(4x4, 3x3) does 4x fewer multiplications: 4x the roof in direct flops is fine
-    assert C.implausible(500.0, 4.0, c) is None
-    assert C.implausible(800.0, 4.0, c) is not None
-    assert C.implausible(float("inf"), 1.0, c) is not None
-    assert C.implausible(float("nan"), 1.0, c) is None
+    assert roofline.implausible(500.0, 4.0, c) is None
+    assert roofline.implausible(800.0, 4.0, c) is not None
+    assert roofline.implausible(float("inf"), 1.0, c) is not None
+    assert roofline.implausible(float("nan"), 1.0, c) is None
     with pytest.raises(ValueError):
-        C.implausible(1.0, 0.0, c)
+        roofline.implausible(1.0, 0.0, c)
 
 
 def test_roofline_point_and_bound():
     c = fake_ceilings(gflops=100.0)  # ridge at 100 / 10 = 10 flop/byte
-    low = C.roofline_point(flops=2e9, nbytes=1e9, seconds=0.2)  # 2 flop/byte, 10 GFLOP/s
+    low = roofline.roofline_point(flops=2e9, nbytes=1e9, seconds=0.2)  # 2 flop/byte, 10 GFLOP/s
     assert (low.intensity, low.gflops) == pytest.approx((2.0, 10.0))
-    b = C.bound(low, c)
+    b = roofline.bound(low, c)
     assert (b.kind, b.roof_gflops, b.share, b.ridge) == ("memory", pytest.approx(20.0),
                                                          pytest.approx(0.5), pytest.approx(10.0))
-    high = C.bound(C.roofline_point(1e11, 1e9, 2.0), c)  # 100 flop/byte, 50 GFLOP/s
+    high = roofline.bound(roofline.roofline_point(1e11, 1e9, 2.0), c)  # 100 flop/byte, 50 GFLOP/s
     assert (high.kind, high.share) == ("compute", pytest.approx(0.5))
-    assert C.bound(low, c, level="cache").kind == "compute"
+    assert roofline.bound(low, c, level="cache").kind == "compute"
     with pytest.raises(ValueError):
-        C.roofline_point(1.0, 0, 1.0)
+        roofline.roofline_point(1.0, 0, 1.0)
 
 
 def test_fastest_gemm_per_shape():
@@ -264,7 +268,7 @@ def test_fastest_gemm_per_shape():
 
 # --- this machine, small -----------------------------------------------------------------------
 def test_a_real_small_cpu_measurement_gives_positive_rates():
-    c = C.measure_cpu(1, scale=1 / 16, reps=2)
+    c = cpu.measure_cpu(1, scale=1 / 16, reps=2)
     assert c.device == "cpu" and c.threads == 1
     assert c.gflops_attainable > 0 and c.bandwidth_gbs_dram > 0
     assert all(g > 0 for by in c.gflops_by_backend.values() for g in by.values())
@@ -279,7 +283,7 @@ def test_a_real_small_cpu_measurement_gives_positive_rates():
 def test_probe_of_the_current_openblas_coretype_takes():
     """Only the core type OpenBLAS already runs is probed: a test never puts this machine's
     OpenBLAS on another (a machine may pin OPENBLAS_CORETYPE because another crashes)."""
-    current = C.numpy_blas().get("architecture")
+    current = cpu.numpy_blas().get("architecture")
     if not current:
         pytest.skip("NumPy's BLAS reports no core type (not OpenBLAS, or no threadpoolctl)")
     probe = C.probe_openblas_coretype([current], threads=1, n=128, reps=1)
