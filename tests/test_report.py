@@ -6,6 +6,8 @@ import pytest
 
 from convbench.algos.phases import phase_names
 from convbench.analysis import report
+from convbench.analysis.report import plots, prose, tables
+from convbench.analysis.report import roof as roofs
 from convbench.catalogs.layers import net_layers
 from convbench.core import results
 from convbench.core.measurement import Measurement
@@ -37,7 +39,7 @@ TIMES = {("gemm", "conv3"): SLOW, ("winograd-2x2", "conv3"): FAST, ("torch-cpu",
 
 def test_time_table_marks_the_best_per_column():
     df = results.frame(rows(TIMES))
-    table = report.time_table(df[df["pass"] == "fwd"])
+    table = tables.time_table(df[df["pass"] == "fwd"])
     assert list(table.index) == ["gemm", "winograd-2x2", "torch-cpu"]
     assert list(table.columns) == ["conv3", "conv4"]
     assert table.loc["winograd-2x2", "conv3"] == "1.01" + report.BEST
@@ -54,12 +56,12 @@ def test_host_bound_gpu_times_are_marked_and_listed():
     bound = Measurement((0.02, 0.02, 0.02), host_ms=(0.05, 0.05, 0.05))
     fine = Measurement((1.0, 1.01, 1.02), host_ms=(0.05, 0.05, 0.05))
     df = results.frame(rows({("gemm", "conv3"): bound, ("gemm", "conv4"): fine}))
-    table = report.time_table(df[df["pass"] == "fwd"])
+    table = tables.time_table(df[df["pass"] == "fwd"])
     assert table.loc["gemm", "conv3"] == report.HOST_BOUND + "0.02" + report.BEST
     assert table.loc["gemm", "conv4"] == "1.01" + report.BEST
     text = report.markdown(df, {})
     assert "## Host-bound measurements" in text and "`!` a time the host may have set" in text
-    assert list(report.host_bound_table(df).index.get_level_values("layer")) == ["conv3"] * 2
+    assert list(tables.host_bound_table(df).index.get_level_values("layer")) == ["conv3"] * 2
     plain = report.markdown(results.frame(rows(TIMES)), {})
     assert "Host-bound" not in plain and "`!`" not in plain
 
@@ -80,7 +82,7 @@ def test_markdown_has_every_section():
 
 def test_op_table_counts_gflop():
     df = results.frame(rows(TIMES))
-    table = report.op_table(df)
+    table = tables.op_table(df)
     conv3 = LAYERS[0].problem
     assert table.loc[("gemm", "fwd"), "conv3"] == f"{conv3.flops / 1e9:.4g}"
     assert table.loc[("torch-cpu", "fwd"), "conv3"] == "n/a"
@@ -125,7 +127,7 @@ def test_plots_are_skipped_without_matplotlib(tmp_path, monkeypatch):
 
 def test_where_names_whole_layers_alone():
     cases = [("conv1", p, layout) for p in ("fwd", "bwd_data") for layout in ("nchw", "nhwc")]
-    assert report.where(cases + [("conv2", "fwd", "nhwc")], per_layer=4) == \
+    assert tables.where(cases + [("conv2", "fwd", "nhwc")], per_layer=4) == \
         "conv1; conv2 fwd nhwc"
 
 
@@ -156,7 +158,7 @@ def synthetic_errors(ratio_4x4) -> dict:
 def test_accuracy_table_is_per_layer_pass_and_algo_worst_layout():
     errors = synthetic_errors(lambda layer, pass_, layout: 4.0 if layout == "nhwc" else 6.0)
     errors[("gemm", "conv4", "bwd_filter", "nhwc")] = 3e-8
-    table = report.error_table(results.frame(error_rows(errors)))
+    table = tables.error_table(results.frame(error_rows(errors)))
     assert list(table.columns) == ["conv3", "conv4"]
     assert list(table.index) == [(a, p) for a in ("gemm", "winograd-2x2", "winograd-4x4")
                                  for p in ("fwd", "bwd_filter")]
@@ -169,9 +171,9 @@ def test_winograd_4x4_over_2x2_error_ratio_from_the_data():
     ratios = {("conv3", "fwd"): 2.0, ("conv3", "bwd_filter"): 4.0, ("conv4", "fwd"): 8.0,
               ("conv4", "bwd_filter"): 16.0}
     df = results.frame(error_rows(synthetic_errors(lambda l, p, _: ratios[(l, p)])))
-    got = report.error_ratios(df, "winograd-4x4", "winograd-2x2")
+    got = tables.error_ratios(df, "winograd-4x4", "winograd-2x2")
     assert len(got) == 8 and sorted(got) == pytest.approx(sorted(list(ratios.values()) * 2))
-    line = report.error_ratio_line(df, "winograd-4x4", "winograd-2x2")
+    line = prose.error_ratio_line(df, "winograd-4x4", "winograd-2x2")
     assert line == ("winograd-4x4 / winograd-2x2 error ratio: median 6× (min 2×, max 16×) over "
                     "8 (layer, pass, layout) cases; winograd-4x4's error is the larger in 8 of "
                     "8.")
@@ -181,14 +183,14 @@ def test_winograd_4x4_over_2x2_error_ratio_from_the_data():
 
 def test_the_ratio_line_says_so_when_4x4_is_not_worse():
     df = results.frame(error_rows(synthetic_errors(lambda layer, p, l: 0.5)))
-    assert report.error_ratio_line(df, "winograd-4x4", "winograd-2x2").endswith(
+    assert prose.error_ratio_line(df, "winograd-4x4", "winograd-2x2").endswith(
         "median 0.5× (min 0.5×, max 0.5×) over 8 (layer, pass, layout) cases; winograd-4x4's "
         "error is the larger in 0 of 8.")
 
 
 def test_no_ratio_line_without_both_algorithms():
     df = results.frame(rows(TIMES))  # winograd-2x2 only
-    assert report.error_ratio_line(df, "winograd-4x4", "winograd-2x2") is None
+    assert prose.error_ratio_line(df, "winograd-4x4", "winograd-2x2") is None
     assert "error ratio" not in report.markdown(df, {})
 
 
@@ -221,10 +223,10 @@ PHASES = {("fft", "conv3"): (3.0, 1.0, 2.0, 4.0), ("fft", "conv4"): (1.0, 1.0, 6
 
 def test_phase_table_shares_and_dominant():
     df = results.frame(phase_rows(PHASES))
-    phased = report.phase_frame(df)
+    phased = tables.phase_frame(df)
     assert set(phased["algo"]) == {"fft", "winograd-2x2"}  # gemm has no phases
     fft_fwd = phased[(phased["algo"] == "fft") & (phased["pass"] == "fwd")]
-    table = report.phase_table(fft_fwd)
+    table = tables.phase_table(fft_fwd)
     assert list(table.columns) == ["transform x", "transform w", "product", "inverse y",
                                    "phases ms", "pass ms", "dominant"]
     assert list(table.loc[("conv3", "nchw")]) == ["3 (30%)", "1 (10%)", "2 (20%)", "4 (40%)",
@@ -257,7 +259,7 @@ def test_fused_phases_show_the_fused_kernels_share():
             rows.append(runner.row(case, "ok", check=verify.Check(True, 1e-7, 1e-6, 1e-4),
                                    m=Measurement((sum(ms),)), phases=named))
     df = results.frame(rows)
-    table = report.phase_table(report.phase_frame(df))
+    table = tables.phase_table(tables.phase_frame(df))
     assert list(table.columns) == ["transform w", "fused", "phases ms", "pass ms", "dominant"]
     assert table.loc[("conv3", "nchw"), "dominant"] == "fused 75%"
     assert table.loc[("conv4", "nchw"), "dominant"] == "fused 90%"
@@ -293,13 +295,13 @@ def test_the_phase_plot_marks_a_busy_row(tmp_path, monkeypatch):
     df["contended"] = df["contended"].astype(object)
     df.loc[busy, "contended"] = True
     figures = []
-    monkeypatch.setattr(report, "save_figure", lambda fig, path, legend=True: figures.append(fig))
-    assert report._phase_plot(plt, df, tmp_path) == ["phases.png"]
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path, legend=True: figures.append(fig))
+    assert plots.phase_plot(plt, df, tmp_path) == ["phases.png"]
     ax = figures[0].axes[0]  # fft, fwd: conv3 (busy), then conv4
     assert ax.get_title() == "fft, fwd"
     assert [c.patches[0].get_hatch() for c in ax.containers[:4]] == ["///"] * 4
     assert [c.patches[1].get_hatch() for c in ax.containers[:4]] == [None] * 4
-    assert report.BUSY_BAR[1] in ax.get_legend_handles_labels()[1]
+    assert plots.BUSY_BAR[1] in ax.get_legend_handles_labels()[1]
     plt.close(figures[0])
 
 
@@ -320,13 +322,13 @@ def test_network_cost_weighs_each_problem_by_its_occurrences():
     torch-cpu lack conv4, so they have no network total."""
     df = results.frame(rows(TIMES))
     occurrences = {"conv3": 1, "conv4": 3}
-    cost = report.cost_table(df, occurrences)
+    cost = tables.cost_table(df, occurrences)
     assert list(cost.index) == ["conv4", "conv3"]
     assert list(cost["occurrences"]) == [3, 1]
     assert cost.loc["conv4", "fwd"] == "1.01 gemm nchw"
     assert cost.loc["conv3", "bwd_data"] == "1.01 winograd-2x2 nchw"
     assert list(cost["network ms"]) == ["6.06", "2.02"] and list(cost["share"]) == ["75%", "25%"]
-    totals = report.choice_totals(df, occurrences)
+    totals = tables.choice_totals(df, occurrences)
     assert totals.loc["fastest per layer and pass", "network ms"] == "8.08"
     assert totals.loc["gemm", "network ms"] == "12.26"  # 2 x 3.1 + 6 x 1.01
     assert totals.loc["gemm", "covers"] == "4 of 4"
@@ -349,14 +351,14 @@ def test_the_busy_table_says_how_much_the_hypervisor_stole():
     stolen = Measurement(FAST.times_ms, cpu_share=(1.0,) * 7, stolen=0.5)  # contended
     quiet = Measurement(SLOW.times_ms, cpu_share=(1.0,) * 7, stolen=0.02)
     df = results.frame(rows({("gemm", "conv3"): stolen, ("torch-cpu", "conv3"): quiet}))
-    busy = report.busy_table(df)
+    busy = tables.busy_table(df)
     assert list(busy.columns) == ["median ms", "cpu share", "stolen", "throttled",
                                   "flagged by"]
     assert busy.loc[("conv3", "gemm", "fwd", "nchw"), ["cpu share", "stolen"]].tolist() == \
         ["1.00", "0.50"]
     assert "torch-cpu" not in busy.index.get_level_values("algo")
     # a results file from before the column: the table still has it, empty
-    older = report.busy_table(df.drop(columns="stolen"))
+    older = tables.busy_table(df.drop(columns="stolen"))
     assert len(older) == 2 and older["stolen"].tolist() == ["", ""]
     text = report.markdown(df, {}, [])
     busy_section = text.split("## Busy machine")[1]
@@ -373,22 +375,22 @@ def test_which_wins_lists_every_pair_a_busy_one_not_decided():
     out of "Which wins" unsaid; it is listed, not decided, and so is one where nothing ran."""
     df = results.frame(rows({("gemm", "conv3"): SHARED, ("winograd-2x2", "conv3"): SHARED,
                              ("gemm", "conv4"): "failed"}))
-    table = report.winner_table(df)
+    table = tables.winner_table(df)
     assert list(table.index) == [(la, p) for la in ("conv3", "conv4")
                                  for p in ("fwd", "bwd_data")]
-    assert table.loc[("conv3", "fwd"), "verdict"] == report.UNDECIDED_BUSY
+    assert table.loc[("conv3", "fwd"), "verdict"] == tables.UNDECIDED_BUSY
     assert table.loc[("conv3", "fwd"), "fastest"] == ""
-    assert table.loc[("conv4", "fwd"), "verdict"] == report.UNDECIDED_NONE
+    assert table.loc[("conv4", "fwd"), "verdict"] == tables.UNDECIDED_NONE
     assert table.loc[("conv4", "fwd"), "did not run"] == "gemm failed; winograd-2x2, " \
         "torch-cpu unsupported"
     # beside a fair time, the busy ones still compete for nothing
     df = results.frame(rows({("gemm", "conv3"): SHARED, ("winograd-2x2", "conv3"): SLOW}))
-    table = report.winner_table(df)
+    table = tables.winner_table(df)
     assert table.loc[("conv3", "fwd"), "fastest"] == "winograd-2x2 nchw"
     assert table.loc[("conv3", "fwd"), "verdict"] == \
         "only candidate; not competing (busy machine): gemm nchw"
-    assert table.loc[("conv4", "fwd"), "verdict"] == report.UNDECIDED_NONE
-    assert report.UNDECIDED_NONE in report.markdown(df, {}).split("## Which wins")[1]
+    assert table.loc[("conv4", "fwd"), "verdict"] == tables.UNDECIDED_NONE
+    assert tables.UNDECIDED_NONE in report.markdown(df, {}).split("## Which wins")[1]
 
 
 def test_the_busy_table_says_which_rule_flagged_each_row():
@@ -400,14 +402,14 @@ def test_the_busy_table_says_which_rule_flagged_each_row():
     assert quartile.contended and quartile.share == 1.0
     df = results.frame(rows({("gemm", "conv3"): SHARED, ("winograd-2x2", "conv3"): stolen,
                              ("torch-cpu", "conv3"): quartile}))
-    flagged = report.busy_table(df).xs("fwd", level="pass")["flagged by"]
+    flagged = tables.busy_table(df).xs("fwd", level="pass")["flagged by"]
     assert flagged["conv3", "gemm", "nchw"] == "cores shared (share 0.50)"
     assert flagged["conv3", "winograd-2x2", "nchw"] == \
         "stolen 20% (share 0.95 x 0.80 left = 0.76)"
     assert flagged["conv3", "torch-cpu", "nchw"].startswith(
         "a quarter of its repetitions or more ran on a busy machine")
     gpu = df.assign(contended=False, throttled="power cap")
-    assert set(report.busy_table(gpu)["flagged by"]) == {"GPU clocks held down (power cap)"}
+    assert set(tables.busy_table(gpu)["flagged by"]) == {"GPU clocks held down (power cap)"}
     section = report.markdown(df, {}).split("## Busy machine")[1]
     assert "flagged by" in section and "cores shared (share 0.50)" in section
 
@@ -420,13 +422,13 @@ def test_bar_plots_mark_busy_and_noisy_times():
                              ("torch-cpu", "conv3"): FAST}))
     ok = df[(df["pass"] == "fwd") & (df["status"] == "ok")]
     fig, ax = plt.subplots()
-    report._bars(ax, ok, "median_ms", ["gemm", "winograd-2x2", "torch-cpu"], ["conv3"])
-    report._mark_legend(ax, ok)
+    plots.bar_groups(ax, ok, "median_ms", ["gemm", "winograd-2x2", "torch-cpu"], ["conv3"])
+    plots.mark_legend(ax, ok)
     bars = ax.patches[:3]
     assert [b.get_hatch() for b in bars] == ["///", None, None]
     assert [b.get_alpha() for b in bars] == [None, 0.4, None]
     labels = ax.get_legend_handles_labels()[1]
-    assert labels[3:] == [report.BUSY_BAR[1], report.NOISY_BAR[1]]
+    assert labels[3:] == [plots.BUSY_BAR[1], plots.NOISY_BAR[1]]
     plt.close(fig)
 
 
@@ -473,7 +475,7 @@ def test_each_row_s_share_of_the_ceiling_in_direct_flops_and_own_ops_and_its_bou
     df = results.frame(rows(TIMES))
     env = ceilings_env()
     c = ceilings.from_env(env)
-    roof = report.roof_frame(df, c).set_index(["layer", "pass", "algo"])
+    roof = roofs.roof_frame(df, c).set_index(["layer", "pass", "algo"])
     assert len(roof) == 8  # every ok fp32 row
     wino = roof.loc[("conv3", "fwd", "winograd-2x2")]
     conv3 = LAYERS[0].problem
@@ -488,8 +490,8 @@ def test_each_row_s_share_of_the_ceiling_in_direct_flops_and_own_ops_and_its_bou
     assert (wino["bound"], wino["roof_share"]) == (b.kind, pytest.approx(b.share))
     torch_cpu = roof.loc[("conv3", "fwd", "torch-cpu")]  # a library's choice: no own count
     assert not torch_cpu["own_counted"]
-    table = report.roof_table(report.roof_frame(df, c))
-    assert list(table.columns) == list(report.ROOF_COLUMNS)
+    table = roofs.roof_table(roofs.roof_frame(df, c))
+    assert list(table.columns) == list(roofs.ROOF_COLUMNS)
     assert {"% of ceiling (direct flops)", "% of ceiling (own ops)"} <= set(table.columns)
     assert table.loc[("conv3", "fwd", "torch-cpu", "nchw"), "% of ceiling (own ops)"] == ""
     text = report.markdown(df, env)
@@ -500,7 +502,7 @@ def test_each_row_s_share_of_the_ceiling_in_direct_flops_and_own_ops_and_its_bou
 
 
 def test_a_large_run_lists_each_algorithm_s_row_nearest_its_roof(monkeypatch):
-    monkeypatch.setattr(report, "ROOF_MAX_ROWS", 3)
+    monkeypatch.setattr(prose, "ROOF_MAX_ROWS", 3)
     text = report.markdown(results.frame(rows(TIMES)), ceilings_env())
     section = text.split("## How far from the roof")[1].split("\n## ")[0]
     assert "8 rows: each (algo, pass, layout)'s row nearest the ceiling" in section
@@ -517,7 +519,7 @@ def test_a_run_without_ceilings_says_they_were_not_measured(tmp_path):
     failed = report.markdown(df, {"run": {}, "ceilings": None,
                                   "ceilings_note": "not measured: ImportError: no cupy"})
     assert "- ceilings: not measured for this run (not measured: ImportError: no cupy)" in failed
-    if report.pyplot() is not None:
+    if plots.pyplot() is not None:
         assert "roofline.png" not in report.plot(df, tmp_path, {"run": {}})
 
 

@@ -1,7 +1,8 @@
 """A batch sweep's report: the studies' batch-size figures. Per pass and layout, rows are
 (layer, algo) and columns batch sizes, with the time per image, the peak memory, and where each
 series ran out of memory; plotted per layer against the batch size. It reads the results table
-only, as `report` does, and shares its header and notes.
+only, as `report` does, and shares its header and notes; `report.write` picks it for a run
+folder whose results are one.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import pandas as pd
 
 from ..core.fmt import NO_MATPLOTLIB, fmt_mib, fmt_ms, md_table, pyplot, save_figure
 from ..measure import memory
-from .report import BEST, _algos, _header, _layers, _methods, _order, not_measured
+from .report.cells import BEST, algo_order, layer_order, order
+from .report.prose import header, memory_methods
+from .report.tables import not_measured
 
 
 def is_batch_sweep(df: pd.DataFrame) -> bool:
@@ -25,7 +28,7 @@ def _per_batch(df: pd.DataFrame, cell) -> pd.DataFrame:
     layout and precision; blank where a batch was not tried."""
     batches = sorted(int(n) for n in df["n"].unique())
     index = pd.MultiIndex.from_tuples(
-        [(layer, a) for layer in _layers(df) for a in _algos(df[df["layer"] == layer])],
+        [(layer, a) for layer in layer_order(df) for a in algo_order(df[df["layer"] == layer])],
         names=["layer", "algo"])
     out = pd.DataFrame("", index=index, columns=batches)
     for _, r in df.iterrows():
@@ -54,10 +57,10 @@ def oom_table(df: pd.DataFrame) -> pd.DataFrame:
     keys = ["layer", "algo", "pass", "layout", "precision"]
     oom = df[df["status"] == "oom"].sort_values("n", kind="stable").drop_duplicates(keys)
     fitted = df[df["status"] == "ok"].groupby(keys)["n"].max()
-    order = {k: {v: i for i, v in enumerate(vs)} for k, vs in
-             (("layer", _layers(df)), ("algo", _algos(df)), ("pass", _order(df["pass"])))}
+    places = {k: {v: i for i, v in enumerate(vs)} for k, vs in
+             (("layer", layer_order(df)), ("algo", algo_order(df)), ("pass", order(df["pass"])))}
     oom = oom.sort_values(["layer", "algo", "pass"], kind="stable",
-                          key=lambda col: col.map(order[col.name]))
+                          key=lambda col: col.map(places[col.name]))
     rows = [{**{k: r[k] for k in keys}, "oom at batch": int(r["n"]),
              "largest that ran": fitted.get(tuple(r[k] for k in keys), ""),
              "reason": r["reason"]} for _, r in oom.iterrows()]
@@ -68,7 +71,7 @@ def oom_table(df: pd.DataFrame) -> pd.DataFrame:
 def sweep_markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = ()) -> str:
     """report.md of a batch sweep: time per image and peak memory against batch size per pass
     and layout, where each series ran out of memory, what else was not measured, plots."""
-    out = _header(df, env)
+    out = header(df, env)
     groups = list(df.groupby(["precision", "pass", "layout"], sort=False))
     out += ["## Time per image", "",
             (f"Median ms per image (time of the batch / batch size); `{BEST.strip()}` marks the "
@@ -78,7 +81,7 @@ def sweep_markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = ()) -> 
         out += [f"### {pass_}, {layout}, {precision}", "", md_table(per_image_table(rows)), ""]
     out += ["## Peak memory", "",
             "MiB allocated beyond inputs and output while the pass ran (measured):",
-            *_methods(df), ""]
+            *memory_methods(df), ""]
     limit = env.get("run", {}).get("memory_limit_bytes")
     if limit:
         out += [f"Memory limit: {memory.format_size(limit)} per case, operands included.", ""]
@@ -103,14 +106,14 @@ def sweep_plot(df: pd.DataFrame, folder: str | Path) -> list[str] | str:
     if plt is None:
         return NO_MATPLOTLIB
     folder, names = Path(folder), []
-    styles = dict(zip(_order(df["layout"], ("nchw", "nhwc")), ("-", "--")))
+    styles = dict(zip(order(df["layout"], ("nchw", "nhwc")), ("-", "--")))
     for layer, rows in df.groupby("layer", sort=False):
-        passes = _order(rows["pass"])
+        passes = order(rows["pass"])
         fig, axes = plt.subplots(len(passes), 2, figsize=(11, 3.2 * len(passes) + 0.5),
                                  squeeze=False, layout="constrained")
         for (time_ax, mem_ax), pass_ in zip(axes, passes):
             sub = rows[rows["pass"] == pass_]
-            for i, algo in enumerate(_algos(sub)):
+            for i, algo in enumerate(algo_order(sub)):
                 color = f"C{i}"
                 for layout, style in styles.items():
                     series = sub[(sub["algo"] == algo) & (sub["layout"] == layout)]

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from .. import runs
-from ..analysis import compare
+from ..analysis import compare, report
 from ..core import results
 from .common import EXIT_FAULT, FORMATS, UsageError, emit, percent, usage_errors
 
@@ -22,7 +21,7 @@ def cmd_report(args) -> int:
     if args.baseline and args.baseline not in set(df["algo"]):
         raise UsageError(f"--baseline {args.baseline} was not measured in {args.run}; "
                          f"measured: {', '.join(dict.fromkeys(df['algo']))}")
-    emit(df, args.format, runs.write_report(args.run, df, env, args.baseline))
+    emit(df, args.format, report.write(args.run, df, env, args.baseline))
     return 0
 
 

@@ -1,0 +1,54 @@
+"""A run folder's results -> what people read: report.md and its plots (the CSV and JSON forms
+are `results`'s; two runs side by side are `compare`'s; a run of many problems adds `speedup`'s
+sorted speed-ups over a baseline).
+
+The report reads the results table (`results.frame` of a run's rows) and env.json only, so a
+run folder can be re-rendered any time (`convbench report RUN`), and it chooses its own form:
+a batch sweep (several batch sizes of a layer) reads as `sweepreport`'s batch-size figures,
+every other run as the run report. `write` is the one entry point that renders a run folder.
+
+The run report's parts: `tables` and `roof` (DataFrames, pure functions of the frame), `prose`
+(report.md's text around them, in reading order), `plots` (the figures), `cells` (the marks
+and orders they share). The names below are what callers use.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from .. import sweepreport
+from .cells import BEST, BUSY, HOST_BOUND, NOISY, TIED
+from .plots import plot
+from .prose import REPORT_MD, ceilings_lines, layer_table, markdown, speedup_section
+from .tables import (
+    UNDECIDED_BUSY,
+    UNDECIDED_NONE,
+    busy_table,
+    choice_totals,
+    cost_table,
+    not_measured,
+    time_table,
+    where,
+    winner_table,
+)
+
+__all__ = ["BEST", "BUSY", "HOST_BOUND", "NOISY", "REPORT_MD", "TIED", "UNDECIDED_BUSY",
+           "UNDECIDED_NONE", "busy_table", "ceilings_lines", "choice_totals", "cost_table",
+           "layer_table", "markdown", "not_measured", "plot", "speedup_section", "time_table",
+           "where", "winner_table", "write"]
+
+
+def write(folder: str | Path, df: pd.DataFrame, env: dict, baseline: str | None = None) -> str:
+    """Render report.md and its plots into a run folder, in the form its results call for (a
+    batch sweep's own report, `sweepreport`, when they are one); returns the markdown.
+    `baseline`: the algorithm the speed-ups of a run of many problems are over (default
+    `speedup.default_baseline`)."""
+    folder = Path(folder)
+    if sweepreport.is_batch_sweep(df):
+        text = sweepreport.sweep_markdown(df, env, sweepreport.sweep_plot(df, folder))
+    else:
+        text = markdown(df, env, plot(df, folder, env, baseline), baseline)
+    (folder / REPORT_MD).write_text(text)
+    return text

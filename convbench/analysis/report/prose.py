@@ -1,0 +1,456 @@
+"""report.md: the header (what ran where, how it was timed, the device's ceilings) and the prose
+around `tables`' and `roof`'s tables, assembled in reading order.
+
+First which (algorithm, layout) wins each layer and pass, then the time tables per pass and
+layout, a network's cost, how far from the roof, the operation counts, workspace and peak
+memory, accuracy (with the error ratios the algorithms' math predicts, computed from the data),
+the phase breakdown, what did not run and why, and the noisy, busy and host-bound times. Every
+number comes from the results frame and env.json, so a run folder re-renders any time. A run
+folder from before the ceilings renders as before, saying they were not measured.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from ...algos.phases import FUSED
+from ...core.fmt import fmt_error, fmt_mib, fmt_ms, fmt_ratio, md_table, tabulate
+from ...core.measurement import CONTENDED_SHARE, NOISE_THRESHOLD
+from ...core.results import RESULTS_CSV
+from ...machine import contention
+from ...machine.devices import DEVICES
+from ...measure import memory
+from ...measure.ceilings_base import Ceilings, from_env
+from .. import speedup
+from .cells import (
+    BEST,
+    BUSY,
+    HOST_BOUND,
+    NOISY,
+    TIED,
+    algo_major,
+    algo_order,
+    flag,
+    marks,
+    order,
+)
+from .roof import ROOF_ELEMENT_BYTES, ROOF_MAX_ROWS, ROOF_PRECISION, roof_frame, roof_table
+from .tables import (
+    baseline_of,
+    busy_table,
+    choice_totals,
+    cost_table,
+    error_ratios,
+    error_table,
+    host_bound_table,
+    many_problems,
+    not_measured,
+    op_table,
+    peak_table,
+    phase_frame,
+    phase_table,
+    product_share,
+    time_table,
+    winner_table,
+    workspace_table,
+)
+
+#: The report's file name in a run folder.
+REPORT_MD = "report.md"
+
+
+def memory_methods(df: pd.DataFrame) -> list[str]:
+    """One line per memory method the rows used, saying what it reads."""
+    return [f"- `{m}`: {memory.METHODS.get(m, '')}" for m in order(df["memory_method"]) if m]
+
+
+#: (algo, baseline) pairs whose error ratio the accuracy section states, each expected above 1:
+#: F(4x4, 3x3)'s transform matrices have larger coefficients than F(2x2, 3x3)'s, and amplify
+#: rounding more.
+ERROR_RATIOS = (("winograd-4x4", "winograd-2x2"), ("winograd-fused-4x4", "winograd-fused-2x2"))
+
+
+def error_ratio_line(df: pd.DataFrame, algo: str, baseline: str) -> str | None:
+    """One sentence on how much larger `algo`'s error is than `baseline`'s, from the data, or
+    None when no row has both."""
+    ratios = error_ratios(df, algo, baseline)
+    if ratios.empty:
+        return None
+    larger = int((ratios > 1).sum())
+    return (f"{algo} / {baseline} error ratio: median {fmt_ratio(ratios.median())} "
+            f"(min {fmt_ratio(ratios.min())}, max {fmt_ratio(ratios.max())}) over "
+            f"{len(ratios)} (layer, pass, layout) cases; {algo}'s error is the larger in "
+            f"{larger} of {len(ratios)}.")
+
+
+def accuracy_section(df: pd.DataFrame) -> list[str]:
+    """The accuracy tables, one per precision (rows algo and pass, columns layers), and the
+    error ratios of `ERROR_RATIOS` where both algorithms were checked; [] when no row has an
+    error."""
+    checked = df[df["rel_error"].notna()]
+    if checked.empty:
+        return []
+    out = ["## Accuracy", "",
+           ("Relative error ‖out − ref‖/‖ref‖ against the float64 reference, per layer and pass "
+            "(the larger of the two layouts), at the precision each table names; a case above "
+            "its tolerance is `failed` (see Not measured)."), ""]
+    for precision, rows in checked.groupby("precision", sort=False):
+        out += [f"### {precision}", "", md_table(error_table(rows)), ""]
+    lines = [error_ratio_line(df, algo, baseline) for algo, baseline in ERROR_RATIOS]
+    out += [f"- {line}" for line in lines if line]
+    return out + ([""] if any(lines) else [])
+
+
+def layer_table(df: pd.DataFrame) -> str:
+    """One line per measurement, for `convbench layer`'s terminal output."""
+    interval = [f"{fmt_ms(lo)}–{fmt_ms(hi)}" if pd.notna(lo) else ""
+                for lo, hi in zip(df["ci_low_ms"], df["ci_high_ms"])]
+    cols = {"median ms": [marks(r) + fmt_ms(r["median_ms"]) if r["status"] == "ok" else ""
+                          for r in df.to_dict("records")],
+            "95% interval": interval,
+            "GFLOP/s": df["gflops"].map(lambda v: "" if pd.isna(v) else f"{v:.4g}"),
+            "rel error": df["rel_error"].map(fmt_error),
+            "workspace MiB": df["workspace_bytes"].map(fmt_mib),
+            "reason / note": df["reason"].where(df["status"] != "ok", df["note"])}
+    body = df[["layer", "algo", "pass", "layout", "precision", "status"]].assign(**cols)
+    return tabulate(body, headers="keys", tablefmt="github", showindex=False,
+                    disable_numparse=True)
+
+
+def phase_section(df: pd.DataFrame) -> list[str]:
+    """The phase breakdown: a table per algorithm, pass and precision, and per algorithm how
+    often the transforms or the product dominate."""
+    phased = phase_frame(df)
+    if phased.empty:
+        return []
+    out = ["## Phase breakdown", "",
+           ("Median ms of each phase and its share of their sum, for the algorithms whose passes "
+            "have phases. The phases are timed apart from the whole pass, each repetition "
+            "running all of them in order with a timestamp between them (CUDA events on the "
+            "GPU, the host clock elsewhere); `pass ms` is the whole pass's median (the time "
+            "tables'), which the phases' sum approximates. `dominant`: the transforms (inputs' "
+            "and output's together) or the product, whichever takes more; for a fused kernel, "
+            "its share."), ""]
+    groups = algo_major(phased).groupby(["algo", "pass", "precision"], sort=False)
+    for (algo, pass_, precision), rows in groups:
+        out += [f"### {algo}, {pass_}, {precision}", "", md_table(phase_table(rows)), ""]
+    for algo, rows in phased.groupby("algo", sort=False):
+        fused = [p for p in rows["phases"] if FUSED in p]
+        if fused and len(fused) == len(rows) and any(len(p) > 1 for p in fused):
+            shares = [p[FUSED] / sum(p.values()) for p in fused if sum(p.values()) > 0]
+            out.append(f"- {algo}: one fused kernel (input transform, product, output "
+                       f"transform) takes {min(shares):.0%}–{max(shares):.0%} of the phases' "
+                       f"time in {len(rows)} (layer, pass, layout) cases; the rest is the "
+                       "filter transform.")
+            continue
+        apart = [p for p in rows["phases"] if FUSED not in p]
+        product = sum(product_share(p) > 0.5 for p in apart)
+        line = (f"- {algo}: the transforms dominate in {len(apart) - product} of {len(rows)} "
+                f"(layer, pass, layout) cases, the product in {product}")
+        if fused:
+            line += (f"; in {len(fused)} the transform and the product alternate block by "
+                     f"block, one phase (`{FUSED}`)")
+        out.append(line + ".")
+    return out + [""]
+
+
+def header(df: pd.DataFrame, env: dict) -> list[str]:
+    run = env.get("run", {})
+    batches = sorted({int(n) for n in df["n"].dropna()})
+    batch = ", ".join(map(str, batches))
+    if run.get("backend") == "numpy" and batches == [DEVICES["cpu"].batch]:
+        batch += (" (the default CPU batch, small enough for the whole sweep to finish in 15 "
+                  "minutes on 2 cores; the study used 256)")
+    torch = env.get("torch", {})
+    blas = env.get("numpy", {}).get("blas", {})
+    title = (f"# convbench: {run.get('net', ', '.join(order(df['net'])))} on "
+             f"{env.get('device', 'unknown device')}")
+    lines = [title, ""]
+    facts = [("batch", batch),
+             ("backend", ", ".join(order(df["backend"]))),
+             ("precision", ", ".join(order(df["precision"]))),
+             ("timing budget", f"{run['budget_s']} s per measurement" if "budget_s" in run
+              else None),
+             ("threads", _threads(env, torch, blas)),
+             ("timing", "competing cases (every algo and layout of a problem, pass and "
+                        "precision) timed in shuffled interleaved rounds, until each median is "
+                        f"known to within {run.get('target_noise', 0.02):.0%} or the budget "
+                        "is spent" if env.get("statistics") else None),
+             ("machine load", "; ".join(f"{r['when']}: {contention.load_text(r)}"
+                                        for r in env.get("load", [])) or None),
+             ("versions", f"convbench {env.get('convbench')}, NumPy "
+                          f"{env.get('numpy', {}).get('version')}, torch {torch.get('version')}"
+              if env else None),
+             ("git commit", env.get("git_commit")),
+             ("date", env.get("date")),
+             ("command", run.get("command"))]
+    lines += [f"- {k}: {v}" for k, v in facts if v]
+    lines += ceilings_lines(env)
+    counts = df["status"].value_counts()
+    lines += ["- measurements: " + ", ".join(f"{counts[s]} {s}" for s in counts.index), ""]
+    return lines
+
+
+#: What the report says where a run's env.json has no ceilings (a run from before them).
+NO_CEILINGS = "not measured for this run (a run folder from before the ceilings were measured)"
+
+
+def _product(c: Ceilings, shape: str) -> str:
+    """The product a ceiling's shape names, as its `methods` describes it (`square
+    (2048x2048)@(2048x2048)`), or the name alone."""
+    m = re.search(rf"(?:products: |; ){re.escape(shape)} ([^;]+)", c.methods.get("gflops", ""))
+    return f"{shape} {m[1].strip()}" if m else shape
+
+
+def _rate(x: float | None, unit: str) -> str:
+    return "n/a" if x is None else f"{x:.4g} {unit}"
+
+
+def ceilings_lines(env: dict | None) -> list[str]:
+    """The header's lines on the device's ceilings: the attainable fp32 rate and which library
+    on which product gave it, the theoretical peak and how it was reckoned, the bandwidth
+    beyond and within cache (and how), the GPU's clock while timed; or why there are none."""
+    env = env or {}
+    c = from_env(env)
+    note = env.get("ceilings_note")
+    if c is None:
+        why = (f"not measured for this run ({note})" if note else NO_CEILINGS
+               if "ceilings" not in env else "not measured for this run")
+        return [f"- ceilings: {why}"] if env else []
+    backend, _, shape = c.methods.get("attainable", c.gemm_backend).partition(" on ")
+    out = [f"- ceilings of {c.model} ({c.device}, {c.threads} threads, measured "
+           f"{c.measured_at}" + (f"; {note}" if note else "") + "):",
+           (f"  - attainable fp32: {_rate(c.gflops_attainable, 'GFLOP/s')}, {backend or '?'}"
+            + (f" on {_product(c, shape)}" if shape else "")
+            + " (the fastest SGEMM of the libraries here)"),
+           (f"  - theoretical peak: {_rate(c.gflops_peak_theoretical, 'GFLOP/s')} "
+            f"({c.peak_method})"),
+           (f"  - bandwidth: {_rate(c.bandwidth_gbs_dram, 'GB/s')} beyond cache, "
+            f"{_rate(c.bandwidth_gbs_cache, 'GB/s')} within"
+            + (f" ({c.methods['bandwidth']})" if c.methods.get("bandwidth") else ""))]
+    if c.clock_mhz is not None:
+        out.append(f"  - SM clock while the products ran: {c.clock_mhz:.0f} MHz")
+    if c.contended:
+        out.append(f"  - contended, so low: {c.methods['contended']}")
+    return out
+
+
+def _threads(env: dict, torch: dict, blas: dict) -> str | None:
+    policy = env.get("threads")
+    if isinstance(policy, dict):
+        return (f"{policy['threads']} for every algorithm ({policy.get('set_by')}; "
+                f"{policy.get('available_cores')} cores available)")
+    return (f"torch {torch.get('threads')}, NumPy BLAS ({blas.get('name')}) "
+            f"{blas.get('threads')}" if torch else None)
+
+
+def network_section(df: pd.DataFrame, env: dict) -> list[str]:
+    """The report of a model's or a problem file's run: its problems weighted by how often the
+    network has each (`occurrences` in env.json's run), and the network total per choice."""
+    occurrences = env.get("run", {}).get("occurrences")
+    if not occurrences or not (df["status"] == "ok").any():
+        return []
+    source = env["run"].get("model") or env["run"].get("problems") or "the network"
+    out = ["## Network cost", "",
+           (f"{source}: {sum(occurrences.values())} conv layers, {len(occurrences)} distinct "
+            "problems. Each problem's median ms per pass in its fastest verified algorithm and "
+            "layout, times how often the network has it; the costliest first. Layouts are each "
+            "pass's own best here: the conversions between them are not counted (`convbench "
+            "advise` weighs them)."), ""]
+    unmeasured = env["run"].get("unmeasured") or {}
+    if unmeasured:
+        out += ["Not measured (convbench cannot run them): " + "; ".join(
+            f"{layer} ({why})" for layer, why in unmeasured.items()) + ".", ""]
+    skipped = env["run"].get("skipped") or []
+    if skipped:
+        shown = "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
+        out += [(f"Skipped: {len(skipped)} lines of the file are convolutions convbench "
+                 f"cannot hold (env.json lists them all): {shown}."), ""]
+    for precision, rows in df.groupby("precision", sort=False):
+        out += [f"### {precision}", "", md_table(cost_table(rows, occurrences)), "",
+                ("Network total per choice: one algorithm for every problem and pass, each in "
+                 "its faster layout; `covers` counts the problem-passes it ran verified."), "",
+                md_table(choice_totals(rows, occurrences)), ""]
+    return out
+
+
+def roof_section(df: pd.DataFrame, env: dict | None) -> list[str]:
+    """How far from the roof: each verified fp32 row's share of the device's attainable
+    ceiling, in direct flops and in its own operations, and whether it is compute- or
+    memory-bound by the minimum bytes its pass moves; each (algo, pass, layout)'s row nearest
+    its roof where the run has more than `ROOF_MAX_ROWS`. Where env.json has no ceilings,
+    says so. [] where no row ran verified."""
+    if not (df["status"] == "ok").any():
+        return []
+    out = ["## How far from the roof", ""]
+    ceilings = from_env(env)
+    if ceilings is None:
+        note = (env or {}).get("ceilings_note")
+        return out + [("The device's ceilings were not measured for this run"
+                       + (f" ({note})" if note else "") + ": no row's share of them can be "
+                       "stated."), ""]
+    roof = roof_frame(df, ceilings)
+    if roof.empty:
+        return out + [(f"No verified {ROOF_PRECISION} row: the ceilings are {ROOF_PRECISION}'s, "
+                       "and rows of other precisions are not read against them."), ""]
+    ridge = (f", the ridge at {ceilings.gflops_attainable / ceilings.bandwidth_gbs_dram:.3g} "
+             "flop/byte" if ceilings.bandwidth_gbs_dram else "")
+    out += [(f"Each verified {ROOF_PRECISION} row against {ceilings.model}'s ceilings (in the "
+             f"header): its rate as a share of the attainable {ROOF_PRECISION} ceiling, "
+             f"{ceilings.gflops_attainable:.4g} GFLOP/s, counted two ways: in direct-convolution "
+             "flops over its median (`% of ceiling (direct flops)`: above 100% only where the "
+             "algorithm does fewer operations than the direct convolution, FFT and Winograd), "
+             "and in the algorithm's own operations (`algo_ops`, the Operation counts; `% of "
+             "ceiling (own ops)`: the share of the hardware's rate its own arithmetic used). "
+             "`flop/byte`: its own operations over the fewest bytes its pass can move (its two "
+             f"inputs and its output once each, {ROOF_ELEMENT_BYTES} bytes an element, plus the "
+             "workspace it declares; caches and re-reads move more, so this intensity is an "
+             "upper bound). `bound`: the lower roof at that intensity, the attainable compute "
+             f"or the DRAM bandwidth ({_rate(ceilings.bandwidth_gbs_dram, 'GB/s')}{ridge}), and "
+             "`% of roof` the share of it attained. A library's choice of kernel has no "
+             "operation count of its own: its intensity is read in direct flops (`d`). Any "
+             f"row faster than the device can go was failed by the runner's guard (see Not "
+             f"measured). The picture is `roofline.png`."), ""]
+    if len(roof) > ROOF_MAX_ROWS:
+        best = roof.loc[roof.groupby(["algo", "pass", "layout"], sort=False)["own_share"]
+                        .idxmax()]
+        out += [(f"{len(roof)} rows: each (algo, pass, layout)'s row nearest the ceiling in "
+                 "its own operations."), "", md_table(roof_table(algo_major(best))), ""]
+    else:
+        out += [md_table(roof_table(roof)), ""]
+    bound = roof["bound"].value_counts()
+    if len(bound):
+        out += ["Bound: " + ", ".join(f"{bound[k]} {k}" for k in bound.index)
+                + f" of {len(roof)} rows (against the DRAM roof).", ""]
+    return out
+
+
+def speedup_section(df: pd.DataFrame, env: dict, baseline: str | None = None) -> list[str]:
+    """For a run of many problems: per algorithm, its share of problems won, tied and lost
+    against the baseline and its mean speed-up, overall and per class of problem. [] for a
+    run of few problems."""
+    if not many_problems(df):
+        return []
+    baseline = baseline_of(df, env, baseline)
+    out = [f"## Speed-up over {baseline}", ""]
+    if baseline not in set(df["algo"]):
+        return out + [(f"The baseline {baseline} was not measured in this run; re-render with "
+                      f"`convbench report RUN --baseline ALGO`, ALGO one of "
+                      f"{', '.join(algo_order(df))}."), ""]
+    sp = speedup.speedups(df, baseline)
+    out += [(f"{df['layer'].nunique()} problems. Per problem and pass, each algorithm in its "
+             f"faster layout against {baseline} in its faster layout: speed-up = {baseline}'s "
+             "median / the algorithm's. It *wins* a problem where the 95% interval of that "
+             "ratio lies above 1, loses where it lies below, and ties otherwise (a tie is not "
+             "a win); `not compared`: the algorithm or the baseline has no fair verified time there "
+             "(not run, failed, or measured on a busy machine). "
+             "The sorted curves are in the plots (`speedup_*.png`); `convbench report RUN "
+             "--baseline ALGO` sets another baseline."), ""]
+    for (pass_, precision), g in sp.groupby(["pass", "precision"], sort=False):
+        out += [f"### {pass_}, {precision}", "", md_table(speedup.summary(g, ["algo"])), "",
+                "Per class of problem (`--class`):", "",
+                md_table(speedup.summary(speedup.class_order(g), ["class", "algo"])), ""]
+    return out
+
+
+def markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = (),
+             baseline: str | None = None) -> str:
+    """report.md: the header, for many problems the speed-up over a baseline, which wins each
+    layer, time tables per pass and layout, op counts, workspace, accuracy, the phase
+    breakdown, what was not measured and why, noisy measurements, and the plots (`plots`: file
+    names, or the note saying why there are none)."""
+    out = header(df, env)
+    out += speedup_section(df, env, baseline)
+    host_bound = host_bound_table(df)
+    busy = busy_table(df)
+    host_note = (f", `{HOST_BOUND}` a time the host may have set (see Host-bound measurements)"
+                 if len(host_bound) else "")
+    busy_note = (f", `{BUSY}` a time measured on a busy machine (see Busy machine)"
+                 if len(busy) else "")
+    ceilings = from_env(env)
+    fp32_peak = (env.get("gpu") or {}).get("fp32_peak_tflops") if env else None
+    for precision, rows in df.groupby("precision", sort=False):
+        if ceilings is not None:
+            peak, peak_name = (ceilings.gflops_attainable if precision == "fp32" else None,
+                               "ceiling")
+            share = (f"; in brackets the share of the device's attainable fp32 ceiling, "
+                     f"{peak:.4g} GFLOP/s (see How far from the roof)" if peak else
+                     f"; the device's ceilings are fp32's, not {precision}'s")
+        else:
+            peak, peak_name = (fp32_peak * 1e3 if fp32_peak and precision == "fp32" else None,
+                               "peak")
+            share = (f"; in brackets the share of the device's FP32 peak, {peak:.4g} GFLOP/s"
+                     if peak else "; the device's peak is not known here (its ceilings were "
+                     "not measured for this run)")
+        winners = winner_table(rows, peak, peak_name)
+        if winners.empty:
+            continue
+        out += [f"## Which wins ({precision})", "",
+                ("Per layer and pass, across every algorithm and layout: the fastest, its median "
+                 "ms with the 95% interval of the median (order statistics), its GFLOP/s "
+                 "(direct-convolution flops over the median" + share + "), the "
+                 "runner-up and the ratio of their medians with its 95% interval (bootstrap, "
+                 "paired by round: they were timed side by side), and the algorithms that did "
+                 "not run, by status (their reasons are under Not measured). The fastest wins "
+                 "only where that interval excludes 1; otherwise it is a tie within noise with "
+                 "the times named. `convbench advise RUN` turns this into a plan: one layout per "
+                 "layer across its passes, the NCHW<->NHWC conversions weighed, ties broken by "
+                 "workspace (or `--tie-break`)."
+                 + (" Times measured on a busy machine do not compete." if len(busy) else "")),
+                "", md_table(winners), ""]
+    out += ["## Time per layer", "",
+            (f"Median ms per pass; `{BEST.strip()}` marks the fastest algorithm of each layer "
+             f"where it wins beyond noise, `{TIED.strip()}` the fastest and the times tied with "
+             f"it where it does not; `{NOISY}` a noisy measurement{host_note}{busy_note}."), ""]
+    for (precision, pass_, layout), rows in df.groupby(["precision", "pass", "layout"],
+                                                       sort=False):
+        out += [f"### {pass_}, {layout}, {precision}", "", md_table(time_table(rows)), ""]
+    out += network_section(df, env)
+    out += roof_section(df, env)
+    out += ["## Operation counts", "",
+            ("Theoretical GFLOP per pass (`opcount.py`); n/a where the kernel is the library's "
+             "choice or the algorithm does not apply."), "", md_table(op_table(df)), ""]
+    if df["workspace_bytes"].notna().any():
+        out += ["## Workspace", "", "MiB beyond inputs and output, as measured cases declared.",
+                "", md_table(workspace_table(df)), ""]
+    if df["peak_bytes"].notna().any():
+        out += ["## Peak memory", "",
+                ("MiB allocated beyond inputs and output while the prepared pass ran (its held "
+                 "buffers and every temporary), measured on the untimed verifying call:"),
+                *memory_methods(df), "", md_table(peak_table(df)), ""]
+    out += accuracy_section(df)
+    out += phase_section(df)
+    if (df["status"] != "ok").any():
+        out += ["## Not measured", "", md_table(not_measured(df)), ""]
+    noisy = df["noisy"].map(flag).sum()
+    if noisy:
+        out += ["## Noisy measurements", "",
+                (f"{noisy} of {(df['status'] == 'ok').sum()} measurements have IQR/median > "
+                 f"{NOISE_THRESHOLD}: marked `{NOISY}` in the time tables, `noisy` in "
+                 f"{RESULTS_CSV}."), ""]
+    if len(busy):
+        out += ["## Busy machine", "",
+                (f"{len(busy)} of {(df['status'] == 'ok').sum()} times were measured while the "
+                 "machine was busy: on the CPU, other processes kept the pass's threads off the "
+                 "cores they were ready to run on, or the hypervisor gave the cores to other "
+                 f"machines (less than {CONTENDED_SHARE:.0%} of their ready time on a core: "
+                 f"`cpu_share` times 1 - `stolen` in {RESULTS_CSV}), on the GPU its clocks "
+                 "were held down (`throttled`). They "
+                 f"are marked `{BUSY}`, compete for no win here and are left out of advice "
+                 "(`--include-busy` takes them); measure them again on a quiet machine."), "",
+                md_table(busy), ""]
+    if len(host_bound):
+        out += ["## Host-bound measurements", "",
+                (f"{len(host_bound)} GPU measurements may hold time the GPU spent waiting for "
+                 "the host (Python, the launches): in more than a tenth of their repetitions "
+                 "the host took longer to issue the pass than the head start the GPU was given "
+                 f"(`host_bound` in {RESULTS_CSV}; for rows from before the head start, the host "
+                 "took half the GPU's time or more). These times are upper bounds of the "
+                 f"kernels' own. Marked `{HOST_BOUND}` in the time tables."), "",
+                md_table(host_bound), ""]
+    out += ["## Plots", ""]
+    out += [plots] if isinstance(plots, str) else [f"![{Path(p).stem}]({p})" for p in plots]
+    return "\n".join(out) + "\n"
