@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from test_cli import run_cli
 
 from convbench.core.problem import LAYOUTS, PASSES
-from convbench.studies import footprint, memplan, workspace
+from convbench.studies import footprint, memplan, memplan_report, workspace
 from convbench.studies.workload import Workload
 
 ALEXNET = Workload.parse("alexnet")
@@ -113,11 +113,11 @@ def test_the_report_table_and_rows(tmp_path):
     plain.timed = {b: affine(100, 10, [])(b) for b in memplan.curve(plain.search.batch, 1)}
     assert sorted(plain.timed) == [1, 45, 90]
     off = memplan.StrategyResult("offload", reason="no second memory here")
-    text = memplan.markdown("alexnet", "cpu", 1000, [plain, off], 1, {"device": "a CPU"})
+    text = memplan_report.markdown("alexnet", "cpu", 1000, [plain, off], 1, {"device": "a CPU"})
     assert "| none " in text and "| 90 " in text and "| offload    | unsupported" in text
-    names = memplan.write(tmp_path, text, [plain, off], {}, "title")
+    names = memplan_report.write(tmp_path, text, [plain, off], {}, "title")
     assert names == ["report.md", "memplan.csv", "env.json", "memplan.png"]
-    rows = memplan.rows([plain, off])
+    rows = memplan_report.rows([plain, off])
     assert [r["batch"] for r in rows if r["status"] == "ok"] == [1, 45, 90]
     assert next(r for r in rows if r["largest"] is True)["batch"] == 90
     assert [r["search_probe"] for r in rows if r["status"] == "ok"] == [True, False, True]
@@ -128,11 +128,11 @@ def test_offloadings_images_per_second_are_said_to_be_a_lower_bound():
     off = memplan.StrategyResult("offload", search=memplan.largest_measured_batch(
         affine(100, 10, []), 1000, 10), gradient_error=0.0)
     off.timed = {b: affine(100, 10, [])(b) for b in memplan.curve(off.search.batch, None)}
-    text = memplan.markdown("alexnet", "cuda", 1000, [off], 90, {"device": "a GPU"})
+    text = memplan_report.markdown("alexnet", "cuda", 1000, [off], 90, {"device": "a GPU"})
     assert "its images/s is a lower bound for offloading" in text
     plain = memplan.StrategyResult("none", search=off.search, gradient_error=0.0,
                                    timed=off.timed)
-    assert "lower bound" not in memplan.markdown("alexnet", "cuda", 1000, [plain], 90, {})
+    assert "lower bound" not in memplan_report.markdown("alexnet", "cuda", 1000, [plain], 90, {})
 
 
 def test_only_unsupported_strategies_say_so_and_draw_nothing(tmp_path, capsys):

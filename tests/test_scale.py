@@ -9,7 +9,7 @@ import torch
 from test_cli import run_cli
 from torch import nn
 
-from convbench.studies import scale
+from convbench.studies import scale, scale_report
 from convbench.studies.workload import Workload
 
 
@@ -76,9 +76,9 @@ def test_every_measurement_is_a_row_and_the_derived_numbers_hold(two_ranks):
 
 def test_the_report_and_plots(two_ranks, tmp_path):
     pytest.importorskip("matplotlib")
-    text = scale.markdown(two_ranks, {"device": "a CPU"})
+    text = scale_report.markdown(two_ranks, {"device": "a CPU"})
     assert f"| {SMALL.name} |" in text and "| powersgd  |" in text and "vs one process" in text
-    names = scale.write(tmp_path, text, two_ranks, {}, "title")
+    names = scale_report.write(tmp_path, text, two_ranks, {}, "title")
     assert names == ["report.md", "scale.csv", "env.json", "speedup.png", "timeline.png"]
     assert all((tmp_path / n).stat().st_size > 0 for n in names)
 

@@ -1,5 +1,5 @@
 """`convbench memplan`: the largest batch each memory strategy trains under a budget, and its
-images/s (`convbench.studies.memplan`)."""
+images/s (`convbench.studies.memplan` measures, `memplan_report` writes)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from .. import runs
 from ..algos import registry
 from ..measure import envinfo, memory
 from ..planning import models
-from ..studies import memplan
+from ..studies import memplan, memplan_report
 from ..studies.workload import Workload
 from .common import (
     UsageError,
@@ -68,13 +68,13 @@ def cmd_memplan(args) -> int:
     env["run"] = {"net": load.name, "device": device.name, "budget_bytes": budget,
                   "strategies": strategies, "common_batch": common,
                   "command": command_line(args)}
-    text = memplan.markdown(load.name, device.name, budget, found, common, env)
+    text = memplan_report.markdown(load.name, device.name, budget, found, common, env)
     folder = Path(args.out) if args.out else runs.default_folder(name, device.backend,
                                                                  "-memplan")
-    written = memplan.write(folder, text, found, env,
+    written = memplan_report.write(folder, text, found, env,
                             f"{name} on {env['device']}, {memory.format_size(budget)}")
     print(f"convbench: {', '.join(written)} in {folder}", file=sys.stderr)
-    rows = memplan.rows(found)
+    rows = memplan_report.rows(found)
     emit(pd.DataFrame(rows), args.format, text.rstrip("\n"), rows)
     return 0
 

@@ -1,5 +1,5 @@
 """`convbench scale`: the training step under DistributedDataParallel per world size, batch and
-communication hook (`convbench.studies.scale`).
+communication hook (`convbench.studies.scale` measures, `scale_report` writes).
 
     convbench scale --device cpu --world-sizes 1,2
     convbench scale --device cuda --world-sizes 1,2,4 --batch 128,256,512
@@ -19,7 +19,7 @@ import pandas as pd
 from .. import runs
 from ..machine.devices import backend_of, default_device
 from ..measure import envinfo
-from ..studies import scale
+from ..studies import scale, scale_report
 from ..studies.workload import VARIANTS, Workload
 from .common import (
     batches,
@@ -59,9 +59,9 @@ def cmd_scale(args) -> int:
     backend = backend_of(job.device)
     env = envinfo.collect(backend)
     env["run"] = {**result.run_info(), "command": command_line(args)}
-    text = scale.markdown(result, env)
+    text = scale_report.markdown(result, env)
     folder = Path(args.out) if args.out else runs.default_folder(args.net, backend, "-scale")
-    written = scale.write(folder, text, result, env, f"{args.net} on {env['device']}")
+    written = scale_report.write(folder, text, result, env, f"{args.net} on {env['device']}")
     print(f"convbench: {', '.join(written)} in {folder}", file=sys.stderr)
     emit(pd.DataFrame(result.rows), args.format, text.rstrip("\n"), result.rows)
     return 0
