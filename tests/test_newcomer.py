@@ -165,6 +165,7 @@ def alexnet_run():
 
 def test_the_report_opens_on_which_wins_by_how_much_and_why_not_the_others(alexnet_run):
     from convbench.analysis import report
+    from convbench.analysis.report import plots
 
     df, env = alexnet_run
     text = report.markdown(df, env, [])
@@ -183,6 +184,7 @@ def test_the_time_plots_share_their_y_range_mark_what_did_not_run_and_show_inter
         alexnet_run, monkeypatch, tmp_path):
     pytest.importorskip("matplotlib")
     from convbench.analysis import report
+    from convbench.analysis.report import plots
 
     df, env = alexnet_run
     figures = {}
@@ -190,7 +192,7 @@ def test_the_time_plots_share_their_y_range_mark_what_did_not_run_and_show_inter
     def keep(fig, path, legend=True):
         figures[path.name] = fig
 
-    monkeypatch.setattr(report, "save_figure", keep)
+    monkeypatch.setattr(plots, "save_figure", keep)
     report.plot(df, tmp_path, env)
     nchw, nhwc = figures["time_fwd.png"].axes[:2]
     assert nchw.get_ylim() == nhwc.get_ylim()
