@@ -13,11 +13,18 @@ A pass chosen as `torch-cpu`, `cudnn` or `cudnn-autotune` runs through torch's o
 CuPy through DLPack on a GPU, stored in the layer's layout (channels_last tensors seen as NHWC
 arrays). The bias is added in torch. The module keeps `nn.Conv2d`'s parameters and state_dict
 keys, so checkpoints and optimizers carry over.
+
+torch caches cuDNN's plan per thread, keyed without the benchmark flag: on one thread, whichever
+mode ran a shape first would decide the other's plan (a `cudnn` pass would run autotune's pick,
+or the reverse). So a pass chosen as `cudnn` or `cudnn-autotune` runs on that mode's own worker
+thread (`_in_mode`), on the caller's device and stream and in its grad mode, as
+`algos.cudnn` times them; torch's default (None) and `torch-cpu` run where they are called.
 """
 
 from __future__ import annotations
 
 import contextlib
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import nn
@@ -117,6 +124,34 @@ def _cudnn_benchmark(value: bool | None):
         torch.backends.cudnn.benchmark = saved
 
 
+#: One worker thread per cuDNN mode (benchmark False, True): each keeps its own plan cache.
+_MODE_WORKERS: dict[bool, ThreadPoolExecutor] = {}
+
+
+def _in_mode(benchmark: bool | None, t: torch.Tensor, work):
+    """`work()` with `cudnn.benchmark = benchmark`; an explicit mode on its own thread (see
+    the module docstring), on `t`'s device and current stream, in the caller's grad mode."""
+    if benchmark is None:
+        return work()
+    worker = _MODE_WORKERS.get(benchmark)
+    if worker is None:
+        worker = _MODE_WORKERS.setdefault(benchmark, ThreadPoolExecutor(
+            1, thread_name_prefix=f"convbench-cudnn-benchmark-{benchmark}"))
+    grad = torch.is_grad_enabled()
+    stream = torch.cuda.current_stream(t.device) if t.is_cuda else None
+
+    def run():
+        with contextlib.ExitStack() as stack:
+            if stream is not None:
+                stack.enter_context(torch.cuda.device(t.device))
+                stack.enter_context(torch.cuda.stream(stream))
+            stack.enter_context(torch.set_grad_enabled(grad))
+            stack.enter_context(_cudnn_benchmark(benchmark))
+            return work()
+
+    return worker.submit(run).result()
+
+
 def _external_stream(cupy, stream: torch.cuda.Stream):
     """CuPy's handle on torch's stream: through the CUDA stream protocol (`Stream.from_external`,
     CuPy 14, which deprecates `ExternalStream`) where both sides have it, else `ExternalStream`."""
@@ -201,9 +236,8 @@ class Dispatch:
             explicit = problem.symmetric_part()[1]
             if any(explicit):  # torch pads both sides of an axis alike
                 x = torch.nn.functional.pad(x, explicit)
-            with _cudnn_benchmark(benchmark):
-                return torch.nn.functional.conv2d(x, w, None, *torch_geometry(problem),
-                                                  self.geometry["groups"])
+            return _in_mode(benchmark, x, lambda: torch.nn.functional.conv2d(
+                x, w, None, *torch_geometry(problem), self.geometry["groups"]))
         return self._ours("fwd", problem, x, w, problem.y_shape())
 
     def backward(self, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, need_dx: bool,
@@ -226,11 +260,11 @@ class Dispatch:
         explicit = problem.symmetric_part()[1]
         padded = torch.nn.functional.pad(x, explicit) if by_mode and any(explicit) else x
         for benchmark, passes in by_mode.items():
-            with _cudnn_benchmark(benchmark):
-                dx, dw, _ = torch.ops.aten.convolution_backward(
+            dx, dw, _ = _in_mode(benchmark, dy, lambda passes=passes: (
+                torch.ops.aten.convolution_backward(
                     dy, padded, w, None, *torch_geometry(problem), False, [0, 0],
                     self.geometry["groups"],
-                    ["bwd_data" in passes, "bwd_filter" in passes, False])
+                    ["bwd_data" in passes, "bwd_filter" in passes, False])))
             if dx is not None and any(explicit):  # the padded x's gradient, cropped back
                 dx = torch.nn.functional.pad(dx, [-e for e in explicit])
             grads.update({p: {"bwd_data": dx, "bwd_filter": dw}[p] for p in passes})

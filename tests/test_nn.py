@@ -233,3 +233,44 @@ def test_cuda_runs_on_torchs_current_stream():
         assert not stream.query()  # still sleeping when the layer's kernels were enqueued
     stream.synchronize()
     torch.testing.assert_close(y, ref(x), rtol=1e-4, atol=1e-4)
+
+
+def test_each_cudnn_mode_runs_on_a_thread_of_its_own(monkeypatch):
+    """torch's cuDNN plan cache is per thread and keyed without the benchmark flag: a `cudnn`
+    pass and a `cudnn-autotune` pass on one thread would share the plan of whichever ran the
+    shape first. Each mode runs on its own thread, with its flag; torch's default where it is
+    called."""
+    import threading
+
+    seen = []
+    real_conv, real_bwd = torch.nn.functional.conv2d, torch.ops.aten.convolution_backward
+
+    class record:  # the op, recording where it was called (its overloads left as they are)
+        def __init__(self, name, real):
+            self.name, self.real = name, real
+
+        def __call__(self, *args, **kw):
+            seen.append((self.name, threading.current_thread().name,
+                         torch.backends.cudnn.benchmark, torch.is_grad_enabled()))
+            return self.real(*args, **kw)
+
+        def __getattr__(self, attr):
+            return getattr(self.real, attr)
+
+    monkeypatch.setattr(torch.nn.functional, "conv2d", record("fwd", real_conv))
+    monkeypatch.setattr(torch.ops.aten, "convolution_backward", record("bwd", real_bwd))
+    kw = {"in_channels": 3, "out_channels": 4, "kernel_size": 3, "padding": 1}
+    ref, ours = pair(kw, "nchw", {"fwd": ("cudnn", "cuda"), "bwd_data": ("cudnn-autotune", "cuda"),
+                                  "bwd_filter": None})
+    check_same(ref, ours, torch.randn(2, 3, 7, 7, dtype=torch.float64), 1e-10)
+    seen.clear()
+    x = torch.randn(2, 3, 7, 7, dtype=torch.float64, requires_grad=True)
+    ours(x).sum().backward()
+    (fwd,) = [s for s in seen if s[0] == "fwd"]
+    assert fwd[1].startswith("convbench-cudnn-benchmark-False") and fwd[2] is False
+    assert not fwd[3]  # inside the autograd Function's forward: no graph
+    bwd = sorted(seen[1:])
+    assert [s[0] for s in seen] == ["fwd", "bwd", "bwd"]
+    autotune = [s for s in bwd if s[1].startswith("convbench-cudnn-benchmark-True")]
+    assert len(autotune) == 1 and autotune[0][2] is True
+    assert sum(s[1].startswith("convbench") for s in bwd) == 1  # the default: where called
