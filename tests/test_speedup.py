@@ -36,24 +36,66 @@ def test_a_win_is_beyond_noise_and_a_tie_is_not_a_win():
         _row("e", "torch-cpu", BASE), _row("e", "gemm", [], status="unsupported"),
         _row("f", "torch-cpu", BASE, contended=True), _row("f", "gemm", BASE),  # busy
     ])
-    sp = speedup.speedups(df, "torch-cpu").set_index("layer")
+    every = speedup.speedups(df, "torch-cpu")
+    sp = every[every["algo"] == "gemm"].set_index("layer")
     assert sp["outcome"].to_dict() == {"a": "win", "b": "tie", "c": "loss", "d": "win",
                                        "e": "not compared", "f": "not compared"}
     assert sp.loc["a", "speedup"] == pytest.approx(2.0, rel=0.02)
     assert sp.loc["a", "low"] <= 2.0 <= sp.loc["a", "high"]
     assert sp.loc["d", "speedup"] == pytest.approx(4.0, rel=0.02)
-    table = speedup.summary(sp.reset_index(), ["algo"])
-    assert table.loc["gemm"].to_dict() == {
+    table = speedup.summary(every, ["algo"])
+    gemm = table.loc["gemm"].to_dict()
+    low, high = speedup.gmean_interval(sp["speedup"])
+    assert gemm == {
         "problems": 4, "wins": "50%", "ties": "25%", "losses": "25%",
         "geomean speed-up": f"{(2 * 1 / 1.001 / 3 * 4) ** 0.25:.3g}×",
-        "median speed-up": f"{(2 + 1 / 1.001) / 2:.3g}×", "not compared": 2}
+        "95% interval": f"[{low:.3g}, {high:.3g}]",
+        "median speed-up": f"{(2 + 1 / 1.001) / 2:.3g}×", "not compared": 2,
+        "fastest of ours": ""}
+    assert low < (2 * 1 / 1.001 / 3 * 4) ** 0.25 < high
+    # gemm is the only one of ours: best of ours is gemm on every problem
+    assert table.loc[speedup.BEST_OF_OURS, "fastest of ours"] == "gemm 4"
+    assert table.loc[speedup.BEST_OF_OURS, "geomean speed-up"] == gemm["geomean speed-up"]
+
+
+def test_best_of_ours_is_the_fastest_of_our_algorithms():
+    """Per problem the fastest of ours (never a library's convolution), with its interval; the
+    tables say which of ours it was."""
+    df = pd.DataFrame([
+        _row("a", "torch-cpu", BASE), _row("a", "gemm", [t * 2 for t in BASE]),
+        _row("a", "direct", [t / 2 for t in BASE]),  # direct wins a
+        _row("b", "torch-cpu", BASE), _row("b", "gemm", [t * 3 for t in BASE]),
+        _row("b", "direct", [t * 4 for t in BASE]),  # gemm is ours' best on b, a loss
+        _row("c", "torch-cpu", BASE), _row("c", "direct", [], status="unsupported"),
+        _row("c", "gemm", [t / 1.0005 for t in BASE]),  # a tie
+    ])
+    sp = speedup.speedups(df, "torch-cpu")
+    best = sp[sp["algo"] == speedup.BEST_OF_OURS].set_index("layer")
+    assert best["winner"].to_dict() == {"a": "direct", "b": "gemm", "c": "gemm"}
+    assert best["outcome"].to_dict() == {"a": "win", "b": "loss", "c": "tie"}
+    assert best.loc["a", "speedup"] == pytest.approx(2.0, rel=0.02)
+    assert best.loc["a", "low"] <= 2.0 <= best.loc["a", "high"]
+    table = speedup.summary(sp, ["algo"])
+    assert table.loc[speedup.BEST_OF_OURS, "fastest of ours"] == "gemm 2, direct 1"
+    assert not speedup.is_ours("torch-cpu") and not speedup.is_ours("cudnn-find-fft")
+    assert speedup.is_ours("winograd-fused-4x4") and not speedup.is_ours("gemm-cublas")
+
+
+def test_the_interval_of_a_geometric_mean():
+    low, high = speedup.gmean_interval(pd.Series([0.5, 1.0, 2.0, 4.0]))
+    assert low < 2 ** 0.5 < high and low >= 0.5 and high <= 4.0
+    assert speedup.gmean_interval(pd.Series([2.0]))[0] != speedup.gmean_interval(
+        pd.Series([2.0]))[0]  # NaN: one problem has no interval
+    assert speedup.gmean_interval(pd.Series([1.0, 2.0, 3.0])) == speedup.gmean_interval(
+        pd.Series([1.0, 2.0, 3.0]))  # seeded
 
 
 def test_the_classes_of_the_summary():
     df = pd.DataFrame([_row("a", "torch-cpu", BASE, r=1), _row("a", "gemm", BASE, r=1),
                        _row("b", "torch-cpu", BASE), _row("b", "gemm", BASE)])
     table = speedup.summary(speedup.speedups(df, "torch-cpu"), ["class", "algo"])
-    assert list(table.index) == [("pointwise", "gemm"), ("dense", "gemm")]
+    assert list(table.index) == [("pointwise", "gemm"), ("pointwise", speedup.BEST_OF_OURS),
+                                 ("dense", "gemm"), ("dense", speedup.BEST_OF_OURS)]
 
 
 def test_the_default_baseline():

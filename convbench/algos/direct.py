@@ -34,6 +34,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ..core.problem import ConvProblem
+from ..machine import threads
+from . import depthwise
 from ._lowering import (
     axis_pairs,
     channel_major,
@@ -219,16 +221,30 @@ class DirectCPU(Implementation):
     def supports(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         return None
 
+    def describe(self, problem, pass_, layout, precision) -> str:
+        """A depthwise layer names its path; the dense path has nothing to add."""
+        if not depthwise.is_depthwise(problem):
+            return ""
+        blocks = len(depthwise.blocks(problem, DTYPES[precision]))
+        return (f"depthwise: {problem.r * problem.s} taps as elementwise multiply-adds over "
+                f"strided views (torch, {threads.count()} threads), {blocks} block"
+                f"{'s' * (blocks > 1)} of output rows")
+
     def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
                         precision: str) -> int:
         """Bytes of the buffers `_buffers` lists, computed without allocating them: about the
         padded input and y, plus a filter-sized packed copy (fwd, bwd_data in nchw) and a block
-        of products."""
+        of products; a depthwise layer's are `depthwise.buffers`."""
+        if depthwise.is_depthwise(problem):
+            return depthwise.workspace_bytes(problem, pass_, layout, precision,
+                                             DTYPES[precision])
         shapes = _buffers(problem, pass_, layout, DTYPES[precision])[2].values()
         return nbytes(sum(math.prod(s) for s in shapes), precision)
 
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         p, dtype = problem, DTYPES[precision]
+        if depthwise.is_depthwise(p):
+            return depthwise.prepare(p, pass_, layout, dtype)
         geo, blocks, shapes = _buffers(p, pass_, layout, dtype)
         (planes, indexed), wide = geo.planes(p.c, dtype), np.zeros(shapes["wide"], dtype)
         xm, ym = geo.plane_matrices(planes), geo.wide_matrices(wide)

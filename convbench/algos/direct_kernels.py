@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from ..core.problem import LAYOUTS, ConvProblem
 from ..cuda import kernels
 from . import kernel_base
+from .depthwise import is_depthwise
 from .kernel_base import ceil_div
 
 #: FILT_PAD: floats between the staged filter rows of TILE_O channels (direct.cu says why).
@@ -21,6 +22,14 @@ TILES = {"THREADS": 256, "TILE_H": 8, "TILE_W": 8, "TILE_O": 32, "FILT_PAD": 4,
 #: The defines direct.cu is compiled with, per layout: the compile gate covers exactly these.
 CONFIGURATIONS = {layout: {"NHWC": int(layout == "nhwc"), **TILES} for layout in LAYOUTS}
 kernels.declare("direct", CONFIGURATIONS.values())
+
+#: kernels/depthwise.cu, which `direct` runs where groups = C > 1: per layout, the channels a
+#: block owns (its threads run along channels in nhwc, along pixels in nchw) and its pixels.
+DEPTHWISE_TILES = {"nchw": {"DW_TILE_C": 8, "DW_PIX": 128},
+                   "nhwc": {"DW_TILE_C": 32, "DW_PIX": 32}}
+DEPTHWISE_CONFIGURATIONS = {layout: {"NHWC": int(layout == "nhwc"), "THREADS": TILES["THREADS"],
+                                     **DEPTHWISE_TILES[layout]} for layout in LAYOUTS}
+kernels.declare("depthwise", DEPTHWISE_CONFIGURATIONS.values())
 
 THREADS = TILES["THREADS"]
 #: Input channels the forward and backward-data kernels stage per step, at most.
@@ -98,8 +107,48 @@ def _filter_geometry(p: ConvProblem) -> _FilterGeometry:
     return _FilterGeometry(grid, splits, p.k * crs)
 
 
-def _geometry(problem: ConvProblem, pass_: str) -> _GatherGeometry | _FilterGeometry:
-    """The launch geometry of a pass; raises ValueError(reason) where it does not fit."""
+@dataclass(frozen=True)
+class _DepthwiseGeometry:
+    """kernels/depthwise.cu: grid, dynamic shared memory (fwd, bwd_data: the tile's filters)
+    and, for bwd_filter, the slices of its N·P·Q reduction."""
+
+    grid: tuple[int, int, int]
+    smem: int
+    splits: int
+    dw_size: int
+
+    @property
+    def partial_elements(self) -> int:
+        return self.splits * self.dw_size if self.splits > 1 else 0
+
+
+def _depthwise_geometry(p: ConvProblem, pass_: str, layout: str) -> _DepthwiseGeometry:
+    tile = DEPTHWISE_TILES[layout]
+    taps, mult = p.r * p.s, p.k // p.c
+    if pass_ == "bwd_filter":
+        tiles = ceil_div(p.k, tile["DW_TILE_C"]) * taps
+        splits = max(1, min(ceil_div(SPLIT_TARGET_BLOCKS, tiles),
+                            p.n * p.p * p.q // MIN_SPLIT_PIXELS, kernel_base.GRID_YZ_MAX))
+        grid = (ceil_div(p.k, tile["DW_TILE_C"]), taps, splits)
+        kernel_base.check_grid(grid)
+        return _DepthwiseGeometry(grid, 0, splits, p.k * taps)
+    bwd = pass_ == "bwd_data"
+    pixels, channels = (p.h * p.w, p.c) if bwd else (p.p * p.q, p.k)
+    smem = 4 * tile["DW_TILE_C"] * taps * (mult if bwd else 1)
+    if smem > kernels.DEFAULT_DYNAMIC_SHARED:
+        raise ValueError(f"a tile's filters need {smem:,} bytes of shared memory, over "
+                         f"{kernels.DEFAULT_DYNAMIC_SHARED:,}")
+    grid = (ceil_div(pixels, tile["DW_PIX"]), ceil_div(channels, tile["DW_TILE_C"]), p.n)
+    kernel_base.check_grid(grid)
+    return _DepthwiseGeometry(grid, smem, 1, p.k * taps)
+
+
+def _geometry(problem: ConvProblem, pass_: str, layout: str = "nchw"
+              ) -> _GatherGeometry | _FilterGeometry | _DepthwiseGeometry:
+    """The launch geometry of a pass; raises ValueError(reason) where it does not fit. A
+    depthwise layer runs kernels/depthwise.cu."""
+    if is_depthwise(problem):
+        return _depthwise_geometry(problem, pass_, layout)
     if pass_ == "bwd_filter":
         return _filter_geometry(problem)
     return _gather_geometry(problem, pass_)
@@ -112,26 +161,42 @@ class DirectKernels(kernel_base.KernelImplementation):
     asymmetric_pad = True  # the kernels take the padding before and the output size
 
     def check_launch(self, problem: ConvProblem, pass_: str, layout: str) -> None:
-        _geometry(problem, pass_)
+        _geometry(problem, pass_, layout)
 
     def workspace_buffers(self, problem: ConvProblem, pass_: str, layout: str
                           ) -> dict[str, int]:
         """The partial sums of a split bwd_filter: fwd and bwd_data stage their tiles in shared
         memory and allocate nothing."""
-        geo = _geometry(problem, pass_)
-        if isinstance(geo, _FilterGeometry) and geo.partial_elements:
+        geo = _geometry(problem, pass_, layout)
+        if isinstance(geo, (_FilterGeometry, _DepthwiseGeometry)) and geo.partial_elements:
             return {"the split reduction's partial sums": geo.partial_elements}
         return {}
 
     def describe(self, problem, pass_, layout, precision) -> str:
-        geo = _geometry(problem, pass_)
+        geo = _geometry(problem, pass_, layout)
+        if isinstance(geo, _DepthwiseGeometry):
+            what = (f"N·P·Q reduction in {geo.splits} slice(s)" if pass_ == "bwd_filter"
+                    else f"filters of {DEPTHWISE_TILES[layout]['DW_TILE_C']} channels in "
+                         f"{geo.smem:,} B shared memory")
+            return f"depthwise kernel (depthwise.cu): {what}"
         if isinstance(geo, _FilterGeometry):
             return f"N·P·Q reduction in {geo.splits} slice(s)"
         return f"{geo.chunk}-channel steps, {geo.smem:,} B shared memory"
 
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
+        p, geo = problem, _geometry(problem, pass_, layout)
+        if isinstance(geo, _DepthwiseGeometry):
+            launch = kernels.launcher(self.backend, "depthwise",
+                                      DEPTHWISE_CONFIGURATIONS[layout])
+            dims = (p.n, p.c, p.h, p.w, p.k, p.r, p.s, p.p, p.q, *kernel_base.axis_args(p))
+            if pass_ != "bwd_filter":
+                return launch.kernel(f"depthwise_{pass_}").bind(geo.grid, THREADS, dims,
+                                                               geo.smem)
+            reduce = launch.kernel("depthwise_bwd_filter").bind(geo.grid, THREADS,
+                                                                (*dims, geo.splits))
+            return kernel_base.split_sum(launch, reduce, "depthwise_sum_splits", geo.dw_size,
+                                         geo.splits, THREADS)
         launch = kernels.launcher(self.backend, "direct", CONFIGURATIONS[layout])
-        p, geo = problem, _geometry(problem, pass_)
         dims = (p.n, p.c, p.h, p.w, p.k, p.r, p.s, p.p, p.q, *kernel_base.axis_args(p), p.groups)
         if isinstance(geo, _GatherGeometry):
             return launch.kernel(f"direct_{pass_}").bind(

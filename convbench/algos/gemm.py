@@ -1,4 +1,4 @@
-"""`gemm` on the CPU: explicit im2col and one matrix product per group — Caffe's convolution.
+"""`gemm` on the CPU: explicit im2col and one matrix product — Caffe's convolution.
 
 The input is lowered into a column matrix holding, for every output position, the R·S·C/groups
 input values its filter taps see; each pass is then one BLAS product:
@@ -23,6 +23,12 @@ Why it is built this way (measured on a 2-core AVX-512 Xeon, AlexNet at batch 8)
 - The copies run on torch tensors sharing the NumPy buffers (zero-copy): torch's copies use
   every thread of the run's policy (`threads.count()`). col2im stays a NumPy add per tap (each
   one small: a threaded call would cost more to start than to run).
+- Groups are one batched product over a (G, ·, ·) view of the columns, the filter and the
+  output (nchw: (N, G, ·, ·)), never a Python loop of one product per group: a grouped layer
+  of 32 groups is one call, and a depthwise one (G = C) too.
+- A pointwise layer (1x1, stride 1, no padding) has no lowering: x in either layout already is
+  its column matrix, so the products read x and write dx in place (`in_place`); a strided
+  1x1 keeps its im2col, a copy of the pixels it reads.
 - The products go through `products.Route`: each on the faster, for its shape on this machine,
   of torch's MKL and NumPy's OpenBLAS (which one wins depends on both), writing into the
   column buffer or the output in either; the row's note names the library they ran on. The
@@ -49,7 +55,6 @@ from ._lowering import (
     nbytes,
     pages_note,
     scatter_add,
-    span,
     tensor,
     windows,
     workspace,
@@ -72,9 +77,18 @@ def _padded_shape(p: ConvProblem, pass_: str, layout: str) -> tuple[int, ...] | 
     return (p.n, p.c, hp, wp) if layout == "nchw" else (p.n, hp, wp, p.c)
 
 
+def in_place(p: ConvProblem) -> bool:
+    """A pointwise layer (1x1, stride 1, no padding) whose activation is its own column matrix:
+    the products read x (write dx) in place, with no im2col (col2im) at all."""
+    return (p.r == p.s == 1 and p.stride_h == p.stride_w == 1
+            and not any((p.pad_top, p.pad_bottom, p.pad_left, p.pad_right)))
+
+
 class _Lowered:
     """The column buffer of one problem in one layout, the padded input it is copied from, and
-    per group the channel-major batched matrices the products use."""
+    the batched views the products use: every group in one product, over a (G, ·, ·) view
+    (nchw: (N, G, ·, ·)), never a product per group. A pointwise layer (`in_place`) has no
+    buffer: its columns are views of the activation."""
 
     def __init__(self, problem: ConvProblem, pass_: str, layout: str, dtype,
                  images: int | None = None):
@@ -84,26 +98,36 @@ class _Lowered:
         self.layout, self.problem = layout, p
         #: Images the column buffer holds: all of them, or one block of the blocked passes.
         self.images = n = images or p.n
-        padded = _padded_shape(p, pass_, layout)
+        self.in_place = in_place(p)
+        padded = None if self.in_place else _padded_shape(p, pass_, layout)
         self.padded = None if padded is None else torch.from_numpy(workspace(padded, dtype))
-        kg = p.k // p.groups
-        if layout == "nchw":
+        self.col = self.indexed = None
+        if self.in_place:
+            pass
+        elif layout == "nchw":
             self.col = torch.from_numpy(workspace((p.n, p.c, p.r, p.s, p.p, p.q), dtype))
             self.indexed = self.col.numpy()
-            # per group: (N, C/g·R·S, P·Q)
-            self.matrices = [self.col[:, span(g, p.cg)].reshape(p.n, -1, p.p * p.q)
-                             for g in range(p.groups)]
         else:
             # Group-major, so each group's (N·P·Q) × (R·S·C/g) matrix is one contiguous block;
             # col2im's windows index it as (N, P, Q, R, S, G, C/g), x viewed as N,H,W,G,C/g.
             self.col = torch.from_numpy(workspace((p.groups, n, p.p, p.q, p.r, p.s, p.cg),
                                                  dtype))
             self.indexed = self.col.numpy().transpose(1, 2, 3, 4, 5, 0, 6)
-            self.matrices = [self.col[g].reshape(n * p.p * p.q, -1) for g in range(p.groups)]
-        self.spans = [span(g, kg) for g in range(p.groups)]
         rows = axis_pairs(p.r, p.dil_h, p.p, p.h, p.stride_h, p.pad_top)
         cols = axis_pairs(p.s, p.dil_w, p.q, p.w, p.stride_w, p.pad_left)
         self.windows = windows(rows, cols, layout, taps_first=layout == "nchw")
+
+    def columns(self, act=None):
+        """The column matrices of every group, batched: (N, G, C/g·R·S, P·Q) in nchw, (G,
+        N·P·Q, R·S·C/g) in nhwc; a view of `act` (x, or dx) where the layer is `in_place`."""
+        p = self.problem
+        if self.in_place:
+            if self.layout == "nchw":
+                return act.reshape(p.n, p.groups, p.cg, p.h * p.w)
+            return act.reshape(-1, p.groups, p.cg).permute(1, 0, 2)
+        if self.layout == "nchw":
+            return self.col.reshape(p.n, p.groups, p.cg * p.r * p.s, p.p * p.q)
+        return self.col.reshape(p.groups, self.images * p.p * p.q, -1)
 
     def pad(self, x):
         """The input im2col reads: x, or x copied into the interior of the zero-bordered
@@ -124,6 +148,8 @@ class _Lowered:
         import torch
 
         p = self.problem
+        if self.in_place:
+            return
         count = count or self.images
         if self.layout == "nchw":
             sn, sc, sh, sw = src.stride()
@@ -137,29 +163,34 @@ class _Lowered:
         dest = self.col if count == self.images else self.col[:, :count]  # nhwc's blocks
         dest.copy_(torch.as_strided(src, size, stride, src.storage_offset() + first * sn))
 
-    def block(self, g: int, count: int):
-        """Group g's (count·P·Q) × (R·S·C/g) matrix of the first `count` images the buffer
-        holds (nhwc)."""
+    def block(self, count: int):
+        """Every group's (count·P·Q) × (R·S·C/g) matrix of the first `count` images the buffer
+        holds (nhwc), batched: (G, count·P·Q, R·S·C/g)."""
         p = self.problem
-        return self.col[g, :count].reshape(count * p.p * p.q, -1)
+        return self.col[:, :count].reshape(p.groups, count * p.p * p.q, -1)
 
     def col2im(self, dx: np.ndarray) -> None:
-        """dx as the sum of every tap's window of the column buffer (overlaps add up)."""
+        """dx as the sum of every tap's window of the column buffer (overlaps add up); in
+        place, the product wrote dx itself."""
         p = self.problem
+        if self.in_place:
+            return
         act = dx if self.layout == "nchw" else dx.reshape(p.n, p.h, p.w, p.groups, p.cg)
         scatter_add(self.indexed, act, self.windows)
 
-    def filters(self, w) -> list:
-        """Per group, the (K/g) × (reduction) filter matrix, a view of w or dw."""
-        w2 = w.reshape(self.problem.k, -1)
-        return [w2[s] for s in self.spans]
+    def filters(self, w):
+        """The (K/g) × (reduction) filter matrices of every group, batched: (G, K/g, ·), a view
+        of w or dw."""
+        return w.reshape(self.problem.groups, self.problem.k // self.problem.groups, -1)
 
-    def output_side(self, a) -> list:
-        """Per group, y or dy: (N, K/g, P·Q) in nchw, (N·P·Q, K/g) in nhwc."""
+    def output_side(self, a):
+        """y or dy, batched over the groups: (N, G, K/g, P·Q) in nchw, (G, N·P·Q, K/g) in nhwc
+        (strided: the groups' channels sit side by side in each row)."""
         p = self.problem
+        kg = p.k // p.groups
         if self.layout == "nchw":
-            return [a.reshape(p.n, p.k, -1)[:, s] for s in self.spans]
-        return [a.reshape(-1, p.k)[:, s] for s in self.spans]
+            return a.reshape(p.n, p.groups, kg, -1)
+        return a.reshape(-1, p.groups, kg).permute(1, 0, 2)
 
 
 #: The largest column block the blocked passes lower at a time.
@@ -179,7 +210,8 @@ def images_per_block(p: ConvProblem, pass_: str, layout: str, precision: str) ->
     1.02x slower in the same run), and on conv3-conv5 (13x13) every block size was as fast or
     up to 8% slower: there the product is most of the time, and its fewer rows per call are
     what MKL runs slower."""
-    if layout != "nhwc" or pass_ == "bwd_data" or p.p * p.q < BLOCK_MIN_ROWS:
+    if (layout != "nhwc" or pass_ == "bwd_data" or p.p * p.q < BLOCK_MIN_ROWS
+            or in_place(p)):
         return p.n
     per_image = nbytes(p.p * p.q * p.r * p.s * p.c, precision)
     return max(1, min(p.n, BLOCK_BYTES // per_image))
@@ -195,22 +227,21 @@ def _blocked(low: _Lowered, pass_: str, route: Route):
     def fused(a, b, out):
         src = low.pad(tensor(np.ascontiguousarray(a)))
         other = tensor(np.ascontiguousarray(b))
-        # per group: fwd's (y rows, filter), bwd_filter's (dy rows, dw)
+        # fwd's (y rows, filter), bwd_filter's (dy rows, dw), every group batched
         if pass_ == "fwd":
-            pairs = list(zip(low.output_side(tensor(out)), low.filters(other)))
+            side, wg = low.output_side(tensor(out)), low.filters(other)
         else:
-            pairs = list(zip(low.output_side(other), low.filters(tensor(out))))
+            side, wg = low.output_side(other), low.filters(tensor(out))
         for first in range(0, p.n, block):
             count = min(block, p.n - first)
             low.im2col(src, first, count)
             lo, hi = first * rows, (first + count) * rows
-            for g, (side, wg) in enumerate(pairs):
-                if pass_ == "fwd":
-                    route.matmul(low.block(g, count), wg.t(), side[lo:hi])
-                elif first == 0:
-                    route.matmul(side[lo:hi].t(), low.block(g, count), wg)
-                else:
-                    route.addmm(wg, side[lo:hi].t(), low.block(g, count))
+            if pass_ == "fwd":
+                route.matmul(low.block(count), wg.transpose(-1, -2), side[:, lo:hi])
+            elif first == 0:
+                route.matmul(side[:, lo:hi].transpose(-1, -2), low.block(count), wg)
+            else:
+                route.addmm(wg, side[:, lo:hi].transpose(-1, -2), low.block(count))
     return fused
 
 
@@ -228,8 +259,12 @@ class GemmCPU(Implementation):
             size = nbytes(block * p.p * p.q * p.r * p.s * p.c, precision) / 2**20
             lowering = (f"im2col and product in blocks of {block} image{'s' * (block > 1)} "
                         f"({size:.1f} MiB of columns)")
+        elif in_place(p):
+            lowering = "pointwise: the activation is the column matrix (no im2col)"
         else:
             lowering = "im2col: one strided copy"
+        if p.groups > 1:
+            lowering += f"; {p.groups} groups in one batched product"
         pages = pages_note(self.workspace_bytes(problem, pass_, layout, precision))
         products = note((self.algo, problem, pass_, layout, precision))
         return (f"{lowering}; {products}, {threads.count()} threads"
@@ -239,8 +274,10 @@ class GemmCPU(Implementation):
                         precision: str) -> int:
         """Bytes of the im2col buffer (every pass lowers the input or dx once, the blocked
         passes a block of images at a time) and, where there is padding, of the zero-bordered
-        input it is copied from (fwd, bwd_filter)."""
+        input it is copied from (fwd, bwd_filter); none for a pointwise layer (`in_place`)."""
         p = problem
+        if in_place(p):
+            return 0
         images = images_per_block(p, pass_, layout, precision)
         col = images * p.c * p.r * p.s * p.p * p.q
         padded = _padded_shape(p, pass_, layout)
@@ -249,8 +286,10 @@ class GemmCPU(Implementation):
     def phases(self, problem, pass_, layout, precision) -> list[str]:
         """im2col is the transform of x (fwd, bwd_filter), col2im the inverse into dx
         (bwd_data); the product between. A blocked pass alternates them block by block: one
-        phase, `FUSED`."""
+        phase, `FUSED`. A pointwise layer (`in_place`) is its product alone."""
         a, _, out = OPERAND_NAMES[pass_]
+        if in_place(problem):
+            return ["product"]
         if pass_ == "bwd_data":
             return ["product", f"inverse {out}"]
         if images_per_block(problem, pass_, layout, precision) < problem.n:
@@ -271,34 +310,36 @@ class GemmCPU(Implementation):
         def col2im(dy, w, out):
             low.col2im(out)
 
+        # Every group in one batched product (nchw: batched over the images too).
         if pass_ == "fwd":
             def product(x, w, out):
-                ys = low.output_side(tensor(out))
-                for g, wg in enumerate(low.filters(tensor(np.ascontiguousarray(w)))):
-                    if nchw:  # (K/g × CRS/g) · (CRS/g × PQ) per image
-                        route.matmul(wg, low.matrices[g], ys[g])
-                    else:  # (NPQ × RSC/g) · (RSC/g × K/g)
-                        route.matmul(low.matrices[g], wg.t(), ys[g])
-            steps = (im2col, product)
+                wg = low.filters(tensor(np.ascontiguousarray(w)))
+                cols = low.columns(tensor(np.ascontiguousarray(x)))
+                if nchw:  # (K/g × CRS/g) · (CRS/g × PQ) per image and group
+                    route.matmul(wg, cols, low.output_side(tensor(out)))
+                else:  # (NPQ × RSC/g) · (RSC/g × K/g) per group
+                    route.matmul(cols, wg.transpose(-1, -2), low.output_side(tensor(out)))
+            steps = (product,) if low.in_place else (im2col, product)
         elif pass_ == "bwd_data":
             def product(dy, w, out):
                 dys = low.output_side(tensor(np.ascontiguousarray(dy)))
-                for g, wg in enumerate(low.filters(tensor(np.ascontiguousarray(w)))):
-                    if nchw:
-                        route.matmul(wg.t(), dys[g], low.matrices[g])
-                    else:
-                        route.matmul(dys[g], wg, low.matrices[g])
-            steps = (product, col2im)
+                wg = low.filters(tensor(np.ascontiguousarray(w)))
+                cols = low.columns(tensor(out))
+                if nchw:
+                    route.matmul(wg.transpose(-1, -2), dys, cols)
+                else:
+                    route.matmul(dys, wg, cols)
+            steps = (product,) if low.in_place else (product, col2im)
         else:
             def product(x, dy, out):
                 dys = low.output_side(tensor(np.ascontiguousarray(dy)))
-                for g, dwg in enumerate(low.filters(tensor(out))):
-                    col = low.matrices[g]
-                    if nchw:  # one product per image, each added into dw by BLAS
-                        route.matmul(dys[g][0], col[0].t(), dwg)
-                        for i in range(1, len(col)):
-                            route.addmm(dwg, dys[g][i], col[i].t())
-                    else:  # (K/g × NPQ) · (NPQ × RSC/g)
-                        route.matmul(dys[g].t(), col, dwg)
-            steps = (im2col, product)
+                dwg = low.filters(tensor(out))
+                cols = low.columns(tensor(np.ascontiguousarray(x)))
+                if nchw:  # one product per image, each added into dw by BLAS
+                    route.matmul(dys[0], cols[0].transpose(-1, -2), dwg)
+                    for i in range(1, len(cols)):
+                        route.addmm(dwg, dys[i], cols[i].transpose(-1, -2))
+                else:  # (K/g × NPQ) · (NPQ × RSC/g) per group
+                    route.matmul(dys.transpose(-1, -2), cols, dwg)
+            steps = (product,) if low.in_place else (im2col, product)
         return Phased(dict(zip(self.phases(problem, pass_, layout, precision), steps)))

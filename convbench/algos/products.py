@@ -224,9 +224,13 @@ class Route:
         self.ran.setdefault(name)
 
     def addmm(self, out, a, b) -> None:
-        """out += a·b, on torch: NumPy's matmul only overwrites its output, and adding a
-        product made apart would cost a buffer and a pass over it."""
-        out.addmm_(a, b)
+        """out += a·b (batched over a leading axis where the operands have one), on torch:
+        NumPy's matmul only overwrites its output, and adding a product made apart would cost
+        a buffer and a pass over it."""
+        if out.dim() == 2:
+            out.addmm_(a, b)
+        else:
+            out.baddbmm_(a, b)
         self.added = True
 
 

@@ -9,14 +9,23 @@ The algorithm *wins* a problem only where the interval lies above 1, *loses* whe
 and ties otherwise (docs/pages/design.md §5: a tie is not a win). Rows measured on a busy
 machine do not compete; a problem where the algorithm or the baseline has no fair verified time (unsupported,
 failed, busy) is counted apart (`not compared`), never drawn.
+
+"Best of ours" (`BEST_OF_OURS`) is one more line per problem: the fastest of our own algorithms
+there (every algorithm but the libraries' own convolutions, `is_ours`), set against the
+baseline the same way, its interval that algorithm's; `winner` names it, so the tables say
+which of ours wins each class. The summaries give each geometric mean speed-up a 95% interval
+over the problems (a percentile bootstrap, the problems resampled: how far the mean of a
+sample of a catalog's problems may be from the whole class's).
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
+from ..algos.registry import TORCH_ALGOS
 from ..catalogs import selection
 from ..core.problem import ConvProblem
 from . import ranking
@@ -28,6 +37,17 @@ CPU_BASELINE = "torch-cpu"
 OUTCOMES = {"win": "wins", "tie": "ties", "loss": "losses"}
 #: The outcome where the algorithm or the baseline has no fair verified time.
 NOT_COMPARED = "not compared"
+#: The line of the fastest of our own algorithms on each problem.
+BEST_OF_OURS = "best of ours"
+#: Bootstrap resamples of a geometric mean's interval, and their seed (the same table each
+#: time it is rendered).
+BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED = 2000, 0
+
+
+def is_ours(algo: str) -> bool:
+    """Our own algorithms: not a library's convolution (torch-cpu, cudnn, cudnn-autotune,
+    cudnn-find-*), nor our lowering around cuBLAS's product (gemm-cublas)."""
+    return algo not in TORCH_ALGOS and not algo.startswith("cudnn") and algo != "gemm-cublas"
 
 
 def default_baseline(backend: str | None) -> str:
@@ -42,10 +62,11 @@ def _problem(r) -> ConvProblem:
 
 
 def speedups(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
-    """One row per (layer, pass, precision, algo other than the baseline): the class of the
-    problem, the speed-up over the baseline with its interval (`low`, `high`), the `outcome`
-    (win, tie, loss), or `NOT_COMPARED` with NaN speed-up where either side has no fair `ok`
-    row (not run, failed, or measured on a busy machine)."""
+    """One row per (layer, pass, precision, algo other than the baseline), and one for
+    `BEST_OF_OURS`: the class of the problem, the speed-up over the baseline with its interval
+    (`low`, `high`), the `outcome` (win, tie, loss), or `NOT_COMPARED` with NaN speed-up where
+    either side has no fair `ok` row (not run, failed, or measured on a busy machine); `winner`,
+    on the best-of-ours rows, the algorithm that was fastest of ours."""
     out = []
     for (layer, pass_, precision), rows in df.groupby(["layer", "pass", "precision"],
                                                       sort=False):
@@ -53,13 +74,16 @@ def speedups(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
         best = {c.algo: c for c in reversed(ranking.rank(ok))}  # each algo's fastest layout
         cls = selection.classify(_problem(rows.iloc[0]))
         base = best.get(baseline)
-        for algo in dict.fromkeys(rows["algo"]):
-            if algo == baseline:
-                continue
+        ours = [a for a in dict.fromkeys(rows["algo"]) if a != baseline and is_ours(a)]
+        fastest = min((best[a] for a in ours if a in best), key=lambda c: c.median_ms,
+                      default=None)
+        lines = [(a, best.get(a), "") for a in dict.fromkeys(rows["algo"]) if a != baseline]
+        if ours:
+            lines.append((BEST_OF_OURS, fastest, fastest.algo if fastest else ""))
+        for algo, mine, winner in lines:
             cell = {"layer": layer, "pass": pass_, "precision": precision, "class": cls,
                     "algo": algo, "speedup": math.nan, "low": math.nan, "high": math.nan,
-                    "outcome": NOT_COMPARED}
-            mine = best.get(algo)
+                    "outcome": NOT_COMPARED, "winner": winner}
             if base is not None and mine is not None:
                 r = mine.ratio_to(base)  # mine / baseline: below 1 is faster
                 cell.update(speedup=1 / r.value,
@@ -69,7 +93,7 @@ def speedups(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
                             else "loss")
             out.append(cell)
     return pd.DataFrame(out, columns=["layer", "pass", "precision", "class", "algo",
-                                      "speedup", "low", "high", "outcome"])
+                                      "speedup", "low", "high", "outcome", "winner"])
 
 
 def _gmean(x: pd.Series) -> float:
@@ -77,22 +101,52 @@ def _gmean(x: pd.Series) -> float:
     return float(math.exp(sum(math.log(v) for v in x) / len(x))) if len(x) else math.nan
 
 
+def gmean_interval(x: pd.Series) -> tuple[float, float]:
+    """The 95% percentile-bootstrap interval of the geometric mean of `x` over the problems
+    (resampled with replacement, `BOOTSTRAP_SAMPLES` times, seeded); NaN for fewer than 2."""
+    logs = np.log(x.dropna().to_numpy(dtype=float))
+    if len(logs) < 2:
+        return math.nan, math.nan
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    means = logs[rng.integers(0, len(logs), (BOOTSTRAP_SAMPLES, len(logs)))].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return float(math.exp(low)), float(math.exp(high))
+
+
+def _winners(g: pd.DataFrame) -> str:
+    """Which of ours was fastest on how many of the problems compared, most first."""
+    won = g.loc[g["outcome"] != NOT_COMPARED, "winner"] if "winner" in g else pd.Series()
+    counts = won[won != ""].value_counts()
+    return ", ".join(f"{a} {n}" for a, n in counts.items())
+
+
 def summary(sp: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     """Per group of `by` (e.g. ["algo"] or ["class", "algo"]): problems compared, the share won,
-    tied and lost, the geometric mean and median speed-up, and how many were not run."""
+    tied and lost, the geometric mean speed-up with its 95% interval over the problems
+    (`gmean_interval`), the median, how many were not run, and on `BEST_OF_OURS`'s rows which
+    of ours was fastest how often."""
     rows = []
     for key, g in sp.groupby(by, sort=False):
         ran = g[g["outcome"] != NOT_COMPARED]
         n = len(ran)
+        low, high = gmean_interval(ran["speedup"]) if n else (math.nan, math.nan)
         cell = dict(zip(by, key if isinstance(key, tuple) else (key,)))
         cell.update({"problems": n,
                      **{name: f"{(ran['outcome'] == o).sum() / n:.0%}" if n else ""
                         for o, name in OUTCOMES.items()},
                      "geomean speed-up": f"{_gmean(ran['speedup']):.3g}×" if n else "",
+                     "95% interval": (f"[{low:.3g}, {high:.3g}]" if not math.isnan(low)
+                                      else ""),
                      "median speed-up": f"{ran['speedup'].median():.3g}×" if n else "",
-                     NOT_COMPARED: len(g) - n})
+                     NOT_COMPARED: len(g) - n,
+                     "fastest of ours": _winners(g)})
         rows.append(cell)
-    return pd.DataFrame(rows).set_index(by) if rows else pd.DataFrame()
+    if not rows:
+        return pd.DataFrame()
+    table = pd.DataFrame(rows).set_index(by)
+    if not table["fastest of ours"].any():
+        table = table.drop(columns="fastest of ours")
+    return table
 
 
 def class_order(sp: pd.DataFrame) -> pd.DataFrame:
@@ -101,32 +155,59 @@ def class_order(sp: pd.DataFrame) -> pd.DataFrame:
     return sp.sort_values("class", key=lambda col: col.map(rank), kind="stable")
 
 
-def draw(plt, sp: pd.DataFrame, baseline: str, title: str, path) -> None:
-    """The picture for one pass and precision: per algorithm, its speed-ups sorted ascending
-    over the problems both ran (x: the share of those problems), its 95% intervals shaded, a
-    line at 1; the legend gives each one's share of wins and ties."""
-    fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
-    drawn = 0
-    for i, (algo, g) in enumerate(sp.groupby("algo", sort=False)):
-        ran = g[g["outcome"] != NOT_COMPARED].sort_values("speedup", kind="stable")
-        if ran.empty:
-            continue
-        drawn += 1
-        x = [(j + 0.5) / len(ran) * 100 for j in range(len(ran))]
-        wins, ties = ((ran["outcome"] == o).mean() for o in ("win", "tie"))
-        ax.plot(x, ran["speedup"], color=f"C{i}", marker="." if len(ran) < 60 else None,
-                label=f"{algo}: wins {wins:.0%}, ties {ties:.0%} of {len(ran)}")
-        ax.fill_between(x, ran["low"].fillna(ran["speedup"]),
-                        ran["high"].fillna(ran["speedup"]), color=f"C{i}", alpha=0.2,
-                        linewidth=0)
+def _curve(ax, ran: pd.DataFrame, color, label: str, **style) -> None:
+    """Speed-ups sorted ascending over x = the share of the problems, the 95% intervals
+    shaded."""
+    ran = ran.sort_values("speedup", kind="stable")
+    x = [(j + 0.5) / len(ran) * 100 for j in range(len(ran))]
+    ax.plot(x, ran["speedup"], color=color, marker="." if len(ran) < 60 else None,
+            label=label, **style)
+    ax.fill_between(x, ran["low"].fillna(ran["speedup"]), ran["high"].fillna(ran["speedup"]),
+                    color=color, alpha=0.2, linewidth=0)
+
+
+def _label(name: str, ran: pd.DataFrame) -> str:
+    wins, ties = ((ran["outcome"] == o).mean() for o in ("win", "tie"))
+    return f"{name}: wins {wins:.0%}, ties {ties:.0%} of {len(ran)}"
+
+
+def _axes(ax, baseline: str, title: str) -> None:
     ax.axhline(1, color="black", linewidth=0.8)
     ax.set_yscale("log")
     ax.set_xlim(0, 100)
     ax.set_xlabel("problems, sorted by speed-up (%)")
     ax.set_ylabel(f"speed-up over {baseline} (log)")
     ax.set_title(title)
+
+
+def draw(plt, sp: pd.DataFrame, baseline: str, title: str, path) -> None:
+    """The picture for one pass and precision. Left: per algorithm, its speed-ups sorted
+    ascending over the problems both ran (x: the share of those problems), its 95% intervals
+    shaded, a line at 1, and "best of ours" (the fastest of our algorithms on each problem) in
+    black; the legend gives each one's share of wins and ties. Right: best of ours per class
+    of problem, one colour each."""
+    fig, (ax, by_class) = plt.subplots(1, 2, figsize=(13, 4.8), layout="constrained")
+    drawn = 0
+    for i, (algo, g) in enumerate(sp.groupby("algo", sort=False)):
+        ran = g[g["outcome"] != NOT_COMPARED]
+        if ran.empty:
+            continue
+        drawn += 1
+        if algo == BEST_OF_OURS:
+            _curve(ax, ran, "black", _label(algo, ran), linewidth=2.2, zorder=3)
+        else:
+            _curve(ax, ran, f"C{i}", _label(algo, ran))
+    _axes(ax, baseline, title)
+    ours = sp[(sp["algo"] == BEST_OF_OURS) & (sp["outcome"] != NOT_COMPARED)]
+    for i, cls in enumerate(c for c in selection.CLASSES if c in set(ours["class"])):
+        ran = ours[ours["class"] == cls]
+        _curve(by_class, ran, f"C{i}",
+               f"{_label(cls, ran)}, geomean {_gmean(ran['speedup']):.2f}×")
+    _axes(by_class, baseline, f"best of ours, per class of problem ({len(ours)} problems)")
     if drawn:
         ax.legend(loc="upper left", fontsize="small")
+        if len(ours):
+            by_class.legend(loc="upper left", fontsize="small")
     else:  # an empty picture says why, as the report's table does
         ax.text(50, 1, f"no problem compared with {baseline}: every time here was taken on a "
                 "busy machine,\nfailed or was not run (the report's tables say which)",

@@ -1,0 +1,196 @@
+"""Depthwise, grouped and pointwise layers in our own algorithms (#39): `direct`'s depthwise path
+(taps over strided views on the CPU, kernels/depthwise.cu on `emu`), `gemm`'s one batched
+product over the groups and its pointwise layers in place; every pass, both layouts, tails and
+per-axis geometry, against the float64 reference."""
+
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from convbench import testing
+from convbench.algos import depthwise, direct_kernels, gemm, reference, registry
+from convbench.core.problem import LAYOUTS, PASSES, ConvProblem
+from convbench.measure import memory
+
+#: Depthwise: 3x3 and 5x5, stride 2 with odd sizes (tails), per-axis stride, padding (before
+#: and after apart) and dilation, a multiplier of 2, a 1x1 without padding (read in place),
+#: 1x7 and 7x1 (Inception's), and a bwd_filter reduction split in slices (N·P·Q = 2048).
+DEPTHWISE = [
+    ConvProblem(n=2, c=8, h=9, w=7, k=8, r=3, s=3, pad=1, groups=8),
+    ConvProblem(n=1, c=6, h=11, w=10, k=12, r=5, s=3, stride=(2, 1), pad=(2, 1),
+                dilation=(1, 2), groups=6),
+    ConvProblem(n=2, c=36, h=13, w=17, k=36, r=3, s=3, stride=2, pad=1, groups=36),
+    ConvProblem(n=1, c=5, h=8, w=9, k=10, r=3, s=3, stride=2, groups=5),
+    ConvProblem(n=3, c=4, h=8, w=8, k=4, r=1, s=1, groups=4),
+    ConvProblem(n=1, c=4, h=9, w=9, k=4, r=1, s=7, pad=(0, 3), groups=4),
+    ConvProblem(n=1, c=4, h=9, w=9, k=4, r=7, s=1, pad=((3, 2), 0), groups=4),
+    ConvProblem(n=2, c=16, h=32, w=32, k=16, r=3, s=3, pad=1, groups=16),
+]
+#: Grouped and pointwise, for gemm's batched and in-place products (and direct's grouped path).
+GROUPED = [
+    ConvProblem(n=2, c=8, h=9, w=7, k=12, r=3, s=3, pad=1, groups=4),
+    ConvProblem(n=1, c=12, h=10, w=11, k=6, r=3, s=2, stride=(2, 1), pad=(1, 0), groups=3),
+    ConvProblem(n=3, c=4, h=8, w=8, k=6, r=1, s=1),
+    ConvProblem(n=2, c=8, h=5, w=7, k=6, r=1, s=1, groups=2),
+    ConvProblem(n=2, c=4, h=8, w=9, k=6, r=1, s=1, stride=2),
+]
+
+
+def _ids(problems):
+    return [str(p) for p in problems]
+
+
+@pytest.mark.parametrize("precision", ["fp64", "fp32"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+@pytest.mark.parametrize("algo", ["direct", "gemm"])
+def test_cpu_depthwise_matches_reference(algo, pass_, layout, precision):
+    for problem in DEPTHWISE:
+        assert registry.supports(registry.get(algo, "numpy"), problem, pass_, layout,
+                                 precision) is None
+        testing.assert_matches_reference(algo, "numpy", problem, pass_, layout, precision)
+
+
+@pytest.mark.parametrize("precision", ["fp64", "fp32"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+@pytest.mark.parametrize("algo", ["direct", "gemm"])
+def test_cpu_grouped_and_pointwise_match_reference(algo, pass_, layout, precision):
+    for problem in GROUPED:
+        testing.assert_matches_reference(algo, "numpy", problem, pass_, layout, precision)
+
+
+@settings(max_examples=25, deadline=None)
+@given(c=st.integers(2, 9), m=st.integers(1, 2), n=st.integers(1, 2), h=st.integers(3, 12),
+       w=st.integers(3, 12), r=st.integers(1, 5), s=st.integers(1, 5),
+       stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+       dilation=st.tuples(st.integers(1, 2), st.integers(1, 2)),
+       pad=st.tuples(st.integers(0, 2), st.integers(0, 2)),
+       pass_=st.sampled_from(PASSES), layout=st.sampled_from(LAYOUTS))
+def test_random_depthwise_problems_match_reference(c, m, n, h, w, r, s, stride, dilation, pad,
+                                                    pass_, layout):
+    if (h + 2 * pad[0] - (r - 1) * dilation[0]) < 1 or (w + 2 * pad[1] - (s - 1) * dilation[1]) < 1:
+        return
+    problem = ConvProblem(n=n, c=c, h=h, w=w, k=c * m, r=r, s=s, stride=stride, pad=pad,
+                          dilation=dilation, groups=c)
+    testing.assert_matches_reference("direct", "numpy", problem, pass_, layout, "fp32")
+    testing.assert_matches_reference("gemm", "numpy", problem, pass_, layout, "fp32")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+def test_depthwise_blocks_cover_the_output(pass_, layout, monkeypatch):
+    """Blocks of a few rows (and partial last blocks) give the reference result: the blocking
+    of real layers is checked on small ones."""
+    monkeypatch.setattr(depthwise, "BLOCK_BYTES", 300)
+    for problem in (DEPTHWISE[0], DEPTHWISE[1], DEPTHWISE[2]):
+        assert len(depthwise.blocks(problem, np.float64)) > 2
+        assert testing.run_and_check(registry.get("direct", "numpy"), problem, pass_, layout,
+                                     "fp64").ok
+
+
+def test_depthwise_blocks_group_small_images():
+    p = ConvProblem(n=8, c=32, h=7, w=7, k=32, r=3, s=3, pad=1, groups=32)
+    assert depthwise.blocks(p, np.float32) == [(slice(0, 8), slice(0, 7))]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+def test_depthwise_is_never_a_product(pass_, layout):
+    """The depthwise path multiplies elementwise: no matrix product at all (one per channel
+    is what it replaces)."""
+    problem = DEPTHWISE[2]
+    assert testing.matmul_dtypes(registry.get("direct", "numpy"), problem, pass_, layout) == []
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+@pytest.mark.parametrize("problem", [DEPTHWISE[0], GROUPED[0], GROUPED[2]], ids=str)
+def test_gemm_runs_every_group_in_one_product(problem, pass_, layout):
+    """A grouped (or depthwise) layer is one batched product per pass, not one per group; nchw's
+    bwd_filter sums its images, one product each."""
+    import torch
+
+    calls = []
+    real = torch.matmul
+
+    def counting(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    a, b = reference.random_operands(problem, pass_, layout, np.float32)
+    out = reference.nan_output(problem, pass_, layout, np.float32)
+    with mock.patch.dict("os.environ", {"CONVBENCH_GEMM": "torch"}):
+        run = registry.get("gemm", "numpy").prepare(problem, pass_, layout, "fp32")
+        with mock.patch.object(torch, "matmul", counting):
+            run(a, b, out)
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+def test_pointwise_gemm_has_no_lowering(pass_, layout):
+    """A 1x1 stride-1 layer multiplies the activation in place: no im2col, no workspace, one
+    phase, and its note says so."""
+    impl = registry.get("gemm", "numpy")
+    problem = GROUPED[2]
+    assert gemm.in_place(problem)
+    assert impl.workspace_bytes(problem, pass_, layout, "fp32") == 0
+    assert impl.phases(problem, pass_, layout, "fp32") == ["product"]
+    assert "no im2col" in impl.describe(problem, pass_, layout, "fp32")
+    assert not gemm.in_place(GROUPED[4])  # strided: its im2col is the pixels it reads
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+@pytest.mark.parametrize("problem", [DEPTHWISE[1], DEPTHWISE[7]], ids=str)
+def test_depthwise_workspace_is_what_the_pass_allocates(problem, pass_, layout):
+    impl = registry.get("direct", "numpy")
+    a, b = (o.astype(np.float32) for o in reference.random_operands(problem, pass_, layout))
+    out = reference.nan_output(problem, pass_, layout, np.float32)
+    with memory.Tracemalloc() as trace:
+        run = impl.prepare(problem, pass_, layout, "fp32")
+        trace.mark()
+        run(a, b, out)
+    declared = impl.workspace_bytes(problem, pass_, layout, "fp32")
+    assert memory.pass_peak(trace.points) == pytest.approx(declared, abs=64 << 10)
+
+
+def test_direct_describes_its_depthwise_path():
+    note = registry.get("direct", "numpy").describe(DEPTHWISE[0], "fwd", "nhwc", "fp32")
+    assert note.startswith("depthwise: 9 taps as elementwise multiply-adds")
+    assert registry.get("direct", "numpy").describe(GROUPED[0], "fwd", "nhwc", "fp32") == ""
+
+
+# --- kernels/depthwise.cu, under the emulator ------------------------------------------------
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+@pytest.mark.parametrize("problem", DEPTHWISE, ids=str)
+def test_emu_depthwise_matches_reference(problem, pass_, layout):
+    impl = testing.runnable("direct", "emu")
+    assert registry.supports(impl, problem, pass_, layout, "fp32") is None
+    assert impl.describe(problem, pass_, layout, "fp32").startswith("depthwise kernel")
+    testing.assert_matches_reference("direct", "emu", problem, pass_, layout, "fp32")
+
+
+def test_emu_depthwise_bwd_filter_split():
+    """N·P·Q = 2048 runs in 8 slices of 256 pixels, summed in slice order: the same bits twice."""
+    impl, problem = testing.runnable("direct", "emu"), DEPTHWISE[7]
+    assert "reduction in 8 slice(s)" in impl.describe(problem, "bwd_filter", "nhwc", "fp32")
+    assert impl.workspace_bytes(problem, "bwd_filter", "nhwc", "fp32") == 4 * 8 * 16 * 9
+    x, dy = reference.random_operands(problem, "bwd_filter", "nhwc")
+    run = impl.prepare(problem, "bwd_filter", "nhwc", "fp32")
+    first, second = (reference.nan_output(problem, "bwd_filter", "nhwc") for _ in range(2))
+    run(x, dy, first)
+    run(x, dy, second)
+    np.testing.assert_array_equal(first, second)
+
+
+def test_depthwise_kernels_are_declared_to_the_gate():
+    from convbench.cuda import kernels
+
+    declared = kernels.declared()
+    assert len(declared["depthwise"]) == len(direct_kernels.DEPTHWISE_CONFIGURATIONS) == 2
