@@ -329,7 +329,9 @@ def test_resume_without_options_finishes_the_run_as_it_was_asked(tmp_path, capsy
     assert code == 0, err
     df, env = results.load_run(folder)
     assert len(df) == 5 and set(df["n"]) == {2}  # the run's batch 2, not the default 8
-    assert env["run"]["argv"][:2] == ["bench", "--algos"]
+    assert env["schema"] == results.SCHEMA and "argv" not in env["run"]
+    assert env["run"]["subcommand"] == "bench" and env["run"]["algos"] == ["torch-cpu"]
+    assert env["run"]["batches"] == [2] and env["run"]["layouts"] == ["nhwc"]
     assert [r["when"] for r in env["load"]] == ["start", "end", "resumed start", "end"]
 
 
@@ -356,14 +358,49 @@ def test_resume_with_a_contradicting_option_is_one_line_and_writes_nothing(tmp_p
     assert code == 0, err
 
 
-def test_resume_of_a_folder_from_before_argv_reads_its_command(tmp_path, capsys, interrupt,
-                                                               monkeypatch):
+def as_schema_0(folder: Path, argv: bool = True) -> None:
+    """Make `folder`'s env.json one from before run specs: no schema, the run as its command
+    line (`argv`, or before that only the `command`) and what it resolved."""
+    env = json.loads((folder / "env.json").read_text())
+    del env["schema"]
+    run = env["run"]
+    for name in ("subcommand", "layers", "problems", "model", "input", "classes", "sample",
+                 "seed", "batches"):
+        del run[name]
+    if argv:
+        run["argv"] = [*SMALL, "--out", str(folder)]
+    (folder / "env.json").write_text(json.dumps(env))
+
+
+@pytest.mark.parametrize("argv", [True, False], ids=["argv", "command"])
+def test_resume_of_a_folder_from_before_run_specs_reads_its_command(tmp_path, capsys, interrupt,
+                                                                    monkeypatch, argv):
+    folder = interrupted_run(tmp_path, capsys, interrupt)
+    as_schema_0(folder, argv)
+    code, _, err = run_cli(capsys, "bench", "--batch", "8", "--resume", "--out", str(folder))
+    assert code == 2 and err.startswith("convbench: error: --batch 8 contradicts the run"), err
+    monkeypatch.setattr(runner, "prepare", REAL_PREPARE)
+    code, _, err = run_cli(capsys, "bench", "--resume", "--out", str(folder), "--quiet")
+    assert code == 0, err
+    df, env = results.load_run(folder)
+    assert len(df) == 5 and set(df["n"]) == {2} and set(df["layout"]) == {"nhwc"}
+    assert "schema" not in env  # the folder keeps the env.json of its first start
+
+
+def test_resume_of_a_folder_a_newer_convbench_wrote_is_one_line(tmp_path, capsys, interrupt,
+                                                                 monkeypatch):
     folder = interrupted_run(tmp_path, capsys, interrupt)
     env = json.loads((folder / "env.json").read_text())
-    del env["run"]["argv"]
+    env["schema"] = results.SCHEMA + 1
     (folder / "env.json").write_text(json.dumps(env))
-    code, _, err = run_cli(capsys, "bench", "--batch", "8", "--resume", "--out", str(folder))
-    assert code == 2 and "--batch 8 contradicts the run" in err
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    monkeypatch.setattr(runner, "prepare", lambda *a, **k: pytest.fail("measured"))
+    for argv in (["bench", "--resume", "--out", str(folder)], ["report", str(folder)]):
+        code, out, err = run_cli(capsys, *argv)
+        assert code == 2 and out == "" and err.count("\n") == 1, err
+        assert err.startswith(f"convbench: error: {folder / 'env.json'} has schema "
+                              f"{results.SCHEMA + 1}, newer than this convbench reads"), err
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
 
 
 def test_a_run_ends_on_a_summary_line(tmp_path, capsys):

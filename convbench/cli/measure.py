@@ -5,13 +5,16 @@
     convbench bench --resume --out DIR --remeasure busy,noisy
     convbench sweep [--net alexnet] [--layers conv2,conv3] [--batch 1,2,4,8] [--memory-limit 2GiB]
 
-Each parses its options into cases (`runs.sweep_cases`), opens the run folder
-(`results.RunFolder`), runs them (`runs.Run`) and prints the rows or the report.
+Each turns its options into the run as data (`RunSpec`, its defaults resolved), or with
+`--resume` reads the run's own back from its folder and refuses an option that contradicts it;
+then finds its layers, opens the run folder (`results.RunFolder`), runs the cases
+(`runs.cases`, `runs.Run`) and prints the rows or the report.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import sys
@@ -20,12 +23,13 @@ from pathlib import Path
 from .. import runs
 from ..algos import registry
 from ..analysis import report
-from ..catalogs import layers, problemfile
+from ..catalogs import layers, problemfile, selection
 from ..core.problem import LAYOUTS, PASSES, PRECISIONS
-from ..core.results import ENV_JSON, FolderInUse, RunFolder, resumable_env
+from ..core.results import ENV_JSON, FolderInUse, RunFolder, resumable_env, schema_of
+from ..core.runspec import RunSpec
 from ..machine import devices, threads
 from ..machine.devices import DEVICES
-from ..measure import batchsweep, envinfo, memory, timing
+from ..measure import batchsweep, memory, timing
 from ..planning import models
 from ..runs import shard
 from . import catalog
@@ -47,23 +51,239 @@ from .common import (
     usage_errors,
 )
 
+#: Each field of a `RunSpec` by the option that gives it, to name it in a refusal.
+_OPTION = {"device": "--device", "net": "--net", "layers": "--layers", "problems": "--problems",
+           "model": "--model", "input": "--input", "classes": "--class", "sample": "--sample",
+           "seed": "--seed", "batches": "--batch", "algos": "--algos", "passes": "--passes",
+           "layouts": "--layouts", "precisions": "--precision", "budget_s": "--time-budget",
+           "target_noise": "--target-noise", "memory_limit_bytes": "--memory-limit",
+           "threads": "--threads"}
 
-def _measure(args, specs: list, device: devices.Device, folder: Path | None,
-             limit: memory.MemoryLimit | None = None, source: dict | None = None):
-    """Sweep `specs` (layer specs, or Layers) × the options, streaming the rows into `folder`
-    when given, which also gets env.json, report.md and plots. Returns the run's outcome
-    (`runs.Outcome`)."""
+
+# --- the run as data: from the options, or from the run folder being resumed -------------------
+def _given(args, subcommand: str, backend: str, net: str) -> dict:
+    """The fields of a RunSpec this command's options give (an option not given gives none):
+    comma lists parsed and checked, `all` algos expanded for `backend`, a sweep's `--layers`
+    checked against `net`'s."""
+    layer_names = getattr(args, "layers", None)
+    with usage_errors():
+        given = {
+            "device": args.device, "net": args.net,
+            "layers": tuple(args.layer) if subcommand == "layer" and args.layer else None,
+            "problems": str(args.problems) if getattr(args, "problems", None) else None,
+            "model": getattr(args, "model", None),
+            "input": models.parse_input(args.input) if getattr(args, "input", None) else None,
+            "classes": (selection.parse_classes(args.classes)
+                        if getattr(args, "classes", None) else None),
+            "sample": getattr(args, "sample", None), "seed": getattr(args, "seed", None),
+            "batches": (None if args.batch is None else
+                        tuple(args.batch) if isinstance(args.batch, list) else (args.batch,)),
+            "algos": registry.expand_algos(args.algos, backend) if args.algos else None,
+            "passes": choices(args.passes, "pass", PASSES) if args.passes else None,
+            "layouts": choices(args.layouts, "layout", LAYOUTS) if args.layouts else None,
+            "precisions": (choices(args.precision, "precision", PRECISIONS)
+                           if args.precision else None),
+            "budget_s": args.time_budget, "target_noise": args.target_noise,
+            "memory_limit_bytes": args.memory_limit, "threads": args.threads}
+    if layer_names:
+        names = tuple(layer.name for layer in layers.net_layers(net))
+        try:
+            given["layers"] = tuple(choices(layer_names, "layer", names))
+        except ValueError as exc:
+            raise UsageError(f"{exc} (in {net})") from None
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def _sources(args, subcommand: str) -> None:
+    """UsageError where the options name no layers, or several sources of them."""
+    model, problems = getattr(args, "model", None), getattr(args, "problems", None)
+    if subcommand == "layer":
+        if args.layer and (model or problems):
+            raise UsageError("give layers, --model or --problems, not several")
+        if not (args.layer or model or problems):
+            raise UsageError("no layer given: name layers or specs, or give --model or "
+                             "--problems")
+    if getattr(args, "input", None) and not model:
+        raise UsageError("--input goes with --model MODULE:CALLABLE")
+    given = [o for o, v in (("--model", model), ("--problems", problems), ("--net", args.net))
+             if v]
+    if len(given) > 1:
+        raise UsageError(f"{' and '.join(given)} are sources of layers: give one")
+    if model and (getattr(args, "classes", None) or getattr(args, "sample", None) is not None):
+        raise UsageError("--class and --sample choose among the problems of --net or "
+                         "--problems, not of --model")
+    if model and not args.input:
+        raise UsageError("--model needs --input N,C,H,W (the shape of one input batch)")
+
+
+def new_spec(args, subcommand: str, recorded: dict | None = None) -> RunSpec:
+    """The RunSpec of `convbench SUBCOMMAND` with these options, every default resolved: the
+    device, its budget, every algo, pass and layout, fp32, a sweep's batches and memory limit
+    (or, for a run folder from before run specs, what its `recorded` run resolved then)."""
+    _sources(args, subcommand)
+    dev = resolve_device(args.device)
+    model = getattr(args, "model", None)
+    net = args.net or (models.net_name(model) if model else None)
+    if not net and not getattr(args, "problems", None):
+        net = layers.NETS[0]
+    given = _given(args, subcommand, dev.backend, net or layers.NETS[0])
+    was = recorded or {}
+    defaults = {"device": dev.name, "net": net, "algos": registry.expand_algos("all", dev.backend),
+                "passes": PASSES, "layouts": LAYOUTS, "precisions": ("fp32",),
+                "budget_s": was.get("budget_s") or dev.budget_s,
+                "target_noise": was.get("target_noise") or timing.TARGET_NOISE,
+                "memory_limit_bytes": was.get("memory_limit_bytes"),
+                "threads": was.get("threads")}
+    if subcommand == "sweep":
+        defaults["batches"] = batchsweep.DEFAULT_BATCHES[dev.name]
+        if not defaults["memory_limit_bytes"]:
+            limit = batchsweep.default_limit(dev.backend)
+            defaults["memory_limit_bytes"] = limit.nbytes if limit else None
+    with usage_errors():
+        return RunSpec(**{**defaults, **given, "subcommand": subcommand})
+
+
+def _old_spec(args, run: dict, env_path: Path) -> RunSpec:
+    """The RunSpec of a run folder from before run specs (schema 0): its recorded command line
+    (`argv`, or the `command` before that) parsed as any command is, its defaults those the
+    run resolved."""
+    try:
+        argv = list(run["argv"]) if "argv" in run else shlex.split(run.get("command", ""))[1:]
+    except ValueError:
+        raise UsageError(f"{env_path}: cannot read the run's options from its command "
+                         f"{run.get('command')!r}; start another run folder") from None
+    try:
+        old = args.build_parser().parse_args(argv)
+    except SystemExit:
+        raise UsageError(f"{env_path}: cannot parse the run's own options "
+                         f"{' '.join(argv)!r}") from None
+    if old.command not in ("layer", "bench", "sweep"):
+        raise UsageError(f"{env_path} is not a measuring run's; start another run folder")
+    return new_spec(old, old.command, run)
+
+
+def _shown(field: str, value) -> str:
+    if isinstance(value, (list, tuple)):
+        return (" " if field == "layers" else ",").join(map(str, value))
+    return "not given" if value is None else str(value)
+
+
+def stored_spec(args, subcommand: str) -> RunSpec:
+    """For `--resume --out DIR`: the RunSpec of the run in DIR (`RunSpec.from_dict` of its
+    env.json, or for a folder from before run specs its recorded command's); UsageError,
+    before anything is written, where there is no run to resume (`results.resumable_env`:
+    resuming nothing would start a whole run of default options), where a newer convbench
+    wrote it, or where this command contradicts it, in one line naming the option (another
+    value for an option the run was made with, another subcommand, another machine)."""
+    if not args.out:  # a default folder is named by options the run's env.json would give
+        raise UsageError("--resume needs the run folder to finish: --out DIR")
+    env_path = Path(args.out) / ENV_JSON
+    with usage_errors("--resume: "):
+        env = resumable_env(args.out)
+    run = env.get("run")
+    if not isinstance(run, dict):
+        raise UsageError(f"{env_path} is not a convbench env.json; start another run folder")
+    with usage_errors():
+        version = schema_of(env, env_path)
+    if version >= 1:
+        with usage_errors(f"{env_path}: "):
+            spec = RunSpec.from_dict(run)
+    else:
+        spec = _old_spec(args, run, env_path)
+    if spec.subcommand and spec.subcommand != subcommand:
+        raise UsageError(f"{args.out} was made by `convbench {spec.subcommand}`, not "
+                         f"`convbench {subcommand}`: resume it with `convbench "
+                         f"{spec.subcommand} --resume --out {args.out}`")
+    backend = DEVICES[spec.device].backend if spec.device in DEVICES else "numpy"
+    given = _given(args, subcommand, backend, args.net or spec.net or layers.NETS[0])
+    conflict = spec.conflict(given)
+    if conflict and conflict[0] == "batches" and not spec.batches:
+        # a run given no batch ran at one it chose: that one, given now, is no contradiction
+        ran = run.get("batch")
+        ran = tuple(ran) if isinstance(ran, list) else (ran,)
+        conflict = spec.conflict({k: v for k, v in given.items() if k != "batches"}) \
+            if tuple(given["batches"]) == ran else conflict
+    if conflict:
+        field, value, recorded = conflict
+        option = "layers given" if field == "layers" and subcommand == "layer" else \
+            _OPTION[field]
+        raise UsageError(f"{option} {_shown(field, value)} contradicts the run in {args.out}, "
+                         f"made with {option} {_shown(field, recorded)} ({ENV_JSON}): resume "
+                         "with its own options (give none), or start another run folder with "
+                         "--out")
+    with usage_errors():
+        runs.same_machine(env, args.out)
+    return spec
+
+
+def _spec(args, subcommand: str) -> RunSpec:
     if args.remeasure and not args.resume:
         raise UsageError("--remeasure takes rows of a run again: give it with --resume --out "
                          "DIR")
+    return stored_spec(args, subcommand) if args.resume else new_spec(args, subcommand)
+
+
+# --- the layers of a run, and measuring them --------------------------------------------------
+def network(spec: RunSpec, dev: devices.Device) -> tuple[list, dict | None, RunSpec]:
+    """The layers of `spec`: its model's, its problem file's, its layer specs or its catalog's
+    (specs or Layers), where they came from and how often each occurs, for env.json (None for
+    a catalog of one network), and the spec with the net its rows carry. Says on stderr what it
+    chose and left out."""
+    if spec.model:
+        return _model_layers(spec, dev)
+    if spec.layers:
+        return list(spec.layers), None, spec
+    choice = argparse.Namespace(classes=",".join(spec.classes) if spec.classes else None,
+                                sample=spec.sample, seed=spec.seed)
+    if spec.problems:
+        skipped: list[problemfile.Skipped] = []
+        with usage_errors():
+            found = problemfile.read(spec.problems, net=spec.net, skipped=skipped)
+        net = found[0].net
+        found, chosen = catalog.choose(choice, found, net)
+        source = {"problems": spec.problems, "occurrences": _counts(found), **chosen}
+        if skipped:
+            # Lines that read as convolutions convbench cannot hold (3-D ones): said, kept in
+            # env.json with their reasons, and the file's other problems run.
+            print(f"convbench: {spec.problems}: {len(skipped)} of its convolutions skipped "
+                  f"(the first: {skipped[0]}); env.json lists them", file=sys.stderr)
+            source["skipped"] = [str(s) for s in skipped]
+        return found, source, dataclasses.replace(spec, net=net)
+    found, chosen = catalog.choose(choice, layers.net_layers(spec.net), spec.net)
+    if spec.net in layers.OWN_BATCH:  # a list of problems, weighed by how often each occurs
+        return found, {"occurrences": _counts(found), **chosen}, spec
+    return [f"{spec.net}:{layer.name}" for layer in found], chosen or None, spec
+
+
+def _counts(found: list[layers.Layer]) -> dict[str, int]:
+    return {layer.name: layer.count for layer in found}
+
+
+def _model_layers(spec: RunSpec, dev: devices.Device) -> tuple[list, dict, RunSpec]:
     with usage_errors():
-        cases = runs.sweep_cases(
-            specs, args.net, args.batch if isinstance(args.batch, list) else [args.batch],
-            device, registry.expand_algos(args.algos, device.backend),
-            choices(args.passes, "pass", PASSES), choices(args.layouts, "layout", LAYOUTS),
-            choices(args.precision, "precision", PRECISIONS))
-    budget = args.time_budget or device.budget_s
-    target = args.target_noise or timing.TARGET_NOISE
+        found = models.conv_layers(models.load(spec.model), spec.input, spec.net,
+                                   "cuda" if dev.backend == "cuda" else "cpu")
+    for u in found.unplanned:
+        print(f"convbench: {u.layer} not measured: {u.reason}", file=sys.stderr)
+    for name, why in found.kept.items():
+        print(f"convbench: {name} measured; apply would keep it as it is: {why}",
+              file=sys.stderr)
+    print(f"convbench: {spec.model}: {sum(found.occurrences.values())} conv layers, "
+          f"{len(found.layers)} distinct problems", file=sys.stderr)
+    return found.layers, {"model": spec.model, "input": list(spec.input),
+                          "occurrences": found.occurrences,
+                          "unmeasured": {u.layer: u.reason for u in found.unplanned},
+                          "kept_by_apply": found.kept}, spec
+
+
+def _measure(args, spec: RunSpec, found: list, source: dict | None, device: devices.Device,
+             folder: Path | None):
+    """The cases of `spec` over `found`, streaming the rows into `folder` when given, which
+    also gets env.json (the spec in its `run`), report.md and plots. Returns the run's outcome
+    (`runs.Outcome`)."""
+    with usage_errors():
+        cases = runs.cases(spec, found)
+    limit = memory.MemoryLimit(spec.memory_limit_bytes) if spec.memory_limit_bytes else None
     with usage_errors():
         sharded = shard.from_env(device.backend)  # torchrun, several ranks: this rank's share
     if sharded and sharded.rank:  # rank 0 prints the results; the other ranks' stdout is dropped
@@ -71,13 +291,16 @@ def _measure(args, specs: list, device: devices.Device, folder: Path | None,
     if sharded and args.remeasure:
         raise UsageError("--remeasure runs in one process: resume the folder without torchrun")
     with usage_errors():  # the ranks on this machine share its cores
-        threads.use(threads.check(args.threads)
+        threads.use(threads.check(spec.threads)
                     or shard.host_threads(sharded, threads.available_cores()))
     run_folder = None
     if folder is not None:
-        env = runs.environment(device, args.net, cases, budget, batch=args.batch, limit=limit,
+        batch = (None if not spec.batches else spec.batches[0] if len(spec.batches) == 1
+                 else list(spec.batches))
+        env = runs.environment(device, spec.net, cases, spec.budget_s, batch=batch,
+                               limit=limit, source=source, target=spec.target_noise,
                                command=" ".join(["convbench", *map(shlex.quote, args.argv)]),
-                               source=source, argv=args.argv, target=target)
+                               spec=spec)
         try:
             run_folder = (sharded.open(folder, env, args.resume) if sharded
                           else RunFolder.open(folder, env, args.resume))
@@ -89,8 +312,9 @@ def _measure(args, specs: list, device: devices.Device, folder: Path | None,
         except OSError as exc:  # --out names a file, or a folder this process cannot write
             raise UsageError(f"--out {folder}: cannot write a run folder there "
                              f"({exc.strerror or exc})") from None
-    run = (shard.Run(sharded, cases, budget, run_folder, limit, target) if sharded
-           else runs.Run(cases, budget, run_folder, limit, target, args.remeasure or ()))
+    run = (shard.Run(sharded, cases, spec.budget_s, run_folder, limit, spec.target_noise)
+           if sharded else runs.Run(cases, spec.budget_s, run_folder, limit, spec.target_noise,
+                                    args.remeasure or ()))
     progress = Progress(len(run.todo), quiet=args.quiet)
     try:
         outcome = run.measure(on_row=progress)
@@ -99,223 +323,32 @@ def _measure(args, specs: list, device: devices.Device, folder: Path | None,
     return outcome
 
 
-# --- resuming: a run folder's own options ------------------------------------------------------
-#: Options that say how to show or where to write a run, or which of its rows to take again,
-#: not what it measures: a resumed run may give them anew.
-_PRESENTATION = {"resume", "out", "format", "quiet", "command", "func", "argv",
-                 "build_parser", "remeasure"}
-#: Options whose default a run resolved and recorded in env.json's run: an explicit value is
-#: compared with what the run used, not with "not given".
-_RESOLVED = {"net": "net", "device": "device", "batch": "batch", "time_budget": "budget_s",
-             "threads": "threads", "target_noise": "target_noise"}
-#: Comma lists whose order does not change what is measured.
-_LISTS = {"algos", "passes", "layouts", "precision", "layers"}
-
-
-def _explicit(build_parser, argv: list[str]) -> argparse.Namespace:
-    """`argv` parsed with every default suppressed: only the options it gives."""
-    parser = build_parser()
-    for sub in parser._subparsers._group_actions[0].choices.values():
-        for action in sub._actions:
-            if action.dest != "help":
-                action.default = argparse.SUPPRESS
-    return parser.parse_args(argv)
-
-
-def _same(dest: str, given, recorded) -> bool:
-    if dest in _LISTS and isinstance(given, str) and isinstance(recorded, str):
-        return set(given.split(",")) == set(recorded.split(","))
-    if dest in _RESOLVED and isinstance(recorded, list) and not isinstance(given, list):
-        return [given] == recorded
-    return given == recorded
-
-
-def _stored_argv(run: dict, folder: Path) -> list[str]:
-    if "argv" in run:
-        return list(run["argv"])
-    try:  # a run folder from before argv was recorded: its command line
-        return shlex.split(run.get("command", ""))[1:]
-    except ValueError:
-        raise UsageError(f"{folder / ENV_JSON}: cannot read the run's options from its command "
-                         f"{run.get('command')!r}; start another run folder") from None
-
-
-def _option(dest: str) -> str:
-    return "layers given" if dest == "layer" else "--" + dest.replace("_", "-")
-
-
-def resumed(args) -> argparse.Namespace:
-    """For `--resume --out DIR`: the run's own options (from its env.json), with this
-    command's presentation options; UsageError, before anything is written, where there is no
-    run to resume (`results.resumable_env`: resuming nothing would start a whole run of
-    default options) or where this command contradicts it (another value for an option the run
-    was made with, another subcommand, another machine). Without --resume, `args` as they
-    are."""
-    if not args.resume:
-        return args
-    if not args.out:  # a default folder is named by options the run's env.json would give
-        raise UsageError("--resume needs the run folder to finish: --out DIR")
-    env_path = Path(args.out) / ENV_JSON
-    with usage_errors("--resume: "):
-        env = resumable_env(args.out)
-    try:
-        run = env["run"]
-    except (KeyError, TypeError):
-        raise UsageError(f"{env_path} is not a convbench env.json; start another run folder") \
-            from None
-    stored = _stored_argv(run, env_path.parent)
-    with usage_errors(f"{env_path}: "):
-        try:
-            original = _explicit(args.build_parser, stored)
-        except SystemExit:
-            raise ValueError(f"cannot parse the run's own options {' '.join(stored)!r}") \
-                from None
-    given = _explicit(args.build_parser, args.argv)
-    if original.command != given.command:
-        raise UsageError(f"{args.out} was made by `convbench {original.command}`, not "
-                         f"`convbench {given.command}`: resume it with `convbench "
-                         f"{original.command} --resume --out {args.out}`")
-    for dest, value in vars(given).items():
-        if dest in _PRESENTATION:
-            continue
-        recorded = getattr(original, dest, run.get(_RESOLVED.get(dest, ""), None))
-        if not _same(dest, value, recorded):
-            shown = " ".join(map(str, value)) if isinstance(value, list) else value
-            was = "not given" if recorded is None else (
-                " ".join(map(str, recorded)) if isinstance(recorded, list) else recorded)
-            raise UsageError(f"{_option(dest)} {shown} contradicts the run in {args.out}, made "
-                             f"with {_option(dest)} {was} ({ENV_JSON}): resume with its own "
-                             "options (give none), or start another run folder with --out")
-    _same_machine(env, args.out)
-    out = args.build_parser().parse_args(stored)
-    for dest in _PRESENTATION - {"command", "func"}:
-        if hasattr(args, dest):
-            setattr(out, dest, getattr(args, dest))
-    out.resume, out.out = True, args.out
-    return out
-
-
-def _same_machine(env: dict, folder) -> None:
-    """UsageError where this machine is not the one a run folder's rows were measured on."""
-    backend = env.get("backend") or env.get("run", {}).get("backend", "numpy")
-    now = {"device": envinfo.device_name(backend)}
-    was = {"device": env.get("device")}
-    if was["device"] and now["device"] != was["device"]:
-        raise UsageError(f"{folder} was measured on {was['device']}, this machine is "
-                         f"{now['device']}: its rows would mix two machines; start another run "
-                         "folder")
-
-
-
-def _limit(args) -> memory.MemoryLimit | None:
-    return memory.MemoryLimit(args.memory_limit) if args.memory_limit else None
-
-
-def network(args, dev: devices.Device) -> tuple[list, dict | None]:
-    """The layers of `--model` (with `--input`), of `--problems`, or of `--net`: (specs or
-    Layers, where they came from and how often each occurs, for env.json; None for a catalog of
-    one network). Sets `args.net` to the name the rows carry."""
-    if args.input and not args.model:
-        raise UsageError("--input goes with --model MODULE:CALLABLE")
-    given = [o for o, v in (("--model", args.model), ("--problems", args.problems),
-                            ("--net", args.net)) if v]
-    if len(given) > 1:
-        raise UsageError(f"{' and '.join(given)} are sources of layers: give one")
-    if args.model:
-        if args.classes or args.sample is not None:
-            raise UsageError("--class and --sample choose among the problems of --net or "
-                             "--problems, not of --model")
-        return _model_layers(args, dev)
-    if args.problems:
-        skipped: list[problemfile.Skipped] = []
-        with usage_errors():
-            found = problemfile.read(args.problems, skipped=skipped)
-        args.net = found[0].net
-        found, chosen = catalog.choose(args, found, args.net)
-        source = {"problems": str(args.problems), "occurrences": _counts(found), **chosen}
-        if skipped:
-            # Lines that read as convolutions convbench cannot hold (3-D ones): said, kept in
-            # env.json with their reasons, and the file's other problems run.
-            print(f"convbench: {args.problems}: {len(skipped)} of its convolutions skipped "
-                  f"(the first: {skipped[0]}); env.json lists them", file=sys.stderr)
-            source["skipped"] = [str(s) for s in skipped]
-        return found, source
-    args.net = args.net or layers.NETS[0]
-    found, chosen = catalog.choose(args, layers.net_layers(args.net), args.net)
-    if args.net in layers.OWN_BATCH:  # a list of problems, weighed by how often each occurs
-        return found, {"occurrences": _counts(found), **chosen}
-    return [f"{args.net}:{layer.name}" for layer in found], chosen or None
-
-
-def _counts(found: list[layers.Layer]) -> dict[str, int]:
-    return {layer.name: layer.count for layer in found}
-
-
-def _model_layers(args, dev: devices.Device) -> tuple[list, dict]:
-    if not args.input:
-        raise UsageError("--model needs --input N,C,H,W (the shape of one input batch)")
-    with usage_errors():
-        shape = models.parse_input(args.input)
-        args.net = models.net_name(args.model)
-        found = models.conv_layers(models.load(args.model), shape, args.net,
-                                   "cuda" if dev.backend == "cuda" else "cpu")
-    for u in found.unplanned:
-        print(f"convbench: {u.layer} not measured: {u.reason}", file=sys.stderr)
-    for name, why in found.kept.items():
-        print(f"convbench: {name} measured; apply would keep it as it is: {why}",
-              file=sys.stderr)
-    print(f"convbench: {args.model}: {sum(found.occurrences.values())} conv layers, "
-          f"{len(found.layers)} distinct problems", file=sys.stderr)
-    return found.layers, {"model": args.model, "input": list(shape),
-                          "occurrences": found.occurrences,
-                          "unmeasured": {u.layer: u.reason for u in found.unplanned},
-                          "kept_by_apply": found.kept}
+def _run(args, subcommand: str, kind: str | None = "") -> int:
+    """`convbench SUBCOMMAND`: its spec, its layers, its run into --out (or, unless `kind` is
+    None, the default folder `runs.default_folder` names with `kind`), its output."""
+    spec = _spec(args, subcommand)
+    dev = resolve_device(spec.device)
+    found, source, spec = network(spec, dev)
+    folder = (Path(args.out) if args.out else None if kind is None
+              else runs.default_folder(spec.net, dev.backend, kind))
+    outcome = _measure(args, spec, found, source, dev, folder)
+    emit(outcome.frame, args.format, report.layer_table(outcome.frame) if kind is None
+         else outcome.report)
+    return finish(outcome, folder)
 
 
 def cmd_layer(args) -> int:
-    args = resumed(args)
-    folder = Path(args.out) if args.out else None
-    if args.layer and (args.model or args.problems):
-        raise UsageError("give layers, --model or --problems, not several")
-    if not (args.layer or args.model or args.problems):
-        raise UsageError("no layer given: name layers or specs, or give --model or --problems")
-    dev = resolve_device(args.device)
-    specs, source = network(args, dev) if not args.layer else (args.layer, None)
-    args.net = args.net or layers.NETS[0]
-    outcome = _measure(args, specs, dev, folder, _limit(args), source)
-    emit(outcome.frame, args.format, report.layer_table(outcome.frame))
-    return finish(outcome, folder)
+    return _run(args, "layer", kind=None)
 
 
 def cmd_bench(args) -> int:
-    args = resumed(args)
-    dev = resolve_device(args.device)
-    specs, source = network(args, dev)
-    folder = Path(args.out) if args.out else runs.default_folder(args.net, dev.backend)
-    outcome = _measure(args, specs, dev, folder, _limit(args), source)
-    emit(outcome.frame, args.format, outcome.report)
-    return finish(outcome, folder)
+    return _run(args, "bench")
 
 
 def cmd_sweep(args) -> int:
     """`bench` over a list of batches: time per image and peak memory as the batch grows. On
     the host the memory limit defaults to a share of the memory available now."""
-    args = resumed(args)
-    dev = resolve_device(args.device)
-    args.net = args.net or layers.NETS[0]
-    args.batch = args.batch or list(batchsweep.DEFAULT_BATCHES[dev.name])
-    folder = (Path(args.out) if args.out
-              else runs.default_folder(args.net, dev.backend, "-sweep"))
-    names = [layer.name for layer in layers.net_layers(args.net)]
-    try:
-        chosen = choices(args.layers, "layer", tuple(names)) if args.layers else names
-    except ValueError as exc:
-        raise UsageError(f"{exc} (in {args.net})") from None
-    limit = _limit(args) or batchsweep.default_limit(dev.backend)
-    specs = [f"{args.net}:{name}" for name in chosen]
-    outcome = _measure(args, specs, dev, folder, limit)
-    emit(outcome.frame, args.format, outcome.report)
-    return finish(outcome, folder)
+    return _run(args, "sweep", "-sweep")
 
 
 # --- the parsers ----------------------------------------------------------------------------
@@ -343,12 +376,15 @@ def _sweep_options(p, layer: bool, batch_list: bool = False) -> None:
                             "benchdnn descriptors, one per line (g1mb8ic96ih27oc256kh5ph2"
                             "n\"conv2\"); each keeps its own batch unless --batch")
         catalog.add_options(p)
-    p.add_argument("--algos", default="all",
+        p.set_defaults(seed=None)  # 0 where the run is new: given, it is compared on --resume
+    # the options of a run's spec default to None: given, they are checked against a resumed
+    # run's own; not given, a new run resolves them (`new_spec`), a resumed one keeps its own
+    p.add_argument("--algos",
                    help="comma list of algos; `winograd` = both tiles, `winograd-fused` both "
                         "fused tiles; `all` (default)")
-    p.add_argument("--passes", default="all", help=f"comma list of {', '.join(PASSES)}; all")
-    p.add_argument("--layouts", default="all", help=f"comma list of {', '.join(LAYOUTS)}; all")
-    p.add_argument("--precision", default="fp32",
+    p.add_argument("--passes", help=f"comma list of {', '.join(PASSES)}; all (default)")
+    p.add_argument("--layouts", help=f"comma list of {', '.join(LAYOUTS)}; all (default)")
+    p.add_argument("--precision",
                    help=f"comma list of {', '.join(PRECISIONS)} (default fp32)")
     if batch_list:
         p.add_argument("--batch", type=batches, help="comma list of batch sizes (default: "

@@ -2,17 +2,18 @@
 
 One row is one measurement (docs/pages/design.md §3): the key that identifies it (layer, problem,
 algo, backend, pass, layout, precision), its status and reason, the times and what was derived from
-them, accuracy, memory and notes. Everything that writes or reads rows goes through here: the runner
-makes rows of `COLUMNS`; `CsvSink` appends them to measurements.csv one at a time, so an interrupted
+them, accuracy, memory and notes: a `Row`, whose columns and types are declared once, here.
+Everything that writes or reads rows goes through here: the runner makes `Row`s (`new_row`); `CsvSink` appends them to measurements.csv one at a time, so an interrupted
 run keeps every row it measured; `read_rows` and `load_run` read a run back; `frame` types a table
 of rows (from the runner or read back as strings) as a DataFrame, which report, advice and sweeps
 read; `to_records`/`to_json` are its JSON form, and `entry_from_row` / `row_from_entry` the compact
 form a plan stores its measurements in.
 
 A run folder holds measurements.csv, env.json (the machine and how the run was asked for) and
-the report rendered from them. `RunFolder.open` prepares one for a run: it refuses to mix new
-rows into a finished run unless resuming, refuses a file written with other columns, and keeps
-a resumed run's first env.json.
+the report rendered from them. env.json says the folder's `SCHEMA`, which every reader checks
+(`schema_of`: none is version 0, read as it is; a newer one is refused). `RunFolder.open`
+prepares one for a run: it refuses to mix new rows into a finished run unless resuming, refuses
+a file written with other columns or a newer schema, and keeps a resumed run's first env.json.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NewType, TypedDict
 
 import pandas as pd
 
@@ -33,28 +35,56 @@ from .measurement import Measurement
 from .problem import AXIS_FIELDS, ConvProblem, axis_pair, pair_text
 
 PROBLEM_FIELDS = tuple(f.name for f in dataclasses.fields(ConvProblem))
+#: The version of what a run folder holds: env.json's layout (its `run` a `RunSpec`) and
+#: measurements.csv's columns (`Row`). env.json says it (`schema`); every reader checks it
+#: (`schema_of`): a folder without one is version 0 (before run specs; its file may lack later
+#: columns, which read as empty), a newer one is refused. A change to either bumps it.
+SCHEMA = 1
+
+#: A text column: empty, not missing, where it does not apply.
+Text = NewType("Text", str)
+#: A per-axis column (stride, pad, dilation): an integer where the axes agree, else `HxW` text.
+Axis = int | str
+#: A flag: True, False, or missing where it does not apply (a row not timed, a file before it).
+Flag = bool | None
+
+#: One row of results: every column and its type, in the CSV's order (design §3's columns
+#: first, then what the reports and compare use). `runner.row` builds one; the CSV's header,
+#: and how `frame` types each column, come from here. Numbers are None where they do not apply.
+Row = TypedDict("Row", {
+    "layer": str, **{f: Axis if f in AXIS_FIELDS else int for f in PROBLEM_FIELDS},
+    "algo": str, "backend": str, "pass": str, "layout": str, "precision": str,
+    "status": str, "reason": Text, "median_ms": float, "iqr_ms": float, "reps": int,
+    "gflops": float, "rel_error": float, "workspace_bytes": int, "peak_bytes": int,
+    "memory_method": Text, "net": str, "min_ms": float, "noisy": Flag, "times_ms": Text,
+    "phases_ms": Text, "algo_ops": int, "max_abs_error": float, "tolerance": float,
+    "note": Text, "host_ms": float, "ci_low_ms": float, "ci_high_ms": float, "stop": Text,
+    "round_group": Text, "cpu_ms": float, "cpu_share": float, "contended": Flag,
+    "throttled": Text, "host_bound": Flag, "stolen": float})
+
+_TYPES: dict[str, object] = Row.__annotations__
+#: The results table's columns, in order.
+COLUMNS = tuple(_TYPES)
 #: What identifies a row: a second row with the same key is the same measurement.
 KEY = ("layer", *PROBLEM_FIELDS, "algo", "backend", "pass", "layout", "precision")
-#: The results table: docs/pages/design.md §5's columns first (the measured peak memory and how it
-#: was read beside the predicted workspace), then what the reports and compare use.
-COLUMNS = (*KEY, "status", "reason", "median_ms", "iqr_ms", "reps", "gflops", "rel_error",
-           "workspace_bytes", "peak_bytes", "memory_method", "net", "min_ms", "noisy",
-           "times_ms", "phases_ms", "algo_ops", "max_abs_error", "tolerance", "note", "host_ms",
-           "ci_low_ms", "ci_high_ms", "stop", "round_group", "cpu_ms", "cpu_share", "contended",
-           "throttled", "host_bound", "stolen")
 STATUSES = ("ok", "unsupported", "failed", "oom")
-#: Numeric columns, and those of them that count whole things. Stride, pad and dilation are
-#: apart: an integer where the two axes agree, else text `HxW` (`ConvProblem.axis_fields`).
-_WHOLE_FIELDS = tuple(f for f in PROBLEM_FIELDS if f not in AXIS_FIELDS)
-NUMERIC = (*_WHOLE_FIELDS, "median_ms", "iqr_ms", "reps", "gflops", "rel_error",
-           "workspace_bytes", "peak_bytes", "min_ms", "algo_ops", "max_abs_error", "tolerance",
-           "host_ms", "ci_low_ms", "ci_high_ms", "cpu_ms", "cpu_share", "stolen")
-INTEGER = (*_WHOLE_FIELDS, "reps", "workspace_bytes", "peak_bytes", "algo_ops")
-#: Text columns: empty, not missing, where they do not apply.
-TEXT = ("reason", "note", "times_ms", "phases_ms", "memory_method", "stop", "round_group",
-        "throttled")
-#: Flags: True, False, or missing where they do not apply (a row not timed, a file before them).
-FLAGS = ("noisy", "contended", "host_bound")
+#: The columns of each kind, from `Row`.
+INTEGER = tuple(c for c, t in _TYPES.items() if t is int)
+NUMERIC = tuple(c for c, t in _TYPES.items() if t in (int, float))
+TEXT = tuple(c for c, t in _TYPES.items() if t is Text)
+FLAGS = tuple(c for c, t in _TYPES.items() if t == Flag)
+
+
+def new_row(**cells) -> Row:
+    """A row with every column, None where `cells` gives none; ValueError for a cell that is no
+    column (a misspelt one would otherwise be dropped by the CSV writer, or refuse it)."""
+    unknown = set(cells) - set(COLUMNS)
+    if unknown:
+        raise ValueError(f"no results column {', '.join(sorted(unknown))}")
+    row: Row = dict.fromkeys(COLUMNS)  # type: ignore[assignment]
+    row.update(cells)  # type: ignore[typeddict-item]
+    return row
+
 
 RESULTS_CSV = "measurements.csv"
 ENV_JSON = "env.json"
@@ -223,17 +253,19 @@ def replace_row(path: str | os.PathLike, row: dict) -> None:
 
 # --- the DataFrame and JSON forms -----------------------------------------------------------
 def frame(rows: list[dict]) -> pd.DataFrame:
-    """Rows (from the runner, or strings from the CSV) as a typed results DataFrame. A column
-    the rows lack (a file from before it existed) is empty, as in a row it does not apply to."""
+    """Rows (`Row`s from the runner, or strings from the CSV) as a typed results DataFrame,
+    each column as `Row` types it. A column the rows lack (a file from before it existed) is
+    empty, as in a row it does not apply to."""
     df = pd.DataFrame(rows, columns=list(COLUMNS))
-    for col in NUMERIC:
-        df[col] = pd.to_numeric(df[col], errors="coerce")
-    for col in AXIS_FIELDS:
-        df[col] = [_cell_form(col, v) for v in df[col]]
-    for col in FLAGS:
-        df[col] = df[col].map({True: True, False: False, "True": True, "False": False})
-    for col in TEXT:
-        df[col] = df[col].astype(object).fillna("")
+    for col, kind in _TYPES.items():
+        if kind in (int, float):
+            df[col] = pd.to_numeric(df[col], errors="coerce")
+        elif kind == Axis:
+            df[col] = [_cell_form(col, v) for v in df[col]]
+        elif kind == Flag:
+            df[col] = df[col].map({True: True, False: False, "True": True, "False": False})
+        elif kind is Text:
+            df[col] = df[col].astype(object).fillna("")
     return df
 
 
@@ -340,14 +372,33 @@ def resumable_env(folder: str | Path) -> dict:
     return env
 
 
+def schema_of(env: dict, where: str | Path) -> int:
+    """The schema version of a run folder's env.json (`SCHEMA`): 0 where it says none (a folder
+    from before versions, read as it is); ValueError in one line, naming `where`, for a
+    version newer than this convbench reads, or one that is no version."""
+    version = env.get("schema", 0)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise ValueError(f"{where} has schema {version!r}, which is no schema version; "
+                         "it was not written by convbench")
+    if version > SCHEMA:
+        raise ValueError(f"{where} has schema {version}, newer than this convbench reads "
+                         f"(up to {SCHEMA}): upgrade convbench to read it")
+    return version
+
+
 def load_run(folder: str | Path) -> tuple[pd.DataFrame, dict]:
-    """A run folder's results and environment; ValueError if it holds no results."""
+    """A run folder's results and environment; ValueError if it holds no results, or if a
+    newer convbench wrote it (`schema_of`). A folder of an older schema is read as it is: the
+    columns its file lacks are empty (`frame`), the env.json keys it lacks absent."""
     folder = Path(folder)
     csv_path = folder / RESULTS_CSV
     if not csv_path.is_file():
         raise ValueError(f"{folder} is not a run folder: it has no {RESULTS_CSV}")
     env_path = folder / ENV_JSON
     env = json.loads(env_path.read_text()) if env_path.is_file() else {}
+    if not isinstance(env, dict):
+        raise ValueError(f"{env_path} is not a convbench env.json")
+    schema_of(env, env_path)
     return frame(read_rows(csv_path)), env
 
 
@@ -368,19 +419,25 @@ class RunFolder:
     @classmethod
     def open(cls, path: str | Path, env: dict, resume: bool = False) -> RunFolder:
         """Prepare `path` for a run described by `env`: FolderInUse if it holds results and
-        `resume` is off; ValueError if its measurements.csv has other columns. A resumed run
-        keeps the env.json of its first start (what the run was asked to be). Rows a sharded
+        `resume` is off; ValueError if its measurements.csv has other columns or its env.json
+        a newer schema (`schema_of`). A new run's env.json says this version's `SCHEMA`; a
+        resumed run keeps the env.json of its first start (what the run was asked to be). Rows a sharded
         run left in partial files are merged in first, so they count as measured."""
         path = Path(path)
         merge_rows(path)
         measured = read_rows(path / RESULTS_CSV)
         if measured and not resume:
             raise FolderInUse(f"{path} already holds results")
-        sink = CsvSink(path / RESULTS_CSV)
         env_path = path / ENV_JSON
-        if resume and env_path.exists():
+        stored = json.loads(env_path.read_text()) if resume and env_path.exists() else None
+        if stored is not None:
+            schema_of(stored, env_path)  # before a row is added to a folder it cannot read
+        sink = CsvSink(path / RESULTS_CSV)
+        if stored is None:  # a new run: this version's rows and env.json
+            env = {"schema": SCHEMA, **env}
+        else:
             load = env.get("load", [])
-            env = json.loads(env_path.read_text())
+            env = stored
             env["load"] = env.get("load", []) + [{**r, "when": f"resumed {r['when']}"}
                                                  for r in load]
         folder = cls(path, env, measured, sink)

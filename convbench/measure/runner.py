@@ -594,17 +594,15 @@ def row(case: Case, status: str, reason: str = "", check: verify.Check | None = 
         m: Measurement | None = None, note: str = "", workspace: int | None = None,
         peak_bytes: int | None = None, memory_method: str | None = None,
         phases: dict[str, Measurement] | None = None, *, stop: str = "",
-        round_group: str = "", throttled: str = "") -> dict:
-    """A results row; columns that do not apply (a time for a failed case, phases for a pass
-    without them) are None. `stop`: why its rounds ended; `round_group`: the id its rounds
+        round_group: str = "", throttled: str = "") -> results.Row:
+    """A results row (`results.Row`); columns that do not apply (a time for a failed case,
+    phases for a pass without them) are None. `stop`: why its rounds ended; `round_group`: the id its rounds
     share with the cases timed beside it; `throttled`: why the GPU's clocks were held down while
     it was timed (empty: they were not)."""
     ops = opcount.op_count(case.algo, case.problem, case.pass_, case.precision, case.backend)
-    out = dict.fromkeys(results.COLUMNS)
-    out.update(case.fields())
-    out.update(status=status, reason=reason, note=note, workspace_bytes=workspace,
-               peak_bytes=peak_bytes, memory_method=memory_method,
-               algo_ops=ops.total if ops else None)
+    out = results.new_row(**case.fields(), status=status, reason=reason, note=note,
+                          workspace_bytes=workspace, peak_bytes=peak_bytes,
+                          memory_method=memory_method, algo_ops=ops.total if ops else None)
     if check is not None:
         out.update(rel_error=check.rel_error, max_abs_error=check.max_abs_error,
                    tolerance=check.tolerance)

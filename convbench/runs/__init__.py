@@ -1,13 +1,21 @@
 """Runs: a sweep of cases measured, each row streamed into a run folder as it is made, and the
 folder's report written from every row it holds.
 
-What `convbench layer`, `bench` and `sweep` do, as library calls with explicit parameters:
+What `convbench layer`, `bench` and `sweep` do, as library calls: the run as data
+(`RunSpec`), its cases, its folder, and resuming it:
 
-    device = devices.resolve("cpu")
-    cases = runs.sweep_cases(["alexnet:conv2"], "alexnet", [None], device, ["gemm"],
-                             PASSES, LAYOUTS, ["fp32"])
-    folder = results.RunFolder.open(path, runs.environment(device, "alexnet", ...))
-    outcome = runs.Run(cases, device.budget_s, folder).measure()
+    spec = RunSpec(device="cpu", algos=("gemm",), passes=PASSES, layouts=LAYOUTS,
+                   precisions=("fp32",), budget_s=0.1, target_noise=0.02, net="alexnet",
+                   layers=("conv2",))
+    cases = runs.cases(spec)
+    folder = results.RunFolder.open(path, runs.environment(
+        devices.resolve(spec.device), spec.net, cases, spec.budget_s, spec=spec))
+    outcome = runs.Run(cases, spec.budget_s, folder).measure()
+    ...
+    outcome = runs.resume(path).measure()  # the rest of the run, after Ctrl-C
+
+env.json stores the spec under `run` (with what the run found: `occurrences`, the `command`);
+`resume` reads it back (`RunSpec.load`), on the machine the rows were measured on.
 
 env.json carries the device's ceilings (`ceilings.measure` on the run's backend and thread
 count: the attainable fp32 GEMM rate, the theoretical peak, the bandwidth beyond and within
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -38,12 +47,13 @@ import pandas as pd
 
 from ..analysis import report, sweepreport
 from ..analysis.ranking import busy
-from ..catalogs import layers
+from ..catalogs import layers, problemfile, selection
 from ..core import stats
 from ..core.fmt import first_line
 from ..core.measurement import CONTENDED_SHARE
-from ..core.results import RunFolder, frame, load_run, row_key
-from ..machine import contention, nvml, threads
+from ..core.results import ENV_JSON, SCHEMA, RunFolder, frame, load_run, row_key
+from ..core.runspec import RunSpec
+from ..machine import contention, devices, nvml, threads
 from ..machine.devices import Device
 from ..measure import ceilings as ceilings_
 from ..measure import envinfo, memory, runner, timing
@@ -79,18 +89,79 @@ def sweep_cases(specs: Iterable[str | layers.Layer], net: str, batches: Iterable
     return runner.sweep(chosen, algos, device.backend, passes, layouts, precisions)
 
 
+def spec_layers(spec: RunSpec) -> list[str | layers.Layer]:
+    """The layers `spec` names, as `sweep_cases` takes them: its layer specs, or its problem
+    file's problems, or its catalog's layers, with its choice of classes and sample among them.
+    ValueError for a model's run: the library below planning cannot load a model; its caller
+    passes the layers (`planning.models.conv_layers`) to `cases` or `resume`."""
+    if spec.model:
+        raise ValueError(f"the run measures the model {spec.model}: give its layers "
+                         "(planning.models.conv_layers) to resume it")
+    if spec.layers:
+        return list(spec.layers)
+    if spec.problems:
+        found = problemfile.read(spec.problems, net=spec.net)
+    else:
+        found = layers.net_layers(spec.net or layers.NETS[0])
+    if spec.classes or spec.sample is not None:
+        found = selection.select(selection.select(found, list(spec.classes or ()) or None),
+                                 None, spec.sample, spec.seed)
+    if spec.problems or found and found[0].net in layers.OWN_BATCH:
+        return found
+    return [f"{layer.net}:{layer.name}" for layer in found]
+
+
+def cases(spec: RunSpec, found: list | None = None) -> list[runner.Case]:
+    """Every case of `spec` (`sweep_cases`), of the layers `found` where given (a model's),
+    else of those it names (`spec_layers`); ValueError naming the first bad layer."""
+    device = devices.resolve(spec.device)
+    return sweep_cases(spec_layers(spec) if found is None else found,
+                       spec.net or layers.NETS[0], list(spec.batches) or [None], device,
+                       spec.algos, spec.passes, spec.layouts, spec.precisions)
+
+
+def same_machine(env: dict, folder: str | Path) -> None:
+    """ValueError where this machine is not the one a run folder's rows were measured on:
+    resuming there would mix two machines' times in one table."""
+    backend = env.get("backend") or env.get("run", {}).get("backend", "numpy")
+    now, was = envinfo.device_name(backend), env.get("device")
+    if was and now != was:
+        raise ValueError(f"{folder} was measured on {was}, this machine is {now}: its rows "
+                         "would mix two machines; start another run folder")
+
+
+def resume(folder: str | Path, found: list | None = None,
+           remeasure: Iterable[str] = ()) -> Run:
+    """The rest of the run in `folder`, ready to `measure`: its spec read back
+    (`RunSpec.load`), its cases (`cases`; a model's run needs its layers, `found`) less those
+    the folder holds, on the threads and under the memory limit it was made with, and with
+    `remeasure` (REMEASURE) its flagged rows again. ValueError, in one line, where there is
+    no run to resume, a newer convbench wrote it, or it was measured on another machine."""
+    spec = RunSpec.load(folder)
+    same_machine(json.loads((Path(folder) / ENV_JSON).read_text()), folder)
+    todo = cases(spec, found)
+    if spec.threads and spec.threads != threads.count():  # the run's own thread count
+        threads.use(threads.check(spec.threads))
+    backend = devices.resolve(spec.device).backend
+    run_folder = RunFolder.open(folder, {"load": [load_reading("start", backend)]}, resume=True)
+    limit = MemoryLimit(spec.memory_limit_bytes) if spec.memory_limit_bytes else None
+    return Run(todo, spec.budget_s, run_folder, limit, spec.target_noise, remeasure)
+
+
 def environment(device: Device, net: str, cases: list[runner.Case], budget_s: float, *,
                 batch: int | list[int] | None = None, limit: MemoryLimit | None = None,
-                command: str = "", source: dict | None = None, argv: list[str] | None = None,
-                target: float = timing.TARGET_NOISE) -> dict:
-    """env.json: the machine (`envinfo.collect`), its load now, and how this run was asked for
-    (`argv`: the command's own arguments, which `--resume` reads back); `source` says where
-    layers not from a catalog came from (a model and its input, a problem file) and how often
-    each occurs in the network (`occurrences`), which the report weighs by."""
-    env = envinfo.collect(device.backend)
+                command: str = "", source: dict | None = None,
+                target: float = timing.TARGET_NOISE, spec: RunSpec | None = None) -> dict:
+    """env.json: its `schema`, the machine (`envinfo.collect`), its load now, and how this run
+    was asked for: `spec`, the run as data (`RunSpec`, which `resume` reads back), or without
+    one what the cases and the other arguments say; `source` says where layers not from a
+    catalog came from (a model and its input, a problem file) and how often each occurs in the
+    network (`occurrences`), which the report weighs by. Its `threads` are those in effect
+    (`threads.count()`): a caller applies a spec's own with `threads.use` first."""
+    env = {"schema": SCHEMA, **envinfo.collect(device.backend)}
     # without --batch, the batch the cases have: a problem list keeps each problem's own
     ran = sorted({c.problem.n for c in cases})
-    env["run"] = {"net": net, "device": device.name, "backend": device.backend,
+    env["run"] = {"device": device.name, "backend": device.backend,
                   "batch": batch or (ran[0] if len(ran) == 1 else ran) or device.batch
                   or "catalog", "budget_s": budget_s,
                   "memory_limit_bytes": limit.nbytes if limit else None,
@@ -98,8 +169,11 @@ def environment(device: Device, net: str, cases: list[runner.Case], budget_s: fl
                   "passes": list(dict.fromkeys(c.pass_ for c in cases)),
                   "layouts": list(dict.fromkeys(c.layout for c in cases)),
                   "precisions": list(dict.fromkeys(c.precision for c in cases)),
-                  "threads": threads.count(), "target_noise": target,
-                  "command": command, "argv": list(argv or []), **(source or {})}
+                  "target_noise": target, **(spec.to_dict() if spec else {}),
+                  # what the spec leaves to the run, as the run resolved it: the rows' net
+                  # (a problem file's, a model's), the threads of the default policy
+                  "net": net, "threads": threads.count(), "command": command,
+                  **(source or {})}
     env["memory_method"] = memory.trace(device.backend).method
     env["threads"] = threads.policy()
     env["statistics"] = {"median_interval": stats.MEDIAN_INTERVAL_METHOD,
