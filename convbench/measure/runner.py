@@ -596,9 +596,9 @@ def row(case: Case, status: str, reason: str = "", check: verify.Check | None = 
         phases: dict[str, Measurement] | None = None, *, stop: str = "",
         round_group: str = "", throttled: str = "") -> results.Row:
     """A results row (`results.Row`); columns that do not apply (a time for a failed case,
-    phases for a pass without them) are None. `stop`: why its rounds ended; `round_group`: the id its rounds
-    share with the cases timed beside it; `throttled`: why the GPU's clocks were held down while
-    it was timed (empty: they were not)."""
+    phases for a pass without them) are None. `stop`: why its rounds ended; `round_group`: the
+    id its rounds share with the cases timed beside it; `throttled`: why the GPU's clocks were
+    held down while it was timed (empty: they were not)."""
     ops = opcount.op_count(case.algo, case.problem, case.pass_, case.precision, case.backend)
     out = results.new_row(**case.fields(), status=status, reason=reason, note=note,
                           workspace_bytes=workspace, peak_bytes=peak_bytes,
