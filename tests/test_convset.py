@@ -127,6 +127,22 @@ ALGOS = ["--device", "cpu", "--algos", "gemm,torch-cpu", "--passes", "fwd", "--l
          "nchw", *FAST]
 
 
+def test_a_stratified_sample_takes_every_class_evenly():
+    """#39: 60 of 8,498 drawn uniformly leave the 10 dilated problems to chance; stratified,
+    each class gets its share, a class with fewer gives its rest to the others."""
+    found = layers.net_layers("convset")
+    uniform = selection.class_counts(selection.choose(found, None, 60, seed=0))
+    assert uniform["dilated"] == 0 and uniform["pointwise"] > 20
+    even = selection.class_counts(selection.choose(found, None, 60, seed=0, stratify=True))
+    assert even == dict.fromkeys(selection.CLASSES, 10)
+    skewed = selection.class_counts(selection.choose(found, None, 120, seed=0, stratify=True))
+    assert skewed["dilated"] == 10 and sum(skewed.values()) == 120
+    assert sorted(v for k, v in skewed.items() if k != "dilated") == [22] * 5
+    chosen = selection.choose(found, ["dense", "dilated"], 12, seed=3, stratify=True)
+    assert chosen == [la for la in found if la in chosen]  # the catalog's order
+    assert selection.class_counts(chosen)["dense"] == 6
+
+
 def test_a_sampled_run_records_its_choice_and_resumes_it(tmp_path, capsys):
     out = tmp_path / "run"
     code, _, err = run_cli(capsys, "bench", "--net", "convset", "--class", "pointwise",
@@ -137,8 +153,10 @@ def test_a_sampled_run_records_its_choice_and_resumes_it(tmp_path, capsys):
             "with seed 7") in err
     assert "left out" not in err
     run = json.loads((out / "env.json").read_text())["run"]
-    assert run["selection"] == {"classes": ["pointwise"], "sample": 3, "seed": 7, "of": 8498,
-                                "in_classes": 5092, "chosen": 3}
+    assert run["selection"] == {"classes": ["pointwise"], "sample": 3, "seed": 7,
+                                "stratify": False, "of": 8498, "in_classes": 5092, "chosen": 3,
+                                "by_class": {**dict.fromkeys(selection.CLASSES, 0),
+                                             "pointwise": 3}}
     assert run["catalog"]["left_out"] == {}
     assert run["batch"] == 1  # the catalog's own batch, not the CPU's default of 8
     chosen = selection.select(layers.net_layers("convset"), ["pointwise"], 3, 7)

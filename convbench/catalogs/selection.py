@@ -12,7 +12,9 @@ that fits in this order:
 - `dense`: the rest, a square filter larger than 1x1 over a square input.
 
 A sample is drawn uniformly without replacement by a seeded generator (NumPy's PCG64), so the
-same list, class, size and seed give the same problems, kept in the list's order.
+same list, class, size and seed give the same problems, kept in the list's order. A stratified
+sample (`stratify`) splits its size evenly over the classes present, so a rare class is not left
+to chance (ConvBench's catalog is 60% pointwise and has 10 dilated problems of 8,498).
 """
 
 from __future__ import annotations
@@ -58,6 +60,27 @@ def select(layers: Sequence[Layer], classes: Sequence[str] | None = None,
         return chosen
     picked = np.random.default_rng(seed).choice(len(chosen), size=sample, replace=False)
     return [chosen[i] for i in sorted(picked)]
+
+
+def choose(layers: Sequence[Layer], classes: Sequence[str] | None = None,
+           sample: int | None = None, seed: int = 0, stratify: bool = False) -> list[Layer]:
+    """The layers of `classes`, then `sample` of them (`select`); with `stratify`, the sample is
+    split evenly over the classes present (a class with fewer takes all it has, the rest going
+    to the others), each class drawn with `seed`, all kept in the list's order."""
+    chosen = select(layers, classes)
+    if not stratify or sample is None or sample >= len(chosen):
+        return select(chosen, None, sample, seed)
+    by_class: dict[str, list[Layer]] = {}
+    for la in chosen:
+        by_class.setdefault(classify(la.problem), []).append(la)
+    quota, left = {}, sample
+    for i, (name, members) in enumerate(sorted(by_class.items(), key=lambda kv: len(kv[1]))):
+        share = left // (len(by_class) - i)  # smallest classes first: what they cannot take
+        quota[name] = min(share, len(members))  # goes to the larger ones
+        left -= quota[name]
+    keep = {id(la) for name, members in by_class.items()
+            for la in select(members, None, quota[name], seed)}
+    return [la for la in chosen if id(la) in keep]
 
 
 def class_counts(layers: Sequence[Layer]) -> dict[str, int]:

@@ -1,6 +1,6 @@
-"""`--class`, `--sample` and `--seed` of the measuring commands: a class or a sample of the
-problems of a catalog or a problem file (`selection`), said on stderr and recorded in the run's
-env.json (its argv too, so `--resume` draws the same sample)."""
+"""`--class`, `--sample`, `--stratify` and `--seed` of the measuring commands: a class or a sample
+of the problems of a catalog or a problem file (`selection`), said on stderr and recorded in the
+run's env.json (its RunSpec too, so `--resume` draws the same sample)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,9 @@ def add_options(p) -> None:
                         "the catalog or problem file, e.g. --net convset --sample 40")
     p.add_argument("--seed", type=seed, default=0,
                    help="seed of --sample's draw (default 0: the same N problems each time)")
+    p.add_argument("--stratify", action="store_true", default=None,
+                   help="split --sample evenly over the classes present (a class with fewer "
+                        "problems takes all it has), so every class is measured")
 
 
 def choose(args, found: list, net: str) -> tuple[list, dict]:
@@ -40,13 +43,16 @@ def choose(args, found: list, net: str) -> tuple[list, dict]:
                   file=sys.stderr)
     if not classes and args.sample is None:
         return found, info
+    stratify = bool(getattr(args, "stratify", False))
     classed = selection.select(found, classes)
-    chosen = selection.select(classed, None, args.sample, args.seed)
+    chosen = selection.choose(found, classes, args.sample, args.seed, stratify)
     info["selection"] = {"classes": classes, "sample": args.sample, "seed": args.seed,
-                         "of": len(found), "in_classes": len(classed), "chosen": len(chosen)}
+                         "stratify": stratify, "of": len(found), "in_classes": len(classed),
+                         "chosen": len(chosen), "by_class": selection.class_counts(chosen)}
     what = (f"{len(classed)} of class {','.join(classes)} of {len(found)}" if classes
             else f"{len(found)}")
-    drawn = f", a sample drawn with seed {args.seed}" if args.sample is not None else ""
+    drawn = (f", a {'stratified ' if stratify else ''}sample drawn with seed {args.seed}"
+             if args.sample is not None else "")
     print(f"convbench: {net}: {len(chosen)} of {what} problems{drawn}", file=sys.stderr)
     if not chosen:
         raise UsageError(f"no problem of {net} is of class {','.join(classes)}")

@@ -54,7 +54,7 @@ from .common import (
 #: Each field of a `RunSpec` by the option that gives it, to name it in a refusal.
 _OPTION = {"device": "--device", "net": "--net", "layers": "--layers", "problems": "--problems",
            "model": "--model", "input": "--input", "classes": "--class", "sample": "--sample",
-           "seed": "--seed", "batches": "--batch", "algos": "--algos", "passes": "--passes",
+           "seed": "--seed", "stratify": "--stratify", "batches": "--batch", "algos": "--algos", "passes": "--passes",
            "layouts": "--layouts", "precisions": "--precision", "budget_s": "--time-budget",
            "target_noise": "--target-noise", "memory_limit_bytes": "--memory-limit",
            "threads": "--threads"}
@@ -66,6 +66,10 @@ def _given(args, subcommand: str, backend: str, net: str) -> dict:
     comma lists parsed and checked, `all` algos expanded for `backend`, a sweep's `--layers`
     checked against `net`'s."""
     layer_names = getattr(args, "layers", None)
+    classes = getattr(args, "classes", None)
+    if classes:
+        with usage_errors("--class: "):
+            classes = selection.parse_classes(classes)
     with usage_errors():
         given = {
             "device": args.device, "net": args.net,
@@ -73,9 +77,9 @@ def _given(args, subcommand: str, backend: str, net: str) -> dict:
             "problems": str(args.problems) if getattr(args, "problems", None) else None,
             "model": getattr(args, "model", None),
             "input": models.parse_input(args.input) if getattr(args, "input", None) else None,
-            "classes": (selection.parse_classes(args.classes)
-                        if getattr(args, "classes", None) else None),
+            "classes": classes or None,
             "sample": getattr(args, "sample", None), "seed": getattr(args, "seed", None),
+            "stratify": getattr(args, "stratify", None),
             "batches": (None if args.batch is None else
                         tuple(args.batch) if isinstance(args.batch, list) else (args.batch,)),
             "algos": registry.expand_algos(args.algos, backend) if args.algos else None,
@@ -234,7 +238,7 @@ def network(spec: RunSpec, dev: devices.Device) -> tuple[list, dict | None, RunS
     if spec.layers:
         return list(spec.layers), None, spec
     choice = argparse.Namespace(classes=",".join(spec.classes) if spec.classes else None,
-                                sample=spec.sample, seed=spec.seed)
+                                sample=spec.sample, seed=spec.seed, stratify=spec.stratify)
     if spec.problems:
         skipped: list[problemfile.Skipped] = []
         with usage_errors():

@@ -51,6 +51,7 @@ class RunSpec:
     classes: tuple[str, ...] | None = None
     sample: int | None = None
     seed: int = 0
+    stratify: bool = False
     batches: tuple[int, ...] = ()
     memory_limit_bytes: int | None = None
     threads: int | None = None

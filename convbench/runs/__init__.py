@@ -104,8 +104,8 @@ def spec_layers(spec: RunSpec) -> list[str | layers.Layer]:
     else:
         found = layers.net_layers(spec.net or layers.NETS[0])
     if spec.classes or spec.sample is not None:
-        found = selection.select(selection.select(found, list(spec.classes or ()) or None),
-                                 None, spec.sample, spec.seed)
+        found = selection.choose(found, list(spec.classes or ()) or None, spec.sample,
+                                 spec.seed, spec.stratify)
     if spec.problems or found and found[0].net in layers.OWN_BATCH:
         return found
     return [f"{layer.net}:{layer.name}" for layer in found]
