@@ -49,11 +49,14 @@ def test_frame_types_every_column_as_the_row_says(tmp_path):
 
 
 def test_a_folder_from_before_schema_versions_is_read_as_version_0():
-    """The committed run folders say no schema: read as they are, every column there."""
+    """The committed run folders from before the schema say none: read as version 0, as they
+    are, every column there; those made since say theirs."""
     assert COMMITTED and OLDEST in COMMITTED
     for folder in COMMITTED:
         df, env = results.load_run(folder)
-        assert results.schema_of(env, folder) == 0 and list(df.columns) == list(results.COLUMNS)
+        said = json.loads((folder / results.ENV_JSON).read_text()).get("schema", 0)
+        assert results.schema_of(env, folder) == said and list(df.columns) == list(results.COLUMNS)
+    assert "schema" not in json.loads((OLDEST / results.ENV_JSON).read_text())
     df, _ = results.load_run(OLDEST)
     assert df["stolen"].isna().all() and set(df["stop"]) == {""}  # columns it lacks: empty
     assert df["contended"].isna().all()
