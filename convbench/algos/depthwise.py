@@ -155,13 +155,17 @@ def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
     win, parts = _Windows(p, layout), blocks(p, dtype)
     taps = [(r, s) for r in range(p.r) for s in range(p.s)]
 
+    def windows_of(act):
+        """Every block's window of every tap in `act` (a torch view of x or dx, padded)."""
+        return [[win.of(act, n, rows, r, s) for r, s in taps] for n, rows in parts]
+
+    fixed = None if padded is None else windows_of(tensor(padded))
+
     if pass_ == "bwd_filter":
         product, sums = tensor(bufs["product"]), tensor(bufs["sums"])
         # the pixel axes of a y block, summed away: (n, rows, Q) of nhwc's, (n, rows, Q) of
         # nchw's (n, C, m, rows, Q)
         axes = (0, 3, 4) if layout == "nchw" else (0, 1, 2)
-        fixed = None if padded is None else [
-            [win.of(tensor(padded), n, rows, r, s) for r, s in taps] for n, rows in parts]
 
         def run(x, dy, out):
             if padded is not None:
@@ -169,7 +173,7 @@ def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
                 windows = fixed
             else:
                 xt = tensor(x)
-                windows = [[win.of(xt, n, rows, r, s) for r, s in taps] for n, rows in parts]
+                windows = windows_of(xt)
             dyv = _y_view(dy, p, layout)
             for b, (n, rows) in enumerate(parts):
                 block = _block_of(dyv, layout, n, rows)
@@ -189,8 +193,6 @@ def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
     tap_w = [weights[r, s] for r, s in taps]
 
     if pass_ == "fwd":
-        fixed = None if padded is None else [
-            [win.of(tensor(padded), n, rows, r, s) for r, s in taps] for n, rows in parts]
 
         def run(x, w, out):
             wtaps[...] = _filter_view(w, p, layout)
@@ -199,7 +201,7 @@ def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
                 windows = fixed
             else:
                 xt = tensor(np.ascontiguousarray(x))
-                windows = [[win.of(xt, n, rows, r, s) for r, s in taps] for n, rows in parts]
+                windows = windows_of(xt)
             yv = _y_view(out, p, layout)
             for b, (n, rows) in enumerate(parts):
                 block = _block_of(yv, layout, n, rows)
@@ -214,8 +216,6 @@ def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
 
     # bwd_data: every tap adds dy·w into its window of dx (padded); windows of one tap never
     # overlap, those of different taps may (stride < filter), and run one after another.
-    fixed = None if padded is None else [
-        [win.of(tensor(padded), n, rows, r, s) for r, s in taps] for n, rows in parts]
     m = _multiplier(p)
 
     def run(dy, w, out):
@@ -226,7 +226,7 @@ def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
             windows = fixed
         else:
             ot = tensor(out)
-            windows = [[win.of(ot, n, rows, r, s) for r, s in taps] for n, rows in parts]
+            windows = windows_of(ot)
         dyv = _y_view(dy, p, layout)
         for b, (n, rows) in enumerate(parts):
             block = _block_of(dyv, layout, n, rows)
