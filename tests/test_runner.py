@@ -615,7 +615,7 @@ def test_a_tiny_ceiling_fails_every_row_a_high_one_none():
 
 def test_the_guard_allows_fft_and_winograd_their_reduction_and_libraries_the_largest():
     from convbench.catalogs import layers
-    from convbench.measure import opcount
+    from convbench.measure import opcount, rows
 
     conv3 = layers.resolve("alexnet:conv3").problem.with_batch(1)
     layer = Layer("alexnet", "conv3", conv3)
@@ -623,16 +623,16 @@ def test_the_guard_allows_fft_and_winograd_their_reduction_and_libraries_the_lar
         [layer], ["winograd-4x4", "gemm", "torch-cpu", "cudnn-find-implicit-gemm"], "numpy",
         ["fwd"], ["nchw"], ["fp32"])
     ops = opcount.op_count("winograd-4x4", conv3, "fwd").total
-    assert runner.reduction(wino, ops) == pytest.approx(conv3.flops / ops) and ops < conv3.flops
-    assert runner.reduction(gemm, conv3.flops) == 1.0
-    assert runner.reduction(cudnn_gemm, None) == 1.0
+    assert rows.reduction(wino, ops) == pytest.approx(conv3.flops / ops) and ops < conv3.flops
+    assert rows.reduction(gemm, conv3.flops) == 1.0
+    assert rows.reduction(cudnn_gemm, None) == 1.0
     # a library's own choice may be a Winograd or an FFT kernel: our best reduction is allowed
-    assert runner.reduction(torch_cpu, None) >= conv3.flops / ops > 1
+    assert rows.reduction(torch_cpu, None) >= conv3.flops / ops > 1
     c = device_ceilings(**CPU_LIKE)  # roof 150 x 1.25
     fast = {"gflops": 150 * 1.25 * 1.5, "algo_ops": ops}  # 1.5x the roof in direct flops
     # F(4x4) does ~2x fewer operations here, its transforms counted
-    assert runner.plausibility(fast, wino, c) is None
-    assert runner.plausibility(fast, gemm, c) is not None
+    assert rows.plausibility(fast, wino, c) is None
+    assert rows.plausibility(fast, gemm, c) is not None
     tf32 = runner.sweep([layer], ["gemm"], "numpy", ["fwd"], ["nchw"], ["tf32"])[0]
-    assert runner.plausibility(fast, tf32, c) is None  # tensor cores: above the fp32 roof
-    assert runner.plausibility(fast, gemm, None) is None
+    assert rows.plausibility(fast, tf32, c) is None  # tensor cores: above the fp32 roof
+    assert rows.plausibility(fast, gemm, None) is None

@@ -49,7 +49,7 @@ Axis = int | str
 Flag = bool | None
 
 #: One row of results: every column and its type, in the CSV's order (design §3's columns
-#: first, then what the reports and compare use). `runner.row` builds one; the CSV's header,
+#: first, then what the reports and compare use). `rows.row` builds one; the CSV's header,
 #: and how `frame` types each column, come from here. Numbers are None where they do not apply.
 Row = TypedDict("Row", {
     "layer": str, **{f: Axis if f in AXIS_FIELDS else int for f in PROBLEM_FIELDS},

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 
 from ..core.results import KEY, row_key
 from . import memory
-from .runner import Case
+from .case import Case
 
 #: Default batches per device: the study's sizes around its 256 on a GPU; on 2 CPU cores a
 #: range that finishes in minutes.

@@ -32,11 +32,8 @@ result into the harness's output as a phase (`phases.OUTPUT_COPY`), which the pa
 in training code; it is timed in the rounds as its phases, its time the sum of the others,
 repetition by repetition, and the note says what the copy took.
 
-The limit (docs/pages/design.md §5): given the device's ceilings (`ceilings.measure`, which a run
-passes in: `runs.Run`), a timed fp32 or fp64 row faster than the device can go (`plausibility`: its
-direct-convolution rate above the ceiling times its algorithm's arithmetic reduction and
-`ceilings.MARGIN`) is not a result: its row is `failed`, with the guard's reason and the time it was
-timed at, and no time of its own, so it never wins. Without ceilings (None) no row is guarded.
+Each row is built by `rows`, which also fails a timed row faster than the device's ceilings
+allow (`rows.plausibility`; docs/pages/design.md §5).
 
 `on_row` sees each row the moment its group is done: `runs` streams it into a run folder
 (`results.RunFolder`), so an interrupted run keeps everything it measured (a group cut short by
@@ -50,53 +47,26 @@ import itertools
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..algos import reference, registry
-from ..algos.phases import APART, CROP, EXPLICIT_PAD, OUTPUT_COPY
+from ..algos.phases import APART, OUTPUT_COPY
 from ..algos.reference import DTYPES, array_module
 from ..catalogs.layers import Layer
-from ..core import results
 from ..core.fmt import first_line
-from ..core.measurement import Measurement
-from ..core.problem import ConvProblem
 from ..cuda import kernels
 from ..functional import UnsupportedError
-from . import ceilings as ceilings_
 from . import memory, opcount, timing, verify
+from .case import Case, Ready
 from .ceilings import Ceilings
 from .memory import MemoryLimit
-from .timing import Contender, Timed
+from .rows import guarded_row, row, timed_row
+from .timing import Contender
 
 #: Below this share of the device's memory free, a group's prepared cases are timed before more
 #: are prepared (the rest of the group is timed as another part).
 HEADROOM = 0.25
-
-
-@dataclass(frozen=True)
-class Case:
-    """One measurement to make."""
-
-    net: str
-    layer: str
-    problem: ConvProblem
-    algo: str
-    backend: str
-    pass_: str
-    layout: str
-    precision: str
-
-    def fields(self) -> dict:
-        """The case's part of its row: the key's columns and the net."""
-        return {"layer": self.layer, "net": self.net, **self.problem.axis_fields(),
-                "algo": self.algo, "backend": self.backend, "pass": self.pass_,
-                "layout": self.layout, "precision": self.precision}
-
-    def key(self) -> tuple[str, ...]:
-        """The row key as the CSV spells it (strings), for resume."""
-        return results.row_key(self.fields())
 
 
 def sweep(layers: Iterable[Layer], algos: Iterable[str], backend: str, passes: Iterable[str],
@@ -185,22 +155,6 @@ class NotMeasured(Exception):
                  fatal: bool = False):
         super().__init__(reason)
         self.status, self.reason, self.check, self.fatal = status, reason, check, fatal
-
-
-@dataclass
-class Ready:
-    """A prepared pass that has just produced a correct output: `call()` runs it again.
-    `workspace` is what it declares (None: unknown), `peak_bytes` what it was seen to allocate
-    beyond its operands, read by `memory_method`."""
-
-    impl: object
-    call: Callable[[], None]
-    check: verify.Check
-    workspace: int | None
-    peak_bytes: int
-    memory_method: str
-    #: the pass's phases in execution order (`convbench.algos.phases`), or None when it has none
-    phase_fns: dict[str, Callable[[], None]] | None
 
 
 #: How the CUDA libraries word a failed allocation in errors of their own types (cuFFT's
@@ -349,6 +303,12 @@ def _describe(impl, args: tuple) -> str:
         return f"(no description: {type(exc).__name__}: {first_line(exc)})"
 
 
+def _note(case: Case, ready: Ready) -> str:
+    """`_describe` of a timed case, its seconds counted as the `describe` stage."""
+    with _stage("describe"):
+        return _describe(ready.impl, (case.problem, case.pass_, case.layout, case.precision))
+
+
 def competing(cases: Iterable[Case]) -> Iterator[list[Case]]:
     """Consecutive cases of one (problem, pass, precision), which compete, as lists. (It reads
     one case ahead of the group it yields: group a list, not a generator that decides what
@@ -411,7 +371,7 @@ def _time_part(part: list[tuple[Case, Ready]], budget_s: float, target: float,
                seed: int, ceilings: Ceilings | None = None) -> list[dict]:
     """Rows for prepared, verified cases timed together in rounds (see the module's docstring);
     a case whose call raises while timed gets its row (`failed` or `oom`) and the others are
-    timed again without it; a row faster than `ceilings` allow is `failed` (`plausibility`).
+    timed again without it; a row faster than `ceilings` allow is `failed` (`rows.plausibility`).
     DeviceFault if the GPU faulted, naming the case where it can."""
     if not part:
         return []
@@ -448,13 +408,13 @@ def _time_part(part: list[tuple[Case, Ready]], budget_s: float, target: float,
     faulted: dict | None = None
     for (case, ready), t, ph in zip(part, timed, phases):
         if faulted is not None:  # timed before the fault; no description can be made now
-            out.append(_guarded_row(_timed_row(
+            out.append(guarded_row(timed_row(
                 case, ready, t, ph, group, "(no description: the GPU faulted describing "
                 f"{faulted['algo']} {faulted['layout']})"), case, ready, ceilings))
             continue
         try:
-            out.append(_guarded_row(_timed_row(case, ready, t, ph, group), case, ready,
-                                    ceilings))
+            out.append(guarded_row(timed_row(case, ready, t, ph, group, _note(case, ready)),
+                                   case, ready, ceilings))
         except Exception as exc:  # noqa: BLE001 - only a GPU fault leaves `_describe`
             nm = _not_measured(exc)
             faulted = row(case, nm.status, f"{nm.reason} (while described)", ready.check)
@@ -466,90 +426,13 @@ def _time_part(part: list[tuple[Case, Ready]], budget_s: float, target: float,
     return out
 
 
-#: Precisions the guard reads against the fp32 ceilings: fp64 goes no faster than fp32; TF32,
-#: FP16 and BF16 run on tensor cores (or their CPU counterparts), above the fp32 roof.
-GUARDED_PRECISIONS = ("fp32", "fp64")
-#: Algorithms whose own op count is below the direct convolution's by an arithmetic reduction
-#: the guard allows for (direct flops over their op count, `opcount`).
-REDUCING = ("fft", "winograd")
-#: Algorithms whose kernel does the direct convolution's flops, no fewer: no reduction allowed.
-#: Every other algorithm without an op count of its own (a library's choice of kernel: cuDNN,
-#: its FFT and Winograd kernels, torch's) may run a transform: it is allowed the largest
-#: reduction our own FFT and Winograd counts have on its problem and pass.
-NO_REDUCTION = ("direct", "gemm", "gemm-cublas", "cudnn-find-implicit-gemm",
-                "cudnn-find-implicit-precomp-gemm", "cudnn-find-gemm", "cudnn-find-direct")
-
-
-def reduction(case: Case, algo_ops: float | None) -> float:
-    """The arithmetic reduction the guard allows `case`'s row: direct flops over its own op
-    count for FFT and Winograd (`REDUCING`), 1 for the algorithms that do the direct flops
-    (`NO_REDUCTION`), and for any other row without a count of its own (a library's choice of
-    kernel; a pass our count does not cover) the largest of our FFT's and Winograd's on its
-    problem and pass (at least 1)."""
-    flops = case.problem.flops
-    if case.algo.startswith(REDUCING) and algo_ops:
-        return flops / algo_ops
-    if case.algo in NO_REDUCTION:
-        return 1.0
-    counts = (_op_total(algo, case) for algo in registry.ALGOS if algo.startswith(REDUCING))
-    return max([1.0, *(flops / ops for ops in counts if ops)])
-
-
-def _op_total(algo: str, case: Case) -> float | None:
-    """`algo`'s op count on `case`'s problem and pass, or None: none, or one that cannot be
-    made (a count that cannot be made allows no reduction)."""
-    try:
-        ops = opcount.op_count(algo, case.problem, case.pass_, case.precision, case.backend)
-    except Exception:  # noqa: BLE001
-        return None
-    return ops.total if ops else None
-
-
-def plausibility(r: dict, case: Case, ceilings: Ceilings | None) -> str | None:
-    """Why a timed row is faster than the device can go (`ceilings.implausible` with the row's
-    GFLOP/s and its algorithm's `reduction`), or None: no ceilings, a precision the fp32
-    ceilings do not bound (`GUARDED_PRECISIONS`), or a plausible rate."""
-    if ceilings is None or case.precision not in GUARDED_PRECISIONS or r.get("gflops") is None:
-        return None
-    return ceilings_.implausible(r["gflops"], reduction(case, r.get("algo_ops")), ceilings)
-
-
-def _guarded_row(r: dict, case: Case, ready: Ready, ceilings: Ceilings | None) -> dict:
-    """`r` as it is, or, where it is faster than the device can go (`plausibility`), its case's
-    `failed` row: the guard's reason and the median it was timed at, no time of its own."""
-    why = plausibility(r, case, ceilings)
-    if why is None:
-        return r
-    return row(case, "failed", f"implausible: timed at {r['median_ms']:.4g} ms, {why}",
-               ready.check, workspace=ready.workspace, peak_bytes=ready.peak_bytes,
-               memory_method=ready.memory_method)
-
-
-def _timed_row(case: Case, ready: Ready, t: Timed, phases: dict[str, Measurement] | None,
-               group: str, note: str | None = None) -> dict:
-    if note is None:
-        with _stage("describe"):
-            note = _describe(ready.impl, (case.problem, case.pass_, case.layout,
-                                          case.precision))
-    if set(APART) & set(t.steps):
-        phases = t.steps
-    for step, what in ((EXPLICIT_PAD, "explicit pad of x"), (CROP, "crop of dx"),
-                       (OUTPUT_COPY, "copy of the library's result into the output")):
-        if step in t.steps:
-            note += (f"{'; ' if note else ''}time without the {t.steps[step].median:.4g} "
-                     f"ms {what}")
-    return row(case, "ok", "", ready.check, t.total, note, ready.workspace, ready.peak_bytes,
-               ready.memory_method, phases, stop=t.stop, round_group=group,
-               throttled="; ".join(t.throttled))
-
-
 def measure_group(group: list[Case], operands: Operands, budget_s: float,
                   impls: dict | None = None, limit: MemoryLimit | None = None,
                   target: float = timing.TARGET_NOISE, seed: int = 0, *,
                   ceilings: Ceilings | None = None) -> list[dict]:
     """Rows for a group of competing cases, in the group's order: each prepared and verified
     (`prepare`), then the verified ones timed together (`_time_part`), each checked against
-    `ceilings` where given (`plausibility`). Under `limit`, or where memory runs short,
+    `ceilings` where given (`rows.plausibility`). Under `limit`, or where memory runs short,
     prepared cases are timed before the next is prepared. A fault of the GPU raises
     DeviceFault with the rows finished before it (`DeviceFault.done`)."""
     rows: dict[int, dict] = {}
@@ -590,36 +473,6 @@ def measure(case: Case, operands: Operands, budget_s: float, impl=None,
     return r
 
 
-def row(case: Case, status: str, reason: str = "", check: verify.Check | None = None,
-        m: Measurement | None = None, note: str = "", workspace: int | None = None,
-        peak_bytes: int | None = None, memory_method: str | None = None,
-        phases: dict[str, Measurement] | None = None, *, stop: str = "",
-        round_group: str = "", throttled: str = "") -> results.Row:
-    """A results row (`results.Row`); columns that do not apply (a time for a failed case,
-    phases for a pass without them) are None. `stop`: why its rounds ended; `round_group`: the
-    id its rounds share with the cases timed beside it; `throttled`: why the GPU's clocks were
-    held down while it was timed (empty: they were not)."""
-    ops = opcount.op_count(case.algo, case.problem, case.pass_, case.precision, case.backend)
-    out = results.new_row(**case.fields(), status=status, reason=reason, note=note,
-                          workspace_bytes=workspace, peak_bytes=peak_bytes,
-                          memory_method=memory_method, algo_ops=ops.total if ops else None)
-    if check is not None:
-        out.update(rel_error=check.rel_error, max_abs_error=check.max_abs_error,
-                   tolerance=check.tolerance)
-    if m is not None:
-        low, high = m.interval or (None, None)
-        out.update(median_ms=m.median, iqr_ms=m.iqr, min_ms=m.min, reps=m.reps, noisy=m.noisy,
-                   times_ms=m.times_text(), gflops=case.problem.flops / (m.median * 1e6),
-                   host_ms=m.host_median, ci_low_ms=low, ci_high_ms=high, stop=stop,
-                   round_group=round_group, cpu_ms=m.cpu_ms_median, cpu_share=m.share,
-                   stolen=m.stolen,
-                   contended=m.contended, throttled=throttled,
-                   host_bound=m.host_bound if m.host_ms else None)
-    if phases:
-        out["phases_ms"] = results.phases_text(phases)
-    return out
-
-
 def run_groups(groups: Iterable[list[Case]], budget_s: float, impls: dict | None = None,
                on_row: Callable[[dict], None] | None = None, limit: MemoryLimit | None = None,
                target: float = timing.TARGET_NOISE, seed: int = 0, *,
@@ -627,7 +480,7 @@ def run_groups(groups: Iterable[list[Case]], budget_s: float, impls: dict | None
     """Measure each group of competing cases (`measure_group`) in order; `on_row` sees each row
     as soon as its group is done (to stream it). `impls` maps algo names to implementation
     objects that replace the registry's; `ceilings`, the device's, guard every timed row
-    (`plausibility`; None: no guard). `groups` may be a generator that decides what comes
+    (`rows.plausibility`; None: no guard). `groups` may be a generator that decides what comes
     next from the rows `on_row` has seen (as the batch sweep does)."""
     # The reference on the GPU, beside the operands, unless a memory limit must see the
     # pools hold only the case's own memory.

@@ -20,7 +20,7 @@ env.json stores the spec under `run` (with what the run found: `occurrences`, th
 env.json carries the device's ceilings (`ceilings.measure` on the run's backend and thread
 count: the attainable fp32 GEMM rate, the theoretical peak, the bandwidth beyond and within
 cache), measured once per machine and cached, or None with the reason where they cannot be
-measured; the run reads them back to guard its rows (`runner.plausibility`: a row faster than
+measured; the run reads them back to guard its rows (`rows.plausibility`: a row faster than
 the device can go is `failed`, never a win), and the report states each row's share of them.
 
 A run skips the cases its folder already holds (resume) and, as a batch sweep, the cases whose
@@ -202,7 +202,7 @@ def device_ceilings(backend: str, n_threads: int) -> tuple[dict | None, str | No
     threads: `ceilings.measure(...).to_dict()` (cached per machine, threads and library
     versions) and a note where the figures need one (the emu backend's are the CPU's); or
     None and why, where they cannot be measured (no GPU library, a failing probe): a run goes
-    on without them, unguarded (`runner.plausibility`)."""
+    on without them, unguarded (`rows.plausibility`)."""
     try:
         measured = ceilings_.measure(backend, n_threads)
     except Exception as exc:  # noqa: BLE001 - the run goes on without its ceilings
@@ -252,7 +252,7 @@ class Run:
     a memory `limit` if given. `todo` is what is left once the folder's rows are skipped, and
     with `remeasure` (flags of REMEASURE) every case of a competing group where the folder has
     a row so flagged: such a group is timed again whole, in rounds, as the first run timed it.
-    `ceilings` guard every timed row (`runner.plausibility`); None: the folder's env.json's
+    `ceilings` guard every timed row (`rows.plausibility`); None: the folder's env.json's
     (`ceilings.from_env`), and without a folder or ceilings there, no guard."""
 
     def __init__(self, cases: Iterable[runner.Case], budget_s: float,

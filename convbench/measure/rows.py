@@ -1,0 +1,124 @@
+"""A case's measurement as a results row, and the guard on it: whether its time is plausible.
+
+The limit (docs/pages/design.md §5): given the device's ceilings (`ceilings.measure`, which a run
+passes in: `runs.Run`), a timed fp32 or fp64 row faster than the device can go (`plausibility`: its
+direct-convolution rate above the ceiling times its algorithm's arithmetic reduction and
+`ceilings.MARGIN`) is not a result: its row is `failed`, with the guard's reason and the time it was
+timed at, and no time of its own, so it never wins. Without ceilings (None) no row is guarded.
+"""
+
+from __future__ import annotations
+
+from ..algos import registry
+from ..algos.phases import APART, CROP, EXPLICIT_PAD, OUTPUT_COPY
+from ..core import results
+from ..core.measurement import Measurement
+from . import ceilings as ceilings_
+from . import opcount, verify
+from .case import Case, Ready
+from .ceilings import Ceilings
+from .timing import Timed
+
+#: Precisions the guard reads against the fp32 ceilings: fp64 goes no faster than fp32; TF32,
+#: FP16 and BF16 run on tensor cores (or their CPU counterparts), above the fp32 roof.
+GUARDED_PRECISIONS = ("fp32", "fp64")
+#: Algorithms whose own op count is below the direct convolution's by an arithmetic reduction
+#: the guard allows for (direct flops over their op count, `opcount`).
+REDUCING = ("fft", "winograd")
+#: Algorithms whose kernel does the direct convolution's flops, no fewer: no reduction allowed.
+#: Every other algorithm without an op count of its own (a library's choice of kernel: cuDNN,
+#: its FFT and Winograd kernels, torch's) may run a transform: it is allowed the largest
+#: reduction our own FFT and Winograd counts have on its problem and pass.
+NO_REDUCTION = ("direct", "gemm", "gemm-cublas", "cudnn-find-implicit-gemm",
+                "cudnn-find-implicit-precomp-gemm", "cudnn-find-gemm", "cudnn-find-direct")
+
+
+def reduction(case: Case, algo_ops: float | None) -> float:
+    """The arithmetic reduction the guard allows `case`'s row: direct flops over its own op
+    count for FFT and Winograd (`REDUCING`), 1 for the algorithms that do the direct flops
+    (`NO_REDUCTION`), and for any other row without a count of its own (a library's choice of
+    kernel; a pass our count does not cover) the largest of our FFT's and Winograd's on its
+    problem and pass (at least 1)."""
+    flops = case.problem.flops
+    if case.algo.startswith(REDUCING) and algo_ops:
+        return flops / algo_ops
+    if case.algo in NO_REDUCTION:
+        return 1.0
+    counts = (_op_total(algo, case) for algo in registry.ALGOS if algo.startswith(REDUCING))
+    return max([1.0, *(flops / ops for ops in counts if ops)])
+
+
+def _op_total(algo: str, case: Case) -> float | None:
+    """`algo`'s op count on `case`'s problem and pass, or None: none, or one that cannot be
+    made (a count that cannot be made allows no reduction)."""
+    try:
+        ops = opcount.op_count(algo, case.problem, case.pass_, case.precision, case.backend)
+    except Exception:  # noqa: BLE001
+        return None
+    return ops.total if ops else None
+
+
+def plausibility(r: dict, case: Case, ceilings: Ceilings | None) -> str | None:
+    """Why a timed row is faster than the device can go (`ceilings.implausible` with the row's
+    GFLOP/s and its algorithm's `reduction`), or None: no ceilings, a precision the fp32
+    ceilings do not bound (`GUARDED_PRECISIONS`), or a plausible rate."""
+    if ceilings is None or case.precision not in GUARDED_PRECISIONS or r.get("gflops") is None:
+        return None
+    return ceilings_.implausible(r["gflops"], reduction(case, r.get("algo_ops")), ceilings)
+
+
+def guarded_row(r: dict, case: Case, ready: Ready, ceilings: Ceilings | None) -> dict:
+    """`r` as it is, or, where it is faster than the device can go (`plausibility`), its case's
+    `failed` row: the guard's reason and the median it was timed at, no time of its own."""
+    why = plausibility(r, case, ceilings)
+    if why is None:
+        return r
+    return row(case, "failed", f"implausible: timed at {r['median_ms']:.4g} ms, {why}",
+               ready.check, workspace=ready.workspace, peak_bytes=ready.peak_bytes,
+               memory_method=ready.memory_method)
+
+
+def timed_row(case: Case, ready: Ready, t: Timed, phases: dict[str, Measurement] | None,
+              group: str, note: str) -> dict:
+    """`case`'s `ok` row: its rounds' time `t`, its phases (a pass timed as its phases: those),
+    and `note` with what the time leaves out (an explicit pad, a crop, a library's copy)."""
+    if set(APART) & set(t.steps):
+        phases = t.steps
+    for step, what in ((EXPLICIT_PAD, "explicit pad of x"), (CROP, "crop of dx"),
+                       (OUTPUT_COPY, "copy of the library's result into the output")):
+        if step in t.steps:
+            note += (f"{'; ' if note else ''}time without the {t.steps[step].median:.4g} "
+                     f"ms {what}")
+    return row(case, "ok", "", ready.check, t.total, note, ready.workspace, ready.peak_bytes,
+               ready.memory_method, phases, stop=t.stop, round_group=group,
+               throttled="; ".join(t.throttled))
+
+
+def row(case: Case, status: str, reason: str = "", check: verify.Check | None = None,
+        m: Measurement | None = None, note: str = "", workspace: int | None = None,
+        peak_bytes: int | None = None, memory_method: str | None = None,
+        phases: dict[str, Measurement] | None = None, *, stop: str = "",
+        round_group: str = "", throttled: str = "") -> results.Row:
+    """A results row (`results.Row`); columns that do not apply (a time for a failed case,
+    phases for a pass without them) are None. `stop`: why its rounds ended; `round_group`: the
+    id its rounds share with the cases timed beside it; `throttled`: why the GPU's clocks were
+    held down while it was timed (empty: they were not)."""
+    ops = opcount.op_count(case.algo, case.problem, case.pass_, case.precision, case.backend)
+    out = results.new_row(**case.fields(), status=status, reason=reason, note=note,
+                          workspace_bytes=workspace, peak_bytes=peak_bytes,
+                          memory_method=memory_method, algo_ops=ops.total if ops else None)
+    if check is not None:
+        out.update(rel_error=check.rel_error, max_abs_error=check.max_abs_error,
+                   tolerance=check.tolerance)
+    if m is not None:
+        low, high = m.interval or (None, None)
+        out.update(median_ms=m.median, iqr_ms=m.iqr, min_ms=m.min, reps=m.reps, noisy=m.noisy,
+                   times_ms=m.times_text(), gflops=case.problem.flops / (m.median * 1e6),
+                   host_ms=m.host_median, ci_low_ms=low, ci_high_ms=high, stop=stop,
+                   round_group=round_group, cpu_ms=m.cpu_ms_median, cpu_share=m.share,
+                   stolen=m.stolen,
+                   contended=m.contended, throttled=throttled,
+                   host_bound=m.host_bound if m.host_ms else None)
+    if phases:
+        out["phases_ms"] = results.phases_text(phases)
+    return out
