@@ -22,7 +22,8 @@ from convbench.machine.devices import DEVICES
 from convbench.measure import runner
 from convbench.runs import gpucheck
 
-DRY = ["gpu-check", "--device", "cpu", "--batch", "1", "--budget", "0.002", "--layers", "conv3"]
+DRY = ["gpu-check", "--device", "cpu", "--batch", "1", "--budget", "0.002", "--layers", "conv3",
+       "--sample", "3", "--class-algos", "direct,torch-cpu"]
 #: One gpu test, its file named so that pytest collects that file alone (seconds, not the
 #: whole suite's collection each time)
 TESTS = ["--pytest-args",
@@ -51,7 +52,7 @@ def _copy(dry_check, tmp_path) -> Path:
 def test_the_run_leaves_its_folder_and_summary_and_resumes(tmp_path, capsys, dry_check):
     folder, code, out, err = dry_check
     assert code == 0, err
-    assert {p.name for p in folder.iterdir()} == {"env.json", "run", "summary.md"}
+    assert {p.name for p in folder.iterdir()} == {"env.json", "run", "classes", "summary.md"}
     df, env = results.load_run(folder / "run")
     assert set(df["layer"]) == {"conv3"} and set(df["n"]) == {1}
     assert set(df["status"]) <= {"ok", "unsupported"}  # every CPU algo, pass and layout
@@ -66,11 +67,45 @@ def test_the_run_leaves_its_folder_and_summary_and_resumes(tmp_path, capsys, dry
         assert section in text
     stages = next(ln for ln in text.splitlines() if ln.startswith("- host stages of the run: "))
     assert all(f"{name} " in stages for name in runner.STAGES)
-    assert "gpu-check --tests --out" in err
+    assert "gpu-check --tests --out" in err and "run/, classes/" in err
 
     copy = _copy(dry_check, tmp_path)
     code, _, _ = run_cli(capsys, *DRY, "--out", str(copy))
     assert code == 0 and len(results.read_rows(copy / "run" / "measurements.csv")) == len(df)
+    assert len(results.read_rows(copy / "classes" / "measurements.csv")) == 3 * 2 * 3 * 2
+
+
+def test_the_second_part_samples_each_class_the_net_lacks(dry_check):
+    """After the net, `classes/`: a stratified sample of convset's depthwise, grouped and
+    pointwise problems (one each here), every pass and layout, and its per-class table in
+    summary.md."""
+    folder, code, _, err = dry_check
+    assert code == 0, err
+    df, env = results.load_run(folder / "classes")
+    assert set(df["algo"]) == {"direct", "torch-cpu"} and set(df["n"]) == {1}
+    assert len(df) == 3 * 2 * 3 * 2 and set(df["status"]) <= {"ok", "unsupported"}
+    shapes = df.drop_duplicates("layer")
+    assert sorted(("depthwise" if g == c else "grouped" if g > 1 else
+                   "pointwise" if (r, s) == (1, 1) else "other")
+                  for g, c, r, s in zip(shapes["groups"], shapes["c"], shapes["r"],
+                                        shapes["s"], strict=True)) == sorted(gpucheck.CLASSES)
+    run = env["run"]
+    assert run["net"] == "convset" and run["stratify"] and run["class_counts"] == dict.fromkeys(
+        ("pointwise", "grouped", "depthwise"), 1)
+    text = (folder / "summary.md").read_text()
+    assert "## Depthwise, grouped, pointwise (convset)" in text
+    assert "classes/ (classes/report.md): 3 problems of convset (" in text
+    section = text.split("## Depthwise, grouped, pointwise (convset)")[1]
+    assert "| depthwise" in section and "| best of ours" in section and "torch-cpu" in section
+
+
+def test_the_second_part_can_be_left_out(tmp_path, capsys):
+    folder = tmp_path / "check"
+    code, out, err = run_cli(capsys, *DRY, "--algos", "direct", "--classes", "none", "--out",
+                             str(folder))
+    assert code == 0, err
+    assert {p.name for p in folder.iterdir()} == {"env.json", "run", "summary.md"}
+    assert "(convset)" not in out and "classes/" not in err
 
 
 def test_the_tests_command_adds_its_line_to_the_summary(tmp_path, capsys, dry_check):
@@ -95,7 +130,9 @@ def test_the_tests_command_needs_no_run(tmp_path, capsys):
 
 def test_bad_input_is_one_line(capsys):
     for argv, words in ((["--layers", "conv9"], "unknown layer 'conv9'"),
-                        (["--algos", "magic"], "unknown algo 'magic'")):
+                        (["--algos", "magic"], "unknown algo 'magic'"),
+                        (["--classes", "magic"], "unknown class 'magic'"),
+                        (["--class-algos", "magic"], "unknown algo 'magic'")):
         code, _, err = run_cli(capsys, "gpu-check", "--device", "cpu", *argv)
         assert code == 2 and err.count("\n") == 1 and words in err
 

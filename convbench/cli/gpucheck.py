@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .. import runs
 from ..algos import registry
-from ..catalogs import layers
+from ..catalogs import layers, selection
 from ..machine.devices import DEVICES
 from ..runs import gpucheck
 from .common import (
@@ -62,14 +62,21 @@ def cmd_gpu_check(args) -> int:
         print(gpucheck.tests_line(tested))
         print(f"convbench: {gpucheck.TESTS_LOG} in {folder}", file=sys.stderr)
         return 0 if tested.passed else EXIT_FAULT
+    with usage_errors():
+        classes = ([] if args.classes.strip() == "none"
+                   else selection.parse_classes(args.classes))
+        if args.class_algos:
+            registry.expand_algos(args.class_algos, device.backend)
     done = gpucheck.run_check(
         folder, device, net=args.net, layers=chosen, algos=args.algos, batch=args.batch,
-        budget_s=args.time_budget, command=_command(args))
+        budget_s=args.time_budget, command=_command(args), classes=classes,
+        sample=args.sample, class_algos=args.class_algos)
     print(done.text.rstrip("\n"))
-    print(f"convbench: {gpucheck.SUMMARY_MD}, {gpucheck.RUN}/, env.json in {folder}; then "
+    parts = f"{gpucheck.RUN}/" + (f", {gpucheck.CLASSES_RUN}/" if done.classes else "")
+    print(f"convbench: {gpucheck.SUMMARY_MD}, {parts}, env.json in {folder}; then "
           f"`convbench gpu-check --tests --out {folder}` for the gpu tests", file=sys.stderr)
-    if done.outcome.fault:
-        print(f"convbench: error: {done.outcome.fault}; run the same command again to continue "
+    if done.fault:
+        print(f"convbench: error: {done.fault}; run the same command again to continue "
               "after it", file=sys.stderr)
     return 0 if done.ok else EXIT_FAULT
 
@@ -121,12 +128,21 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=cmd_gpu_first)
 
     p = sub.add_parser("gpu-check", help="the first GPU check in two commands: env, every "
-                       "algo × pass × layout of a net and the ratios; then --tests, the gpu "
-                       "tests' log")
+                       "algo × pass × layout of a net, a sample of convset's depthwise, grouped "
+                       "and pointwise problems, and the ratios; then --tests, the gpu tests' log")
     p.add_argument("--out", help="folder for everything (default results/<date>-<device>-"
                    "<net>-gpu-check); a folder holding a run is resumed")
     p.add_argument("--tests", action="store_true",
                    help="run the gpu tests (into OUT/tests.log, their line into summary.md) "
                         "instead of the run")
+    p.add_argument("--classes", default=",".join(gpucheck.CLASSES),
+                   help=f"the second part, into OUT/{gpucheck.CLASSES_RUN}/: comma list of "
+                        f"{gpucheck.CLASSES_NET}'s classes sampled after the net, or none "
+                        "(default %(default)s)")
+    p.add_argument("--sample", type=positive(int), default=gpucheck.CLASSES_SAMPLE,
+                   help="problems in the second part's stratified sample (default "
+                        "%(default)s)")
+    p.add_argument("--class-algos", help="comma list of the second part's algos (default: "
+                   "all, without cudnn-find)")
     _options(p, gpucheck.TESTS_TIMEOUT_S, gpucheck.PYTEST_ARGS)
     p.set_defaults(func=cmd_gpu_check)

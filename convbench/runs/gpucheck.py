@@ -1,7 +1,8 @@
 """The first GPU check: one command for a first visit, and the two it is made of.
 
     convbench gpu-first --out DIR             # everything a first visit needs, in < 8 minutes
-    convbench gpu-check [--out DIR]           # the whole run and its summary (3.5-8 min)
+    convbench gpu-check [--out DIR]           # the whole run and its summary (3.5-8 min,
+                                              # then 2-5 min of convset's classes)
     convbench gpu-check --tests [--out DIR]   # every `gpu` test, into DIR/tests.log (4-6.5 min)
     convbench gpu-first --device cpu --batch 1 --layers conv3 ...   # the dry form CI runs
 
@@ -13,6 +14,15 @@ command cut short keeps them and the same command resumes the run. `fft-tiled` i
 it would not tile (`fft` runs the same transforms). `--tests` runs the `gpu` tests in a process
 of their own (a GPU fault in the run leaves only that process's device unusable), under a time
 limit, and adds their line to summary.md.
+
+After the net, `gpu-check` runs a second part into `classes/` (`run_classes`): a stratified
+sample (`selection.choose`, seed 0) of `CLASSES_SAMPLE` of convset's problems of `CLASSES`
+(depthwise, grouped, pointwise: the classes AlexNet has none of), at their own batch unless
+told one, with every algo the device has (`CLASSES_ALGOS`: on CUDA cudnn, cudnn-autotune and
+our kernels, `direct` running kernels/depthwise.cu where groups = C; not cuDNN's one by one),
+every pass and layout; summary.md gets its per-class table (`classes_markdown`: speed-up over
+the device's baseline, `speedup.summary`). It resumes like the net's run. `gpu-first` leaves it
+out (`first`: its deadline goes to AlexNet).
 
 `gpu-first` (`first`) fits a lent GPU's 15 minutes, machine start included: a wall-time budget
 (`FIRST_BUDGET_S`) shared by, in this order, the `gpu` tests that pin the reviews' predictions
@@ -34,14 +44,18 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas as pd
+
 from .. import runs
 from ..algos import registry
-from ..analysis import summary
+from ..analysis import speedup, summary
 from ..catalogs import layers as catalogs
+from ..catalogs import selection
+from ..core.fmt import md_table
 from ..core.problem import LAYOUTS, PASSES
 from ..core.results import ENV_JSON, RunFolder, row_key
 from ..machine import backends
@@ -79,6 +93,19 @@ FIRST_ARCHIVE = "gpu-first.tar.gz"
 #: What comes back from a lent machine: at most 8 files of at most 16 MiB each.
 MAX_FILES, MAX_FILE_BYTES = 8, 16 << 20
 
+# --- gpu-check's second part: the classes AlexNet lacks --------------------------------------
+CLASSES_RUN = "classes"
+CLASSES_NET = "convset"
+#: The classes of convset the second part samples: the new CUDA paths (the depthwise kernel,
+#: grouped and pointwise problems through the existing kernels).
+CLASSES = ("depthwise", "grouped", "pointwise")
+#: Problems in the stratified sample (8 a class), and its seed.
+CLASSES_SAMPLE, CLASSES_SEED = 24, 0
+#: What the second part runs: every algo the device has, without cuDNN's one by one.
+CLASSES_ALGOS = {"cuda": "all"}
+#: The lines of the per-class table, each against the device's baseline (`speedup`).
+CLASSES_LINES = (speedup.BEST_OF_OURS, "direct", "cudnn")
+
 
 @dataclass
 class Tests:
@@ -106,10 +133,17 @@ class CheckRun:
     not_reached: list[str] = field(default_factory=list)
     #: whether the run stopped at its deadline (not Ctrl-C, not a fault)
     stopped: bool = False
+    #: the second part's outcome (`run_classes`); None where it did not run
+    classes: runs.Outcome | None = None
+
+    @property
+    def fault(self) -> str | None:
+        return self.outcome.fault or (self.classes.fault if self.classes else None)
 
     @property
     def ok(self) -> bool:
-        return self.outcome.fault is None and (not self.outcome.interrupted or self.stopped)
+        return self.fault is None and (not self.outcome.interrupted or self.stopped) and not (
+            self.classes and self.classes.interrupted)
 
 
 def cuda_refusal() -> str | None:
@@ -197,16 +231,81 @@ def check_cases(device: Device, net: str, layers: list[str] | None, algos: str |
     return [c for c in cases if not never_tiles(c)], [c for c in cases if never_tiles(c)]
 
 
+def class_cases(device: Device, classes: Sequence[str], sample: int,
+                algos: str | None, batch: int | None) -> list[runner.Case]:
+    """The second part's cases: `sample` of convset's problems of `classes`, stratified, at
+    their own batch unless `batch`, every algo (`CLASSES_ALGOS`), pass and layout, fft-tiled
+    left out where it never tiles; ValueError for a bad class or algo list."""
+    found = selection.choose(catalogs.net_layers(CLASSES_NET), selection.parse_classes(
+        ",".join(classes)), sample, CLASSES_SEED, stratify=True)
+    cases = runs.sweep_cases(found, CLASSES_NET, [batch], device, registry.expand_algos(
+        algos or CLASSES_ALGOS.get(device.backend, "all"), device.backend), PASSES, LAYOUTS,
+        ["fp32"])
+    return [c for c in cases if not never_tiles(c)]
+
+
+def run_classes(folder: Path, device: Device, env: dict, cases: list[runner.Case],
+                classes: Sequence[str], sample: int, budget: float) -> tuple[runs.Outcome, dict]:
+    """The second part into `folder`/classes (resumed where it has rows): (its outcome, its
+    env.json: the net's, with the run's own net, batch, algos and sample)."""
+    layers_run = list(dict.fromkeys((c.layer, c.problem) for c in cases))
+    ran = sorted({c.problem.n for c in cases})
+    counts = selection.class_counts([catalogs.Layer(CLASSES_NET, name, p)
+                                     for name, p in layers_run])
+    env = {**env, "run": {
+        **env.get("run", {}), "net": CLASSES_NET, "batch": ran[0] if len(ran) == 1 else ran,
+        "algos": list(dict.fromkeys(c.algo for c in cases)),
+        "passes": list(dict.fromkeys(c.pass_ for c in cases)),
+        "layouts": list(dict.fromkeys(c.layout for c in cases)),
+        "classes": list(classes), "sample": sample, "seed": CLASSES_SEED, "stratify": True,
+        "class_counts": {k: v for k, v in counts.items() if v}}}
+    run = runs.Run(cases, budget, RunFolder.open(folder / CLASSES_RUN, env, resume=True))
+    return run.measure(), env
+
+
+def classes_markdown(outcome: runs.Outcome, env: dict, backend: str,
+                     seconds: float) -> str:
+    """summary.md's section of the second part: what ran, and per class and pass the speed-up
+    of `CLASSES_LINES` over the device's baseline (`speedup.summary`)."""
+    run = env.get("run", {})
+    baseline = speedup.default_baseline(backend)
+    counts = outcome.frame["status"].value_counts() if len(outcome.frame) else {}
+    counted = run.get("class_counts", {})
+    sample = (f"{sum(counted.values())} problems of {CLASSES_NET} ("
+              + ", ".join(f"{k} {v}" for k, v in counted.items()))
+    lines = [f"## {', '.join(run.get('classes', CLASSES)).capitalize()} ({CLASSES_NET})", "",
+             f"{CLASSES_RUN}/ ({CLASSES_RUN}/report.md): {sample}: a stratified sample, "
+             f"seed {run.get('seed', CLASSES_SEED)}) at batch "
+             f"{run.get('batch')}, algos {', '.join(run.get('algos', []))}, every pass and "
+             "layout: " + ", ".join(f"{counts[s]} {s}" for s in getattr(counts, "index", []))
+             + f", in {seconds:.0f} s" + (", interrupted" if outcome.interrupted else "")
+             + (f"; GPU fault: {outcome.fault}" if outcome.fault else "") + ".", "",
+             (f"Speed-up over {baseline} per class and pass, each in its fastest layout: "
+              f"{speedup.BEST_OF_OURS}, direct (kernels/depthwise.cu where groups = C) and "
+              "cudnn (the heuristic's pick through torch's dispatch; its rows' notes name "
+              "the kernel that ran)."), ""]
+    sp = speedup.speedups(outcome.frame, baseline) if len(outcome.frame) else pd.DataFrame()
+    sp = sp[sp["algo"].isin(CLASSES_LINES)] if len(sp) else sp
+    table = speedup.summary(speedup.class_order(sp), ["class", "pass", "algo"]) if len(
+        sp) else pd.DataFrame()
+    lines += [md_table(table) if not table.empty else "(no rows to compare in this run)", ""]
+    return "\n".join(lines)
+
+
 def run_check(folder: str | Path, device: Device, *, net: str = "alexnet",
               layers: list[str] | None = None, algos: str | None = None,
               batch: int | None = None, budget_s: float | None = None, command: str = "",
-              deadline: float | None = None,
+              deadline: float | None = None, classes: Sequence[str] = CLASSES,
+              sample: int = CLASSES_SAMPLE, class_algos: str | None = None,
               clock: Callable[[], float] = time.monotonic) -> CheckRun:
-    """Run the check into `folder` (a resumed run if it has one) and write its summary; see the
+    """Run the check into `folder` (a resumed run if it has one), then its second part
+    (`run_classes`: `sample` of convset's `classes`, with `class_algos`; none where `classes`
+    is empty, or the first part faulted or was cut short) and write its summary; see the
     module docstring. `deadline` (a `clock` time): stop between groups once it has passed.
-    ValueError for a bad net, layer or algo list, before anything runs."""
+    ValueError for a bad net, layer, class or algo list, before anything runs."""
     folder = Path(folder)
     cases, untiled = check_cases(device, net, layers, algos, batch)
+    more = class_cases(device, classes, sample, class_algos, batch) if classes else []
     budget = budget_s or device.budget_s
     folder.mkdir(parents=True, exist_ok=True)
     started = clock()
@@ -231,8 +330,14 @@ def run_check(folder: str | Path, device: Device, *, net: str = "alexnet",
                      f"left: {'; '.join(not_reached)}; `convbench gpu-check --out {folder}` "
                      "resumes them")
     text = markdown(env, outcome, seconds, notes)
+    second = None
+    if more and outcome.fault is None and not outcome.interrupted:
+        started = clock()
+        second, env2 = run_classes(folder, device, env, more, classes, sample, budget)
+        text = text.rstrip("\n") + "\n\n" + classes_markdown(second, env2, device.backend,
+                                                             clock() - started)
     (folder / SUMMARY_MD).write_text(text)
-    return CheckRun(folder, outcome, text, seconds, not_reached, stopped)
+    return CheckRun(folder, outcome, text, seconds, not_reached, stopped, second)
 
 
 def reached_text(missing: list[runner.Case]) -> list[str]:
@@ -350,7 +455,7 @@ def first(out: str | Path, device: Device, *, work: str | Path | None = None,
     tests_s = max(1.0, min(tests_timeout_s, wall_s - reserve_s))
     tested = run_tests(work / TESTS_LOG, tuple(pytest_args), tests_s)
     done = run_check(work, device, net=net, layers=names, algos=algos, batch=batch,
-                     budget_s=budget_s, command=command,
+                     budget_s=budget_s, command=command, classes=(),
                      deadline=started + wall_s - reserve_s, clock=clock)
     spent = {"tests": tested.seconds, **done.seconds}
     head = [f"- gpu-first: {wall_s:.0f} s of wall time: tests (at most {tests_s:.0f} s), "
