@@ -29,9 +29,11 @@ from __future__ import annotations
 
 from .. import __version__
 from ..core.fmt import first_line
+from ..machine import coretype
 from ..machine.threads import sleep_idle_threads
 
 sleep_idle_threads()  # before NumPy or torch loads: see convbench.machine.threads
+coretype.apply()  # OpenBLAS reads its core type when it loads: see convbench.machine.coretype
 
 import os  # after the thread settings above
 import sys

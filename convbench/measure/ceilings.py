@@ -22,6 +22,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..machine.coretype import cache_dir
 from ..machine.threads import available_cores
 from ..machine.threads import count as thread_count
 from . import ceilings_cpu, ceilings_gpu
@@ -38,14 +39,6 @@ __all__ = ["MARGIN", "SCHEMA", "Ceilings", "Product", "bound", "cache_dir", "cac
 def _versions(device: str) -> dict[str, str | None]:
     """The library versions a ceiling of `device` (`cpu`, `cuda`) depends on."""
     return ceilings_cpu.versions() if device == "cpu" else ceilings_gpu.versions()
-
-
-def cache_dir() -> Path:
-    """$CONVBENCH_CACHE_DIR, else $XDG_CACHE_HOME/convbench, else ~/.cache/convbench."""
-    if os.environ.get("CONVBENCH_CACHE_DIR"):
-        return Path(os.environ["CONVBENCH_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "convbench"
 
 
 def _device(device: str) -> str:
