@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from convbench import runs
+from convbench.analysis import report
 from convbench.catalogs.layers import Layer
 from convbench.core import results
 from convbench.core.measurement import Measurement
@@ -66,7 +66,7 @@ def test_an_old_folder_still_renders_its_report(tmp_path):
     folder = tmp_path / "old"
     shutil.copytree(OLDEST, folder)
     df, env = results.load_run(folder)
-    text = runs.write_report(folder, df, env)
+    text = report.write(folder, df, env)
     assert "## Which wins" in text and (folder / "report.md").exists()
 
 

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..analysis import report, sweepreport
+from ..analysis import report
 from ..analysis.ranking import busy
 from ..catalogs import layers, problemfile, selection
 from ..core import stats
@@ -317,19 +317,5 @@ class Run:
                            self.seconds())
         self.note_load("end")
         df, _ = load_run(self.folder.path)
-        text = write_report(self.folder.path, df, self.folder.env)
+        text = report.write(self.folder.path, df, self.folder.env)
         return Outcome(df, text, interrupted, self._skip.skipped, fault, rows, self.seconds())
-
-
-def write_report(folder: str | Path, df: pd.DataFrame, env: dict,
-                 baseline: str | None = None) -> str:
-    """Render report.md and the plots into a run folder (a batch sweep's own report,
-    `sweepreport`, when the results are one); returns the markdown. `baseline`: the algorithm
-    the speed-ups of a run of many problems are over (default `speedup.default_baseline`)."""
-    folder = Path(folder)
-    if sweepreport.is_batch_sweep(df):
-        text = sweepreport.sweep_markdown(df, env, sweepreport.sweep_plot(df, folder))
-    else:
-        text = report.markdown(df, env, report.plot(df, folder, env, baseline), baseline)
-    (folder / report.REPORT_MD).write_text(text)
-    return text

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import runs
+from ..analysis import report
 from ..core import results
 from ..core.results import CsvSink, RunFolder, frame, load_run, row_key
 from ..measure import runner, timing
@@ -182,7 +183,7 @@ class Run(runs.Run):
                 results.merge_rows(self.folder.path, everything, self.order)
                 mine.frame, _ = load_run(self.folder.path)
                 self.note_load("end")
-                mine.report = runs.write_report(self.folder.path, mine.frame, self.folder.env)
+                mine.report = report.write(self.folder.path, mine.frame, self.folder.env)
         self.shard.barrier()
         if self.folder is not None:
             results.drop_partials(self.folder.path)  # rank 0 has them all now
