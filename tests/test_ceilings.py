@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from convbench.machine import host
 from convbench.measure import ceilings as C
 from convbench.measure import ceilings_cpu as cpu
 from convbench.measure import ceilings_gpu as gpu
@@ -76,10 +77,10 @@ def test_peak_unknown_without_x86_flags_or_a_clock():
 
 
 def test_openblas_fell_back_to_avx2_on_an_avx512_cpu():
-    flags = set(cpu.parse_cpuinfo(XEON_SPR)["flags"].split())
+    flags = set(host.parse_cpuinfo(XEON_SPR)["flags"].split())
     assert cpu.faster_coretype("Haswell", flags) == "Cooperlake"
     assert cpu.faster_coretype("SkylakeX", flags) is None
-    avx2 = set(cpu.parse_cpuinfo(AVX2_ONLY)["flags"].split())
+    avx2 = set(host.parse_cpuinfo(AVX2_ONLY)["flags"].split())
     assert cpu.faster_coretype("Haswell", avx2) is None
     assert cpu.coretype_candidates(flags) == ["Haswell", "SkylakeX", "Cooperlake", "SapphireRapids"]
 

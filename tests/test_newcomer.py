@@ -165,7 +165,6 @@ def alexnet_run():
 
 def test_the_report_opens_on_which_wins_by_how_much_and_why_not_the_others(alexnet_run):
     from convbench.analysis import report
-    from convbench.analysis.report import plots
 
     df, env = alexnet_run
     text = report.markdown(df, env, [])

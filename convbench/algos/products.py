@@ -114,15 +114,9 @@ def _torch_library() -> str:
 @functools.cache
 def _numpy_library() -> str:
     """NumPy's BLAS as threadpoolctl reports it: name, version, the core type OpenBLAS chose."""
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:
+    pool = threads.numpy_blas_pool()
+    if not pool:
         return "its BLAS (NumPy)"
-    pools = sorted((p for p in threadpool_info() if p.get("user_api") == "blas"),
-                   key=lambda p: "numpy" not in p.get("filepath", ""))
-    if not pools:
-        return "its BLAS (NumPy)"
-    pool = pools[0]
     name = {"openblas": "OpenBLAS", "mkl": "MKL", "blis": "BLIS"}.get(
         pool.get("internal_api"), pool.get("internal_api") or "BLAS")
     version = ".".join((pool.get("version") or "").split(".")[:3])

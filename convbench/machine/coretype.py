@@ -14,34 +14,20 @@ from __future__ import annotations
 import json
 import os
 from importlib import metadata
-from pathlib import Path
+
+from .host import cache_dir, cpu_model
 
 ENV = "OPENBLAS_CORETYPE"
 RECORD = "openblas-coretype.json"
 
 
-def cache_dir() -> Path:
-    """$CONVBENCH_CACHE_DIR, else $XDG_CACHE_HOME/convbench, else ~/.cache/convbench."""
-    if os.environ.get("CONVBENCH_CACHE_DIR"):
-        return Path(os.environ["CONVBENCH_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "convbench"
-
-
 def _key() -> dict[str, str | None]:
     """What a recorded choice holds for: the CPU model (/proc/cpuinfo) and NumPy's version."""
-    model = None
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f
-                          if line.startswith("model name")), None)
-    except OSError:
-        pass
     try:
         numpy = metadata.version("numpy")
     except metadata.PackageNotFoundError:
         numpy = None
-    return {"cpu": model, "numpy": numpy}
+    return {"cpu": cpu_model(), "numpy": numpy}
 
 
 def record(probe: dict) -> str | None:

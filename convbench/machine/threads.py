@@ -87,6 +87,19 @@ def use(n: int | None = None) -> dict:
     return policy()
 
 
+def numpy_blas_pool() -> dict:
+    """NumPy's BLAS pool as threadpoolctl reports it (internal_api, version, architecture: the
+    core type OpenBLAS chose, num_threads, ...): the pool loaded from NumPy's own libraries,
+    else the first; {} without threadpoolctl or a BLAS."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return {}
+    pools = sorted((p for p in threadpool_info() if p.get("user_api") == "blas"),
+                   key=lambda p: "numpy" not in p.get("filepath", ""))
+    return pools[0] if pools else {}
+
+
 def policy() -> dict:
     """What the policy is now: the count, the cores available, and what each library runs."""
     out: dict = {"threads": count(), "available_cores": available_cores(),

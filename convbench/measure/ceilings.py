@@ -22,7 +22,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..machine.coretype import cache_dir
+from ..machine.host import cache_dir
 from ..machine.threads import available_cores
 from ..machine.threads import count as thread_count
 from . import ceilings_cpu, ceilings_gpu

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -31,7 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from ..core.fmt import fmt_mib
-from ..machine.threads import available_cores
+from ..machine.host import cpu_model, cpuinfo, parse_cpuinfo, read
+from ..machine.threads import available_cores, numpy_blas_pool
 from ..machine.threads import count as thread_count
 from . import timing
 from .ceilings_base import CPU_PRODUCTS, REPS, Ceilings, Product, library_versions, now
@@ -47,36 +47,11 @@ AVX512_CORETYPES = ("skylakex", "cooperlake", "sapphirerapids")
 
 
 # --- what the machine says ---------------------------------------------------------------------
-def _read(path: str | Path) -> str | None:
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return None
-
-
-def parse_cpuinfo(text: str) -> dict[str, str]:
-    """The first processor's fields of /proc/cpuinfo text (x86's spelling)."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            if out:
-                break
-            continue
-        key, _, value = line.partition(":")
-        out.setdefault(key.strip(), value.strip())
-    return out
-
-
-def cpu_model(info: Mapping[str, str] | None = None) -> str:
-    info = parse_cpuinfo(_read("/proc/cpuinfo") or "") if info is None else info
-    return info.get("model name") or platform.processor() or platform.machine()
-
-
 def cache_sizes(root: str | Path = "/sys/devices/system/cpu/cpu0/cache") -> dict[int, int]:
     """Bytes of cpu0's data (or unified) cache per level, from sysfs; {} where unreadable."""
     sizes: dict[int, int] = {}
     for index in sorted(Path(root).glob("index*")):
-        level, kind, size = (_read(index / f) for f in ("level", "type", "size"))
+        level, kind, size = (read(index / f) for f in ("level", "type", "size"))
         if None in (level, kind, size) or kind.strip() == "Instruction":
             continue
         m = re.fullmatch(r"(\d+)([KMG]?)", size.strip())
@@ -151,23 +126,16 @@ def _physical_cores(info: Mapping[str, str]) -> int:
 
 
 def _max_freq_khz() -> int | None:
-    text = _read("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
+    text = read("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
     return int(text) if text and text.strip().isdigit() else None
 
 
 def numpy_blas() -> dict:
     """NumPy's BLAS pool as threadpoolctl reports it (internal_api, version, architecture: the
     core type OpenBLAS chose, threading layer); {} without threadpoolctl."""
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:
-        return {}
-    pools = sorted((p for p in threadpool_info() if p.get("user_api") == "blas"),
-                   key=lambda p: "numpy" not in p.get("filepath", ""))
-    if not pools:
-        return {}
-    return {k: pools[0].get(k) for k in ("internal_api", "version", "architecture",
-                                        "threading_layer")}
+    pool = numpy_blas_pool()
+    return {k: pool.get(k) for k in ("internal_api", "version", "architecture",
+                                     "threading_layer")} if pool else {}
 
 
 def faster_coretype(architecture: str | None, flags: set[str]) -> str | None:
@@ -341,7 +309,7 @@ def _dram_array_bytes(llc: int | None, scale: float) -> tuple[int, str]:
     and a quarter of the memory available; and what bounded it."""
     want = 4 * llc if llc else DRAM_CAP_BYTES
     cap = DRAM_CAP_BYTES // 3
-    meminfo = _read("/proc/meminfo") or ""
+    meminfo = read("/proc/meminfo") or ""
     if m := re.search(r"MemAvailable:\s+(\d+) kB", meminfo):
         cap = min(cap, int(m[1]) * 1024 // 4 // 3)
     size = int(min(want, cap) * scale) >> 20 << 20 or 1 << 20
@@ -358,7 +326,7 @@ def measure_cpu(threads: int | None = None, *, scale: float = 1.0, reps: int = R
                 products: Sequence[Product] = CPU_PRODUCTS) -> Ceilings:
     """The CPU's ceilings, measured now (a few seconds at `scale` 1; tests use less)."""
     n = threads or thread_count()
-    text = _read("/proc/cpuinfo") or ""
+    text = read("/proc/cpuinfo") or ""
     info = parse_cpuinfo(text)
     flags = set(info.get("flags", "").split())
     scaled = [p.scaled(scale) for p in products]
@@ -447,7 +415,7 @@ def probe_openblas_coretype(candidates: Sequence[str] | None = None, threads: in
 
     Returns {"current", "n", "threads", "results": {core type: {"gflops", "reported", "took"}
     or {"error"}}, "fastest": the fastest core type that took (None if none did)}."""
-    flags = set(parse_cpuinfo(_read("/proc/cpuinfo") or "").get("flags", "").split())
+    flags = set(cpuinfo().get("flags", "").split())
     candidates = list(candidates) if candidates is not None else coretype_candidates(flags)
     threads = threads or thread_count()
     results: dict[str, dict] = {}

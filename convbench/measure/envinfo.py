@@ -8,6 +8,7 @@ library is recorded as absent, not an error.
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import os
 import platform
 import re
@@ -16,6 +17,8 @@ from pathlib import Path
 
 from .. import __version__
 from ..machine import backends, nvml
+from ..machine.host import cpu_model
+from ..machine.threads import numpy_blas_pool
 
 
 def _version(module: str) -> str | None:
@@ -24,16 +27,6 @@ def _version(module: str) -> str | None:
     except ImportError:
         return None
     return getattr(mod, "__version__", "unknown")
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def gpu_name() -> str | None:
@@ -66,14 +59,9 @@ def _blas() -> dict:
         info = {k: blas.get(k) for k in ("name", "version", "openblas configuration") if k in blas}
     except (TypeError, KeyError):  # older NumPy (no dict mode), or a build without BLAS
         pass
-    try:
-        from threadpoolctl import threadpool_info
-
-        # NumPy's own BLAS: the pool loaded from numpy's bundled libraries, else the first.
-        pools = sorted((p for p in threadpool_info() if p.get("user_api") == "blas"),
-                       key=lambda p: "numpy" not in p.get("filepath", ""))
-        info["threads"] = pools[0]["num_threads"] if pools else None
-    except ImportError:
+    if importlib.util.find_spec("threadpoolctl"):
+        info["threads"] = numpy_blas_pool().get("num_threads")
+    else:
         env = {v: os.environ[v] for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
                                           "MKL_NUM_THREADS") if v in os.environ}
         info["threads"] = env or f"library default (install threadpoolctl to read it; "\

@@ -32,6 +32,7 @@ from ..algos.registry import ALGOS
 from ..core.problem import LAYOUTS, PASSES, PRECISIONS, ConvProblem
 from ..core.results import ENTRY_NUMBERS, ENTRY_TEXTS, STATUSES
 from ..machine.backends import BACKENDS
+from ..machine.host import user_cache
 from .planschema import (
     Invalid,
     anything,
@@ -267,8 +268,7 @@ def default_dir() -> Path:
     """$CONVBENCH_PLAN_DIR, else $XDG_CACHE_HOME/convbench/plans, else ~/.cache/convbench/plans."""
     if os.environ.get("CONVBENCH_PLAN_DIR"):
         return Path(os.environ["CONVBENCH_PLAN_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "convbench" / "plans"
+    return user_cache() / "plans"
 
 
 @dataclass

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from ..measure import envinfo
+from ..machine.host import cpu_model
 from .workload import Workload
 
 #: PowerSGD: exact all-reduces before compressing (it refuses fewer than 2 with error
@@ -290,7 +290,7 @@ def rank_info(device: str) -> dict:
     import torch
 
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    name = (torch.cuda.get_device_name(local) if device == "cuda" else envinfo.cpu_model())
+    name = (torch.cuda.get_device_name(local) if device == "cuda" else cpu_model())
     return {"host": socket.gethostname(), "local_rank": local, "device": name}
 
 

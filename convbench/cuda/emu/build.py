@@ -30,6 +30,8 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from ...machine.host import user_cache
+
 CXX = "g++"
 FLAGS = ("-O2", "-std=c++17", "-fPIC", "-shared", "-fno-strict-aliasing")
 HEADER = Path(__file__).with_name("cuda_emu.h")
@@ -51,8 +53,7 @@ def cache_dir() -> Path:
     """$CONVBENCH_EMU_CACHE, else $XDG_CACHE_HOME/convbench/emu, else ~/.cache/convbench/emu."""
     if os.environ.get("CONVBENCH_EMU_CACHE"):
         return Path(os.environ["CONVBENCH_EMU_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "convbench" / "emu"
+    return user_cache() / "emu"
 
 
 def translate(code: str, entries: Mapping[str, Iterable]) -> str:

@@ -1,0 +1,54 @@
+"""The host as convbench reads it: the CPU's fields (/proc/cpuinfo), its model, and the folder
+convbench keeps its per-machine caches in. Nothing heavy is imported: the command reads these
+before NumPy loads.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Mapping
+from pathlib import Path
+
+
+def read(path: str | Path) -> str | None:
+    """A file's text, or None where it cannot be read (no such file on this platform)."""
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None
+
+
+def parse_cpuinfo(text: str) -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo text (x86's spelling)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if out:
+                break
+            continue
+        key, _, value = line.partition(":")
+        out.setdefault(key.strip(), value.strip())
+    return out
+
+
+def cpuinfo() -> dict[str, str]:
+    """This machine's first processor's fields ({} where there is no /proc/cpuinfo)."""
+    return parse_cpuinfo(read("/proc/cpuinfo") or "")
+
+
+def cpu_model(info: Mapping[str, str] | None = None) -> str:
+    """The CPU's model name (of `info`, else this machine's), else what `platform` says."""
+    info = cpuinfo() if info is None else info
+    return info.get("model name") or platform.processor() or platform.machine()
+
+
+def user_cache() -> Path:
+    """$XDG_CACHE_HOME/convbench, else ~/.cache/convbench: where each cache has its folder."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "convbench"
+
+
+def cache_dir() -> Path:
+    """The machine's measured facts (ceilings, the OpenBLAS core type): $CONVBENCH_CACHE_DIR,
+    else `user_cache()`."""
+    return Path(os.environ.get("CONVBENCH_CACHE_DIR") or user_cache())
