@@ -8,7 +8,7 @@ from convbench.catalogs.layers import Layer
 from convbench.core import results
 from convbench.core.problem import ConvProblem
 from convbench.machine import backends
-from convbench.measure import runner, timing
+from convbench.measure import memory, runner, timing
 
 TINY = ConvProblem(n=1, c=2, h=6, w=6, k=3, r=3, s=3, pad=1)
 LAYER = Layer("custom", "tiny", TINY)
@@ -75,7 +75,10 @@ def test_statuses_and_reasons():
     assert "rel_error" in rows["wrong"]["reason"] and rows["wrong"]["rel_error"] > 1e-3
     assert rows["unwritten"]["rel_error"] == float("inf")
     assert rows["unsup"]["reason"] == "no tiny layers"
-    assert rows["oom"]["reason"] == "MemoryError: out of memory allocating 1 TiB"
+    assert rows["oom"]["reason"].startswith(  # and what it needed against what was free
+        "MemoryError: out of memory allocating 1 TiB (its operands need 936 B, its workspace "
+        "is unknown; ")
+    assert rows["oom"]["reason"].endswith(" was free)")
     assert rows["boom"]["reason"] == "RuntimeError: boom"  # one line, no traceback
     for r in rows.values():
         assert set(r) == set(results.COLUMNS)
@@ -107,6 +110,100 @@ def test_oom_during_timing_is_recorded_and_the_run_goes_on():
     impls = {"later": OomLater("later"), "good": Fake("good")}
     rows = runner.run(cases(["later", "good"]), BUDGET, impls)
     assert [r["status"] for r in rows] == ["oom", "ok"]
+
+
+class FakeDevice:
+    """A device's memory, accounted: `total` bytes, `used` of them by others to begin with; a
+    block allocated beyond what is free raises MemoryError, as a GPU's pool does, and gives its
+    bytes back when nothing holds it."""
+
+    def __init__(self, total, used=0):
+        self.total, self.used = total, used
+
+    def allocate(self, nbytes):
+        if self.used + nbytes > self.total:
+            raise MemoryError(f"out of memory allocating {nbytes} bytes")
+        self.used += nbytes
+        return _Block(self, nbytes)
+
+    def install(self, monkeypatch):
+        """The harness reads this device's free and total memory (the host backend's)."""
+        monkeypatch.setattr(memory, "total_bytes", lambda backend: self.total)
+        monkeypatch.setattr(memory, "available_host_bytes", lambda: self.total - self.used)
+
+
+class _Block:
+    def __init__(self, device, nbytes):
+        self.device, self.nbytes = device, nbytes
+
+    def __del__(self):
+        self.device.used -= self.nbytes
+
+
+class Hungry(Fake):
+    """Holds `held` bytes of `device` from `prepare` on, and `temp` more during each call."""
+
+    def __init__(self, algo, device, held, temp=0):
+        super().__init__(algo)
+        self.device, self.held, self.temp = device, held, temp
+
+    def workspace_bytes(self, problem, pass_, layout, precision):
+        return self.held + self.temp
+
+    def prepare(self, *args):
+        block, fn, device, temp = self.device.allocate(self.held), super().prepare(*args), \
+            self.device, self.temp
+
+        def run(a, b, out):
+            assert block is not None
+            scratch = device.allocate(temp)  # noqa: F841 - held for the call
+            fn(a, b, out)
+
+        return run
+
+
+KIB = 1024
+
+
+def test_a_case_that_fits_alone_is_measured_alone_not_oom(monkeypatch):
+    """A case needing more than the memory its group's prepared cases leave free (but less than
+    the free quarter's alarm would catch) is measured once they are given back, not `oom`; the
+    cases that fit together are still timed together."""
+    device = FakeDevice(1024 * KIB)
+    device.install(monkeypatch)
+    impls = {"a": Hungry("a", device, 300 * KIB), "b": Hungry("b", device, 300 * KIB),
+             "big": Hungry("big", device, 800 * KIB)}  # beside a and b: 1400 KiB
+    rows = runner.run(cases(["a", "b", "big"]), BUDGET, impls)
+    assert [r["status"] for r in rows] == ["ok", "ok", "ok"], [r["reason"] for r in rows]
+    assert rows[0]["round_group"] == rows[1]["round_group"] != rows[2]["round_group"]
+    assert device.used == 0
+
+
+def test_a_case_out_of_memory_while_timed_beside_others_is_timed_alone(monkeypatch):
+    """A call's scratch that fits once the group's other cases are given back: measured alone,
+    not `oom`."""
+    device = FakeDevice(1024 * KIB)
+    device.install(monkeypatch)
+    impls = {"a": Hungry("a", device, 100 * KIB, temp=500 * KIB),
+             "b": Hungry("b", device, 500 * KIB)}  # a's call beside b: 1100 KiB
+    rows = runner.run(cases(["a", "b"]), BUDGET, impls)
+    assert [r["status"] for r in rows] == ["ok", "ok"], [r["reason"] for r in rows]
+    assert device.used == 0
+
+
+def test_a_case_that_cannot_fit_alone_is_oom_saying_what_it_needed_and_had(monkeypatch):
+    device = FakeDevice(1024 * KIB, used=500 * KIB)  # another process holds 500 KiB
+    device.install(monkeypatch)
+    impls = {"small": Hungry("small", device, 100 * KIB),
+             "huge": Hungry("huge", device, 600 * KIB)}
+    rows = runner.run(cases(["small", "huge"]), BUDGET, impls)
+    assert [r["status"] for r in rows] == ["ok", "oom"]
+    needed = memory.operand_bytes(TINY, "fwd", np.float32) + 600 * KIB
+    assert rows[1]["reason"] == (
+        f"MemoryError: out of memory allocating {600 * KIB} bytes (it needs "
+        f"{memory.format_size(needed)} with its workspace; 524 KiB of the device's 1 MiB was "
+        "free)")
+    assert device.used == 500 * KIB
 
 
 def test_a_reference_that_cannot_be_made_is_blamed_on_the_reference(monkeypatch):

@@ -329,6 +329,15 @@ def total_bytes(backend: str) -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+def free_bytes(backend: str) -> int:
+    """The memory `backend` has free now: the GPU's free memory, or the host's available."""
+    if backend == "cuda":
+        import cupy
+
+        return cupy.cuda.Device().mem_info[0]
+    return available_host_bytes()
+
+
 def available_host_bytes() -> int:
     """Memory the kernel says a new allocation could get without swapping (MemAvailable)."""
     try:

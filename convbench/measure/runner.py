@@ -13,7 +13,10 @@ in shuffled rounds (`timing.time_rounds`), so drift falls on all of them alike a
 pair up by round; each row carries its rounds' id (`round_group`) and why its rounds stopped.
 Where holding every prepared case at once would crowd the memory (on the GPU, or the host, with
 less than `HEADROOM` of it free), the group is timed in parts; under a `MemoryLimit` every case is
-timed alone (each must fit the limit by itself, as a batch sweep asks).
+timed alone (each must fit the limit by itself, as a batch sweep asks). A case out of memory
+beside held ones (a part's prepared cases, or its fellow contenders while timed) is measured
+again alone once they are given back: only a case that does not fit by itself is `oom`, its
+reason saying what it needed and what was free (`_room`).
 
 The reference is computed once per (problem, pass, precision): operands are drawn in NCHW and
 transposed, so both layouts and every algorithm share the same numbers and the same reference.
@@ -202,7 +205,9 @@ class DeviceFault(Exception):
         self.done: list[dict] = []
 
 
-def _not_measured(exc: Exception) -> NotMeasured:
+def _not_measured(exc: Exception, room: str | None = None) -> NotMeasured:
+    """`exc` as a case's status and reason; `room` (`_room`) is added to a failed allocation's
+    (a `MemoryLimit`'s refusal says its own sizes)."""
     if isinstance(exc, NotMeasured):
         return exc
     lines = str(exc).strip().splitlines()
@@ -210,7 +215,8 @@ def _not_measured(exc: Exception) -> NotMeasured:
         return NotMeasured("unsupported", lines[0] if lines else type(exc).__name__)
     reason = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
     if _is_oom(exc):  # the next case starts by giving the pools' blocks back
-        return NotMeasured("oom", reason)
+        fits = room is None or isinstance(exc, memory.OverLimit)
+        return NotMeasured("oom", reason if fits else f"{reason} ({room})")
     return NotMeasured("failed", reason, fatal=is_sticky_fault(exc))
 
 
@@ -245,6 +251,7 @@ def prepare(case: Case, operands: Operands, impl=None,
     if footprint > total:  # before anything is sized or allocated for it
         raise NotMeasured("oom", f"its operands need {memory.format_size(footprint)}, more than "
                           f"the {memory.format_size(total)} this device has")
+    room = None
     try:
         # An empty GPU for every case, before its operands: the last case's cached blocks (in
         # either pool, an out-of-memory's included) and plans are given back.
@@ -252,6 +259,8 @@ def prepare(case: Case, operands: Operands, impl=None,
             memory.release_device_memory(case.backend)
         workspace = opcount.workspace_bytes(impl, *args)
         predicted = footprint + (workspace or 0)
+        room = _room(predicted, workspace is not None, memory.free_bytes(case.backend), total,
+                     limit)
         if predicted > total:  # refused before a byte of it is allocated: on the host an
             # allocation the kernel grants but cannot back is touched into the out-of-memory
             # killer, which no `except` sees
@@ -283,12 +292,22 @@ def prepare(case: Case, operands: Operands, impl=None,
             limit.check(case.backend, footprint + peak, "measured footprint (operands and peak)")
         phase_fns = _phase_fns(impl, fn, args)
     except Exception as exc:
-        raise _not_measured(exc) from exc
+        raise _not_measured(exc, room) from exc
     with _stage("verify"):
         chk = verify.check(out, ref, case.algo, case.precision, p, case.pass_, operands.floor)
     if not chk.ok:
         raise NotMeasured("failed", chk.reason, chk)
     return Ready(impl, lambda: fn(a, b, out), chk, workspace, peak, trace.method, phase_fns)
+
+
+def _room(needed: int, known: bool, free: int, total: int, limit: MemoryLimit | None) -> str:
+    """Why an allocation failed, for an `oom` row: what the case needs against what it had (the
+    device's free memory when it started, and the limit)."""
+    needs = (f"it needs {memory.format_size(needed)} with its workspace" if known else
+             f"its operands need {memory.format_size(needed)}, its workspace is unknown")
+    within = f", within the memory limit {memory.format_size(limit.nbytes)}" if limit else ""
+    return (f"{needs}; {memory.format_size(free)} of the device's {memory.format_size(total)} "
+            f"was free{within}")
 
 
 def _describe(impl, args: tuple) -> str:
@@ -358,13 +377,7 @@ def _head_start(backend: str) -> dict:
 
 def _crowded(backend: str) -> bool:
     """Whether less than `HEADROOM` of the device's memory is free (the host's: available)."""
-    if backend == "cuda":
-        import cupy
-
-        free, total = cupy.cuda.Device().mem_info
-    else:
-        free, total = memory.available_host_bytes(), memory.total_bytes(backend)
-    return free < HEADROOM * total
+    return memory.free_bytes(backend) < HEADROOM * memory.total_bytes(backend)
 
 
 def _time_part(part: list[tuple[Case, Ready]], budget_s: float, target: float,
@@ -433,27 +446,46 @@ def measure_group(group: list[Case], operands: Operands, budget_s: float,
     """Rows for a group of competing cases, in the group's order: each prepared and verified
     (`prepare`), then the verified ones timed together (`_time_part`), each checked against
     `ceilings` where given (`rows.plausibility`). Under `limit`, or where memory runs short,
-    prepared cases are timed before the next is prepared. A fault of the GPU raises
-    DeviceFault with the rows finished before it (`DeviceFault.done`)."""
+    prepared cases are timed before the next is prepared. A case out of memory beside held
+    ones is measured again alone once they are given back (preparing: the held ones are timed
+    first; timed: after its part), so only a case that cannot fit by itself is `oom`. A fault
+    of the GPU raises DeviceFault with the rows finished before it (`DeviceFault.done`)."""
     rows: dict[int, dict] = {}
     part: list[tuple[int, Case, Ready]] = []
 
+    def attempt(i: int, case: Case) -> NotMeasured | None:
+        """Prepare `case` into `part`, or say why not."""
+        try:
+            with limit.enforce(case.backend) if limit else contextlib.nullcontext():
+                part.append((i, case, prepare(case, operands, (impls or {}).get(case.algo),
+                                              limit)))
+        except NotMeasured as nm:  # a copy: the raised one's traceback holds the attempt's
+            # arrays (a fault's is kept, to chain: nothing runs after it)
+            return nm if nm.fatal else NotMeasured(nm.status, nm.reason, nm.check)
+        return None
+
     def time_part() -> None:
         done = _time_part([(c, r) for _, c, r in part], budget_s, target, seed, ceilings)
-        rows.update(zip((i for i, _, _ in part), done))
-        part.clear()
+        beside = len(part) > 1
+        timed = [(i, c) for i, c, _ in part]
+        part.clear()  # the prepared cases given back before any is measured again alone
+        again = [(i, c) for (i, c), r in zip(timed, done) if beside and r["status"] == "oom"]
+        rows.update((i, r) for (i, _), r in zip(timed, done))
+        for i, case in again:
+            rows[i] = measure_group([case], operands, budget_s, impls, limit, target, seed,
+                                    ceilings=ceilings)[0]
 
     try:
         for i, case in enumerate(group):
-            try:
-                with limit.enforce(case.backend) if limit else contextlib.nullcontext():
-                    ready = prepare(case, operands, (impls or {}).get(case.algo), limit)
-            except NotMeasured as nm:
+            nm = attempt(i, case)
+            if nm is not None and nm.status == "oom" and part:  # the held cases' memory, maybe
+                time_part()
+                nm = attempt(i, case)
+            if nm is not None:
                 rows[i] = row(case, nm.status, nm.reason, nm.check)
                 if nm.fatal:
                     raise DeviceFault(rows[i]) from nm
                 continue
-            part.append((i, case, ready))
             if limit is not None or _crowded(case.backend):
                 time_part()
         time_part()
