@@ -187,6 +187,30 @@ def test_per_axis_geometry_is_the_problems(kw, geometry):
     assert p.y_shape() == tuple(conv(torch.zeros(1, 2, 9, 11)).shape)
 
 
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_no_array_of_a_call_outlives_it_through_an_explicit_pad(monkeypatch, layout):
+    """A layer padded unequally (a 4x4 'same': 1 before, 2 after) runs our FFT after an explicit
+    pad: the memoized pass keeps its plan and workspace (the padded buffer) but no array of a
+    call (x, w, y, dy, dx, dw: the inner pass's last call too) once the call returns, or every
+    step would hold a layer's activations and gradients into the next."""
+    import weakref
+
+    real, seen = cbnn._array, []
+
+    def recording(t, layout):
+        a = real(t, layout)
+        seen.append(weakref.ref(a))
+        return a
+
+    monkeypatch.setattr(cbnn, "_array", recording)
+    kw = {"in_channels": 3, "out_channels": 4, "kernel_size": 4, "padding": "same"}
+    ref, ours = pair(kw, layout, {p: ("fft", "numpy") for p in ("fwd", "bwd_data", "bwd_filter")},
+                     dtype=torch.float32)
+    check_same(ref, ours, torch.randn(2, 3, 9, 9), 1e-4)  # forward and backward, each pass through the explicit pad
+    assert len(seen) == 9  # x, w, y; dy, w, dx; x, dy, dw
+    assert [r() is not None for r in seen] == [False] * 9
+
+
 def test_double_backward_is_refused():
     _, ours = pair({"in_channels": 2, "out_channels": 2, "kernel_size": 3}, "nchw",
                    {"fwd": ("gemm", "numpy"), "bwd_data": ("gemm", "numpy")})

@@ -82,7 +82,7 @@ class Phased:
         """Drop the arrays of the last call (a warm-up's scratch operands, which must not stay
         alive in the memory the prepared pass is seen to hold, nor a step's activations in a
         memoized pass: `functional.run` forgets after every call). `on_forget` drops what the
-        steps keep of them (torch's views of the arrays)."""
+        steps keep of them (torch's views of the arrays, an inner pass's own last call)."""
         self._box.clear()
         if self._on_forget is not None:
             self._on_forget()

@@ -189,7 +189,9 @@ class ExplicitPad(Implementation):
             pad = padding.PadInput(problem, layout, explicit)
             steps = {EXPLICIT_PAD: lambda a, b, out: pad(a),
                      CONVOLUTION: lambda a, b, out: run(pad.buffer.get(a), b, out)}
-        phased = Phased(steps)
+        # forgetting the call forgets the inner pass's too: its own box holds the call's w, y,
+        # dy or dw (and torch's views of them) between calls of a memoized pass otherwise
+        phased = Phased(steps, on_forget=getattr(run, "forget", None))
         if inner:  # the inner pass's own phases, replaying the call `phased` made
             mine = dict(phased.phase_fns)
             pad_fn, crop_fn = mine.get(EXPLICIT_PAD), mine.get(CROP)
