@@ -13,6 +13,15 @@
 // im2col: one thread per column-matrix element, in the order col is stored (coalesced writes),
 //   reading the input pixel its tap sees, or writing 0 in the padding: every element is written,
 //   so the workspace needs no clearing.
+// im2col_images: the column matrix of every image at once, [G][taps][N·P·Q]: per group, rows the
+//   filter taps in the order of the layout's filter row ((c, r, s) in NCHW, (r, s, c) in NHWC)
+//   and columns (n, p, q), written like im2col. It is for a library GEMM that sums only over its
+//   k: cuBLAS's NCHW bwd_filter is then one product a group, dw = dy · colᵀ with k = N·P·Q (dy
+//   as [K][N·P·Q], by swap_nk), where the NCHW col above needs a sum over images outside the
+//   product. In NCHW consecutive threads read consecutive pixels of a row; NHWC's col is this
+//   matrix transposed already, so only NCHW uses it.
+// swap_nk: out[k][n][l] = in[n][k][l], NCHW dy (NKPQ, L = P·Q) as [K][N·P·Q] for that product.
+//   One thread per output element in the order out is stored: reads and writes in runs of L.
 // col2im: one thread per dx element, in the order dx is stored. It gathers: it sums the column
 //   entries of the taps (r, s) whose window covers it, output position
 //   p = (y + pad_h - r·dil_h) / stride_h wherever that divides exactly and lies in [0, P) (and q
@@ -70,6 +79,15 @@ __device__ __forceinline__ ColIndex col_index(int e, const Conv& v) {
   return i;
 }
 
+// The input element column-matrix element i copies: the pixel its tap sees, or 0 in the padding.
+__device__ __forceinline__ float tap_value(const float* __restrict__ x, const ColIndex& i,
+                                           const Conv& v) {
+  const int iy = i.p * v.stride_h - v.pad_h + i.r * v.dil_h;
+  const int ix = i.q * v.stride_w - v.pad_w + i.s * v.dil_w;
+  const bool inside = iy >= 0 && iy < v.H && ix >= 0 && ix < v.W;
+  return inside ? x[act_offset(i.n, i.g * (v.C / v.groups) + i.c, iy, ix, v.C, v.H, v.W)] : 0.f;
+}
+
 // Output position along one axis (of that axis's stride, pad and dilation) whose tap t reads
 // input coordinate i, or -1 when none does.
 __device__ __forceinline__ int reading_output(int i, int t, int out_size, int stride, int pad,
@@ -90,10 +108,32 @@ extern "C" __global__ void __launch_bounds__(THREADS)
   const int total = N * C * R * S * P * Q;
   const int e = blockIdx.x * THREADS + threadIdx.x;
   if (e >= total) return;
-  const ColIndex i = col_index(e, v);
-  const int iy = i.p * stride_h - pad_h + i.r * dil_h, ix = i.q * stride_w - pad_w + i.s * dil_w;
-  const bool inside = iy >= 0 && iy < H && ix >= 0 && ix < W;
-  col[e] = inside ? x[act_offset(i.n, i.g * (C / groups) + i.c, iy, ix, C, H, W)] : 0.f;
+  col[e] = tap_value(x, col_index(e, v), v);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+    im2col_images(const float* __restrict__ x, float* __restrict__ col, int N, int C, int H,
+                  int W, int R, int S, int P, int Q, int stride_h, int stride_w, int pad_h,
+                  int pad_w, int dil_h, int dil_w, int groups) {
+  const Conv v{N, C, H, W, R, S, P, Q, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups};
+  const int pixels = N * P * Q;
+  const int e = blockIdx.x * THREADS + threadIdx.x;
+  if (e >= C * R * S * pixels) return;
+  ColIndex i;
+  const int pixel = e % pixels;
+  i.q = pixel % Q;
+  i.p = pixel / Q % P;
+  i.n = pixel / (P * Q);
+  filter_box(e / pixels, C / groups, R, S, i.g, i.c, i.r, i.s);  // its "k" is the group
+  col[e] = tap_value(x, i, v);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+    swap_nk(const float* __restrict__ in, float* __restrict__ out, int N, int K, int L) {
+  const int e = blockIdx.x * THREADS + threadIdx.x;
+  if (e >= N * K * L) return;
+  const int l = e % L, n = e / L % N, k = e / (L * N);
+  out[e] = in[(n * K + k) * L + l];
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)

@@ -1,18 +1,20 @@
 """`gemm` through kernels/im2col.cu and kernels/gemm.cu: every pass and layout under the emulator
 in CI against the float64 reference, and the SGEMM kernel itself against NumPy (every transpose
 variant, both tile configurations, odd shapes, unaligned operands, several K-tiles, batches and
-split reductions); the same on a GPU (`gpu` marker), there with `gemm-cublas`, AlexNet's layers
-and cuDNN too."""
+split reductions); `gemm-cublas`'s calls run in NumPy, and its bwd_filter lowering (every image
+at once, dy copied) under the emulator with our SGEMM in cuBLAS's place; the same on a GPU
+(`gpu` marker), there with `gemm-cublas` itself, AlexNet's layers and cuDNN too."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 
 from convbench import testing
-from convbench.algos import gemm_kernels, reference, registry
+from convbench.algos import gemm_kernels, kernel_base, reference, registry
 from convbench.algos.gemm_kernels import Product, sgemm_geometry, sgemm_runner
 from convbench.catalogs.layers import net_layers
 from convbench.core.problem import LAYOUTS, PASSES, ConvProblem
+from convbench.cuda import kernels
 from convbench.measure import verify
 
 #: Small problems that cross tile edges: GEMM sizes that are neither multiples of the 64- or
@@ -102,21 +104,14 @@ def _op(flat, offset, trans, rows, cols, ld):
 
 
 def _run_cublas_plan(p, a, b):
-    """What `cublas_runner` makes cuBLAS and gemm_sum_splits do, in float64 NumPy: the calls in
-    order (beta 0 or 1), then the partial results added in slice order."""
-    calls = gemm_kernels.cublas_calls(p)
+    """What `cublas_runner` makes cuBLAS do, in float64 NumPy: the calls in order (beta 0)."""
     out = np.full(_c_size(p), np.nan)
-    target = np.full(max(gemm_kernels.cublas_partial_elements(p), 1), np.nan) \
-        if calls[0].into_partial else out
-    for call in calls:
+    for call in gemm_kernels.cublas_calls(p):
         for i in range(call.batch):
             c0 = call.c + i * call.strides[2]
             idx = c0 + np.arange(p.m)[:, None] * p.ldc + np.arange(p.n)[None, :]
-            prod = (_op(a, call.a + i * call.strides[0], p.trans_a, p.m, p.k, p.lda)
-                    @ _op(b, call.b + i * call.strides[1], p.trans_b, p.k, p.n, p.ldb))
-            target[idx] = (target[idx] if call.accumulate else 0) + prod
-    if calls[0].into_partial:
-        out[:] = target.reshape(-1, p.c_extent).sum(axis=0)
+            out[idx] = (_op(a, call.a + i * call.strides[0], p.trans_a, p.m, p.k, p.lda)
+                        @ _op(b, call.b + i * call.strides[1], p.trans_b, p.k, p.n, p.ldb))
     return out
 
 
@@ -136,18 +131,14 @@ def _expected(p, a, b):
     return out
 
 
-@pytest.mark.parametrize("ours", [1, 2, 3, 4, 7, 50])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("pass_", PASSES)
-def test_cublas_plan_computes_every_pass(monkeypatch, ours, pass_, layout):
+def test_cublas_plan_computes_every_pass(pass_, layout):
     """The calls `cublas_runner` gives cuBLAS, run in NumPy on random operands, give each pass's
-    product: separate per-image products, and a sum over 7 images split like our kernel splits
-    it (1 slice, 2 and 3 uneven ones, 4, 7 = one per image, and more splits than images)."""
-    class Ours:
-        splits = ours
-    monkeypatch.setattr(gemm_kernels, "sgemm_geometry", lambda product: Ours)
+    product as cuBLAS is given it (`one_product`): separate per-image products, and nchw's
+    bwd_filter as one product a group over the 7 images' pixels."""
     problem = ConvProblem(n=7, c=6, h=5, w=6, k=4, r=3, s=3, pad=1, groups=2)
-    p = gemm_kernels.conv_product(problem, pass_, layout)[0]
+    p = gemm_kernels.conv_product(problem, pass_, layout, one_product=True)[0]
     rng = np.random.default_rng(0)
     size = 4 * (problem.n * problem.c * problem.h * problem.w + problem.n * problem.k * 30
                 + gemm_kernels.col_elements(problem) + problem.k * problem.c * 9) + 1000
@@ -158,35 +149,103 @@ def test_cublas_plan_computes_every_pass(monkeypatch, ours, pass_, layout):
     assert np.isnan(got[~written]).all()  # nothing outside the products written
 
 
-def test_cublas_sums_over_images_in_our_kernels_slices():
-    """NCHW bwd_filter sums per-image products. Our SGEMM does it in one split-K launch of S
-    slices; cuBLAS is given the same number of slices (at most one per image): the same partial
-    results written and re-read, in `per` strided-batched calls a group, the first writing and
-    the others adding, not one per image. AlexNet at batch 256, and one with groups."""
-    for layer, slices, per in (("conv2", 26, 10), ("conv3", 19, 14), ("conv4", 13, 20),
-                               ("conv5", 19, 14), ("conv1", 256, 1)):
-        problem = next(lay.problem for lay in net_layers("alexnet") if lay.name == layer)
-        product = gemm_kernels.conv_product(problem, "bwd_filter", "nchw")[0]
-        ours = sgemm_geometry(product).splits
-        assert gemm_kernels.cublas_slices(product) == (slices, per), layer
-        assert slices == min(ours, problem.n) or ours < slices * (per + 1), layer
-        calls = gemm_kernels.cublas_calls(product)
-        assert len(calls) == per and all(c.into_partial for c in calls)
-        assert [c.accumulate for c in calls] == [False] + [True] * (per - 1)
-        assert calls[0].batch == slices and sum(c.batch for c in calls) == problem.n
-        assert gemm_kernels.cublas_partial_elements(product) == slices * product.c_extent
-    p = ConvProblem(n=4, c=6, h=9, w=9, k=8, r=3, s=3, pad=1, groups=2)
+def test_cublas_bwd_filter_is_one_product_a_group_over_every_pixel():
+    """cuBLAS sums only over k, so its bwd_filter is one product a group with k = N·P·Q, in nchw
+    too (dy copied to [K][N·P·Q], the copy counted as workspace; with one image there is none),
+    not slices of per-image products re-reading and re-writing partial results. AlexNet at
+    batch 256, and one with groups."""
+    impl = registry.get("gemm-cublas", "cuda")
+    for layer in net_layers("alexnet"):
+        problem = layer.problem
+        npq = problem.n * problem.p * problem.q
+        assert impl.workspace_bytes(problem, "bwd_filter", "nchw", "fp32") == 4 * (
+            gemm_kernels.col_elements(problem) + problem.n * problem.k * problem.p * problem.q)
+        assert impl.workspace_bytes(problem, "bwd_filter", "nhwc", "fp32") == (
+            4 * gemm_kernels.col_elements(problem))
+        note = impl.describe(problem, "bwd_filter", "nchw", "fp32")
+        assert f"1 strided-batched call(s) of up to 1, each one product of k = N·P·Q = {npq}" \
+            in note and "swap_nk" in note, layer.name
+        for layout in LAYOUTS:
+            product = gemm_kernels.conv_product(problem, "bwd_filter", layout,
+                                                one_product=True)[0]
+            assert (product.k, product.images, product.reduce) == (npq, 1, True)
+            assert gemm_kernels.cublas_calls(product) == [
+                gemm_kernels.CublasCall(0, 0, 0, 1, (0, 0, 0))]
+    grouped = ConvProblem(n=4, c=6, h=9, w=9, k=8, r=3, s=3, pad=1, groups=2)
     for pass_, layout in ((q, lay) for q in PASSES for lay in LAYOUTS):
-        product = gemm_kernels.conv_product(p, pass_, layout)[0]
+        product = gemm_kernels.conv_product(grouped, pass_, layout, one_product=True)[0]
         calls = gemm_kernels.cublas_calls(product)
-        summed = pass_ == "bwd_filter" and layout == "nchw"  # over images; nhwc's is one
-        assert summed == (product.reduce and product.images > 1)
-        slices, per = gemm_kernels.cublas_slices(product)
-        assert len(calls) == p.groups * (per if summed else 1), (pass_, layout)
-        assert all(c.into_partial == (summed and slices > 1) for c in calls)
-        if not product.reduce:
-            assert {c.batch for c in calls} == {product.images}
-            assert not any(c.accumulate for c in calls)
+        assert [(c.a, c.b, c.c) for c in calls] == [
+            (g * product.a_group, g * product.b_group, g * product.c_group) for g in range(2)]
+        assert {c.batch for c in calls} == {product.images}
+        if pass_ == "bwd_filter":
+            assert product.k == grouped.n * grouped.p * grouped.q and product.images == 1
+    single = ConvProblem(n=1, c=6, h=9, w=9, k=8, r=3, s=3, pad=1, groups=2)
+    assert impl.workspace_bytes(single, "bwd_filter", "nchw", "fp32") == (
+        4 * gemm_kernels.col_elements(single))  # dy is [K][P·Q] already
+    assert "swap_nk" not in impl.describe(single, "bwd_filter", "nchw", "fp32")
+    ours = gemm_kernels.conv_product(grouped, "bwd_filter", "nchw")[0]  # summed over images
+    with pytest.raises(ValueError, match="cuBLAS sums over k only"):
+        gemm_kernels.cublas_calls(ours)
+
+
+def _columns_of_every_image(problem: ConvProblem, layout: str, x: np.ndarray) -> np.ndarray:
+    """im2col_images' matrix in NumPy: [G][taps in the layout's filter-row order][N·P·Q]."""
+    p = problem
+    xn = x if layout == "nchw" else x.transpose(0, 3, 1, 2)
+    iy = p.stride_h * np.arange(p.p)[None, :] - p.pad_top + p.dil_h * np.arange(p.r)[:, None]
+    ix = p.stride_w * np.arange(p.q)[None, :] - p.pad_left + p.dil_w * np.arange(p.s)[:, None]
+    seen = xn[:, :, iy.clip(0, p.h - 1)[:, None, :, None], ix.clip(0, p.w - 1)[None, :, None, :]]
+    inside = (((iy >= 0) & (iy < p.h))[:, None, :, None]
+              & ((ix >= 0) & (ix < p.w))[None, :, None, :])
+    col = (seen * inside).reshape(p.n, p.groups, p.cg, p.r, p.s, p.p, p.q)  # n g c r s p q
+    order = (1, 2, 3, 4, 0, 5, 6) if layout == "nchw" else (1, 3, 4, 2, 0, 5, 6)
+    return col.transpose(order).ravel()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("problem", PROBLEMS + list(testing.ASYMMETRIC_PROBLEMS), ids=str)
+def test_emu_im2col_images_is_every_images_column_matrix(problem, layout):
+    """im2col_images writes [G][taps][N·P·Q], the taps in the order of the layout's filter row:
+    every element, exactly, padding included (groups, strides, dilation, padding per side)."""
+    _impl("gemm", "emu")
+    x = reference.random_operands(problem, "bwd_filter", layout)[0]
+    col = np.full(gemm_kernels.col_elements(problem), np.nan, np.float32)
+    launch = kernels.launcher("emu", "im2col", gemm_kernels.LOWERING[layout])
+    p = problem
+    launch.kernel("im2col_images")(
+        kernel_base.ceil_div(col.size, gemm_kernels.LOWERING_THREADS),
+        gemm_kernels.LOWERING_THREADS,
+        (x, col, p.n, p.c, p.h, p.w, p.r, p.s, p.p, p.q, *kernel_base.axis_args(p), p.groups))
+    np.testing.assert_array_equal(col, _columns_of_every_image(problem, layout, x))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_emu_swap_nk_puts_the_images_inside(layout):
+    """swap_nk: out[k][n][l] = in[n][k][l], odd sizes, one thread per element past a block."""
+    _impl("gemm", "emu")
+    n, k, length = 3, 5, 37
+    dy = np.random.default_rng(2).standard_normal((n, k, length)).astype(np.float32)
+    out = np.full(dy.size, np.nan, np.float32)
+    launch = kernels.launcher("emu", "im2col", gemm_kernels.LOWERING[layout])
+    launch.kernel("swap_nk")(kernel_base.ceil_div(dy.size, gemm_kernels.LOWERING_THREADS),
+                             gemm_kernels.LOWERING_THREADS, (dy, out, n, k, length))
+    np.testing.assert_array_equal(out, dy.transpose(1, 0, 2).ravel())
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("problem", PROBLEMS + list(testing.ASYMMETRIC_PROBLEMS), ids=str)
+def test_emu_cublas_lowering_matches_reference(monkeypatch, problem, layout):
+    """gemm-cublas's bwd_filter as it runs on the GPU (im2col_images, swap_nk, one product a
+    group over N·P·Q) with our SGEMM standing in for cuBLAS, under the emulator, against the
+    float64 reference."""
+    _impl("gemm", "emu")
+    impl = gemm_kernels.GemmCublas()
+    impl.algo, impl.backend = "gemm-cublas", "emu"
+    monkeypatch.setattr(impl, "_multiplier",
+                        lambda product: sgemm_runner("emu", sgemm_geometry(product)))
+    check = testing.run_and_check(impl, problem, "bwd_filter", layout, "fp32")
+    assert check.ok, f"bwd_filter {layout} {problem}: {check.reason}"
 
 
 def test_workspace_is_the_column_matrix():

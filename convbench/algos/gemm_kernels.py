@@ -21,11 +21,18 @@ across blocks into partial results when dw alone has too few tiles to fill the G
 is that description, `sgemm_geometry` sizes its launch, `sgemm_runner` launches it,
 `cublas_runner` hands the same description to cuBLAS).
 
+cuBLAS sums only over a product's k, so for it nchw's bwd_filter is laid out as one product a
+group, k = N·P·Q, as nhwc's already is (`conv_product(..., one_product=True)`): dw = dy · colᵀ
+(sgemm_nt) with col the column matrix of every image at once, [G][C/g·R·S][N·P·Q]
+(`im2col_images`), and dy copied to [K][N·P·Q] (`swap_nk`; with one image it is that already).
+cuBLAS then picks its own split of the reduction, and the copy is timed and counted as
+workspace: it is what this baseline has to do, where our kernel reads dy as it is.
+
 Tile sizes are chosen here, once: they are the -D defines of gemm.cu (declared to the compile
 gate below); launch grids, shared memory and splits are derived from them here, from the problem
 alone, so the emulator runs the configuration the GPU runs. The column matrix (and the partial
-results of a split reduction) are allocated in `prepare`, outside the timed call;
-`workspace_bytes` reports them.
+results of a split reduction, or cuBLAS's copy of dy) are allocated in `prepare`, outside the
+timed call; `workspace_bytes` reports them.
 """
 
 from __future__ import annotations
@@ -216,64 +223,32 @@ def _fp32_cublas(handle: int):
 @dataclass(frozen=True)
 class CublasCall:
     """One cublasSgemmStridedBatched of a product: the element offsets of A, B and C, the batch
-    and its (A, B, C) strides; C is the partial results of a split sum when `into_partial`, and
-    the call adds into C (beta 1) when `accumulate`."""
+    and its (A, B, C) strides."""
 
     a: int
     b: int
     c: int
     batch: int
     strides: tuple[int, int, int]
-    into_partial: bool = False
-    accumulate: bool = False
-
-
-def cublas_slices(product: Product) -> tuple[int, int]:
-    """(slices, images per slice) of cuBLAS's sum over images (NCHW bwd_filter): as many slices
-    as our SGEMM splits the same product into (`sgemm_geometry`), at most one per image, so both
-    write and re-read the same number of partial results. (1, images) when nothing is summed."""
-    p = product
-    if not (p.reduce and p.images > 1):
-        return 1, p.images
-    try:
-        ours = sgemm_geometry(p).splits
-    except ValueError:  # past our kernel's grid: cuBLAS still runs, a slice per image
-        ours = p.images
-    per = ceil_div(p.images, max(1, min(ours, p.images)))
-    return ceil_div(p.images, per), per  # no empty slice
-
-
-def cublas_partial_elements(product: Product) -> int:
-    """The partial results ([slice][C]) of cuBLAS's split sum over images, else 0."""
-    slices = cublas_slices(product)[0]
-    return slices * product.c_extent if slices > 1 else 0
 
 
 def cublas_calls(product: Product) -> list[CublasCall]:
-    """The cuBLAS calls of a product, in order. Separate products per image are one
-    strided-batched call per group, the images its batch. A sum over images (NCHW bwd_filter)
-    is split like our own split-K kernel splits it (`cublas_slices`): slice s sums images
-    s·per … s·per + per - 1 into its partial result, and gemm.cu's `gemm_sum_splits` adds the
-    slices. The batch of a call is the slices: call j multiplies the j-th image of every slice
-    (that has one), the first writing (beta 0), the others adding (beta 1); `per` calls a
-    group, not one small product per image."""
+    """The cuBLAS calls of a product, in order: one strided-batched call per group, the images
+    its batch. cuBLAS sums only over k, so a product summed over images is refused (ValueError):
+    it is laid out as one, k = N·P·Q (`conv_product(..., one_product=True)`), and cuBLAS splits
+    that reduction as it sees fit."""
     p = product
-    if not p.reduce:
-        return [CublasCall(g * p.a_group, g * p.b_group, g * p.c_group, p.images,
-                           (p.a_image, p.b_image, p.c_image)) for g in range(p.groups)]
-    slices, per = cublas_slices(p)
-    partial = slices > 1
-    strides = (per * p.a_image, per * p.b_image, p.c_extent if partial else 0)
-    return [CublasCall(g * p.a_group + j * p.a_image, g * p.b_group + j * p.b_image,
-                       g * p.c_group, ceil_div(p.images - j, per), strides, partial, j > 0)
-            for g in range(p.groups) for j in range(per)]
+    if p.reduce and p.images > 1:
+        raise ValueError("cuBLAS sums over k only: lay a sum over images out as one product "
+                         "(conv_product(..., one_product=True))")
+    return [CublasCall(g * p.a_group, g * p.b_group, g * p.c_group, p.images,
+                       (p.a_image, p.b_image, p.c_image)) for g in range(p.groups)]
 
 
 def cublas_runner(product: Product) -> Callable:
     """``run(a, b, c)``: the product by cuBLAS (CuPy arrays), as `cublas_calls` plans it. cuBLAS
     is column-major, so the row-major C = op(A)·op(B) is computed as Cᵀ = op(B)ᵀ·op(A)ᵀ: B goes
-    first, and an operand stored as is (row-major) is exactly the transpose cuBLAS reads. The
-    partial results of a split sum over images are allocated here, once."""
+    first, and an operand stored as is (row-major) is exactly the transpose cuBLAS reads."""
     import cupy
     from cupy_backends.cuda.libs import cublas
 
@@ -282,31 +257,34 @@ def cublas_runner(product: Product) -> Callable:
     one, zero = np.ones(1, np.float32), np.zeros(1, np.float32)
     op = {False: cublas.CUBLAS_OP_N, True: cublas.CUBLAS_OP_T}
 
-    def products(a, b, c):  # into C, or into the slices' partials (then C is those)
+    def run(a, b, c):
         with _fp32_cublas(handle):
             for call in calls:
-                beta = one if call.accumulate else zero
                 cublas.sgemmStridedBatched(
                     handle, op[p.trans_b], op[p.trans_a], p.n, p.m, p.k, one.ctypes.data,
                     b.data.ptr + 4 * call.b, p.ldb, call.strides[1],
-                    a.data.ptr + 4 * call.a, p.lda, call.strides[0], beta.ctypes.data,
+                    a.data.ptr + 4 * call.a, p.lda, call.strides[0], zero.ctypes.data,
                     c.data.ptr + 4 * call.c, p.ldc, call.strides[2], call.batch)
 
-    slices = cublas_slices(p)[0]
-    if not cublas_partial_elements(p):
-        return products
-    return kernel_base.split_sum(kernels.launcher("cuda", "gemm", TILES["small"]), products,
-                             "gemm_sum_splits", p.c_extent, slices, threads("small"))
+    return run
 
 
 # --- the convolution ----------------------------------------------------------------------------
-def conv_product(problem: ConvProblem, pass_: str, layout: str) -> tuple[Product, str, str]:
+def conv_product(problem: ConvProblem, pass_: str, layout: str, one_product: bool = False
+                 ) -> tuple[Product, str, str]:
     """The product of a pass and which operands it multiplies: (product, A, B), with A and B
     among "w", "dy", "col"; C is the pass's output, or col in bwd_data (see the module's table).
+    `one_product`: nchw's bwd_filter as one product a group over k = N·P·Q, reading
+    `im2col_images`' col and dy as [K][N·P·Q] (`images_in_k`), for cuBLAS, which cannot sum
+    over images itself; every other product is the same either way.
     """
     p = problem
     kg, crs, pq = p.k // p.groups, p.cg * p.r * p.s, p.p * p.q
     w_group = kg * crs
+    if one_product and images_in_k(pass_, layout):  # col: [G][C/g·R·S][N·P·Q]
+        npq = p.n * pq
+        return (Product(False, True, kg, crs, npq, npq, npq, crs, p.groups, reduce=True,
+                        a_group=kg * npq, b_group=crs * npq, c_group=w_group), "dy", "col")
     if layout == "nhwc":  # col: [G][N·P·Q][R·S·C/g]
         npq = p.n * pq
         col_group = npq * crs
@@ -336,6 +314,38 @@ def conv_product(problem: ConvProblem, pass_: str, layout: str) -> tuple[Product
     }[pass_]
 
 
+def images_in_k(pass_: str, layout: str) -> bool:
+    """Whether `conv_product(..., one_product=True)` lays the pass out otherwise than our SGEMM
+    reads it: nchw's bwd_filter, whose sum over images becomes part of k."""
+    return pass_ == "bwd_filter" and layout == "nchw"
+
+
+def dy_copy_elements(problem: ConvProblem, pass_: str, layout: str) -> int:
+    """Elements of dy copied to [K][N·P·Q] for the one product of `images_in_k`: all of dy, or 0
+    where the pass is not laid out so or there is one image (dy is [K][P·Q] as it is)."""
+    p = problem
+    return p.n * p.k * p.p * p.q if images_in_k(pass_, layout) and p.n > 1 else 0
+
+
+def dy_copier(lowering: kernels.Launcher, problem: ConvProblem, pass_: str, layout: str
+              ) -> Callable | None:
+    """``arrange(dy)``: dy as the product of `images_in_k` reads it, [K][N·P·Q], copied by
+    im2col.cu's swap_nk into a buffer allocated here, once; None where dy is that already."""
+    size = dy_copy_elements(problem, pass_, layout)
+    if not size:
+        return None
+    p = problem
+    copy = lowering.xp.empty(size, dtype=lowering.xp.float32)
+    swap = lowering.kernel("swap_nk").bind(ceil_div(size, LOWERING_THREADS), LOWERING_THREADS,
+                                           (p.n, p.k, p.p * p.q))
+
+    def arrange(dy):
+        swap(dy, copy)
+        return copy
+
+    return arrange
+
+
 def col_elements(problem: ConvProblem) -> int:
     """Elements of the column matrix: every output pixel × every filter tap × every channel."""
     p = problem
@@ -352,6 +362,9 @@ class GemmKernels(kernel_base.KernelImplementation):
     """`gemm` through kernels/im2col.cu and kernels/gemm.cu."""
 
     asymmetric_pad = True  # im2col takes the padding before and the output size
+    #: Whether the products are laid out `conv_product(..., one_product=True)`: for a GEMM that
+    #: cannot sum over images (cuBLAS); our SGEMM sums them inside the kernel.
+    one_product = False
 
     def check_launch(self, problem: ConvProblem, pass_: str, layout: str) -> None:
         _sgemm_geometry(problem, pass_, layout)
@@ -373,7 +386,7 @@ class GemmKernels(kernel_base.KernelImplementation):
         return sgemm_runner(self.backend, sgemm_geometry(product))
 
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
-        product, a_name, b_name = conv_product(problem, pass_, layout)
+        product, a_name, b_name = conv_product(problem, pass_, layout, self.one_product)
         multiply = self._multiplier(product)
         lowering = kernels.launcher(self.backend, "im2col", LOWERING[layout])
         col = lowering.xp.empty(col_elements(problem), dtype=lowering.xp.float32)
@@ -389,13 +402,15 @@ class GemmKernels(kernel_base.KernelImplementation):
                 col2im(col, dx)
 
             return run
-        im2col = lowering.kernel("im2col").bind(ceil_div(col.size, LOWERING_THREADS),
-                                                LOWERING_THREADS, dims)
+        regrouped = self.one_product and images_in_k(pass_, layout)
+        im2col = lowering.kernel("im2col_images" if regrouped else "im2col").bind(
+            ceil_div(col.size, LOWERING_THREADS), LOWERING_THREADS, dims)
         second = "w" if pass_ == "fwd" else "dy"
+        arrange = dy_copier(lowering, problem, pass_, layout) if regrouped else None
 
         def run(x, b, out):
             im2col(x, col)
-            operands = {"col": col, second: b}
+            operands = {"col": col, second: arrange(b) if arrange else b}
             multiply(operands[a_name], operands[b_name], out)
 
         return run
@@ -403,7 +418,10 @@ class GemmKernels(kernel_base.KernelImplementation):
 
 @register("gemm-cublas", "cuda")
 class GemmCublas(GemmKernels):
-    """`gemm-cublas`: the lowering kernels of `gemm`, the product by cuBLAS in FP32."""
+    """`gemm-cublas`: the lowering kernels of `gemm`, the product by cuBLAS in FP32, nchw's
+    bwd_filter as one product a group over k = N·P·Q (`one_product`)."""
+
+    one_product = True
 
     def available(self) -> str | None:
         return super().available() or cublas_available()
@@ -413,21 +431,22 @@ class GemmCublas(GemmKernels):
 
     def workspace_buffers(self, problem: ConvProblem, pass_: str, layout: str
                           ) -> dict[str, int]:
-        """The column matrix, and the slices' partial results of an NCHW bwd_filter
-        (cuBLAS's own workspace is not counted)."""
-        product = conv_product(problem, pass_, layout)[0]
+        """The column matrix, and in nchw's bwd_filter dy copied to [K][N·P·Q] (cuBLAS's own
+        workspace is not counted)."""
         return {"the im2col workspace": col_elements(problem),
-                "cuBLAS's partial results of the split sum": cublas_partial_elements(product)}
+                "dy copied to [K][N·P·Q]": dy_copy_elements(problem, pass_, layout)}
 
     def describe(self, problem: ConvProblem, pass_: str, layout: str, precision: str) -> str:
-        product = conv_product(problem, pass_, layout)[0]
+        product = conv_product(problem, pass_, layout, one_product=True)[0]
         calls = cublas_calls(product)
-        slices, per = cublas_slices(product)
-        summed = (f", the sum over {product.images} images in {slices} slices of up to {per}"
-                  f" (our SGEMM's split), added by gemm_sum_splits" if calls[0].into_partial
-                  else "")
-        return (f"cuBLAS sgemm (CUBLAS_DEFAULT_MATH: FP32, no TF32), {len(calls)} strided-"
-                f"batched call(s) of up to {calls[0].batch}{summed}")
+        note = (f"cuBLAS sgemm (CUBLAS_DEFAULT_MATH: FP32, no TF32), {len(calls)} strided-"
+                f"batched call(s) of up to {calls[0].batch}")
+        if not images_in_k(pass_, layout):
+            return note
+        copied = (", dy copied to [K][N·P·Q] by swap_nk"
+                  if dy_copy_elements(problem, pass_, layout) else "")
+        return (f"{note}, each one product of k = N·P·Q = {product.k} (cuBLAS splits the sum "
+                f"over images itself) from im2col_images{copied}")
 
     def _multiplier(self, product: Product) -> Callable:
         return cublas_runner(product)
