@@ -1,5 +1,6 @@
 """Depthwise, grouped and pointwise layers in our own algorithms (#39): `direct`'s depthwise path
-(taps over strided views on the CPU, kernels/depthwise.cu on `emu`), `gemm`'s one batched
+(compiled kernels on the CPU, or taps over strided views without Numba; kernels/depthwise.cu on
+`emu`), `gemm`'s one batched
 product over the groups and its pointwise layers in place; every pass, both layouts, tails and
 per-axis geometry, against the float64 reference."""
 
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from convbench import testing
-from convbench.algos import depthwise, direct_kernels, gemm, reference, registry
+from convbench.algos import depthwise, depthwise_jit, direct_kernels, gemm, reference, registry
 from convbench.core.problem import LAYOUTS, PASSES, ConvProblem
 from convbench.measure import memory
 
@@ -43,11 +44,29 @@ def _ids(problems):
     return [str(p) for p in problems]
 
 
+#: direct's two depthwise paths: "jit" (Numba's compiled kernels, what runs where Numba is
+#: installed) and "taps" (the strided views, its stand-in without Numba).
+PATHS = ["jit", "taps"]
+
+
+@pytest.fixture
+def path(request, monkeypatch):
+    """Run direct's depthwise layers on the path the test's `path` parameter names."""
+    if request.param == "taps":
+        monkeypatch.setattr(depthwise_jit, "available", lambda: "a test asks for the taps")
+    else:
+        assert depthwise_jit.available() is None, "numba is a dependency: it must import"
+    return request.param
+
+
 @pytest.mark.parametrize("precision", ["fp64", "fp32"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("pass_", PASSES)
-@pytest.mark.parametrize("algo", ["direct", "gemm"])
-def test_cpu_depthwise_matches_reference(algo, pass_, layout, precision):
+@pytest.mark.parametrize("algo", ["direct-jit", "direct-taps", "gemm"])
+def test_cpu_depthwise_matches_reference(algo, pass_, layout, precision, monkeypatch):
+    if algo == "direct-taps":
+        monkeypatch.setattr(depthwise_jit, "available", lambda: "a test asks for the taps")
+    algo = algo.split("-")[0]
     for problem in DEPTHWISE:
         assert registry.supports(registry.get(algo, "numpy"), problem, pass_, layout,
                                  precision) is None
@@ -82,9 +101,34 @@ def test_random_depthwise_problems_match_reference(c, m, n, h, w, r, s, stride, 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("pass_", PASSES)
+def test_jit_depthwise_sums_a_long_reduction_in_float64(pass_, layout):
+    """A bwd_filter over N·P·Q = 2·64·64 = 8192 pixels per tap (and fwd/bwd_data of the same
+    layer, border pixels a minority) within the fp32 tolerance: each row's sums are short, the
+    rows add in float64."""
+    problem = ConvProblem(n=2, c=24, h=64, w=64, k=24, r=3, s=3, pad=1, groups=24)
+    testing.assert_matches_reference("direct", "numpy", problem, pass_, layout, "fp32")
+
+
+def test_jit_depthwise_caches_its_generated_kernels(tmp_path, monkeypatch):
+    """The kernels of a filter width are generated once into the user cache (named by their
+    source's hash) and imported from there, so Numba can cache them on disk."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    depthwise_jit.forward_kernels.cache_clear()
+    try:
+        module = depthwise_jit.forward_kernels(4)
+        files = list((tmp_path / "convbench" / "numba").glob("convbench_dw_s4_sw1_*.py"))
+        assert [f.read_text() for f in files] == [depthwise_jit._source(4, 1)]
+        assert module.__file__ == str(files[0])
+    finally:
+        depthwise_jit.forward_kernels.cache_clear()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
 def test_depthwise_blocks_cover_the_output(pass_, layout, monkeypatch):
     """Blocks of a few rows (and partial last blocks) give the reference result: the blocking
-    of real layers is checked on small ones."""
+    of real layers is checked on small ones (the taps path's blocks)."""
+    monkeypatch.setattr(depthwise_jit, "available", lambda: "a test asks for the taps")
     monkeypatch.setattr(depthwise, "BLOCK_BYTES", 300)
     for problem in (DEPTHWISE[0], DEPTHWISE[1], DEPTHWISE[2]):
         assert len(depthwise.blocks(problem, np.float64)) > 2
@@ -97,9 +141,10 @@ def test_depthwise_blocks_group_small_images():
     assert depthwise.blocks(p, np.float32) == [(slice(0, 8), slice(0, 7))]
 
 
+@pytest.mark.parametrize("path", PATHS, indirect=True)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("pass_", PASSES)
-def test_depthwise_is_never_a_product(pass_, layout):
+def test_depthwise_is_never_a_product(pass_, layout, path):
     """The depthwise path multiplies elementwise: no matrix product at all (one per channel
     is what it replaces)."""
     problem = DEPTHWISE[2]
@@ -146,11 +191,13 @@ def test_pointwise_gemm_has_no_lowering(pass_, layout):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("pass_", PASSES)
+@pytest.mark.parametrize("path", PATHS, indirect=True)
 @pytest.mark.parametrize("problem", [DEPTHWISE[1], DEPTHWISE[7]], ids=str)
-def test_depthwise_workspace_is_what_the_pass_allocates(problem, pass_, layout):
+def test_depthwise_workspace_is_what_the_pass_allocates(problem, pass_, layout, path):
     impl = registry.get("direct", "numpy")
     a, b = (o.astype(np.float32) for o in reference.random_operands(problem, pass_, layout))
     out = reference.nan_output(problem, pass_, layout, np.float32)
+    impl.prepare(problem, pass_, layout, "fp32")  # Numba's compiled code, loaded once a process
     with memory.Tracemalloc() as trace:
         run = impl.prepare(problem, pass_, layout, "fp32")
         trace.mark()
@@ -159,9 +206,17 @@ def test_depthwise_workspace_is_what_the_pass_allocates(problem, pass_, layout):
     assert memory.pass_peak(trace.points) == pytest.approx(declared, abs=64 << 10)
 
 
-def test_direct_describes_its_depthwise_path():
-    note = registry.get("direct", "numpy").describe(DEPTHWISE[0], "fwd", "nhwc", "fp32")
-    assert note.startswith("depthwise: 9 taps as elementwise multiply-adds")
+def test_direct_describes_its_depthwise_path(monkeypatch):
+    direct = registry.get("direct", "numpy")
+    note = direct.describe(DEPTHWISE[0], "fwd", "nhwc", "fp32")
+    assert note.startswith("depthwise: compiled kernel (Numba), one pass, 9 taps")
+    assert "vectorised over the channels" in note
+    assert "filter flipped" in direct.describe(DEPTHWISE[0], "bwd_data", "nchw", "fp32")
+    assert "gather" in direct.describe(DEPTHWISE[2], "bwd_data", "nhwc", "fp32")
+    monkeypatch.setattr(depthwise_jit, "available", lambda: "numba is not importable (test)")
+    note = direct.describe(DEPTHWISE[0], "fwd", "nhwc", "fp32")
+    assert note.startswith("depthwise (Numba unavailable: numba is not importable (test)): 9 "
+                           "taps as elementwise multiply-adds")
     assert registry.get("direct", "numpy").describe(GROUPED[0], "fwd", "nhwc", "fp32") == ""
 
 

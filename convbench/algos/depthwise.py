@@ -1,4 +1,5 @@
-"""`direct`'s depthwise path on the CPU: groups = C (each input channel its own group, K = C·m
+"""`direct`'s depthwise path on the CPU without Numba (`depthwise_jit` is the path where Numba
+is installed; this one stands in for it, and the row's note says which ran): groups = C (each input channel its own group, K = C·m
 output channels, m the channel multiplier), the taps unrolled, each an elementwise multiply-add
 over a strided view of the whole activation.
 

@@ -88,6 +88,16 @@ def _torch() -> dict:
     return info
 
 
+def _numba() -> dict:
+    """Numba's version and threading layer (direct's depthwise kernels), None without it."""
+    try:
+        import numba
+    except ImportError:
+        return {"version": None}
+    return {"version": numba.__version__, "threads": numba.config.NUMBA_NUM_THREADS,
+            "threading_layer": numba.config.THREADING_LAYER}
+
+
 def _pyfftw() -> dict:
     try:
         import pyfftw
@@ -173,5 +183,6 @@ def collect(backend: str) -> dict:
         "torch": _torch(),
         "cupy": _version("cupy"),
         "pyfftw": _pyfftw(),
+        "numba": _numba(),
         "nvml": nvml.snapshot() if backend == "cuda" else None,
     }
