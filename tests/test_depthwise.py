@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from convbench import testing
-from convbench.algos import depthwise, depthwise_jit, direct_kernels, gemm, reference, registry
+from convbench.algos import depthwise, depthwise_jit, direct_kernels, gemm, jit, reference, registry
 from convbench.core.problem import LAYOUTS, PASSES, ConvProblem
 from convbench.measure import memory
 
@@ -53,9 +53,9 @@ PATHS = ["jit", "taps"]
 def path(request, monkeypatch):
     """Run direct's depthwise layers on the path the test's `path` parameter names."""
     if request.param == "taps":
-        monkeypatch.setattr(depthwise_jit, "available", lambda: "a test asks for the taps")
+        monkeypatch.setattr(jit, "available", lambda: "a test asks for the taps")
     else:
-        assert depthwise_jit.available() is None, "numba is a dependency: it must import"
+        assert jit.available() is None, "numba is a dependency: it must import"
     return request.param
 
 
@@ -65,7 +65,7 @@ def path(request, monkeypatch):
 @pytest.mark.parametrize("algo", ["direct-jit", "direct-taps", "gemm"])
 def test_cpu_depthwise_matches_reference(algo, pass_, layout, precision, monkeypatch):
     if algo == "direct-taps":
-        monkeypatch.setattr(depthwise_jit, "available", lambda: "a test asks for the taps")
+        monkeypatch.setattr(jit, "available", lambda: "a test asks for the taps")
     algo = algo.split("-")[0]
     for problem in DEPTHWISE:
         assert registry.supports(registry.get(algo, "numpy"), problem, pass_, layout,
@@ -128,7 +128,7 @@ def test_jit_depthwise_caches_its_generated_kernels(tmp_path, monkeypatch):
 def test_depthwise_blocks_cover_the_output(pass_, layout, monkeypatch):
     """Blocks of a few rows (and partial last blocks) give the reference result: the blocking
     of real layers is checked on small ones (the taps path's blocks)."""
-    monkeypatch.setattr(depthwise_jit, "available", lambda: "a test asks for the taps")
+    monkeypatch.setattr(jit, "available", lambda: "a test asks for the taps")
     monkeypatch.setattr(depthwise, "BLOCK_BYTES", 300)
     for problem in (DEPTHWISE[0], DEPTHWISE[1], DEPTHWISE[2]):
         assert len(depthwise.blocks(problem, np.float64)) > 2
@@ -213,7 +213,7 @@ def test_direct_describes_its_depthwise_path(monkeypatch):
     assert "vectorised over the channels" in note
     assert "filter flipped" in direct.describe(DEPTHWISE[0], "bwd_data", "nchw", "fp32")
     assert "gather" in direct.describe(DEPTHWISE[2], "bwd_data", "nhwc", "fp32")
-    monkeypatch.setattr(depthwise_jit, "available", lambda: "numba is not importable (test)")
+    monkeypatch.setattr(jit, "available", lambda: "numba is not importable (test)")
     note = direct.describe(DEPTHWISE[0], "fwd", "nhwc", "fp32")
     assert note.startswith("depthwise (Numba unavailable: numba is not importable (test)): 9 "
                            "taps as elementwise multiply-adds")

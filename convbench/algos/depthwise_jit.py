@@ -26,38 +26,19 @@ in `buffers`) and sums dx over the multiplier; nchw reads input channel k // m f
 
 Kernels compile in `prepare` (a second or two each, the first time on a machine) and are
 cached on disk beside their generated source in `machine.host.user_cache() / "numba"`.
-Without Numba (`available`) `direct` runs the taps-over-views path and its note says so.
+Without Numba (`jit.available`) `direct` runs the taps-over-views path and its note says so.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import importlib.util
 import math
-import os
-import sys
-from pathlib import Path
 
 import numpy as np
 
 from ..core.problem import ConvProblem
-from ..machine import host, threads
-
-# --- availability ----------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=1)
-def available() -> str | None:
-    """None where Numba compiles here, else why not (one line)."""
-    if os.environ.get("CONVBENCH_DEPTHWISE") == "taps":
-        return "CONVBENCH_DEPTHWISE=taps"
-    try:
-        import numba  # noqa: F401
-    except ImportError as exc:  # not installed, or its LLVM does not load
-        return f"numba is not importable ({exc})"
-    return None
-
+from ..machine import threads
+from . import jit
 
 # --- the generated kernels (one module per filter width S) -------------------------------------
 
@@ -257,36 +238,11 @@ def _source(S: int, SW: int) -> str:
             + _NCHW.format(S=S, rows=rows, terms_c=terms_c, step=step))
 
 
-def _folder() -> Path:
-    return host.user_cache() / "numba"
-
-
 @functools.cache
 def forward_kernels(S: int, sw: int = 1):
-    """The module of `_source(S, SW)` for column stride `sw`, written once to the user cache and imported from there (so
-    Numba caches its machine code beside it); its name carries the source's hash, so a changed
-    generator never meets an old cache."""
+    """The generated module of `_source(S, SW)` for column stride `sw` (`jit.load`)."""
     SW = sw if sw in CONSTANT_STRIDES else 0
-    source = _source(S, SW)
-    digest = hashlib.sha256(source.encode()).hexdigest()[:12]
-    name = f"convbench_dw_s{S}_sw{SW}_{digest}"
-    path = _folder() / f"{name}.py"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists() or path.read_text() != source:
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(source)
-            os.replace(tmp, path)
-    except OSError:  # no writable cache: a private temporary folder, compiled every run
-        import tempfile
-
-        path = Path(tempfile.mkdtemp(prefix="convbench-dw-")) / f"{name}.py"
-        path.write_text(source)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return jit.load(f"convbench_dw_s{S}_sw{SW}", _source(S, SW))
 
 
 # --- the fixed kernels: borders, strided bwd_data, bwd_filter ----------------------------------
@@ -422,20 +378,6 @@ def describe(p: ConvProblem, pass_: str, layout: str) -> str:
             f"the {vector}, {how}, {threads.count()} threads")
 
 
-def _set_threads() -> None:
-    import numba
-
-    numba.set_num_threads(max(1, min(threads.count(), numba.config.NUMBA_NUM_THREADS)))
-
-
-def _compile(kernel, dtype, *arrays, ints: int) -> None:
-    """Compile `kernel` for arrays of these ranks ("w": working precision, "d": float64) by a
-    call on empty ones: the compile (a second or so, the first time on a machine) happens in
-    `prepare`, never inside a timed call."""
-    empty = [np.zeros((0,) * rank, dtype if kind == "w" else np.float64) for kind, rank in arrays]
-    kernel(*empty, *([1] * ints))
-
-
 def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
     """The pass `run(a, b, out)` of a depthwise problem, its kernel compiled."""
     m = _multiplier(p)
@@ -463,12 +405,12 @@ def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
     if pass_ == "fwd":
         kern = forward_kernels(p.s, p.stride_w)
         if nhwc:
-            _compile(kern.fwd_nhwc, dtype, ("w", 4), ("w", 3), ("w", 4), ints=6)
+            jit.compile_empty(kern.fwd_nhwc, dtype, ("w", 4), ("w", 3), ("w", 4), ints=6)
         else:
-            _compile(kern.fwd_nchw, dtype, ("w", 4), ("w", 3), ("w", 4), ints=7)
+            jit.compile_empty(kern.fwd_nchw, dtype, ("w", 4), ("w", 3), ("w", 4), ints=7)
 
         def run(x, w, out):
-            _set_threads()
+            jit.set_threads()
             taps = filter_taps(w, False)
             if nhwc:
                 kern.fwd_nhwc(x_channels(x), taps, out, *geo)
@@ -488,10 +430,10 @@ def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
         else:
             kernel, args = (_fixed()["bwd_data_nhwc"] if nhwc
                             else forward_kernels(p.s, p.stride_w).bwd_data_nchw), geo
-        _compile(kernel, dtype, ("w", 4), ("w", 3), ("w", 4), ints=len(args))
+        jit.compile_empty(kernel, dtype, ("w", 4), ("w", 3), ("w", 4), ints=len(args))
 
         def run(dy, w, out):
-            _set_threads()
+            jit.set_threads()
             target = bufs["dx_k"] if m > 1 else out
             kernel(dy, filter_taps(w, flip), target, *args)
             if m > 1:  # dx sums the m output channels each input channel feeds
@@ -506,10 +448,10 @@ def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
         kernel, args = _fixed()["bwd_filter_nhwc"], geo + (sums.shape[0],)
     else:
         kernel, args = forward_kernels(p.s, p.stride_w).bwd_filter_nchw, geo + (m,)
-    _compile(kernel, dtype, ("w", 4), ("w", 4), ("d", 4 if nhwc else 3), ints=len(args))
+    jit.compile_empty(kernel, dtype, ("w", 4), ("w", 4), ("d", 4 if nhwc else 3), ints=len(args))
 
     def run(x, dy, out):
-        _set_threads()
+        jit.set_threads()
         sums.fill(0)
         kernel(x_channels(x), dy, sums, *args)
         if nhwc:

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..core.problem import ConvProblem
 from ..machine import threads
-from . import depthwise, depthwise_jit
+from . import depthwise, depthwise_jit, jit
 from ._lowering import (
     axis_pairs,
     channel_major,
@@ -225,10 +225,11 @@ class DirectCPU(Implementation):
         """A depthwise layer names its path; the dense path has nothing to add."""
         if not depthwise.is_depthwise(problem):
             return ""
-        if depthwise_jit.available() is None:
+        if jit.available() is None:
             return depthwise_jit.describe(problem, pass_, layout)
         blocks = len(depthwise.blocks(problem, DTYPES[precision]))
-        return (f"depthwise (Numba unavailable: {depthwise_jit.available()}): {problem.r * problem.s} taps as elementwise multiply-adds over "
+        return (f"depthwise (Numba unavailable: {jit.available()}): "
+                f"{problem.r * problem.s} taps as elementwise multiply-adds over "
                 f"strided views (torch, {threads.count()} threads), {blocks} block"
                 f"{'s' * (blocks > 1)} of output rows")
 
@@ -237,7 +238,7 @@ class DirectCPU(Implementation):
         """Bytes of the buffers `_buffers` lists, computed without allocating them: about the
         padded input and y, plus a filter-sized packed copy (fwd, bwd_data in nchw) and a block
         of products; a depthwise layer's are `depthwise.buffers`."""
-        if depthwise.is_depthwise(problem) and depthwise_jit.available() is None:
+        if depthwise.is_depthwise(problem) and jit.available() is None:
             return depthwise_jit.workspace_bytes(problem, pass_, layout, DTYPES[precision])
         if depthwise.is_depthwise(problem):
             return depthwise.workspace_bytes(problem, pass_, layout, precision,
@@ -247,7 +248,7 @@ class DirectCPU(Implementation):
 
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         p, dtype = problem, DTYPES[precision]
-        if depthwise.is_depthwise(p) and depthwise_jit.available() is None:
+        if depthwise.is_depthwise(p) and jit.available() is None:
             return depthwise_jit.prepare(p, pass_, layout, dtype)
         if depthwise.is_depthwise(p):
             return depthwise.prepare(p, pass_, layout, dtype)

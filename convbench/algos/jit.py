@@ -1,0 +1,75 @@
+"""What the compiled CPU kernels (`depthwise_jit`, `grouped_jit`) share: whether Numba is here,
+their generated modules loaded from the user cache (so Numba caches their machine code on disk),
+the thread count, and a compile outside any timed call."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from ..machine import host, threads
+
+
+@functools.lru_cache(maxsize=1)
+def available() -> str | None:
+    """None where Numba compiles here, else why not (one line): `direct` then runs its
+    depthwise layers by taps over views and its grouped ones by products, and says so.
+    `CONVBENCH_JIT=off` asks for that."""
+    if os.environ.get("CONVBENCH_JIT") == "off":
+        return "CONVBENCH_JIT=off"
+    try:
+        import numba  # noqa: F401
+    except ImportError as exc:  # not installed, or its LLVM does not load
+        return f"numba is not importable ({exc})"
+    return None
+
+
+def folder() -> Path:
+    """Where the generated modules (and Numba's cache of them) live."""
+    return host.user_cache() / "numba"
+
+
+def load(stem: str, source: str):
+    """The module of `source`, written once to `folder()` as `<stem>_<hash>.py` and imported
+    from there: Numba caches a function's machine code beside its file, and the hash in the
+    name keeps a changed generator from meeting an old cache. An unwritable cache folder: a
+    private temporary one (compiled every run)."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:12]
+    name = f"{stem}_{digest}"
+    path = folder() / f"{name}.py"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists() or path.read_text() != source:
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(source)
+            os.replace(tmp, path)
+    except OSError:
+        path = Path(tempfile.mkdtemp(prefix="convbench-jit-")) / f"{name}.py"
+        path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def set_threads() -> None:
+    """Numba's threads for the next call: the run's count (`threads.count()`)."""
+    import numba
+
+    numba.set_num_threads(max(1, min(threads.count(), numba.config.NUMBA_NUM_THREADS)))
+
+
+def compile_empty(kernel, dtype, *arrays, ints: int) -> None:
+    """Compile `kernel` for arrays of these ranks ((kind, rank): "w" the working precision,
+    "d" float64) and `ints` integers, by a call on empty arrays: the compile (a second or two,
+    the first time on a machine) happens in `prepare`, never inside a timed call."""
+    empty = [np.zeros((0,) * rank, dtype if kind == "w" else np.float64) for kind, rank in arrays]
+    kernel(*empty, *([1] * ints))
