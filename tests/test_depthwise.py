@@ -12,7 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from convbench import testing
-from convbench.algos import depthwise, depthwise_jit, direct_kernels, gemm, jit, reference, registry
+from convbench.algos import (
+    depthwise,
+    depthwise_jit,
+    direct_kernels,
+    gemm,
+    grouped_jit,
+    jit,
+    reference,
+    registry,
+)
 from convbench.core.problem import LAYOUTS, PASSES, ConvProblem
 from convbench.measure import memory
 
@@ -76,8 +85,11 @@ def test_cpu_depthwise_matches_reference(algo, pass_, layout, precision, monkeyp
 @pytest.mark.parametrize("precision", ["fp64", "fp32"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("pass_", PASSES)
-@pytest.mark.parametrize("algo", ["direct", "gemm"])
-def test_cpu_grouped_and_pointwise_match_reference(algo, pass_, layout, precision):
+@pytest.mark.parametrize("algo", ["direct-jit", "direct-products", "gemm"])
+def test_cpu_grouped_and_pointwise_match_reference(algo, pass_, layout, precision, monkeypatch):
+    if algo == "direct-products":
+        monkeypatch.setattr(jit, "available", lambda: "a test asks for the products")
+    algo = algo.split("-")[0]
     for problem in GROUPED:
         testing.assert_matches_reference(algo, "numpy", problem, pass_, layout, precision)
 
@@ -97,6 +109,43 @@ def test_random_depthwise_problems_match_reference(c, m, n, h, w, r, s, stride, 
                           dilation=dilation, groups=c)
     testing.assert_matches_reference("direct", "numpy", problem, pass_, layout, "fp32")
     testing.assert_matches_reference("gemm", "numpy", problem, pass_, layout, "fp32")
+
+
+@settings(max_examples=25, deadline=None)
+@given(groups=st.integers(2, 3), cg=st.integers(1, 4), kg=st.integers(1, 5), n=st.integers(1, 2),
+       h=st.integers(3, 11), w=st.integers(3, 11), r=st.integers(1, 4), s=st.integers(1, 4),
+       stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+       dilation=st.tuples(st.integers(1, 2), st.integers(1, 2)),
+       pad=st.tuples(st.integers(0, 2), st.integers(0, 2)),
+       pass_=st.sampled_from(PASSES), layout=st.sampled_from(LAYOUTS))
+def test_random_grouped_problems_match_reference(groups, cg, kg, n, h, w, r, s, stride,
+                                                  dilation, pad, pass_, layout):
+    """direct's compiled grouped kernels (cg <= MAX_GROUP_CHANNELS), any geometry; kg > 4
+    takes the KB-wide loops and their remainder."""
+    if (h + 2 * pad[0] - (r - 1) * dilation[0]) < 1 or (w + 2 * pad[1] - (s - 1) * dilation[1]) < 1:
+        return
+    if cg == 1:  # depthwise, not grouped: the grouped kernels take one channel a group too
+        cg = 2
+    problem = ConvProblem(n=n, c=groups * cg, h=h, w=w, k=groups * kg, r=r, s=s, stride=stride,
+                          pad=pad, dilation=dilation, groups=groups)
+    assert grouped_jit.applies(problem)
+    testing.assert_matches_reference("direct", "numpy", problem, pass_, layout, "fp32")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+def test_grouped_jit_takes_few_channels_a_group(pass_, layout):
+    """Up to MAX_GROUP_CHANNELS a group the compiled kernels (no product at all), beyond it
+    the products; a 64-channel-a-group layer, and 8 groups of 4 with 6 outputs each (the
+    remainder of the KB-wide loops), both against the reference."""
+    direct = registry.get("direct", "numpy")
+    few = ConvProblem(n=2, c=32, h=9, w=10, k=48, r=3, s=3, stride=(2, 1), pad=1, groups=8)
+    many = ConvProblem(n=1, c=128, h=6, w=6, k=128, r=3, s=3, pad=1, groups=2)
+    assert grouped_jit.applies(few) and not grouped_jit.applies(many)
+    assert direct.describe(few, pass_, layout, "fp32").startswith("grouped: compiled kernel")
+    assert direct.describe(many, pass_, layout, "fp32") == ""
+    assert testing.matmul_dtypes(direct, few, pass_, layout) == []
+    assert testing.matmul_dtypes(direct, many, pass_, layout) != []
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

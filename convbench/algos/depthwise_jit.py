@@ -195,6 +195,7 @@ def bwd_filter_nchw(x, dy, dwk, sh, sw, dh, dw, pt, pl, m):
     N, C, H, W = x.shape
     K, P, Q = dy.shape[1], dy.shape[2], dy.shape[3]
     R = dwk.shape[1]
+    zero = np.zeros(1, x.dtype)[0]  # the working precision (x[0] * 0 would be float64)
     for k in prange(K):
         c = k // m
         for r in range(R):
@@ -210,7 +211,7 @@ def bwd_filter_nchw(x, dy, dwk, sh, sw, dh, dw, pt, pl, m):
                                 continue
                             g = dy[n, k, p, qa:qb]
                             xs = x[n, c, hh, qa * sw - pl + s * dw:]
-                            acc = g[0] * 0
+                            acc = zero
                             for j in range(qb - qa):
                                 acc += g[j] * xs[{step}]
                             total += acc
@@ -263,7 +264,8 @@ def _fixed():
 
     @numba.njit(**opts)
     def bwd_data_nhwc(dy, w, dx, sh, sw, dh, dw, pt, pl):
-        """dx[n, h, v, :] = sum over the taps that read (h, v) of dy[n, p, q, :] * w[r, s, :]"""
+        """dx[n, h, v, :] = sum over the taps that read (h, v) of dy[n, p, q, :] * w[r, s, :]
+        (indexed in full: a view's reference count is an atomic every thread shares)"""
         N, H, W, K = dx.shape
         P, Q = dy.shape[1], dy.shape[2]
         R, S = w.shape[0], w.shape[1]
@@ -271,9 +273,8 @@ def _fixed():
             n = t // H
             h = t - n * H
             for v in range(W):
-                dv = dx[n, h, v]
                 for k in range(K):
-                    dv[k] = 0
+                    dx[n, h, v, k] = 0
                 for r in range(R):
                     a = h + pt - r * dh
                     if a < 0 or a % sh != 0 or a // sh >= P:
@@ -283,10 +284,9 @@ def _fixed():
                         b = v + pl - s * dw
                         if b < 0 or b % sw != 0 or b // sw >= Q:
                             continue
-                        gv = dy[n, p, b // sw]
-                        wv = w[r, s]
+                        q = b // sw
                         for k in range(K):
-                            dv[k] += gv[k] * wv[k]
+                            dx[n, h, v, k] += dy[n, p, q, k] * w[r, s, k]
 
     @numba.njit(**opts)
     def bwd_filter_nhwc(x, dy, total, sh, sw, dh, dw, pt, pl, chunks):
@@ -305,7 +305,6 @@ def _fixed():
                 part[...] = 0
                 for q in range(Q):
                     iw = q * sw - pl
-                    gv = dy[n, p, q]
                     for r in range(R):
                         hh = ih + r * dh
                         if hh < 0 or hh >= H:
@@ -314,10 +313,8 @@ def _fixed():
                             ww = iw + s * dw
                             if ww < 0 or ww >= W:
                                 continue
-                            xv = x[n, hh, ww]
-                            acc = part[r, s]
                             for k in range(K):
-                                acc[k] += gv[k] * xv[k]
+                                part[r, s, k] += dy[n, p, q, k] * x[n, hh, ww, k]
                 for r in range(R):
                     for s in range(S):
                         for k in range(K):
@@ -362,9 +359,27 @@ def buffers(p: ConvProblem, pass_: str, layout: str) -> dict[str, tuple[tuple[in
     return out
 
 
+def scratch_elements(p: ConvProblem, pass_: str, layout: str) -> int:
+    """Elements each thread's task allocates inside the kernel: nchw's phase planes and wide
+    row of a plane (fwd, bwd_data), nhwc bwd_filter's per-row sums."""
+    if layout == "nhwc":
+        return p.r * p.s * p.k if pass_ == "bwd_filter" else 0
+    if pass_ == "bwd_filter":
+        return 0
+    if pass_ == "bwd_data" and _flipped(p):  # the forward kernel over dx's rows
+        wq = p.w + (p.s - 1) * p.dil_w
+        return (p.h + (p.r - 1) * p.dil_h + 1) * wq + p.h * wq
+    wq = p.q + ((p.s - 1) * p.dil_w) // p.stride_w
+    rows = p.p + ((p.r - 1) * p.dil_h) // p.stride_h + 1
+    return p.stride_h * p.stride_w * rows * wq + p.p * wq
+
+
 def workspace_bytes(p: ConvProblem, pass_: str, layout: str, dtype) -> int:
+    """The buffers `prepare` holds, and every thread's scratch inside the kernel."""
     size = {"work": np.dtype(dtype).itemsize, "float64": 8}
-    return sum(math.prod(shape) * size[kind] for shape, kind in buffers(p, pass_, layout).values())
+    held = sum(math.prod(shape) * size[kind] for shape, kind in buffers(p, pass_, layout).values())
+    tasks = _chunks(p) if layout == "nhwc" else min(threads.count(), p.n * p.k)
+    return held + tasks * scratch_elements(p, pass_, layout) * np.dtype(dtype).itemsize
 
 
 def describe(p: ConvProblem, pass_: str, layout: str) -> str:

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..core.problem import ConvProblem
 from ..machine import threads
-from . import depthwise, depthwise_jit, jit
+from . import depthwise, depthwise_jit, grouped_jit, jit
 from ._lowering import (
     axis_pairs,
     channel_major,
@@ -222,7 +222,10 @@ class DirectCPU(Implementation):
         return None
 
     def describe(self, problem, pass_, layout, precision) -> str:
-        """A depthwise layer names its path; the dense path has nothing to add."""
+        """A depthwise layer, or a grouped one of few channels a group, names its path; the
+        dense path has nothing to add."""
+        if grouped_jit.applies(problem) and jit.available() is None:
+            return grouped_jit.describe(problem, pass_, layout)
         if not depthwise.is_depthwise(problem):
             return ""
         if jit.available() is None:
@@ -238,6 +241,8 @@ class DirectCPU(Implementation):
         """Bytes of the buffers `_buffers` lists, computed without allocating them: about the
         padded input and y, plus a filter-sized packed copy (fwd, bwd_data in nchw) and a block
         of products; a depthwise layer's are `depthwise.buffers`."""
+        if grouped_jit.applies(problem) and jit.available() is None:
+            return grouped_jit.workspace_bytes(problem, pass_, layout, DTYPES[precision])
         if depthwise.is_depthwise(problem) and jit.available() is None:
             return depthwise_jit.workspace_bytes(problem, pass_, layout, DTYPES[precision])
         if depthwise.is_depthwise(problem):
@@ -248,6 +253,8 @@ class DirectCPU(Implementation):
 
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         p, dtype = problem, DTYPES[precision]
+        if grouped_jit.applies(p) and jit.available() is None:
+            return grouped_jit.prepare(p, pass_, layout, dtype)
         if depthwise.is_depthwise(p) and jit.available() is None:
             return depthwise_jit.prepare(p, pass_, layout, dtype)
         if depthwise.is_depthwise(p):
