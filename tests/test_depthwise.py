@@ -298,3 +298,23 @@ def test_depthwise_kernels_are_declared_to_the_gate():
 
     declared = kernels.declared()
     assert len(declared["depthwise"]) == len(direct_kernels.DEPTHWISE_CONFIGURATIONS) == 2
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+@pytest.mark.parametrize("problem", [DEPTHWISE[1], GROUPED[0]], ids=str)
+def test_jit_fp32_is_computed_in_fp32(problem, pass_, layout):
+    """Benchmarking fp32 means multiplying in fp32: the compiled kernels an fp32 pass calls take
+    float32 activations and filters (only bwd_filter's row sums are added in float64)."""
+    import numba
+
+    direct = registry.get("direct", "numpy")
+    assert testing.run_and_check(direct, problem, pass_, layout, "fp32").ok
+    f32 = numba.types.Array(numba.float32, 4, "C")
+    modules = [depthwise_jit.forward_kernels(problem.s, problem.stride_w),
+               depthwise_jit.forward_kernels(problem.s, 1), grouped_jit.kernels(problem.s)]
+    called = [sig for m in modules for name in ("fwd_nhwc", "fwd_nchw", "bwd_filter_nchw",
+                                                "fwd", "bwd_data", "bwd_filter")
+              for sig in getattr(getattr(m, name, None), "signatures", [])]
+    assert any(sig[0] == f32 for sig in called)
+    assert all(sig[0] in (f32, numba.types.Array(numba.float64, 4, "C")) for sig in called)
