@@ -318,3 +318,17 @@ def test_jit_fp32_is_computed_in_fp32(problem, pass_, layout):
               for sig in getattr(getattr(m, name, None), "signatures", [])]
     assert any(sig[0] == f32 for sig in called)
     assert all(sig[0] in (f32, numba.types.Array(numba.float64, 4, "C")) for sig in called)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+@pytest.mark.parametrize("stride", [1, 2])
+def test_grouped_jit_stacks_images_into_a_task(stride, pass_, layout, monkeypatch):
+    """Tasks of 2 stacked images over 5 (the last alone): each image's rows of a wide row stay
+    its own, every pass, against the reference."""
+    problem = ConvProblem(n=5, c=16, h=7, w=6, k=8, r=3, s=3, stride=stride, pad=1, groups=4)
+    phases, plane, _ = grouped_jit._planes(problem, pass_)
+    inputs, outputs = (2, 4) if pass_ == "bwd_data" and stride == 1 else (4, 2)
+    monkeypatch.setattr(grouped_jit, "TASK_BYTES", 2 * (inputs * phases + outputs) * plane * 4)
+    assert grouped_jit.images_per_task(problem, pass_, np.float32) == 2
+    testing.assert_matches_reference("direct", "numpy", problem, pass_, layout, "fp32")
