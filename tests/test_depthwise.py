@@ -332,3 +332,29 @@ def test_grouped_jit_stacks_images_into_a_task(stride, pass_, layout, monkeypatc
     monkeypatch.setattr(grouped_jit, "TASK_BYTES", 2 * (inputs * phases + outputs) * plane * 4)
     assert grouped_jit.images_per_task(problem, pass_, np.float32) == 2
     testing.assert_matches_reference("direct", "numpy", problem, pass_, layout, "fp32")
+
+
+def test_a_compiled_kernel_leaves_torch_on_the_runs_threads():
+    """Numba's OpenMP layer shares GNU OpenMP with torch and its first parallel call set the
+    thread count to every core: a one-thread run's torch-cpu then ran on two (and was flagged
+    implausible). A fresh process: one thread, a compiled depthwise and grouped pass, torch
+    still on one thread."""
+    import subprocess
+    import sys
+
+    code = """
+from convbench.machine import threads
+threads.sleep_idle_threads()
+import numpy as np, torch
+threads.use(1)
+from convbench import testing
+from convbench.algos import registry
+from convbench.core.problem import ConvProblem
+for p in (ConvProblem(n=2, c=8, h=9, w=7, k=8, r=3, s=3, pad=1, groups=8),
+          ConvProblem(n=2, c=8, h=9, w=7, k=12, r=3, s=3, pad=1, groups=4)):
+    assert testing.run_and_check(registry.get("direct", "numpy"), p, "fwd", "nhwc", "fp32").ok
+print(torch.get_num_threads())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.split()[-1] == "1"

@@ -87,6 +87,21 @@ def use(n: int | None = None) -> dict:
     return policy()
 
 
+def reapply() -> None:
+    """The count set again in every pool (threadpoolctl's and torch's): for a library that
+    resets a shared pool when it starts its own (Numba's OpenMP layer, `algos.jit`)."""
+    try:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=count())
+    except ImportError:
+        pass
+    import sys
+
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(count())
+
+
 def numpy_blas_pool() -> dict:
     """NumPy's BLAS pool as threadpoolctl reports it (internal_api, version, architecture: the
     core type OpenBLAS chose, num_threads, ...): the pool loaded from NumPy's own libraries,
