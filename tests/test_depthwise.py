@@ -358,3 +358,27 @@ print(torch.get_num_threads())
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.split()[-1] == "1"
+
+
+def test_the_first_compile_is_not_a_pass_workspace(tmp_path):
+    """A process's first compiled kernel (Numba's compiler, some 16 MB of Python objects) is
+    compiled by `Implementation.compile` before the runner traces `prepare`: the row's peak is
+    the pass's own memory (a committed run's first depthwise row read 16.6 MB for 42 KB)."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+from convbench.measure import runner
+from convbench.catalogs.layers import Layer
+from convbench.core.problem import ConvProblem
+p = ConvProblem(n=2, c=64, h=20, w=20, k=64, r=5, s=5, pad=2, groups=64)
+cases = runner.sweep([Layer("custom", "dw", p)], ["direct"], "numpy", ["fwd"], ["nchw"], ["fp32"])
+row = runner.run(cases, 0.02)[0]
+print(row["status"], row["workspace_bytes"], row["peak_bytes"])
+"""
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))  # nothing compiled on disk yet
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env=env).stdout.split()
+    status, workspace, peak = out[-3], int(float(out[-2])), int(float(out[-1]))
+    assert status == "ok" and peak < workspace + (1 << 20)

@@ -236,6 +236,13 @@ class DirectCPU(Implementation):
                 f"strided views (torch, {threads.count()} threads), {blocks} block"
                 f"{'s' * (blocks > 1)} of output rows")
 
+    def compile(self, problem, pass_, layout, precision) -> None:
+        """The compiled depthwise and grouped kernels, compiled (or loaded from the disk cache)
+        by a `prepare` whose buffers are dropped at once."""
+        if jit.available() is None and (grouped_jit.applies(problem)
+                                        or depthwise.is_depthwise(problem)):
+            self.prepare(problem, pass_, layout, precision)
+
     def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
                         precision: str) -> int:
         """Bytes of the buffers `_buffers` lists, computed without allocating them: about the

@@ -87,6 +87,11 @@ class Implementation(abc.ABC):
         """A note for the results row (which FFT library, which cuDNN kernel ran); "" for none."""
         return ""
 
+    def compile(self, problem: ConvProblem, pass_: str, layout: str, precision: str) -> None:
+        """Compile what the pass will run (a JIT's machine code), before the runner traces
+        `prepare`'s memory: the compiler's one-time memory in a process is not the pass's
+        workspace. Nothing by default."""
+
     def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
                         precision: str) -> int | None:
         """The bytes it allocates beyond inputs and output, or None when it does not say:
@@ -159,6 +164,10 @@ class ExplicitPad(Implementation):
         return (f"{note}{'; ' if note else ''}padding {pair_text(problem.pad)}: {step} "
                 f"explicitly by {top}+{bottom}x{left}+{right} (timed apart), then padding "
                 f"{pair_text(sym.pad)}")
+
+    def compile(self, problem, pass_, layout, precision):
+        sym, _, _ = self.route(problem, pass_, layout, precision)
+        self.inner.compile(sym, pass_, layout, precision)
 
     def workspace_bytes(self, problem, pass_, layout, precision):
         sym, explicit, _ = self.route(problem, pass_, layout, precision)

@@ -278,6 +278,8 @@ def prepare(case: Case, operands: Operands, impl=None,
                 nm = _not_measured(exc)
                 raise NotMeasured(nm.status, f"the operands or the float64 reference: "
                                   f"{nm.reason}", fatal=nm.fatal) from exc
+        with _stage("prepare"):  # a JIT's compile: not the pass's memory
+            impl.compile(*args)
         with _stage("prepare"), memory.trace(case.backend) as trace:
             fn = impl.prepare(*args)
             trace.mark()
