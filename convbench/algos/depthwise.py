@@ -1,7 +1,7 @@
 """`direct`'s depthwise path on the CPU without Numba (`depthwise_jit` is the path where Numba
-is installed; this one stands in for it, and the row's note says which ran): groups = C (each input channel its own group, K = C·m
-output channels, m the channel multiplier), the taps unrolled, each an elementwise multiply-add
-over a strided view of the whole activation.
+is installed; this one stands in for it, and the row's note says which ran): groups = C (each
+input channel its own group, K = C·m output channels, m the channel multiplier), the taps
+unrolled, each an elementwise multiply-add over a strided view of the whole activation.
 
 A depthwise layer has no reduction over channels, so a matrix product per tap (the dense direct
 path) or per group (gemm) is a product per channel: C calls of a few multiply-adds each. Here
