@@ -384,7 +384,8 @@ def workspace_bytes(p: ConvProblem, pass_: str, layout: str, dtype) -> int:
 
 def describe(p: ConvProblem, pass_: str, layout: str) -> str:
     vector = "channels" if layout == "nhwc" else "pixels of a row"
-    how = {"fwd": "the taps in registers",
+    how = {"fwd": ("each row of taps one expression" if layout == "nhwc"
+                   else "wide rows over stride-phase planes"),
            "bwd_data": ("the forward kernel on dy, filter flipped" if _flipped(p)
                         else "a gather per dx pixel" if layout == "nhwc"
                         else "each tap added into its phase plane"),
