@@ -219,8 +219,8 @@ def bwd_filter_nchw(x, dy, dwk, sh, sw, dh, dw, pt, pl, m):
 '''
 
 #: Column strides with kernels of their own: a constant stride lets LLVM vectorise the strided
-#: loads of nchw's rows (measured: 4.6 against 7.2 ms, a 3x3 stride 2 layer); others run with
-#: the stride a variable (0 in the module's name).
+#: reads of nchw's phase split and bwd_filter's dot products; others run with the stride a
+#: variable (0 in the module's name).
 CONSTANT_STRIDES = (1, 2)
 
 
@@ -394,13 +394,43 @@ def describe(p: ConvProblem, pass_: str, layout: str) -> str:
             f"the {vector}, {how}, {threads.count()} threads")
 
 
+def kernel(p: ConvProblem, pass_: str, layout: str, dtype):
+    """The compiled kernel of a depthwise pass and the integers it takes after its three
+    arrays, compiled here on empty arrays (`jit.compile_empty`): `prepare` and
+    `direct`'s `compile` both ask this, and only the first compiles."""
+    nhwc = layout == "nhwc"
+    geo = (p.stride_h, p.stride_w, p.dil_h, p.dil_w, p.pad_top, p.pad_left)
+    ranks = (("w", 4), ("w", 3), ("w", 4))
+    if pass_ == "fwd":
+        kern = forward_kernels(p.s, p.stride_w)
+        fn, args = (kern.fwd_nhwc, geo) if nhwc else (kern.fwd_nchw, geo + (_multiplier(p),))
+    elif pass_ == "bwd_data" and _flipped(p):
+        # the forward kernel on dy, its padding (R-1)·dh - pt (the taps that reach dx row 0
+        # start that many rows before dy's first)
+        kern = forward_kernels(p.s, 1)
+        fgeo = (1, 1, p.dil_h, p.dil_w, (p.r - 1) * p.dil_h - p.pad_top,
+                (p.s - 1) * p.dil_w - p.pad_left)
+        fn, args = (kern.fwd_nhwc, fgeo) if nhwc else (kern.fwd_nchw, fgeo + (1,))
+    elif pass_ == "bwd_data":
+        fn = (_fixed()["bwd_data_nhwc"] if nhwc
+              else forward_kernels(p.s, p.stride_w).bwd_data_nchw)
+        args = geo
+    else:
+        ranks = (("w", 4), ("w", 4), ("d", 4 if nhwc else 3))
+        fn, args = ((_fixed()["bwd_filter_nhwc"], geo + (_chunks(p),)) if nhwc
+                    else (forward_kernels(p.s, p.stride_w).bwd_filter_nchw,
+                          geo + (_multiplier(p),)))
+    jit.compile_empty(fn, dtype, *ranks, ints=len(args))
+    return fn, args
+
+
 def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
     """The pass `run(a, b, out)` of a depthwise problem, its kernel compiled."""
     m = _multiplier(p)
     bufs = {name: np.zeros(shape, dtype if kind == "work" else np.float64)
             for name, (shape, kind) in buffers(p, pass_, layout).items()}
-    geo = (p.stride_h, p.stride_w, p.dil_h, p.dil_w, p.pad_top, p.pad_left)
     nhwc = layout == "nhwc"
+    fn, args = kernel(p, pass_, layout, dtype)
 
     def filter_taps(w, flip: bool):
         """w (kcrs or krsc: the same order, one input channel each) in the kernel's order."""
@@ -419,39 +449,18 @@ def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
         return bufs["x_k"]
 
     if pass_ == "fwd":
-        kern = forward_kernels(p.s, p.stride_w)
-        if nhwc:
-            jit.compile_empty(kern.fwd_nhwc, dtype, ("w", 4), ("w", 3), ("w", 4), ints=6)
-        else:
-            jit.compile_empty(kern.fwd_nchw, dtype, ("w", 4), ("w", 3), ("w", 4), ints=7)
-
         def run(x, w, out):
             jit.set_threads()
-            taps = filter_taps(w, False)
-            if nhwc:
-                kern.fwd_nhwc(x_channels(x), taps, out, *geo)
-            else:
-                kern.fwd_nchw(x, taps, out, *geo, m)
+            fn(x_channels(x), filter_taps(w, False), out, *args)
         return run
 
     if pass_ == "bwd_data":
         flip = _flipped(p)
-        # stride 1: the forward kernel on dy, its padding (R-1)·dh - pt (the taps that reach dx
-        # row 0 start that many rows before dy's first)
-        fgeo = (1, 1, p.dil_h, p.dil_w, (p.r - 1) * p.dil_h - p.pad_top,
-                (p.s - 1) * p.dil_w - p.pad_left)
-        if flip:
-            kern = forward_kernels(p.s, 1)
-            kernel, args = ((kern.fwd_nhwc, fgeo) if nhwc else (kern.fwd_nchw, fgeo + (1,)))
-        else:
-            kernel, args = (_fixed()["bwd_data_nhwc"] if nhwc
-                            else forward_kernels(p.s, p.stride_w).bwd_data_nchw), geo
-        jit.compile_empty(kernel, dtype, ("w", 4), ("w", 3), ("w", 4), ints=len(args))
 
         def run(dy, w, out):
             jit.set_threads()
             target = bufs["dx_k"] if m > 1 else out
-            kernel(dy, filter_taps(w, flip), target, *args)
+            fn(dy, filter_taps(w, flip), target, *args)
             if m > 1:  # dx sums the m output channels each input channel feeds
                 if nhwc:
                     np.sum(target.reshape(p.n, p.h, p.w, p.c, m), axis=4, out=out)
@@ -460,16 +469,11 @@ def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
         return run
 
     sums = bufs["sums"]
-    if nhwc:
-        kernel, args = _fixed()["bwd_filter_nhwc"], geo + (sums.shape[0],)
-    else:
-        kernel, args = forward_kernels(p.s, p.stride_w).bwd_filter_nchw, geo + (m,)
-    jit.compile_empty(kernel, dtype, ("w", 4), ("w", 4), ("d", 4 if nhwc else 3), ints=len(args))
 
     def run(x, dy, out):
         jit.set_threads()
         sums.fill(0)
-        kernel(x_channels(x), dy, sums, *args)
+        fn(x_channels(x), dy, sums, *args)
         if nhwc:
             out.reshape(p.k, p.r, p.s)[...] = sums.sum(axis=0).transpose(2, 0, 1)
         else:

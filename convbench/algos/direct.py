@@ -237,11 +237,14 @@ class DirectCPU(Implementation):
                 f"{'s' * (blocks > 1)} of output rows")
 
     def compile(self, problem, pass_, layout, precision) -> None:
-        """The compiled depthwise and grouped kernels, compiled (or loaded from the disk cache)
-        by a `prepare` whose buffers are dropped at once."""
-        if jit.available() is None and (grouped_jit.applies(problem)
-                                        or depthwise.is_depthwise(problem)):
-            self.prepare(problem, pass_, layout, precision)
+        """The compiled depthwise and grouped kernels, compiled (or loaded from the disk
+        cache), nothing allocated."""
+        if jit.available() is not None:
+            return
+        if grouped_jit.applies(problem):
+            grouped_jit.kernel(problem, pass_, layout, DTYPES[precision])
+        elif depthwise.is_depthwise(problem):
+            depthwise_jit.kernel(problem, pass_, layout, DTYPES[precision])
 
     def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
                         precision: str) -> int:

@@ -35,8 +35,8 @@ from ..core.problem import ConvProblem
 from ..machine import threads
 from . import jit
 
-#: The largest C/G this path takes: at 64 channels a group the products are large enough for
-#: BLAS (measured against the products on this machine: docs/pages/cpu-algorithms.md).
+#: The largest C/G this path takes: beyond it a group's products are large enough for BLAS
+#: (the measurement: docs/pages/cpu-algorithms.md).
 MAX_GROUP_CHANNELS = 32
 
 
@@ -224,8 +224,7 @@ def bwd_filter(x, dy, dwt, sh, sw, dh, dw, pt, pl, per):
 """
 
 #: Output channels a pass of the forward loops updates at once (one load of each tap's input
-#: for all of them): measured 5.5, 4.1, 3.7, 3.5 ms for 1, 2, 4, 8 (fwd, 8x512x28x28, 64
-#: groups, 3x3, 2 threads, this machine).
+#: for all of them); more gained little (docs/pages/cpu-algorithms.md).
 KB = 4
 
 
@@ -315,8 +314,8 @@ def buffers(p: ConvProblem, pass_: str, layout: str) -> dict[str, tuple[tuple[in
 
 #: Bytes of one task's phase planes and wide rows, at most: small images are stacked into a
 #: task (one wide row over all of them: the loops' start-up paid once, not per image) while
-#: they stay in L1. Measured (8 images, 2 threads): 14x14 and 7x7 layers 1.12 -> 0.87 and 1.65
-#: -> 1.13 ms stacked; 28x28 ones 4.8 -> 6.6 ms when stacked out of L1 (256 KiB a task).
+#: they stay in L1: stacked beyond it, the passes over the wide row stream from L2 and lose
+#: more than the start-up saves (docs/pages/cpu-algorithms.md).
 TASK_BYTES = 48 << 10
 
 
@@ -382,9 +381,9 @@ def _group_filter(w: np.ndarray, p: ConvProblem, layout: str) -> np.ndarray:
 @functools.cache
 def _transposes():
     """nhwc -> nchw and back, a task per image and block of 64 channels, 16 pixels of a row at
-    a time: of four orders tried, the least hurt where H·W is a power of two (channel planes 4
-    KiB apart): 3.4 ms for 8x32x32x768 (tiles of 16x16 per row: 5.5), 1.2 for 8x28x28x512
-    (torch's permuted copy: 2.2; this machine, 2 threads)."""
+    a time: of the orders tried, the least hurt where H·W is a power of two (channel planes 4
+    KiB apart, the writes' cache sets alike), and faster than torch's permuted copy
+    (docs/pages/cpu-algorithms.md)."""
     import numba
     from numba import prange
 
@@ -424,40 +423,48 @@ def _to_nchw(a: np.ndarray, buf: np.ndarray | None) -> np.ndarray:
     return buf
 
 
+def kernel(p: ConvProblem, pass_: str, layout: str, dtype):
+    """The compiled kernel of a grouped pass and the integers it takes after its three arrays,
+    compiled here on empty arrays (and nhwc's transposes with it): `prepare` and `direct`'s
+    `compile` both ask this, and only the first compiles."""
+    per = images_per_task(p, pass_, dtype)
+    kern = kernels(p.s)
+    ranks = (("w", 4), ("w", 5), ("w", 4))
+    if pass_ == "bwd_data" and _flipped(p):
+        # the forward kernel on dy: K/G inputs, C/G outputs a group, taps reversed
+        fn = kern.fwd
+        args = (1, 1, p.dil_h, p.dil_w, (p.r - 1) * p.dil_h - p.pad_top,
+                (p.s - 1) * p.dil_w - p.pad_left, per)
+    else:
+        fn = {"fwd": kern.fwd, "bwd_data": kern.bwd_data, "bwd_filter": kern.bwd_filter}[pass_]
+        args = (p.stride_h, p.stride_w, p.dil_h, p.dil_w, p.pad_top, p.pad_left, per)
+        if pass_ == "bwd_filter":
+            ranks = (("w", 4), ("w", 4), ("d", 5))
+    jit.compile_empty(fn, dtype, *ranks, ints=len(args))
+    if layout == "nhwc":
+        for transpose in _transposes():
+            jit.compile_empty(transpose, dtype, ("w", 4), ("w", 4), ints=0)
+    return fn, args
+
+
 def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
     """The pass `run(a, b, out)` of a grouped problem (`applies`), its kernel compiled."""
     bufs = {name: np.zeros(shape, dtype if kind == "work" else np.float64)
             for name, (shape, kind) in buffers(p, pass_, layout).items()}
-    per = images_per_task(p, pass_, dtype)
-    geo = (p.stride_h, p.stride_w, p.dil_h, p.dil_w, p.pad_top, p.pad_left, per)
-    kern = kernels(p.s)
+    fn, args = kernel(p, pass_, layout, dtype)
 
     if pass_ == "bwd_filter":
         sums = bufs["sums"]
-        jit.compile_empty(kern.bwd_filter, dtype, ("w", 4), ("w", 4), ("d", 5), ints=7)
-        if layout == "nhwc":
-            jit.compile_empty(_transposes()[0], dtype, ("w", 4), ("w", 4), ints=0)
 
         def run(x, dy, out):
             jit.set_threads()
             sums.fill(0)
-            kern.bwd_filter(_to_nchw(x, bufs.get("x_nchw")), _to_nchw(dy, bufs.get("dy_nchw")),
-                            sums, *geo)
+            fn(_to_nchw(x, bufs.get("x_nchw")), _to_nchw(dy, bufs.get("dy_nchw")), sums, *args)
             _group_filter(out, p, layout)[...] = sums
         return run
 
     taps = bufs["taps"]
     flip = pass_ == "bwd_data" and _flipped(p)
-    if flip:  # the forward kernel on dy: K/G inputs, C/G outputs a group, taps reversed
-        kernel = kern.fwd
-        args = (1, 1, p.dil_h, p.dil_w, (p.r - 1) * p.dil_h - p.pad_top,
-                (p.s - 1) * p.dil_w - p.pad_left, per)
-    else:
-        kernel, args = (kern.fwd if pass_ == "fwd" else kern.bwd_data), geo
-    jit.compile_empty(kernel, dtype, ("w", 4), ("w", 5), ("w", 4), ints=7)
-    if layout == "nhwc":
-        for transpose in _transposes():
-            jit.compile_empty(transpose, dtype, ("w", 4), ("w", 4), ints=0)
     a_buf, out_buf = ((bufs.get("x_nchw"), bufs.get("y_nchw")) if pass_ == "fwd"
                       else (bufs.get("dy_nchw"), bufs.get("dx_nchw")))
 
@@ -465,7 +472,7 @@ def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
         jit.set_threads()
         grouped = _group_filter(w, p, layout)
         taps[...] = grouped[:, :, :, ::-1, ::-1].transpose(0, 2, 1, 3, 4) if flip else grouped
-        kernel(_to_nchw(a, a_buf), taps, out if out_buf is None else out_buf, *args)
+        fn(_to_nchw(a, a_buf), taps, out if out_buf is None else out_buf, *args)
         if out_buf is not None:
             _transposes()[1](out_buf, out)
     return run

@@ -60,44 +60,32 @@ def load(stem: str, source: str):
     return module
 
 
-_pool_started = False
-
-
 def set_threads() -> None:
-    """Numba's threads for the next call: the run's count (`threads.count()`).
-
-    Numba's OpenMP layer (the one it picks here) shares the process's GNU OpenMP runtime with
-    torch, and starting its pool sets OpenMP's thread count to every core: a one-thread run's
-    torch-cpu rows then ran on two threads (measured, and flagged implausible by the ceiling
-    guard). So the first call here starts the pool and puts every pool back on the run's count
-    (`threads.reapply`). Numba's own pool (`workqueue`) would not touch OpenMP but costs 125 μs
-    a launch against OpenMP's 1-2 (measured here), a tenth of a small layer's time."""
-    global _pool_started
+    """Numba's threads for the next call: the run's count (`threads.count()`)."""
     import numba
 
     numba.set_num_threads(max(1, min(threads.count(), numba.config.NUMBA_NUM_THREADS)))
-    if not _pool_started:
-        _pool_started = True
-        _start_pool(numba)
-        threads.reapply()
 
 
-def _start_pool(numba) -> None:
-    """Start Numba's thread pool by one trivial parallel call."""
-    from numba import prange
-
-    @numba.njit(parallel=True, cache=False)
-    def touch(a):
-        for i in prange(a.shape[0]):
-            a[i] = i
-
-    touch(np.zeros(2))
+_pool_started = False
 
 
 def compile_empty(kernel, dtype, *arrays, ints: int) -> None:
     """Compile `kernel` for arrays of these ranks ((kind, rank): "w" the working precision,
     "d" float64) and `ints` integers, by a call on empty arrays: the compile (a second or two,
-    the first time on a machine) happens in `prepare`, never inside a timed call."""
+    the first time on a machine) happens in `prepare`, never inside a timed call.
+
+    The process's first such call starts Numba's thread pool. Its OpenMP layer (the one it
+    picks here) shares the process's GNU OpenMP runtime with torch, and starting the pool sets
+    OpenMP's thread count to every core: a one-thread run's torch-cpu rows then ran on two
+    threads (measured, and failed by the ceiling guard). So every pool is put back on the run's
+    count then (`threads.reapply`). Numba's own pool (`workqueue`) would leave OpenMP alone
+    but costs about a hundred times OpenMP's launch, a tenth of a small layer's time
+    (docs/pages/cpu-algorithms.md)."""
     empty = [np.zeros((0,) * rank, dtype if kind == "w" else np.float64) for kind, rank in arrays]
     set_threads()
     kernel(*empty, *([1] * ints))
+    global _pool_started
+    if not _pool_started:  # that call started Numba's pool: see above
+        _pool_started = True
+        threads.reapply()
