@@ -42,6 +42,7 @@ import weakref
 from dataclasses import dataclass
 
 from ..core.problem import ConvProblem
+from ..machine import faults
 from .registry import Implementation, UnsupportedError, register
 
 # --- cuDNN's enums (cudnn_cnn.h / cudnn_graph.h, stable from cuDNN 7 to 9) -------------------
@@ -405,7 +406,8 @@ class _Finds:
                                             out.data.ptr, ws.data.ptr, size)
             except CudnnError as exc:
                 if _sticky(exc):
-                    raise
+                    raise faults.DeviceUnusable(f"cuDNN's find: {exc}; then "
+                                                f"{faults.device_usable()}") from exc
                 self._failed[key] = f"cuDNN's find failed: {exc}"
                 raise UnsupportedError(self._failed[key]) from exc
             stream.synchronize()
@@ -413,8 +415,10 @@ class _Finds:
 
 
 def _sticky(exc: CudnnError) -> bool:
-    """A status that leaves the GPU unusable (the runner's fault, not the find's answer)."""
-    return any(s in str(exc) for s in ("EXECUTION_FAILED", "INTERNAL_ERROR", "MAPPING_ERROR"))
+    """Whether a failed find left the GPU unusable: by its words where they say
+    (`faults.is_sticky_fault`, the runner's own test), else by the device itself (an
+    INTERNAL_ERROR is also cuDNN's answer to a configuration it cannot run)."""
+    return faults.is_sticky_fault(exc) or faults.device_usable() is not None
 
 
 _FINDS = _Finds()
