@@ -163,6 +163,19 @@ def _check_on_gpu(impl, problem, pass_, layout, precision):
     return verify.check(out, ref, impl.algo, precision, problem, pass_)
 
 
+def test_a_pass_is_judged_by_the_family_that_ran():
+    """cuDNN's FFT and Winograd are judged like cuDNN's own algorithms of that family found one
+    by one; its GEMMs keep the exact tolerance."""
+    from convbench.algos.cudnn import judged_family
+
+    assert judged_family("Winograd (kernel: sm80_xmma_winograd)") == "cudnn-find-winograd"
+    assert judged_family("Winograd nonfused (kernel: winogradForwardData4x4)") == \
+        "cudnn-find-winograd-nonfused"
+    assert judged_family("FFT (kernel: fft2d_r2c_32x32)") == "cudnn-find-fft"
+    assert judged_family("implicit GEMM (kernel: sm90_xmma_fprop_implicit_gemm)") is None
+    assert judged_family("unknown (no CUDA kernel ran)") is None
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("problem", [*_GPU_PROBLEMS, *PER_AXIS_PROBLEMS], ids=str)
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -327,3 +340,5 @@ def test_the_first_call_is_timed_once_and_named_in_the_note():
         note = impl.describe(p, "fwd", "nchw", "fp32")
         assert first_call(note) == pytest.approx(first, rel=1e-3)
         assert cudnn.first_call_ms(algo, p, "fwd", "nchw", "fp32") == first
+        # its worker was warmed on a tiny convolution before this first shape
+        assert cudnn.WARM_UP_S[impl.autotune] > 0

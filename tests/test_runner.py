@@ -7,7 +7,7 @@ from convbench.analysis import report
 from convbench.catalogs.layers import Layer
 from convbench.core import results
 from convbench.core.problem import ConvProblem
-from convbench.machine import backends
+from convbench.machine import backends, faults
 from convbench.measure import memory, runner, timing
 
 TINY = ConvProblem(n=1, c=2, h=6, w=6, k=3, r=3, s=3, pad=1)
@@ -251,7 +251,10 @@ STICKY = RuntimeError("CUDARuntimeError: cudaErrorIllegalAddress: an illegal mem
     RuntimeError("CUDA error: device-side assert triggered"),
     RuntimeError("cuDNN error: CUDNN_STATUS_EXECUTION_FAILED"),
     RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, ...)`"),
-    RuntimeError("cuFFT error: CUFFT_EXEC_FAILED")], ids=str)
+    RuntimeError("cuFFT error: CUFFT_EXEC_FAILED"),
+    RuntimeError("cudnnConvolutionForward: CUDNN_STATUS_MAPPING_ERROR"),
+    faults.DeviceUnusable("cuDNN's find: CUDNN_STATUS_INTERNAL_ERROR; then illegal address")],
+    ids=str)
 def test_a_gpu_fault_is_recognised(error):
     assert runner.is_sticky_fault(error)
     assert not runner.is_sticky_fault(RuntimeError("CUFFT_INVALID_PLAN"))
@@ -268,6 +271,56 @@ def test_a_gpu_fault_keeps_its_row_and_stops_the_run():
     assert [r["algo"] for r in seen] == ["fault"] and seen[0]["status"] == "failed"
     assert exc.value.row is seen[0] and "illegal memory access" in seen[0]["reason"]
     assert impls["good"].calls == 0
+
+
+def test_an_error_making_a_row_fails_that_row_and_the_run_goes_on(monkeypatch):
+    """Only a GPU fault ends a run: a bug while one timed row is made (its note, its
+    statistics) is that row's `failed`, and every other case is measured."""
+    real = runner.timed_row
+
+    def broken(case, *args, **kwargs):
+        if case.algo == "bad":
+            raise ValueError("a statistic of nothing")
+        return real(case, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "timed_row", broken)
+    impls = {"bad": Fake("bad"), "good": Fake("good")}
+    rows = runner.run(cases(["bad", "good"]) + cases(["good"], passes=("bwd_data",)), BUDGET,
+                      impls)
+    assert [(r["algo"], r["status"]) for r in rows] == [("bad", "failed"), ("good", "ok"),
+                                                        ("good", "ok")]
+    assert rows[0]["reason"] == "ValueError: a statistic of nothing (while its row was made)"
+
+
+def test_a_library_is_judged_by_the_family_of_the_algorithm_it_picked():
+    """A library that picks its own algorithm (cuDNN through torch) and ran a Winograd is
+    judged with Winograd's tolerance, not the exact algorithms' one: its rounding is the
+    family's. One that says nothing keeps its own tolerance."""
+    class Picks(Fake):
+        def __init__(self, algo, family):
+            super().__init__(algo, mistake=lambda out: out.__imul__(1 + 3e-5))
+            self.family = family
+
+        def judged_as(self, *args):
+            return self.family
+
+    winograd, exact = runner.run(cases(["winograd", "exact"]), BUDGET, {
+        "winograd": Picks("winograd", "cudnn-find-winograd"), "exact": Picks("exact", None)})
+    assert winograd["status"] == "ok" and winograd["tolerance"] == pytest.approx(1e-4)
+    assert exact["status"] == "failed" and "> tolerance 1e-05" in exact["reason"]
+
+
+def test_garbage_is_collected_once_a_group_not_once_a_case(monkeypatch):
+    """Each case starts from an empty device, but the collection of garbage (tens of
+    milliseconds over torch's and pandas' objects) runs before a group's first case only."""
+    seen = []
+    monkeypatch.setattr(memory, "release_device_memory",
+                        lambda backend, collect=True: seen.append(collect))
+    impls = {a: Fake(a) for a in ("a", "b", "c")}
+    rows = runner.run(cases(["a", "b", "c"]) + cases(["a", "b"], passes=("bwd_data",)),
+                      BUDGET, impls)
+    assert [r["status"] for r in rows] == ["ok"] * 5
+    assert seen == [True, False, False, True, False]
 
 
 def test_torch_s_own_result_copy_is_timed_apart_and_left_out():

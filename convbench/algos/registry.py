@@ -104,6 +104,12 @@ class Implementation(abc.ABC):
         ``phase_fns`` (the contract is `convbench.algos.phases`); None: the pass is one phase."""
         return None
 
+    def judged_as(self, problem: ConvProblem, pass_: str, layout: str,
+                  precision: str) -> str | None:
+        """For a library that picks its own algorithm: the algo whose tolerance judges the pass
+        it ran (asked only of a pass that failed its own); None: its own tolerance."""
+        return None
+
 
 @runtime_checkable
 class TransformGrid(Protocol):

@@ -191,12 +191,13 @@ class TorchHostAllocator(Trace):
                 peak = max(peak, allocated)
 
 
-def release_device_memory(backend: str) -> None:
+def release_device_memory(backend: str, collect: bool = True) -> None:
     """On the GPU: drop what implementations cache there (`registry.clear_device_caches`),
-    collect garbage (a guard: a reference cycle would keep a finished case's arrays, which no
-    pool can give back while they are alive), and return both pools' free blocks to the device,
-    so the next case starts from an empty device whichever allocator it uses. Nothing on the
-    host."""
+    collect garbage where `collect` (a guard: a reference cycle would keep a finished case's
+    arrays, which no pool can give back while they are alive; the runner asks once per group,
+    since a collection over torch's and pandas' objects costs tens of milliseconds a case), and
+    return both pools' free blocks to the device, so the next case starts from an empty device
+    whichever allocator it uses. Nothing on the host."""
     if backend != "cuda":
         return
     import gc
@@ -204,7 +205,8 @@ def release_device_memory(backend: str) -> None:
     import cupy
 
     registry.clear_device_caches()
-    gc.collect()
+    if collect:
+        gc.collect()
     cupy.get_default_memory_pool().free_all_blocks()
     torch = _torch_cuda()
     if torch is not None:

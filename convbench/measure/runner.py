@@ -60,6 +60,7 @@ from ..catalogs.layers import Layer
 from ..core.fmt import first_line
 from ..cuda import kernels
 from ..functional import UnsupportedError
+from ..machine.faults import is_sticky_fault  # noqa: F401 - the runner's name for it too
 from . import memory, opcount, timing, verify
 from .case import Case, Ready
 from .ceilings import Ceilings
@@ -174,25 +175,6 @@ def _is_oom(exc: BaseException) -> bool:
             or any(word in str(exc) for word in _OOM_WORDS))
 
 
-#: How CUDA words the faults after which its context is unusable in this process: every later
-#: call fails with the same error (the runtime's and the driver's names, and their messages).
-_STICKY_WORDS = ("illegal memory access", "illegal_address", "illegaladdress",
-                 "unspecified launch failure", "launch_failed", "launchfailure",
-                 "misaligned address", "misaligned_address", "misalignedaddress",
-                 "illegal instruction", "illegal_instruction", "illegalinstruction",
-                 "device-side assert", "hardware stack error", "invalid program counter",
-                 "launch timed out", "launch_timeout",
-                 # the libraries' own words for a kernel of theirs that faulted
-                 "cudnn_status_execution_failed", "cublas_status_execution_failed",
-                 "cufft_exec_failed")
-
-
-def is_sticky_fault(exc: BaseException) -> bool:
-    """Whether `exc` is a CUDA fault that leaves the device unusable in this process."""
-    text = f"{type(exc).__name__} {exc}".lower()
-    return any(word in text for word in _STICKY_WORDS)
-
-
 class DeviceFault(Exception):
     """A case faulted the GPU (`is_sticky_fault`): its row, `failed`, is recorded, and no later
     case can run in this process. A resumed run continues after it."""
@@ -234,10 +216,11 @@ def _phase_fns(impl, fn, args: tuple) -> dict[str, Callable[[], None]] | None:
 
 
 def prepare(case: Case, operands: Operands, impl=None,
-            limit: MemoryLimit | None = None) -> Ready:
+            limit: MemoryLimit | None = None, collect: bool = True) -> Ready:
     """Prepare `case`, run it once into a NaN-filled output, reading its memory, and check it
     against the reference; raise NotMeasured unless it is supported, within `limit` and
-    correct. `impl` replaces the registry's implementation (tests inject fakes this way)."""
+    correct. `impl` replaces the registry's implementation (tests inject fakes this way);
+    `collect`: collect garbage before it (`memory.release_device_memory`)."""
     impl = impl if impl is not None else registry.get(case.algo, case.backend)
     p, args = case.problem, (case.problem, case.pass_, case.layout, case.precision)
     reason = registry.impl_available(impl) or registry.supports(impl, *args)
@@ -256,7 +239,7 @@ def prepare(case: Case, operands: Operands, impl=None,
         # An empty GPU for every case, before its operands: the last case's cached blocks (in
         # either pool, an out-of-memory's included) and plans are given back.
         with _stage("release"):
-            memory.release_device_memory(case.backend)
+            memory.release_device_memory(case.backend, collect)
         workspace = opcount.workspace_bytes(impl, *args)
         predicted = footprint + (workspace or 0)
         room = _room(predicted, workspace is not None, memory.free_bytes(case.backend), total,
@@ -297,9 +280,25 @@ def prepare(case: Case, operands: Operands, impl=None,
         raise _not_measured(exc, room) from exc
     with _stage("verify"):
         chk = verify.check(out, ref, case.algo, case.precision, p, case.pass_, operands.floor)
+        if not chk.ok:  # a library judged by the algorithm it picked (cuDNN's FFT, Winograd)
+            judged = _judged_as(impl, args)
+            if judged:
+                chk = verify.check(out, ref, judged, case.precision, p, case.pass_,
+                                   operands.floor)
     if not chk.ok:
         raise NotMeasured("failed", chk.reason, chk)
     return Ready(impl, lambda: fn(a, b, out), chk, workspace, peak, trace.method, phase_fns)
+
+
+def _judged_as(impl, args: tuple) -> str | None:
+    """`impl.judged_as` (the algo whose tolerance judges the pass it ran), None where it cannot
+    say; a GPU fault is raised (as `_describe` does)."""
+    try:
+        return impl.judged_as(*args)
+    except Exception as exc:
+        if is_sticky_fault(exc):
+            raise
+        return None
 
 
 def _room(needed: int, known: bool, free: int, total: int, limit: MemoryLimit | None) -> str:
@@ -430,8 +429,12 @@ def _time_part(part: list[tuple[Case, Ready]], budget_s: float, target: float,
         try:
             out.append(guarded_row(timed_row(case, ready, t, ph, group, _note(case, ready)),
                                    case, ready, ceilings))
-        except Exception as exc:  # noqa: BLE001 - only a GPU fault leaves `_describe`
+        except Exception as exc:  # noqa: BLE001 - the row's, unless the GPU faulted
             nm = _not_measured(exc)
+            if not nm.fatal:  # a bug in making this row: its row says so, the run goes on
+                out.append(row(case, "failed", f"{nm.reason} (while its row was made)",
+                               ready.check))
+                continue
             faulted = row(case, nm.status, f"{nm.reason} (while described)", ready.check)
             out.append(faulted)
     if faulted is not None:
@@ -455,12 +458,13 @@ def measure_group(group: list[Case], operands: Operands, budget_s: float,
     rows: dict[int, dict] = {}
     part: list[tuple[int, Case, Ready]] = []
 
-    def attempt(i: int, case: Case) -> NotMeasured | None:
-        """Prepare `case` into `part`, or say why not."""
+    def attempt(i: int, case: Case, collect: bool = False) -> NotMeasured | None:
+        """Prepare `case` into `part`, or say why not; garbage is collected before the
+        group's first case and before a case tried again out of memory."""
         try:
             with limit.enforce(case.backend) if limit else contextlib.nullcontext():
                 part.append((i, case, prepare(case, operands, (impls or {}).get(case.algo),
-                                              limit)))
+                                              limit, collect or i == 0)))
         except NotMeasured as nm:  # a copy: the raised one's traceback holds the attempt's
             # arrays (a fault's is kept, to chain: nothing runs after it)
             return nm if nm.fatal else NotMeasured(nm.status, nm.reason, nm.check)
@@ -482,7 +486,7 @@ def measure_group(group: list[Case], operands: Operands, budget_s: float,
             nm = attempt(i, case)
             if nm is not None and nm.status == "oom" and part:  # the held cases' memory, maybe
                 time_part()
-                nm = attempt(i, case)
+                nm = attempt(i, case, collect=True)
             if nm is not None:
                 rows[i] = row(case, nm.status, nm.reason, nm.check)
                 if nm.fatal:
