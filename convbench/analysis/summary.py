@@ -192,6 +192,20 @@ def _mib(nbytes) -> str:
     return "" if nbytes is None or pd.isna(nbytes) else f"{nbytes / 2**20:.3g} MiB"
 
 
+#: The workspace cuDNN's find reported, in a cudnn-find row's note (`cudnn_find.note`).
+_FIND_WORKSPACE = re.compile(r"workspace (\d+) B")
+
+
+def find_workspace(r) -> float | None:
+    """A cudnn-find row's workspace in bytes: its `workspace_bytes`, else what the find
+    reported in its note (cuDNN allocates it, so no prediction of ours holds it)."""
+    ws = r.get("workspace_bytes")
+    if ws is not None and not pd.isna(ws):
+        return ws
+    m = _FIND_WORKSPACE.search(r["note"]) if isinstance(r.get("note"), str) else None
+    return float(m.group(1)) if m else None
+
+
 def cudnn_algorithms(df: pd.DataFrame) -> pd.DataFrame:
     """Per (layer, pass, layout): each cudnn-find algorithm's median ms and workspace, what
     the heuristic and the search ran (family, ms), our best kernel (algo, ms)."""
@@ -203,9 +217,8 @@ def cudnn_algorithms(df: pd.DataFrame) -> pd.DataFrame:
     for key, group in ok.groupby(["layer", "pass", "layout"], sort=False):
         by = group.set_index("algo")
         cells = {a.removeprefix(FIND_PREFIX): (f"{by.loc[a, 'median_ms']:.3g} ms"
-                                               + (f" ({_mib(by.loc[a, 'workspace_bytes'])})"
-                                                  if _mib(by.loc[a, 'workspace_bytes'])
-                                                  else ""))
+                                               + (f" ({_mib(find_workspace(by.loc[a]))})"
+                                                  if _mib(find_workspace(by.loc[a])) else ""))
                  if a in by.index else "" for a in finds}
         for algo in (HEURISTIC, AUTOTUNE):
             cells[algo] = (f"{by.loc[algo, 'median_ms']:.3g} ms {_family(by.loc[algo, 'note'])}"
