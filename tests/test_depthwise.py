@@ -280,6 +280,26 @@ def test_emu_depthwise_matches_reference(problem, pass_, layout):
     testing.assert_matches_reference("direct", "emu", problem, pass_, layout, "fp32")
 
 
+#: The emulator's problems, and two of MobileNetV2's depthwise layers at batch 8 (stride 1 and
+#: 2), sizes the emulator is too slow for.
+CUDA_DEPTHWISE = [*DEPTHWISE,
+                  ConvProblem(n=8, c=144, h=56, w=56, k=144, r=3, s=3, pad=1, groups=144),
+                  ConvProblem(n=8, c=96, h=112, w=112, k=96, r=3, s=3, stride=2, pad=1,
+                              groups=96)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+@pytest.mark.parametrize("problem", CUDA_DEPTHWISE, ids=str)
+def test_cuda_depthwise_matches_reference(problem, pass_, layout):
+    """The emulator test's twin on a GPU: kernels/depthwise.cu as the hardware runs it."""
+    impl = testing.runnable("direct", "cuda")
+    assert registry.supports(impl, problem, pass_, layout, "fp32") is None
+    assert impl.describe(problem, pass_, layout, "fp32").startswith("depthwise kernel")
+    testing.assert_matches_reference("direct", "cuda", problem, pass_, layout, "fp32")
+
+
 def test_emu_depthwise_bwd_filter_split():
     """N·P·Q = 2048 runs in 8 slices of 256 pixels, summed in slice order: the same bits twice."""
     impl, problem = testing.runnable("direct", "emu"), DEPTHWISE[7]

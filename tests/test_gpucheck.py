@@ -5,6 +5,7 @@ packages hidden."""
 import contextlib
 import importlib.abc
 import io
+import json
 import shutil
 import subprocess
 import sys
@@ -219,7 +220,8 @@ def test_gpu_first_dry_form_finishes_and_packs_at_most_eight_files(tmp_path, cap
                                 "--work", str(work), *TESTS)
     assert code == 0, err
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["gpu-first.tar.gz", "summary.md", "tests.log"]
+    assert files == ["gpu-first.log", "gpu-first.tar.gz", "probe.json", "summary.md",
+                     "tests.log"]
     assert len(files) <= gpucheck.MAX_FILES and all(
         p.stat().st_size <= gpucheck.MAX_FILE_BYTES for p in out.iterdir())
     with tarfile.open(out / "gpu-first.tar.gz") as tar:
@@ -251,7 +253,138 @@ def test_gpu_first_stops_between_groups_at_its_deadline(tmp_path, monkeypatch):
     assert len(df) == 4 and set(df["pass"]) == {"fwd"}  # one group: 2 algos x 2 layouts
     assert "not reached: conv3 (bwd_data, bwd_filter)" in done.text
     assert "`convbench gpu-check --out" in done.text
-    assert {p.name for p in done.files} == {"gpu-first.tar.gz", "summary.md", "tests.log"}
+    assert {p.name for p in done.files} == {"gpu-first.tar.gz", "summary.md", "tests.log",
+                                            "probe.json", "gpu-first.log"}
+
+
+def test_a_failed_check_still_leaves_the_probe_the_log_and_the_tests(tmp_path, capsys,
+                                                                     monkeypatch):
+    """The rehearsal of a visit that fails: with the measuring part broken, the folder given
+    still holds the probe, the log (with the traceback) and the tests' summary, packed."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("a planted failure in the measuring part")
+
+    monkeypatch.setattr(gpucheck, "run_check", broken)
+    out, work = tmp_path / "out", tmp_path / "work"
+    code, stdout, err = run_cli(capsys, *FIRST, "--wall", "300", "--out", str(out),
+                                "--work", str(work), *TESTS)
+    assert code != 0
+    assert "gpu-first's check failed" in err
+    names = {p.name for p in out.iterdir()}
+    assert {"probe.json", "gpu-first.log", "tests.log", "summary.md",
+            "gpu-first.tar.gz"} <= names
+    probe = json.loads((out / "probe.json").read_text())
+    assert probe["device"] == "cpu" and "torch" in probe and "packages" in probe
+    log = (out / "gpu-first.log").read_text()
+    assert "RuntimeError: a planted failure in the measuring part" in log
+    assert "Traceback" in log and "tests: started" in log
+    summary = (out / "summary.md").read_text()
+    assert "the check failed: see gpu-first.log" in summary and "1 skipped" in summary
+
+
+def test_a_resumed_visit_runs_no_tests_and_continues_the_work_folder(tmp_path, capsys):
+    """A second, short call on a still-warm machine: --no-tests, the same --work, the rows
+    already there kept and the rest measured."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    base = ["gpu-first", "--device", "cpu", "--batch", "1", "--time-budget", "0.002",
+            "--layers", "conv3", "--wall", "300", "--out", str(out), "--work", str(work),
+            "--no-tests"]
+    code, _, err = run_cli(capsys, *base, "--algos", "direct")
+    assert code == 0, err
+    assert len(results.load_run(work / "run")[0]) == 6
+    code, stdout, err = run_cli(capsys, *base, "--algos", "direct,gemm")
+    assert code == 0, err
+    df, _ = results.load_run(work / "run")
+    assert len(df) == 12 and "no tests (a resumed visit)" in stdout
+    assert "not run (--no-tests)" in stdout
+
+
+def test_the_tests_at_their_limit_are_interrupted_and_still_summarised(tmp_path):
+    """At the time limit pytest gets a SIGINT, as Ctrl-C: it names where it was and prints
+    its summary (a SIGKILL left the log with neither)."""
+    slow = tmp_path / "test_slow_suite.py"
+    slow.write_text("import time\n\ndef test_quick():\n    pass\n\n"
+                    "def test_slow():\n    time.sleep(60)\n")
+    tested = gpucheck.run_tests(tmp_path / "tests.log", (str(slow), "-v", "-p",
+                                                         "no:cacheprovider"), 4.0, 20.0)
+    assert tested.returncode == -1 and tested.seconds < 30
+    assert tested.line.startswith("interrupted at its limit of 4 s: ")
+    assert "1 passed" in tested.line
+    log = (tmp_path / "tests.log").read_text()
+    assert "KeyboardInterrupt" in log and "test_quick PASSED" in log
+
+
+def test_the_first_tests_are_pins_first_and_each_exists():
+    """Every pin names a test that exists (a renamed test would be a silent gap), the pins
+    come before the parametrised suites, and the log names every test (-v)."""
+    pins, suites = gpucheck.FIRST_PINS, gpucheck.FIRST_SUITES
+    args = list(gpucheck.FIRST_TESTS)
+    assert args[:len(pins) + len(suites)] == [*pins, *suites] and "-v" in args
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p",
+                           "no:cacheprovider", *pins, *suites], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    for pin in pins:
+        assert pin in proc.stdout, pin
+
+
+def test_packing_counts_its_own_files_and_warns_rather_than_fails(tmp_path, capsys):
+    """A wrapper's files in the folder given (its own log, say) are not ours: packing writes
+    ours, returns them, and warns that more than come back are there."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    out.mkdir()
+    (work / "summary.md").write_text("# GPU check\n")
+    for i in range(8):
+        (out / f"wrapper-{i}.txt").write_text("x")
+    files = gpucheck.pack(work, out)
+    assert [p.name for p in files] == ["gpu-first.tar.gz", "summary.md"]
+    assert "holds 10 entries, 2 of them ours (at most 8 come back)" in capsys.readouterr().err
+
+
+def test_the_commit_comes_from_the_caller_where_there_is_no_git(monkeypatch):
+    """A GPU machine gets the working tree without `.git`: env.json takes the commit the
+    caller names."""
+    from convbench.measure import envinfo
+
+    def no_git(*args, **kwargs):
+        return subprocess.CompletedProcess(args, 128, "", "not a git repository")
+
+    monkeypatch.setattr(envinfo.subprocess, "run", no_git)
+    monkeypatch.delenv(envinfo.COMMIT_VARIABLE, raising=False)
+    assert envinfo.git_commit() is None
+    monkeypatch.setenv(envinfo.COMMIT_VARIABLE, "0123abc")
+    assert envinfo.git_commit() == "0123abc"
+
+
+def test_pytest_args_starting_with_a_dash_are_taken_with_an_equals_sign(tmp_path, capsys):
+    code, out, err = run_cli(capsys, "gpu-check", "--device", "cpu", "--tests", "--out",
+                             str(tmp_path), "--pytest-args=tests/test_timing.py -m gpu -q "
+                             "-p no:cacheprovider -k cuda_timer_flushes")
+    assert code == 0, err
+    assert "1 skipped" in out
+
+
+def test_the_deadline_stops_before_a_group_predicted_to_end_past_it():
+    """The next group's time is predicted from the last one's per case: the run stops before a
+    group that would end past the deadline, not up to a whole group after it."""
+    from convbench.measure.rows import row
+
+    layer = next(la for la in net_layers("alexnet") if la.name == "conv3")
+    cases = runner.sweep([layer], ["direct", "gemm"], "numpy",
+                         ["fwd", "bwd_data", "bwd_filter"], ["nchw"], ["fp32"])
+    # fwd ends at 10 s (5 s a case): bwd_data is predicted to take 10 s, to end at 20
+    times = iter([0.0, 10.0])
+    early = gpucheck._Deadline(cases, 18.0, clock=lambda: next(times))
+    early(row(cases[0], "ok", ""))
+    with pytest.raises(KeyboardInterrupt):
+        early(row(cases[1], "ok", ""))
+    assert early.stopped
+    times = iter([0.0, 10.0, 14.0])
+    late = gpucheck._Deadline(cases, 25.0, clock=lambda: next(times))
+    for case in cases[:4]:  # bwd_data took 4 s: bwd_filter is predicted to end at 18
+        late(row(case, "ok", ""))
+    assert not late.stopped and late.predicted() == 4.0
 
 
 @pytest.mark.parametrize("command", [["gpu-first", "--out", "x"], ["gpu-check"],

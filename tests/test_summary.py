@@ -105,8 +105,8 @@ def synthetic_gpu_rows(cpu: list[dict]) -> list[dict]:
         for algo, scale, note, ws in (
                 ("cudnn", 1.3, "implicit GEMM (kernel: k1); first call 40 ms", 0),
                 ("cudnn-autotune", 0.77, "FFT (kernel: k2); first call 900 ms", 0),
-                ("cudnn-find-gemm", 0.75, "cuDNN find: 0.5 ms (rank 1 of 4), workspace "
-                 f"{64 << 20} B, deterministic, FMA_MATH", "")):
+                ("cudnn-find-gemm", 0.75, ("cuDNN find: 0.5 ms (rank 1 of 4), workspace "
+                                           f"{64 << 20} B, deterministic, FMA_MATH"), "")):
             t = [x * scale for x in times]
             out.append({**r, "algo": algo, "backend": "cuda", "times_ms": " ".join(
                 f"{x:.6g}" for x in t), "median_ms": str(float(np.median(t))),

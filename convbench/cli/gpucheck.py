@@ -89,7 +89,7 @@ def cmd_gpu_first(args) -> int:
             args.out, device, work=args.work, net=args.net, layers=chosen, algos=args.algos,
             batch=args.batch, budget_s=args.time_budget, wall_s=args.wall,
             pytest_args=pytest_args, tests_timeout_s=args.tests_timeout,
-            command=_command(args))
+            command=_command(args), tests=not args.no_tests)
     print(first.text.rstrip("\n"))
     print(f"convbench: {', '.join(p.name for p in first.files)} in {args.out}", file=sys.stderr)
     return 0 if first.ok else EXIT_FAULT
@@ -108,7 +108,8 @@ def _options(p, tests_default: float, pytest_default: tuple[str, ...]) -> None:
     time_budget_option(p, "seconds of timed repetitions per measurement (default "
                           f"{DEVICES['cuda'].budget_s} on cuda)")
     p.add_argument("--pytest-args", default=" ".join(pytest_default),
-                   help="what the tests run pytest with (default: %(default)s)")
+                   help="what the tests run pytest with, given with '=' since it starts "
+                        "with '-' (--pytest-args='-m gpu -x'; default: %(default)s)")
     p.add_argument("--tests-timeout", type=positive(float), default=tests_default,
                    metavar="S", help="seconds the tests may take (default %(default)s)")
 
@@ -124,6 +125,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--wall", type=positive(float), default=gpucheck.FIRST_BUDGET_S,
                    metavar="S", help="seconds of wall time for everything (default "
                                      "%(default)s)")
+    p.add_argument("--no-tests", action="store_true",
+                   help="leave the tests out: a second, short call on a still-warm machine "
+                        "that resumes --work")
     _options(p, gpucheck.FIRST_TESTS_TIMEOUT_S, gpucheck.FIRST_TESTS)
     p.set_defaults(func=cmd_gpu_first)
 

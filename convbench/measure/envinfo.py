@@ -143,18 +143,25 @@ def _gpu() -> dict | None:
     }
 
 
+#: The variable that names the commit where the checkout has no `.git` (a GPU machine is
+#: sent a copy of the working tree without it): the caller sets it.
+COMMIT_VARIABLE = "CONVBENCH_COMMIT"
+
+
 def git_commit() -> str | None:
-    """HEAD of the checkout convbench runs from, `+dirty` when it has uncommitted changes."""
+    """HEAD of the checkout convbench runs from, `+dirty` when it has uncommitted changes;
+    where that cannot be read (no `.git`, no git), what `COMMIT_VARIABLE` says, if set."""
     root = Path(__file__).resolve().parents[2]
+    told = os.environ.get(COMMIT_VARIABLE) or None
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], check=False, cwd=root, capture_output=True,
                               text=True, timeout=10)
         if head.returncode:
-            return None
+            return told
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
                                check=False, cwd=root, capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
-        return None
+        return told
     return head.stdout.strip() + ("+dirty" if dirty.strip() else "")
 
 

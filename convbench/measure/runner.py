@@ -60,7 +60,7 @@ from ..catalogs.layers import Layer
 from ..core.fmt import first_line
 from ..cuda import kernels
 from ..functional import UnsupportedError
-from ..machine.faults import is_sticky_fault  # noqa: F401 - the runner's name for it too
+from ..machine.faults import is_sticky_fault
 from . import memory, opcount, timing, verify
 from .case import Case, Ready
 from .ceilings import Ceilings

@@ -24,22 +24,29 @@ every pass and layout; summary.md gets its per-class table (`classes_markdown`: 
 the device's baseline, `speedup.summary`). It resumes like the net's run. `gpu-first` leaves it
 out (`first`: its deadline goes to AlexNet).
 
-`gpu-first` (`first`) fits a lent GPU's 15 minutes, machine start included: a wall-time budget
-(`FIRST_BUDGET_S`) shared by, in this order, the `gpu` tests that pin the reviews' predictions
-(`FIRST_TESTS`, under `FIRST_TESTS_TIMEOUT_S`), the environment and the device's ceilings, and
+`gpu-first` (`first`) fits a lent GPU's 15 minutes, machine start included: the machine's probe
+and a log of the visit go into the folder given first and stay whatever fails after (`probe`,
+`FIRST_LOG`); then a wall-time budget (`FIRST_BUDGET_S`) shared by, in this order, the `gpu`
+tests (`FIRST_TESTS`: the pins of the reviews' predictions before the parametrised suites,
+interrupted as Ctrl-C at `FIRST_TESTS_TIMEOUT_S`), the environment and the device's ceilings, and
 the AlexNet check in `FIRST_LAYERS` order — every algo, cuDNN's one by one, pass and layout —
 until the time left is the `FIRST_RESERVE_S` the summary and the packing need: it stops between
 competing groups, says which layers and passes it reached, and `gpu-check --out` on its run
 folder resumes the rest. Everything comes back as at most `MAX_FILES` files of at most
-`MAX_FILE_BYTES` in the folder given: summary.md, tests.log and one tar.gz of the run folder.
+`MAX_FILE_BYTES` in the folder given: probe.json, gpu-first.log, summary.md, tests.log and one
+tar.gz of the run folder. `--no-tests` and the same `--work` make a second, short visit that
+resumes the check.
 Where CUDA cannot be used it refuses at once, in one line (`cuda_refusal`); the CPU dry form is
 asked for by name (`--device cpu`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import re
+import signal
 import subprocess
 import sys
 import tarfile
@@ -55,12 +62,12 @@ from ..algos import registry
 from ..analysis import speedup, summary
 from ..catalogs import layers as catalogs
 from ..catalogs import selection
-from ..core.fmt import md_table
+from ..core.fmt import first_line, md_table
 from ..core.problem import LAYOUTS, PASSES
 from ..core.results import ENV_JSON, RunFolder, row_key
 from ..machine import backends
 from ..machine.devices import Device
-from ..measure import runner
+from ..measure import envinfo, runner
 
 RUN = "run"
 TESTS_LOG = "tests.log"
@@ -76,20 +83,39 @@ TESTS_TIMEOUT_S = 480
 #: gpu-first's wall time (s), every stage included: under the 8 minutes a first visit may
 #: spend of its 15 (the machine's start and the transfers take the rest), with a minute spare.
 FIRST_BUDGET_S = 420.0
-#: The tests' share: the `gpu` tests of the modules that pin the three reviews' predictions
-#: (timer, NVML, cuDNN and its find, our GEMM and cuBLAS's, the runner's faults and memory,
-#: nn's dispatch); the kernels' own `gpu` tests are what the AlexNet check verifies anyway.
+#: The tests' share: the `gpu` tests that pin the reviews' predictions first, each by its node
+#: id (timer, cuDNN's first call, peak, TF32 and kernel naming, its find, the runner on the
+#: device, memory, nn's dispatch, the depthwise kernel), then the parametrised suites (our GEMM
+#: and cuBLAS's, cuDNN against the reference), so that the time limit cuts a suite, never a pin.
+#: `-v` names every test in the log, `--durations` says where the time went.
 FIRST_TESTS_TIMEOUT_S = 120.0
-FIRST_TESTS = ("tests/test_timing.py", "tests/test_nvml.py", "tests/test_cudnn.py",
-               "tests/test_cudnn_find.py", "tests/test_gemm_kernels.py",
-               "tests/test_runner.py", "tests/test_memory.py", "tests/test_nn.py",
-               *PYTEST_ARGS)
+FIRST_PINS = ("tests/test_timing.py",
+              "tests/test_cudnn.py::test_the_first_call_is_timed_once_and_named_in_the_note",
+              "tests/test_cudnn.py::test_cudnn_peak_excludes_the_warm_up_operands",
+              "tests/test_cudnn.py::test_tf32_setting_does_not_leak",
+              "tests/test_cudnn.py::test_describe_names_the_fp32_kernel",
+              "tests/test_cudnn_find.py",
+              "tests/test_runner.py::test_a_gpu_case_is_verified_on_the_device",
+              "tests/test_memory.py", "tests/test_nn.py",
+              "tests/test_depthwise.py::test_cuda_depthwise_matches_reference")
+FIRST_SUITES = ("tests/test_gemm_kernels.py",
+                "tests/test_cudnn.py::test_fp32_matches_reference",
+                "tests/test_cudnn.py::test_reduced_precisions_match_reference")
+FIRST_TESTS = (*FIRST_PINS, *FIRST_SUITES, "-m", "gpu", "-v", "-p", "no:cacheprovider",
+               "--durations=15")
+#: Seconds pytest gets, once interrupted at its time limit (SIGINT, as Ctrl-C), to print its
+#: summary before it is killed.
+INTERRUPT_GRACE_S = 15.0
 #: Seconds kept back after the run for its report, the summary and the packing.
 FIRST_RESERVE_S = 45.0
 #: The order AlexNet's layers are checked in: the 5x5 and the 3x3 layers where FFT and
 #: Winograd compete first, conv1 (stride 4, 11x11: GEMM and direct only) last.
 FIRST_LAYERS = ("conv2", "conv3", "conv4", "conv5", "conv1")
 FIRST_ARCHIVE = "gpu-first.tar.gz"
+#: Written into the folder given before anything else, and kept whatever happens after: what
+#: the machine is (`probe`), and a log of every stage as it starts and ends, with the traceback
+#: of anything that failed.
+PROBE_JSON, FIRST_LOG = "probe.json", "gpu-first.log"
 #: What comes back from a lent machine: at most 8 files of at most 16 MiB each.
 MAX_FILES, MAX_FILE_BYTES = 8, 16 << 20
 
@@ -164,24 +190,36 @@ def source_checkout() -> Path | None:
 
 
 def run_tests(log: Path, pytest_args: tuple[str, ...] = PYTEST_ARGS,
-              timeout_s: float = TESTS_TIMEOUT_S) -> Tests:
+              timeout_s: float = TESTS_TIMEOUT_S,
+              grace_s: float = INTERRUPT_GRACE_S) -> Tests:
     """pytest with `pytest_args` in a process of its own, from the checkout, its output in
-    `log`; the last line of its report."""
+    `log`; the last line of its report. At `timeout_s` it is interrupted as Ctrl-C would
+    (SIGINT), so it names the test it was in and prints its summary, and killed only if it has
+    not ended `grace_s` later."""
     root = source_checkout()
     if root is None:
         return Tests(None, "not run: convbench is installed without its tests", pytest_args)
     started = time.monotonic()
+    timed_out = False
     with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "pytest", *pytest_args], cwd=root,
+                                stdout=out, stderr=subprocess.STDOUT)
         try:
-            proc = subprocess.run([sys.executable, "-m", "pytest", *pytest_args], cwd=root,
-                                  stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s,
-                                  check=False)
+            proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            return Tests(-1, f"timed out after {timeout_s:g} s (see {log.name})", pytest_args,
-                         time.monotonic() - started)
-    lines = [ln.strip() for ln in log.read_text().splitlines() if ln.strip()]
-    return Tests(proc.returncode, (lines or ["no output"])[-1].strip("= "), pytest_args,
-                 time.monotonic() - started)
+            timed_out = True
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    last = (lines or ["no output"])[-1].strip("= ")
+    if timed_out:
+        return Tests(-1, f"interrupted at its limit of {timeout_s:g} s: {last} (see "
+                     f"{log.name})", pytest_args, time.monotonic() - started)
+    return Tests(proc.returncode, last, pytest_args, time.monotonic() - started)
 
 
 def never_tiles(case: runner.Case) -> bool:
@@ -194,18 +232,30 @@ def never_tiles(case: runner.Case) -> bool:
 
 
 class _Deadline:
-    """`on_row` of a run that stops it (as Ctrl-C does: every row kept) once `deadline` has
-    passed, at the end of a competing group, never inside one: a group's rows are timed
-    together, and a group cut short would lose the rows it had timed."""
+    """`on_row` of a run that stops it (as Ctrl-C does: every row kept) before a group that
+    would end past `deadline`, at the end of a competing group, never inside one: a group's
+    rows are timed together, and a group cut short would lose the rows it had timed. A group's
+    time is predicted from the last one's, per case (groups of one pass differ mostly in how
+    many cases they hold), so the run ends before the deadline rather than up to a whole group
+    after it."""
 
     def __init__(self, cases: list[runner.Case], deadline: float,
                  clock: Callable[[], float] = time.monotonic):
         self.deadline, self.clock, self.stopped = deadline, clock, False
         self.left: dict[int, int] = {}
+        self.size: dict[int, int] = {}
         self.group_of: dict[tuple, int] = {}
         for i, group in enumerate(runner.competing(cases)):
-            self.left[i] = len(group)
+            self.left[i] = self.size[i] = len(group)
             self.group_of.update((c.key(), i) for c in group)
+        self.since = clock()
+        #: the seconds a case of the last group took (None: no group done yet)
+        self.per_case: float | None = None
+
+    def predicted(self) -> float:
+        """Seconds the next group is expected to take."""
+        return 0.0 if self.per_case is None or not self.left else \
+            self.per_case * self.size[min(self.left)]
 
     def __call__(self, row: dict) -> None:
         i = self.group_of.get(row_key(row))
@@ -214,7 +264,9 @@ class _Deadline:
         self.left[i] -= 1
         if self.left[i] == 0:
             del self.left[i]
-            if self.left and self.clock() >= self.deadline:
+            now = self.clock()
+            self.per_case, self.since = (now - self.since) / self.size[i], now
+            if self.left and now + self.predicted() >= self.deadline:
                 self.stopped = True
                 raise KeyboardInterrupt
 
@@ -438,12 +490,16 @@ def first(out: str | Path, device: Device, *, work: str | Path | None = None,
           batch: int | None = None, budget_s: float | None = None,
           wall_s: float = FIRST_BUDGET_S, pytest_args=FIRST_TESTS,
           tests_timeout_s: float = FIRST_TESTS_TIMEOUT_S, reserve_s: float = FIRST_RESERVE_S,
-          command: str = "", clock: Callable[[], float] = time.monotonic) -> First:
-    """A first GPU visit in `wall_s` seconds (see the module docstring): the tests, the
-    environment and ceilings, the check in `FIRST_LAYERS` order up to the deadline, the summary,
-    then `out` packed (`pack`). `work`: the check's folder (default results/<date>-<device>-
-    <net>-gpu-first), which `gpu-check --out` resumes. ValueError for a bad layer or algo
-    list, before anything runs."""
+          command: str = "", clock: Callable[[], float] = time.monotonic,
+          tests: bool = True) -> First:
+    """A first GPU visit in `wall_s` seconds (see the module docstring): the probe and the log
+    into `out`, the tests (none where not `tests`: a resumed visit), the environment and
+    ceilings, the check in `FIRST_LAYERS` order up to the deadline, the summary, then `out`
+    packed (`pack`). A failure of any stage is logged with its traceback and the stages after
+    it still run: the probe, the log and the tests' summary come back whatever happens. `work`:
+    the check's folder (default results/<date>-<device>-<net>-gpu-first), which `gpu-check
+    --out` or `gpu-first --work` resumes. ValueError for a bad layer or algo list, before
+    anything runs."""
     started = clock()
     out = Path(out)
     work = Path(work) if work else runs.default_folder(net, device.backend, "-gpu-first")
@@ -452,34 +508,58 @@ def first(out: str | Path, device: Device, *, work: str | Path | None = None,
     check_cases(device, net, names, algos, batch)  # bad input: before anything runs
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
+    log = _logger(out / FIRST_LOG)
+    log.info("gpu-first: %s s of wall time, work folder %s, out %s", f"{wall_s:g}", work, out)
+    with _stage_logged(log, "probe"):
+        (out / PROBE_JSON).write_text(json.dumps(probe(device), indent=1, default=str) + "\n")
+    tested = Tests(None, "not run (--no-tests)", tuple(pytest_args))
     tests_s = max(1.0, min(tests_timeout_s, wall_s - reserve_s))
-    tested = run_tests(work / TESTS_LOG, tuple(pytest_args), tests_s)
-    done = run_check(work, device, net=net, layers=names, algos=algos, batch=batch,
-                     budget_s=budget_s, command=command, classes=(),
-                     deadline=started + wall_s - reserve_s, clock=clock)
-    spent = {"tests": tested.seconds, **done.seconds}
-    head = [f"- gpu-first: {wall_s:.0f} s of wall time: tests (at most {tests_s:.0f} s), "
-            "environment and ceilings, the check up to the deadline, then this summary and "
-            f"the packing; spent " + ", ".join(f"{k} {v:.0f} s" for k, v in spent.items()
+    if tests:
+        with _stage_logged(log, "tests"):
+            tested = run_tests(out / TESTS_LOG, tuple(pytest_args), tests_s)
+            (work / TESTS_LOG).write_bytes((out / TESTS_LOG).read_bytes())
+        log.info("tests: %s", tests_line(tested))
+    done: CheckRun | None = None
+    with _stage_logged(log, "check"):
+        done = run_check(work, device, net=net, layers=names, algos=algos, batch=batch,
+                         budget_s=budget_s, command=command, classes=(),
+                         deadline=started + wall_s - reserve_s, clock=clock)
+    if done is not None:
+        log.info("check: %s", "; ".join(f"{k} {v:.1f} s" for k, v in done.seconds.items()))
+    spent = {"tests": tested.seconds, **(done.seconds if done else {})}
+    head = [f"- gpu-first: {wall_s:.0f} s of wall time: "
+            + (f"tests (at most {tests_s:.0f} s), " if tests else "no tests (a resumed visit), ")
+            + "environment and ceilings, the check up to the deadline, then this summary and "
+            "the packing; spent " + ", ".join(f"{k} {v:.0f} s" for k, v in spent.items()
                                               if k in ("tests", "environment and ceilings",
                                                        "run")),
             f"- checked: layers {', '.join(names or ['all'])} in this order, every algo "
             f"({algos or ALGOS.get(device.backend, 'all')}), pass and layout"
-            + (f"; not reached: {'; '.join(done.not_reached)}" if done.not_reached else ""),
+            + (f"; not reached: {'; '.join(done.not_reached)}" if done and done.not_reached
+               else ""),
             tests_line(tested)]
-    body = done.text.split("\n", 2)
-    text = "\n".join([body[0], "", *head, *body[2:]]) if len(body) == 3 else done.text
+    if done is None:
+        text = "\n".join([f"# GPU check: {device.name}", "", *head,
+                          f"- the check failed: see {FIRST_LOG}", ""])
+    else:
+        body = done.text.split("\n", 2)
+        text = "\n".join([body[0], "", *head, *body[2:]]) if len(body) == 3 else done.text
     text = text.rstrip("\n") + "\n" + \
         f"\n(total {clock() - started:.0f} s before packing)\n"
     (work / SUMMARY_MD).write_text(text)
-    files = pack(work, out)
-    return First(files, text, done.ok and tested.passed)
+    (out / SUMMARY_MD).write_text(text)
+    files = pack(work, out, log)
+    log.info("packed %s in %.0f s", ", ".join(p.name for p in files), clock() - started)
+    _close(log)
+    return First(files, text, done is not None and done.ok and tested.passed)
 
 
-def pack(work: Path, out: Path) -> list[Path]:
-    """`out` gets summary.md, tests.log and `FIRST_ARCHIVE` (the whole of `work`); the archive
-    leaves the plots out where they would take it past `MAX_FILE_BYTES`. ValueError where the
-    files would still exceed what comes back from a lent machine."""
+def pack(work: Path, out: Path, log: logging.Logger | None = None) -> list[Path]:
+    """`out` gets summary.md, tests.log and `FIRST_ARCHIVE` (the whole of `work`), beside the
+    probe and the log already there; the archive leaves the plots out where they would take it
+    past `MAX_FILE_BYTES`. Where what comes back would still exceed its limits (files of
+    others in `out`, a log grown too large) it is said in the log and on stderr, not raised:
+    the files are written by then, and an error would lose the summary."""
     archive = out / FIRST_ARCHIVE
     for plots in (True, False):
         with tarfile.open(archive, "w:gz") as tar:
@@ -488,15 +568,144 @@ def pack(work: Path, out: Path) -> list[Path]:
                     (lambda info: None if info.name.endswith(".png") else info))
         if archive.stat().st_size <= MAX_FILE_BYTES:
             break
-    files = [archive]
     for name in (SUMMARY_MD, TESTS_LOG):
-        if (work / name).is_file():
+        if (work / name).is_file() and not (out / name).is_file():
             (out / name).write_bytes((work / name).read_bytes())
-            files.append(out / name)
-    present = [p for p in out.iterdir()]
+    files = [out / name for name in (FIRST_ARCHIVE, SUMMARY_MD, TESTS_LOG, PROBE_JSON,
+                                     FIRST_LOG) if (out / name).is_file()]
+    present = list(out.iterdir())
     big = [p.name for p in files if p.stat().st_size > MAX_FILE_BYTES]
     if len(present) > MAX_FILES or big:
-        raise ValueError(f"{out} holds {len(present)} files (at most {MAX_FILES} come back)"
-                         + (f", {', '.join(big)} over {MAX_FILE_BYTES >> 20} MiB" if big
-                            else ""))
+        warning = (f"{out} holds {len(present)} entries, {len(files)} of them ours (at most "
+                   f"{MAX_FILES} come back)" + (f"; {', '.join(big)} over "
+                                                f"{MAX_FILE_BYTES >> 20} MiB" if big else ""))
+        print(f"convbench: warning: {warning}", file=sys.stderr)
+        if log is not None:
+            log.warning(warning)
     return files
+
+
+# --- the probe and the log ------------------------------------------------------------------
+#: The packages whose versions the probe reads (distribution names).
+PROBE_PACKAGES = ("torch", "cupy-cuda13x", "cupy-cuda12x", "numpy", "pandas", "tabulate",
+                  "matplotlib", "threadpoolctl", "numba", "llvmlite", "nvidia-ml-py", "pyfftw",
+                  "hypothesis", "pytest", "pytest-xdist", "nvidia-cuda-nvrtc",
+                  "nvidia-cudnn-cu13", "nvidia-cublas", "nvidia-cufft", "triton",
+                  "torchvision", "timm")
+#: The commands the probe looks for on PATH (the first-visit command needs none of them).
+PROBE_COMMANDS = ("make", "nvcc", "ncu", "nvidia-smi", "git")
+
+
+def probe(device: Device) -> dict:
+    """What the machine is, each fact read on its own, so that one that cannot be read is its
+    error and the others stand: Python, packages, commands, the GPU through torch, CuPy, NVRTC
+    and NVML (clocks, power, temperature, free memory), and why CUDA cannot be used, if so."""
+    import importlib.metadata as md
+    import os
+    import platform
+    import shutil
+
+    facts: dict = {"device": device.name, "python": sys.version.split()[0],
+                   "platform": platform.platform(), "cpus": os.cpu_count(),
+                   "commit": envinfo.git_commit()}
+
+    def read(name: str, fn: Callable[[], object]) -> None:
+        try:
+            facts[name] = fn()
+        except Exception as exc:  # noqa: BLE001 - the fact is the error
+            facts[name] = f"unreadable: {type(exc).__name__}: {first_line(exc)}"
+
+    def version(dist: str) -> str | None:
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            return None
+
+    facts["packages"] = {d: version(d) for d in PROBE_PACKAGES}
+    facts["commands"] = {c: shutil.which(c) for c in PROBE_COMMANDS}
+    read("cuda_refusal", cuda_refusal)
+    read("torch", _probe_torch)
+    read("cupy", _probe_cupy)
+    read("nvml", _probe_nvml)
+    return facts
+
+
+def _probe_torch() -> dict:
+    import torch
+
+    info = {"version": torch.__version__, "cuda": torch.version.cuda,
+            "cuda_available": torch.cuda.is_available(),
+            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available()
+            else None}
+    if torch.cuda.is_available():
+        info.update(name=torch.cuda.get_device_name(),
+                    capability=list(torch.cuda.get_device_capability()))
+    return info
+
+
+def _probe_cupy() -> dict:
+    import cupy
+    from cupy.cuda import nvrtc
+
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    free, total = cupy.cuda.Device().mem_info
+    return {"version": cupy.__version__, "runtime": cupy.cuda.runtime.runtimeGetVersion(),
+            "driver": cupy.cuda.runtime.driverGetVersion(), "nvrtc": list(nvrtc.getVersion()),
+            "name": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
+            "sms": props["multiProcessorCount"], "l2_bytes": props["l2CacheSize"],
+            "shared_per_block_optin": props.get("sharedMemPerBlockOptin"),
+            "clock_khz": props["clockRate"], "free_bytes": free, "total_bytes": total}
+
+
+def _probe_nvml() -> dict:
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        clocks = {name: (pynvml.nvmlDeviceGetClockInfo(h, kind),
+                         pynvml.nvmlDeviceGetMaxClockInfo(h, kind))
+                  for name, kind in (("sm", pynvml.NVML_CLOCK_SM),
+                                     ("memory", pynvml.NVML_CLOCK_MEM))}
+        return {"driver": pynvml.nvmlSystemGetDriverVersion(),
+                "clocks_mhz_now_max": clocks,
+                "power_limit_w": pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000,
+                "temperature_c": pynvml.nvmlDeviceGetTemperature(h,
+                                                                 pynvml.NVML_TEMPERATURE_GPU),
+                "throttle_reasons": pynvml.nvmlDeviceGetCurrentClocksEventReasons(h)}
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _logger(path: Path) -> logging.Logger:
+    """A log of the visit into `path`, each line written as it happens (it comes back even if
+    the command is killed after)."""
+    log = logging.getLogger(f"convbench.gpu-first.{path}")
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    handler = logging.FileHandler(path, mode="a")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    return log
+
+
+def _close(log: logging.Logger) -> None:
+    for handler in list(log.handlers):
+        handler.close()
+        log.removeHandler(handler)
+
+
+@contextlib.contextmanager
+def _stage_logged(log: logging.Logger, name: str):
+    """Log a stage's start and end; an exception in it is logged with its traceback and
+    swallowed, so the stages after it run (Ctrl-C is not swallowed)."""
+    started = time.monotonic()
+    log.info("%s: started", name)
+    try:
+        yield
+    except Exception:  # logged whole; the visit goes on to pack what it has
+        log.exception("%s: failed after %.1f s", name, time.monotonic() - started)
+        print(f"convbench: error: gpu-first's {name} failed (its traceback is in "
+              f"{FIRST_LOG})", file=sys.stderr)
+    else:
+        log.info("%s: done in %.1f s", name, time.monotonic() - started)
