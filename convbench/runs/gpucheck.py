@@ -107,7 +107,7 @@ FIRST_TESTS = (*FIRST_PINS, *FIRST_SUITES, "-m", "gpu", "-v", "-p", "no:cachepro
 #: summary before it is killed.
 INTERRUPT_GRACE_S = 15.0
 #: Seconds kept back after the run for its report, the summary and the packing.
-FIRST_RESERVE_S = 45.0
+FIRST_RESERVE_S = 60.0
 #: The order AlexNet's layers are checked in: the 5x5 and the 3x3 layers where FFT and
 #: Winograd compete first, conv1 (stride 4, 11x11: GEMM and direct only) last.
 FIRST_LAYERS = ("conv2", "conv3", "conv4", "conv5", "conv1")
