@@ -355,6 +355,9 @@ def test_the_commit_comes_from_the_caller_where_there_is_no_git(monkeypatch):
     assert envinfo.git_commit() is None
     monkeypatch.setenv(envinfo.COMMIT_VARIABLE, "0123abc")
     assert envinfo.git_commit() == "0123abc"
+    monkeypatch.undo()  # a copy with a stale .git (seen on an H200): the caller's word wins
+    monkeypatch.setenv(envinfo.COMMIT_VARIABLE, "0123abc")
+    assert envinfo.git_commit() == "0123abc"
 
 
 def test_pytest_args_starting_with_a_dash_are_taken_with_an_equals_sign(tmp_path, capsys):

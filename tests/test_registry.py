@@ -129,3 +129,18 @@ def test_device_caches_are_registered_and_cleared(monkeypatch):
     assert registry._DEVICE_CACHES == [clear]
     registry.clear_device_caches()
     assert cleared == [1]
+
+
+def test_a_wrapped_fft_gives_its_transform_grid_as_python_3_12_looks_it_up():
+    """Python 3.12's isinstance against a runtime-checkable protocol looks attributes up
+    statically (`inspect.getattr_static`), past `__getattr__`: an explicit-pad wrapper that only
+    read `transform_grid` through lost it there, and every FFT row's operation count failed on
+    an H200's Python 3.12 while CI's 3.11 passed."""
+    import inspect
+
+    registry.load()
+    for backend in ("numpy", "emu", "cuda"):
+        impl = registry.get("fft", backend)
+        assert isinstance(impl, registry.ExplicitPad)
+        inspect.getattr_static(impl, "transform_grid")  # AttributeError before
+        assert isinstance(impl, registry.TransformGrid)

@@ -292,6 +292,24 @@ def test_an_error_making_a_row_fails_that_row_and_the_run_goes_on(monkeypatch):
     assert rows[0]["reason"] == "ValueError: a statistic of nothing (while its row was made)"
 
 
+def test_an_operation_count_that_fails_fails_its_row_only(monkeypatch):
+    """A count that cannot be made (seen on Python 3.12: an FFT's transform grid not found)
+    fails the timed row it belongs to, whose `failed` row is still made, and the run goes on."""
+    from convbench.measure import opcount
+
+    real = opcount.op_count
+
+    def broken(algo, *args):
+        if algo == "bad":
+            raise ValueError("bad does not give its transform grid")
+        return real(algo, *args)
+
+    monkeypatch.setattr(opcount, "op_count", broken)
+    rows = runner.run(cases(["bad", "good"]), BUDGET, {"bad": Fake("bad"), "good": Fake("good")})
+    assert [(r["algo"], r["status"]) for r in rows] == [("bad", "failed"), ("good", "ok")]
+    assert "transform grid (while its row was made)" in rows[0]["reason"]
+
+
 def test_a_library_is_judged_by_the_family_of_the_algorithm_it_picked():
     """A library that picks its own algorithm (cuDNN through torch) and ran a Winograd is
     judged with Winograd's tolerance, not the exact algorithms' one: its rounding is the

@@ -283,14 +283,26 @@ class CuDNN(Implementation):
     def phases(self, problem, pass_, layout, precision) -> list[str]:
         return PHASES
 
+    def _start_worker(self, device) -> None:
+        """The mode's worker thread, warmed (`_warm`) when it starts."""
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix=self.algo)
+            self._worker.submit(_warm, device, self.autotune).result()
+
+    def compile(self, problem, pass_, layout, precision) -> None:
+        """The worker started and warmed here, outside the pass's memory trace: the warm-up's
+        allocations are not the pass's."""
+        import cupy
+        import torch
+
+        self._start_worker(torch.device("cuda", cupy.cuda.Device().id))
+
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         import cupy
         import torch
 
         device = torch.device("cuda", cupy.cuda.Device().id)
-        if self._worker is None:
-            self._worker = ThreadPoolExecutor(1, thread_name_prefix=self.algo)
-            self._worker.submit(_warm, device, self.autotune).result()
+        self._start_worker(device)
 
         def in_mode(work, ptr: int) -> None:
             with _math(precision, self.autotune), _stream(ptr, device):

@@ -133,6 +133,10 @@ class ExplicitPad(Implementation):
     def __init__(self, inner: Implementation):
         self.inner = inner
         self.precisions = inner.precisions
+        # The protocols' methods in the instance itself: Python 3.12's isinstance against a
+        # runtime-checkable protocol looks attributes up statically, past `__getattr__`.
+        if hasattr(inner, "transform_grid"):
+            self.transform_grid = inner.transform_grid
 
     def __getattr__(self, name: str):
         if name == "inner":  # not set yet (copy, pickle): no recursion through getattr

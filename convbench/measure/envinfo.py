@@ -149,10 +149,13 @@ COMMIT_VARIABLE = "CONVBENCH_COMMIT"
 
 
 def git_commit() -> str | None:
-    """HEAD of the checkout convbench runs from, `+dirty` when it has uncommitted changes;
-    where that cannot be read (no `.git`, no git), what `COMMIT_VARIABLE` says, if set."""
+    """What `COMMIT_VARIABLE` says, where the caller set it (a GPU machine's copy of the
+    working tree may carry a stale `.git`, or none); else HEAD of the checkout convbench runs
+    from, `+dirty` when it has uncommitted changes."""
     root = Path(__file__).resolve().parents[2]
     told = os.environ.get(COMMIT_VARIABLE) or None
+    if told:
+        return told
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], check=False, cwd=root, capture_output=True,
                               text=True, timeout=10)

@@ -103,7 +103,13 @@ def row(case: Case, status: str, reason: str = "", check: verify.Check | None = 
     phases for a pass without them) are None. `stop`: why its rounds ended; `round_group`: the
     id its rounds share with the cases timed beside it; `throttled`: why the GPU's clocks were
     held down while it was timed (empty: they were not)."""
-    ops = opcount.op_count(case.algo, case.problem, case.pass_, case.precision, case.backend)
+    try:
+        ops = opcount.op_count(case.algo, case.problem, case.pass_, case.precision,
+                               case.backend)
+    except ValueError:  # a row that is not `ok` is made whatever its count (the failure of a
+        if status == "ok":  # timed row's own count is that row's `failed`, made here)
+            raise
+        ops = None
     out = results.new_row(**case.fields(), status=status, reason=reason, note=note,
                           workspace_bytes=workspace, peak_bytes=peak_bytes,
                           memory_method=memory_method, algo_ops=ops.total if ops else None)
