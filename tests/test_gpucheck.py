@@ -266,8 +266,8 @@ def test_a_failed_check_still_leaves_the_probe_the_log_and_the_tests(tmp_path, c
 
     monkeypatch.setattr(gpucheck, "run_check", broken)
     out, work = tmp_path / "out", tmp_path / "work"
-    code, stdout, err = run_cli(capsys, *FIRST, "--wall", "300", "--out", str(out),
-                                "--work", str(work), *TESTS)
+    code, _, err = run_cli(capsys, *FIRST, "--wall", "300", "--out", str(out),
+                           "--work", str(work), *TESTS)
     assert code != 0
     assert "gpu-first's check failed" in err
     names = {p.name for p in out.iterdir()}

@@ -37,7 +37,7 @@ LAYERS = {
     "implementations": ["algos/", "cuda/", "functional"],
     "harness": ["measure/", "testing"],
     "analysis": ["analysis/"],
-    "runs": ["runs/", "tools.phases_bench"],
+    "runs": ["runs/", "tools.phases_bench", "tools.profile_pass"],
     "planning": ["planning/", "nn", "advisor"],
     "studies": ["studies/"],
     "cli": ["cli/", "__main__"],

@@ -179,6 +179,10 @@ class ExplicitPad(Implementation):
         sym, _, _ = self.route(problem, pass_, layout, precision)
         self.inner.compile(sym, pass_, layout, precision)
 
+    def judged_as(self, problem, pass_, layout, precision):
+        sym, _, _ = self.route(problem, pass_, layout, precision)
+        return self.inner.judged_as(sym, pass_, layout, precision)
+
     def workspace_bytes(self, problem, pass_, layout, precision):
         sym, explicit, _ = self.route(problem, pass_, layout, precision)
         inner = self.inner.workspace_bytes(sym, pass_, layout, precision)
