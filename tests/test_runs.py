@@ -68,6 +68,26 @@ def test_an_interrupted_run_keeps_its_rows_and_writes_its_report(tmp_path, monke
     assert [c.key() for c in rest.todo] == [c.key() for c in cases[2:]]
 
 
+def test_an_interrupt_after_the_last_row_still_writes_the_report(tmp_path, monkeypatch):
+    """Ctrl-C (or a deadline's SIGINT) while the run notes the machine's load at its end (a
+    reading that sleeps a window): that reading is left out, the run counts as interrupted, and
+    the report from every row is still written (an H200 run lost it so)."""
+    from convbench.machine import contention
+
+    device, cases = tiny_cases()
+    folder = results.RunFolder.open(tmp_path / "run", runs.environment(device, "alexnet",
+                                                                      cases, BUDGET))
+    run = runs.Run(cases, BUDGET, folder)
+
+    def interrupted_reading(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(contention, "machine_load", interrupted_reading)
+    outcome = run.measure()
+    assert outcome.interrupted and len(outcome.frame) == 4
+    assert "## Time per layer" in (tmp_path / "run" / "report.md").read_text()
+
+
 def test_without_a_folder_the_rows_come_back(tmp_path):
     _, cases = tiny_cases()
     outcome = runs.Run(cases[:1], BUDGET).measure()
