@@ -268,8 +268,11 @@ def test_autotune_tries_every_engine_and_says_so():
 
 @pytest.mark.gpu
 def test_cudnn_peak_excludes_the_warm_up_operands():
-    """A 1x1 convolution needs next to no workspace: its measured peak (torch's result and the
-    workspace) must stay below one set of operands, which the warm-up's scratch added to it."""
+    """A 1x1 convolution needs little workspace: its measured peak (torch's result and the
+    workspace) must stay within one set of operands, which the warm-up's scratch added to it.
+    Within: plus the rounding of torch's caching allocator, whose large blocks are multiples of
+    2 MiB (an H200 with cuDNN 9.19 peaked at 50 MiB, two 24.5 MiB tensors in 25 MiB blocks,
+    against 49 MiB of operands; the scratch would add 49 MiB more)."""
     from convbench.catalogs.layers import Layer
     from convbench.measure import memory, runner
 
@@ -278,7 +281,7 @@ def test_cudnn_peak_excludes_the_warm_up_operands():
     for r in runner.run(cases, 0.01):
         assert r["status"] == "ok", r["reason"]
         operands = memory.operand_bytes(problem, r["pass"], np.float32)
-        assert r["peak_bytes"] < operands, (r["algo"], r["pass"], r["peak_bytes"])
+        assert r["peak_bytes"] < operands + (2 << 20), (r["algo"], r["pass"], r["peak_bytes"])
 
 
 @pytest.mark.parametrize("setup", [
