@@ -90,19 +90,30 @@ def run(problem: ConvProblem, pass_: str, a, b, *, algo: str, backend: str = "nu
     for name, arr, shape in (("first operand", a, a_shape), ("second operand", b, b_shape)):
         if tuple(arr.shape) != shape:
             raise ValueError(f"{pass_}: {name} has shape {tuple(arr.shape)}, expected {shape}")
-    fn = _prepared(algo, backend, problem, pass_, layout, precision, _place(a))
     if out is None:
         xp = np if isinstance(a, np.ndarray) else _cupy()
         out = xp.full(out_shape, xp.nan, dtype=a.dtype)
     elif tuple(out.shape) != out_shape:
         raise ValueError(f"{pass_}: out has shape {tuple(out.shape)}, expected {out_shape}")
+    prepared_call(problem, pass_, a, b, out, algo=algo, backend=backend, layout=layout,
+                  precision=precision)
+    return out
+
+
+def prepared_call(problem: ConvProblem, pass_: str, a, b, out, *, algo: str, backend: str,
+                  layout: str, precision: str | None = None) -> None:
+    """One pass into `out`, by the prepared pass of (algo, backend, problem, pass, layout,
+    precision) (prepared once, then cached), with no check of the operands: for a caller
+    whose shapes are the problem's by construction (`nn.Conv2d`, `run` after its checks).
+    The pass forgets its operands after (a prepared pass keeps none alive between calls)."""
+    precision = precision or PRECISION_OF_DTYPE.get(a.dtype.name) or _precision(a, b)
+    fn = _prepared(algo, backend, problem, pass_, layout, precision, _place(a))
     try:
         fn(a, b, out)
     finally:
         forget = getattr(fn, "forget", None)
         if forget is not None:
             forget()
-    return out
 
 
 registry.register_device_cache(_prepared.cache_clear)

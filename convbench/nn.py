@@ -197,6 +197,8 @@ class Dispatch:
             check_choice("pass", pass_, PASSES)
         self.geometry, self.layout = geometry, layout
         self.algos = {p: algos.get(p) for p in PASSES}
+        #: (x shape, w shape) -> its problem: made (and validated) once, not every call
+        self._problems: dict[tuple, ConvProblem] = {}
 
     def describe(self, pass_: str) -> str:
         choice = self.algos[pass_]
@@ -213,19 +215,27 @@ class Dispatch:
         return t.contiguous(memory_format=MEMORY_FORMAT[self.layout])
 
     def problem_from_shapes(self, x_shape, w_shape) -> ConvProblem:
-        n, c, h, w = x_shape
-        k, _, r, s = w_shape
-        return ConvProblem(n=n, c=c, h=h, w=w, k=k, r=r, s=s, **self.geometry)
+        key = (tuple(x_shape), tuple(w_shape))
+        problem = self._problems.get(key)
+        if problem is None:
+            n, c, h, w = x_shape
+            k, _, r, s = w_shape
+            problem = self._problems[key] = ConvProblem(n=n, c=c, h=h, w=w, k=k, r=r, s=s,
+                                                        **self.geometry)
+        return problem
 
     def _ours(self, pass_: str, problem: ConvProblem, a: torch.Tensor, b: torch.Tensor,
               out_shape) -> torch.Tensor:
+        """The pass by its algorithm into a new tensor in the layer's layout: the prepared
+        pass called directly (`functional.prepared`; the shapes are the problem's by
+        construction, so `functional.run`'s checks are not paid every call)."""
         algo, backend = self.algos[pass_]
         out = torch.empty(out_shape, dtype=a.dtype, device=a.device,
                           memory_format=MEMORY_FORMAT[self.layout])
         with _on_torch_stream(out):
-            functional.run(problem, pass_, _array(a, self.layout), _array(b, self.layout),
-                           algo=algo, backend=backend, layout=self.layout,
-                           out=_array(out, self.layout))
+            xa, xb = _array(a, self.layout), _array(b, self.layout)
+            functional.prepared_call(problem, pass_, xa, xb, _array(out, self.layout),
+                                     algo=algo, backend=backend, layout=self.layout)
         return out
 
     def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ def hand_plan(model, x, layouts, passes) -> Plan:
 
 
 def trained_twins(plan, x, requires_grad=False):
-    """(grads of the original, grads after apply, the apply summary, calls to functional.run)
+    """(grads of the original, grads after apply, the apply summary, the model after apply)
     for one forward and backward of the same model before and after `apply`."""
     torch.manual_seed(0)
     model = SmallCNN().double()
@@ -57,13 +57,14 @@ def graph_nodes(y) -> list[str]:
 
 def test_apply_keeps_outputs_and_gradients_and_dispatches_as_planned(monkeypatch):
     calls = []
-    real = convbench.functional.run
+    real = convbench.functional.prepared_call
 
-    def spy(problem, pass_, a, b, *, algo, backend, layout, out=None):
+    def spy(problem, pass_, a, b, out, *, algo, backend, layout, precision=None):
         calls.append((problem.c, pass_, algo, layout))
-        return real(problem, pass_, a, b, algo=algo, backend=backend, layout=layout, out=out)
+        return real(problem, pass_, a, b, out, algo=algo, backend=backend, layout=layout,
+                    precision=precision)
 
-    monkeypatch.setattr(convbench.functional, "run", spy)
+    monkeypatch.setattr(convbench.functional, "prepared_call", spy)
     x = torch.randn(2, 3, 10, 10, dtype=torch.float64)
     plan = hand_plan(SmallCNN().double(), x, ["nhwc", "nchw", "nhwc"], [
         {"fwd": "gemm", "bwd_data": None, "bwd_filter": "direct"},
@@ -98,9 +99,9 @@ def test_apply_keeps_outputs_and_gradients_and_dispatches_as_planned(monkeypatch
 
 def test_apply_computes_the_first_data_gradient_only_when_asked(monkeypatch):
     calls = []
-    real = convbench.functional.run
-    monkeypatch.setattr(convbench.functional, "run", lambda *a, **k: calls.append(a[1])
-                        or real(*a, **k))
+    real = convbench.functional.prepared_call
+    monkeypatch.setattr(convbench.functional, "prepared_call",
+                        lambda *a, **k: calls.append(a[1]) or real(*a, **k))
     x = torch.randn(2, 3, 10, 10, dtype=torch.float64)
     every = {"fwd": "gemm", "bwd_data": "gemm", "bwd_filter": "gemm"}
     plan = hand_plan(SmallCNN().double(), x, ["nchw"] * 3, [every] * 3)
@@ -134,7 +135,7 @@ def test_the_advisor_plans_and_runs_per_axis_layers(store):
     torch.manual_seed(0)
     model, x = InceptionBlock(), torch.randn(2, 3, 9, 10)
     ref = copy.deepcopy(model)
-    plan = advisor.tune(model, x, algos="direct,gemm,fft", budget_s=0.001)
+    plan = advisor.tune(model, x, algos="direct,gemm,fft", budget_s=0.001, step=None)
     assert plan.unplanned == []
     assert [(lp.layer, lp.problem.pad, lp.problem.stride) for lp in plan.layers] == [
         ("wide", (0, 3), 1), ("tall", (3, 0), 1), ("down", (1, 0), (2, 1))]
@@ -221,7 +222,7 @@ def test_tune_and_apply_on_a_gpu(store):
     torch.manual_seed(0)
     model, x = SmallCNN().cuda(), torch.randn(8, 3, 10, 10, device="cuda")
     ref = copy.deepcopy(model)
-    plan = tune.tune(model, x, algos="direct,cudnn,cudnn-autotune", budget_s=0.01)
+    plan = tune.tune(model, x, algos="direct,cudnn,cudnn-autotune", budget_s=0.01, step=None)
     assert plan.backend == "cuda" and plan.env["device"] is not None
     summary = apply.apply(model, plan)
     assert len(summary.changes) == 4

@@ -38,7 +38,7 @@ LAYERS = {
     "harness": ["measure/", "testing"],
     "analysis": ["analysis/"],
     "runs": ["runs/", "tools.phases_bench", "tools.profile_pass"],
-    "planning": ["planning/", "nn", "advisor"],
+    "planning": ["planning/", "nn", "advisor", "tools.inplace_bench"],
     "studies": ["studies/"],
     "cli": ["cli/", "__main__"],
 }

@@ -10,15 +10,16 @@ OURS = ("direct", "gemm", "fft", "winograd-2x2", "winograd-4x4")
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Every pass `convbench.functional.run` ran: (pass, algo, layout)."""
+    """Every pass convbench ran (`functional.prepared_call`): (pass, algo, layout)."""
     seen = []
-    real = convbench.functional.run
+    real = convbench.functional.prepared_call
 
-    def spy(problem, pass_, a, b, *, algo, backend, layout, out=None):
+    def spy(problem, pass_, a, b, out, *, algo, backend, layout, precision=None):
         seen.append((pass_, algo, layout))
-        return real(problem, pass_, a, b, algo=algo, backend=backend, layout=layout, out=out)
+        return real(problem, pass_, a, b, out, algo=algo, backend=backend, layout=layout,
+                    precision=precision)
 
-    monkeypatch.setattr(convbench.functional, "run", spy)
+    monkeypatch.setattr(convbench.functional, "prepared_call", spy)
     return seen
 
 

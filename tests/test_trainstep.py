@@ -119,18 +119,19 @@ def test_on_the_cpu_the_plan_must_also_beat_the_control():
     assert same[1]["verdict"] == "control: tie within noise"
 
 
-def test_a_failing_worker_says_why(tmp_path):
-    with tempfile.TemporaryFile(mode="w+") as log, pytest.raises(
-            RuntimeError, match="train-step plan: worker exited with 1: FileNotFoundError"):
-        trainstep.Worker(log, "plan", Workload.parse("alexnet"), 1, "cpu",
-                         str(tmp_path / "missing.json"))
+def test_a_configuration_that_cannot_start_says_why(tmp_path):
+    """Its worker answers why (the others still run: `time_configs` makes it a row)."""
+    with tempfile.TemporaryFile(mode="w+") as log, trainstep.Worker(
+            log, "plan", Workload.parse("alexnet"), 1, "cpu",
+            str(tmp_path / "missing.json")) as w:
+        assert w.ready["failed"].startswith("FileNotFoundError")
 
 
 def test_train_step_command(tmp_path, capsys, monkeypatch):
     """The command end to end but for the timed processes (tested above)."""
     seen = {}
 
-    def fake_times(load, batch, device, budget_s, plan_file, log=None):
+    def fake_times(load, batch, device, budget_s, plan_file, log=None, mode="train"):
         seen.update(net=load.name, batch=batch, budget_s=budget_s,
                     plan=json.loads(Path(plan_file).read_text()))
         return trainstep.with_speedups([
@@ -156,9 +157,35 @@ def test_train_step_command(tmp_path, capsys, monkeypatch):
     assert [layer["layer"] for layer in seen["plan"]["layers"]] == [
         "conv1", "conv2", "conv3", "conv4", "conv5"]
     assert sorted(p.name for p in out.iterdir()) == [
-        "env.json", "plan.json", "report.md", "trainstep.csv", "trainstep.json"]
+        "env.json", "plan.json", "report.md", "trainstep.csv", "trainstep.json",
+        "trainstep.png"]
+    assert "![ms per train step, each configuration](trainstep.png)" in text
     assert json.loads((out / "trainstep.json").read_text())["rows"][2]["config"] == "plan"
     assert Plan.load(out / "plan.json").layers[0].passes["bwd_data"] is None
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "torch.nn:Identity"], "--model and --input go together"),
+    (["--net", "alexnet", "--model", "torch.nn:Identity", "--input", "1,3,8,8"],
+     "--net and --model name two models"),
+    (["--model", "nowhere:net", "--input", "1,3,8,8"], "nowhere"),
+    (["--model", "torch.nn:Identity", "--input", "2,3,8,8", "--batch", "4"],
+     "--batch 4 and --input's N 2 disagree"),
+])
+def test_a_model_form_that_cannot_run_is_one_line(capsys, argv, message):
+    from test_cli import run_cli
+
+    code, out, err = run_cli(capsys, "train-step", "--device", "cpu", *argv)
+    assert code == 2 and out == "" and err.count("\n") == 1 and message in err
+
+
+def test_a_users_model_has_five_configurations_a_catalog_net_three():
+    """A user's model: eager, the control, channels_last, torch.compile and the plan; a
+    catalog net keeps its three."""
+    load = Workload.of_model("torch.nn:Identity", (3, 8, 8))
+    assert trainstep.configs_of(load) == ("eager", "cudnn.benchmark", "channels_last",
+                                          "compile", "plan")
+    assert trainstep.configs_of(Workload.parse("alexnet")) == trainstep.CONFIGS
 
 
 @pytest.mark.gpu

@@ -76,7 +76,7 @@ class SmallCNN(nn.Module):
         return self.head(torch.flatten(self.odd(torch.relu(self.body(self.stem(x)))), 1))
 
 
-FAST = {"algos": "direct,gemm,torch-cpu", "budget_s": 0.001}
+FAST = {"algos": "direct,gemm,torch-cpu", "budget_s": 0.001, "step": None}
 
 
 @pytest.fixture
@@ -136,7 +136,7 @@ def test_tune_measures_then_reuses_the_store(store, measured):
     again = tune.tune(model, x, **FAST)
     assert measured[-1] == 0  # everything came from the store
     assert [lp.passes for lp in again.layers] == [lp.passes for lp in plan.layers]
-    tune.tune(model, x, algos="direct,gemm,torch-cpu,fft", budget_s=0.001)
+    tune.tune(model, x, algos="direct,gemm,torch-cpu,fft", budget_s=0.001, step=None)
     assert measured[-1] == 8 * 2  # only the algorithm the store lacks
 
 
@@ -148,7 +148,7 @@ def test_tune_reports_each_measured_case_on_stderr_or_to_progress(store, capsys)
     tune.tune(model, x, progress=lines.append, **FAST)
     assert len(lines) == 48 and lines[0].startswith("1/48 stem fwd ")
     assert capsys.readouterr() == ("", "")
-    tune.tune(model, x, algos="direct,gemm,torch-cpu,fft", budget_s=0.001)
+    tune.tune(model, x, algos="direct,gemm,torch-cpu,fft", budget_s=0.001, step=None)
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 16 and err.startswith("convbench: 1/16 stem fwd fft")
 
@@ -198,7 +198,7 @@ def test_tune_refuses_what_it_cannot_measure():
 @pytest.mark.gpu
 def test_deterministic_plan_on_a_gpu_avoids_cudnn(store):
     model, x = SmallCNN().cuda(), torch.randn(4, 3, 10, 10, device="cuda")
-    plan = tune.tune(model, x, algos="direct,cudnn,cudnn-autotune", budget_s=0.01,
+    plan = tune.tune(model, x, algos="direct,cudnn,cudnn-autotune", budget_s=0.01, step=None,
                         constraints=Constraints(deterministic=True))
     algos = {c.algo for lp in plan.layers for c in lp.passes.values() if c}
     assert algos <= {"direct"} and plan.cudnn["deterministic"] is True

@@ -7,12 +7,14 @@ import sys
 from ..machine.backends import available
 from ..machine.devices import DEVICES, default_device
 from ..measure import envinfo
+from ..planning import models
 from ..studies import trainstep
 from ..studies.workload import CPU_STEP_BATCH, CPU_TUNE_BUDGET_S, Workload
 from .common import (
     UsageError,
     command_line,
     emit,
+    model_options,
     positive,
     step_options,
     study_output_options,
@@ -21,26 +23,48 @@ from .common import (
 )
 
 
+def _workload(args) -> tuple[Workload, int | None]:
+    """The workload asked for: a catalog net (--net), or a user's model (--model and --input,
+    whose N is the batch); UsageError for half of the second form or both forms."""
+    if bool(args.model) != bool(args.input):
+        raise UsageError("--model and --input go together: --model MODULE:CALLABLE --input "
+                         "N,C,H,W")
+    if not args.model:
+        return Workload.parse(args.net or "alexnet"), args.batch
+    if args.net:
+        raise UsageError("--net and --model name two models: give one")
+    with usage_errors():
+        n, *chw = models.parse_input(args.input)
+        models.load(args.model)  # one line where it does not import or build
+    if args.batch and args.batch != n:
+        raise UsageError(f"--batch {args.batch} and --input's N {n} disagree: --input's N is "
+                         "the batch")
+    return Workload.of_model(args.model, tuple(chw)), n
+
+
 def cmd_train_step(args) -> int:
     device = args.device or default_device()
     backend = DEVICES[device].backend
     unavailable = available(backend)
     if unavailable:
         raise UsageError(f"--device {device}: {unavailable}")
-    load = Workload.parse(args.net)
-    batch = args.batch or load.default_batch(backend)
+    load, batch = _workload(args)
+    mode = "inference" if args.inference else "train"
+    default_batch = not batch
+    batch = batch or load.default_batch(backend)
     tune_budget = args.tune_budget or (CPU_TUNE_BUDGET_S if backend == "numpy" else None)
     with usage_errors():
         rows, plan, tuning_s = trainstep.compare(
             load, batch, device, budget_s=args.time_budget, tune_budget_s=tune_budget,
             algos=args.algos, store=args.store,
-            log=lambda line: print(f"convbench: {line}", file=sys.stderr))
+            log=lambda line: print(f"convbench: {line}", file=sys.stderr), mode=mode)
     env = envinfo.collect(backend)
     text = trainstep.markdown(rows, plan, load, batch, env["device"], backend, tuning_s,
-                              default_batch=not args.batch)
+                              default_batch=default_batch, mode=mode)
     if args.out:
-        meta = {"net": args.net, "batch": batch, "device": device, "budget_s": args.time_budget,
-                "tuning_s": tuning_s, "command": command_line(args)}
+        meta = {"net": load.name, "batch": batch, "device": device,
+                "budget_s": args.time_budget, "tuning_s": tuning_s, "mode": mode,
+                "command": command_line(args)}
         env["run"] = meta
         trainstep.write(args.out, rows, plan, text, env, meta)
         print(f"convbench: train-step results in {args.out}", file=sys.stderr)
@@ -49,9 +73,17 @@ def cmd_train_step(args) -> int:
 
 
 def add_parsers(sub) -> None:
-    p = sub.add_parser("train-step", help="time a training step of an AlexNet-shaped "
-                       "model: defaults, cudnn.benchmark, the advisor's plan")
-    step_options(p, "catalog whose conv layers the model has (default alexnet)")
+    p = sub.add_parser("train-step", help="time a training step (or --inference) of an "
+                       "AlexNet-shaped model (defaults, cudnn.benchmark, the advisor's plan) "
+                       "or of your own (--model: eager, channels_last, torch.compile, the plan)")
+    step_options(p, "catalog whose conv layers the model has (default alexnet)",
+                 net_default=None)
+    model_options(p, "your own model instead of --net: a callable returning the nn.Module, "
+                     "e.g. torchvision.models:resnet50 (with the torchvision built for this "
+                     "torch)", "its input batch, N,C,H,W (N is the batch)")
+    p.add_argument("--inference", action="store_true",
+                   help="time inference (forward, eval mode, no gradients) instead of a "
+                        "training step; the plan is confirmed on inference")
     p.add_argument("--batch", type=positive(int),
                    help=f"images per step (default {CPU_STEP_BATCH} on cpu, the "
                         "catalog's on cuda)")

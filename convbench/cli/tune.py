@@ -3,8 +3,9 @@
     convbench tune --model torchvision.models:resnet18 --input 8,3,224,224 --out plan.json
 
 Builds the model, finds the convolutions it computes (`models.find_convs`), looks each
-(problem, pass) up in the plan store, measures the rest (a line per case on stderr), and prints
-the plan `advisor.apply` makes training code run; the plan goes to the store (unless --no-store) and to --out if given.
+(problem, pass) up in the plan store, measures the rest (a line per case on stderr), confirms
+the plan on the model's whole step (`--step`, `planning.confirm`), and prints the plan
+`advisor.apply` makes training code run; the plan goes to the store (unless --no-store) and to --out if given.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 
 from ..core.problem import LAYOUTS
 from ..machine import threads
-from ..planning import models
+from ..planning import confirm, models
 from ..planning.advice import plan_text
 from ..planning.plan import Constraints
 from ..planning.tune import TuneInterrupted, tune_advice
@@ -49,7 +50,9 @@ def cmd_tune(args) -> int:
                 model, x, algos=args.algos, layouts=layouts, budget_s=args.time_budget,
                 constraints=Constraints(args.workspace_budget, args.deterministic,
                                         args.max_error, args.tie_break, args.include_busy),
-                store=args.store, log=lambda line: print(f"convbench: {line}", file=sys.stderr))
+                store=args.store, log=lambda line: print(f"convbench: {line}", file=sys.stderr),
+                step=None if args.step == "none" else args.step,
+                step_budget_s=args.step_budget)
         except TuneInterrupted as stop:
             kept = (f"{stop.made} of {stop.planned} measurements kept in the plan store "
                     f"({stop.path})" if stop.path else "nothing was measured yet")
@@ -86,6 +89,13 @@ def add_parsers(sub) -> None:
     p.add_argument("--threads", type=positive(int), metavar="N",
                    help="threads every algorithm may use (default: the cores this process may "
                         "run on)")
+    p.add_argument("--step", choices=(*confirm.MODES, "none"), default="train",
+                   help="confirm the plan on the model's whole step (train: forward and "
+                        "backward; inference): a change stays only where the step is faster "
+                        "with it beyond noise (default %(default)s; none: per-layer times only)")
+    p.add_argument("--step-budget", type=positive(float), default=confirm.STEP_BUDGET_S,
+                   metavar="S", help="seconds of timed steps per side of each comparison "
+                                     "(default %(default)s)")
     p.add_argument("--out", help="also write the plan JSON to this file")
     p.add_argument("--store", help="plan store folder (default $CONVBENCH_PLAN_DIR, else "
                    "~/.cache/convbench/plans)")

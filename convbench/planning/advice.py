@@ -389,6 +389,10 @@ def plan_text(plan: Plan, advice: Advice) -> str:
                    f"{n.per_layer_best_ms:.4g} ms with its conversions.")
     for u in plan.unplanned:
         out.append(f"- {u.layer}: left as it is ({u.reason})")
+    for check in plan.checks:
+        out += ["", f"Measured on the model's whole {check.text()}."
+                + (f" Dropped, the step not faster with them: {', '.join(check.dropped)}."
+                   if check.dropped else "")]
     return "\n".join(out)
 
 

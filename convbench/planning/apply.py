@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..algos import registry
@@ -46,6 +46,8 @@ class Summary:
     changes: list[Change]
     cudnn: dict[str, bool]
     backend: str
+    #: what the model's whole step measured of the plan (`Plan.checks`)
+    checks: list = field(default_factory=list)
 
     @property
     def replaced(self) -> list[str]:
@@ -58,9 +60,15 @@ class Summary:
                          tablefmt="github", disable_numparse=True)
         flags = ", ".join(f"cudnn.{k}={v}" for k, v in self.cudnn.items())
         text = f"{table}\n\nset torch.backends.{flags}"
+        if self.backend == "numpy":
+            text += " (no effect on the CPU)"
+        for check in self.checks:
+            text += f"\nmeasured on the whole {check.text()}"
+        if not self.checks:
+            text += ("\nnot confirmed on the model's whole step: the plan's times are each "
+                     "layer's alone (tune with step='train' to confirm)")
         if self.backend != "numpy":
             return text
-        text += " (no effect on the CPU)"
         ours = any(a not in TORCH_ALGOS and a != "torch default"
                    for c in self.changes for a in c.passes.values())
         unset = {k: v for k, v in CPU_THREAD_ENV.items() if k not in os.environ}
@@ -177,7 +185,7 @@ def apply(model, plan: Plan | str | Path, check=None) -> Summary:
             parent, _, child = lp.layer.rpartition(".")
             setattr(model.get_submodule(parent), child, new)
     changes += [Change(u.layer, "skipped", "", {}, u.reason) for u in plan.unplanned]
-    return Summary(changes, dict(plan.cudnn), plan.backend)
+    return Summary(changes, dict(plan.cudnn), plan.backend, list(plan.checks))
 
 
 def _checked(model, swaps: dict, example_input, precision: str) -> dict[str, str]:

@@ -6,7 +6,8 @@
 `tune` finds the convolutions a model computes (`models.find_convs`), so any `nn.Module` works;
 it looks each (problem, pass) up in the plan store and measures the rest with the runner (CPU
 input: backend `numpy`; CUDA input: `cuda`), reporting each case to `progress`, then measures the NCHW<->NHWC conversions the layout plan weighs,
-and hands the results table to `advice`, which chooses. `advise_run` does the same for the rows
+and hands the results table to `advice`, which chooses; then the model's whole step decides
+which of the plan's changes stay (`confirm`). `advise_run` does the same for the rows
 of a run folder, measuring the conversions only where this machine is the run's: a conversion
 time is valid only beside the passes it is weighed against.
 """
@@ -27,6 +28,7 @@ from ..core.problem import LAYOUTS, PASSES, PRECISION_OF_DTYPE, ConvProblem, che
 from ..core.results import entry_from_row, frame, load_run, problem_from_row, row_from_entry
 from ..machine import backends, devices
 from ..measure import runner, timing
+from . import confirm
 from .advice import (
     NO_CONSTRAINTS,
     Advice,
@@ -111,13 +113,15 @@ def tune(model, example_input, *, algos: str = "all", layouts: tuple[str, ...] =
          budget_s: float | None = None, constraints: Constraints = NO_CONSTRAINTS,
          store: PlanStore | str | Path | None = None, input_layout: str = "nchw",
          output_layout: str = "nchw", log: Callable[[str], None] | None = None,
-         progress: Callable[[str], None] | None = stderr_progress) -> Plan:
+         progress: Callable[[str], None] | None = stderr_progress,
+         step: str | None = "train", step_budget_s: float = confirm.STEP_BUDGET_S) -> Plan:
     """Measure the conv layers of `model` as `example_input` exercises them, and plan them
     (`tune_advice`'s plan; its arguments are this one's, spelt out so a misspelt one is a
     TypeError at the call)."""
     return tune_advice(model, example_input, algos=algos, layouts=layouts, budget_s=budget_s,
                        constraints=constraints, store=store, input_layout=input_layout,
-                       output_layout=output_layout, log=log, progress=progress)[0]
+                       output_layout=output_layout, log=log, progress=progress, step=step,
+                       step_budget_s=step_budget_s)[0]
 
 
 def tune_advice(model, example_input, *, algos: str = "all",
@@ -125,10 +129,17 @@ def tune_advice(model, example_input, *, algos: str = "all",
                 constraints: Constraints = NO_CONSTRAINTS,
                 store: PlanStore | str | Path | None = None, input_layout: str = "nchw",
                 output_layout: str = "nchw", log: Callable[[str], None] | None = None,
-                progress: Callable[[str], None] | None = stderr_progress
+                progress: Callable[[str], None] | None = stderr_progress,
+                step: str | None = "train", step_budget_s: float = confirm.STEP_BUDGET_S
                 ) -> tuple[Plan, Advice]:
     """Measure the conv layers of `model` as `example_input` exercises them, and plan them:
     the plan, and the advice it was built from (what `convbench tune` prints).
+
+    `step` (train, inference; None: not at all): the plan is then confirmed on the model's
+    whole step (`confirm.confirm`, `step_budget_s` seconds of steps per contender and
+    comparison): a change is kept only where the step is faster with it beyond noise, so the
+    plan is never slower than torch's default beyond noise; what was measured is in the plan's
+    `checks`.
 
     Measurements the plan store holds for this environment are reused; the rest are made by the
     runner on the input's device (`algos`: a comma list as on the command line; `budget_s`:
@@ -220,6 +231,8 @@ def tune_advice(model, example_input, *, algos: str = "all",
     plan = build_plan(advice, env, conversions,
                       measurements=[e for es in entries.values() for e in es],
                       unplanned=unplanned, input_layout=input_layout, output_layout=output_layout)
+    if step is not None:
+        plan = confirm.confirm(model, example_input, plan, step, step_budget_s, log=log)
     log(f"plan saved to {store.save(plan)}")
     return plan, advice
 

@@ -37,7 +37,7 @@ import pandas as pd
 
 from ..algos import registry
 from ..core import stats
-from ..core.fmt import fmt_ms, tabulate
+from ..core.fmt import first_line, fmt_ms, tabulate
 from ..core.measurement import Measurement
 from ..machine import launch
 from ..machine.devices import backend_of
@@ -49,6 +49,13 @@ from .folder import write_study
 from .workload import Workload, worker_environment
 
 CONFIGS = ("defaults", "cudnn.benchmark", "plan")
+#: A user's model (`--model`): torch eager as installed, the control (`cudnn.benchmark`: on
+#: the CPU it changes nothing), channels_last (the layout change a user would try first),
+#: `torch.compile` (what a user would pick instead) and the plan.
+MODEL_CONFIGS = ("eager", "cudnn.benchmark", "channels_last", "compile", "plan")
+#: The step modes: training (forward, loss, backward, update) or inference (forward, eval
+#: mode, no gradients).
+MODES = ("train", "inference")
 #: 6 s of timed steps per configuration: with the workload's CPU defaults (`CPU_STEP_BATCH`,
 #: `CPU_TUNE_BUDGET_S`), `convbench train-step` ends within about three minutes on 2 cores.
 STEP_BUDGET_S = 6.0
@@ -61,7 +68,7 @@ class ConfigTrainer:
     process)."""
 
     def __init__(self, config: str, load: Workload, batch: int, device: str,
-                 plan_file: str | None = None):
+                 plan_file: str | None = None, mode: str = "train"):
         import torch
 
         torch.backends.cudnn.allow_tf32 = False
@@ -69,12 +76,25 @@ class ConfigTrainer:
         torch.backends.cudnn.benchmark = config == "cudnn.benchmark"
         self.run = load.prepare(batch, device, plan_file if config == "plan" else None,
                                 check=True)
+        if config == "channels_last":
+            self.run.model.to(memory_format=torch.channels_last)
+            self.run.x = self.run.x.contiguous(memory_format=torch.channels_last)
+        forward = self.run.model
+        if config == "compile":
+            forward = torch.compile(self.run.model)
+        if mode == "inference":
+            self.run.model.eval()
         self.backend = backend_of(device)
         self.applied = str(self.run.applied) if config == "plan" else ""
-        self.first_loss = self.run.step().item()  # untimed: cuDNN autotunes here
+        self.step = ((lambda: self.run.infer(forward)) if mode == "inference" else
+                     (lambda: self.run.step(forward)))
+        # untimed: cuDNN autotunes, torch.compile compiles here
+        started = time.perf_counter()
+        self.first_loss = self.step().item()
+        self.first_step_s = time.perf_counter() - started
 
     def time(self, budget_s: float) -> list[float]:
-        return list(timing.timer_for(self.backend)(self.run.step, budget_s).times_ms)
+        return list(timing.timer_for(self.backend)(self.step, budget_s).times_ms)
 
 
 class Worker:
@@ -82,9 +102,9 @@ class Worker:
     timings one round at a time over a pipe: one JSON line per answer."""
 
     def __init__(self, log, config: str, load: Workload, batch: int, device: str,
-                 plan_file: str | None = None):
+                 plan_file: str | None = None, mode: str = "train"):
         job = {"config": config, "net": load.name, "batch": batch, "device": device,
-               "plan_file": plan_file}
+               "plan_file": plan_file, "mode": mode}
         self.config, self.log = config, log
         self.proc = subprocess.Popen(_command("train", job), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, text=True,
@@ -122,24 +142,45 @@ def _command(kind: str, job: dict) -> list[str]:
 def serve(net: str, **job) -> None:
     """The worker's side: build the ConfigTrainer, say it is ready, then answer each budget
     read from stdin with that round's step times."""
-    trainer = ConfigTrainer(load=Workload.parse(net), **job)
-    print(json.dumps({"first_loss": trainer.first_loss, "applied": trainer.applied}), flush=True)
+    try:
+        trainer = ConfigTrainer(load=Workload.parse(net), **job)
+    except Exception as exc:  # noqa: BLE001 - this configuration's row says why, the rest run
+        print(json.dumps({"failed": f"{type(exc).__name__}: {first_line(exc)}"}), flush=True)
+        return
+    print(json.dumps({"first_loss": trainer.first_loss, "applied": trainer.applied,
+                      "first_step_s": trainer.first_step_s}), flush=True)
     for line in sys.stdin:
         print(json.dumps({"times_ms": trainer.time(float(line))}), flush=True)
 
 
+def configs_of(load: Workload) -> tuple[str, ...]:
+    """The configurations a workload is timed in: a catalog net's (`CONFIGS`), a user's
+    model's (`MODEL_CONFIGS`)."""
+    return MODEL_CONFIGS if load.user else CONFIGS
+
+
 def time_configs(load: Workload, batch: int, device: str, budget_s: float, plan_file: str,
-                 log=None) -> list[dict]:
+                 log=None, mode: str = "train") -> list[dict]:
     """Each configuration's step times, in ROUNDS interleaved rounds of `budget_s / ROUNDS`
-    seconds, so a change in the machine's load while timing affects all three alike."""
+    seconds, so a change in the machine's load while timing affects all of them alike. A
+    configuration that cannot start (`torch.compile` without a compiler, say) is a row of its
+    own saying why; the others run."""
+    configs = configs_of(load)
+    failed: dict[str, str] = {}
     with contextlib.ExitStack() as stack:
         workers = []
-        for config in CONFIGS:  # one at a time: a first step (cuDNN's search) runs alone
+        for config in configs:  # one at a time: a first step (cuDNN's search) runs alone
             if log:
                 log(f"starting {config}")
             stderr = stack.enter_context(tempfile.TemporaryFile(mode="w+"))
-            workers.append(stack.enter_context(Worker(stderr, config, load, batch, device,
-                                                      plan_file if config == "plan" else None)))
+            w = stack.enter_context(Worker(stderr, config, load, batch, device,
+                                           plan_file if config == "plan" else None, mode))
+            if "failed" in w.ready:
+                failed[config] = w.ready["failed"]
+                if log:
+                    log(f"{config} failed: {failed[config]}")
+                continue
+            workers.append(w)
         times: dict[str, list[float]] = {w.config: [] for w in workers}
         for _ in range(ROUNDS):
             for w in workers:
@@ -149,7 +190,14 @@ def time_configs(load: Workload, batch: int, device: str, budget_s: float, plan_
         m = Measurement(tuple(times[w.config]))
         rows.append({"config": w.config, "median_ms": m.median, "iqr_ms": m.iqr,
                      "reps": m.reps, "noisy": m.noisy, **w.ready, "times_ms": list(m.times_ms)})
-    return with_speedups(rows, "cudnn.benchmark" if backend_of(device) == "numpy" else None)
+    control = "cudnn.benchmark" if backend_of(device) == "numpy" else None
+    out = with_speedups(rows, control)
+    order = {c: i for i, c in enumerate(configs)}
+    out += [{"config": c, "failed": why, "median_ms": None, "iqr_ms": None, "reps": 0,
+             "noisy": False, "first_loss": None, "applied": "", "times_ms": [],
+             "speedup": None, "speedup_low": None, "speedup_high": None,
+             "verdict": f"failed: {why}"} for c, why in failed.items()]
+    return sorted(out, key=lambda r: order[r["config"]])
 
 
 #: The verdict where a speed-up's interval includes 1.
@@ -189,18 +237,18 @@ def _verdict(ratio: stats.Ratio) -> str:
 
 
 def tune_here(net: str, batch: int, device: str, plan_file: str, budget_s: float | None,
-              algos: str, store: str | None) -> None:
-    """`tune.tune` on the workload's model (`net`: its text form), the plan saved to
-    `plan_file`; progress on stderr."""
+              algos: str, store: str | None, mode: str = "train") -> None:
+    """`tune.tune` on the workload's model (`net`: its text form), confirmed on its step in
+    `mode`, the plan saved to `plan_file`; progress on stderr."""
     run = Workload.parse(net).prepare(batch, device)
-    plan = tune.tune(run.model, run.x, algos=algos, budget_s=budget_s,
-                     store=store, log=lambda line: print(f"convbench: {line}", file=sys.stderr))
+    plan = tune.tune(run.model, run.x, algos=algos, budget_s=budget_s, store=store,
+                     log=lambda line: print(f"convbench: {line}", file=sys.stderr), step=mode)
     plan.save(plan_file)
 
 
 def compare(load: Workload, batch: int, device: str, *, budget_s: float = STEP_BUDGET_S,
             tune_budget_s: float | None = None, algos: str = "all", store=None,
-            log=None) -> tuple[list[dict], Plan, float]:
+            log=None, mode: str = "train") -> tuple[list[dict], Plan, float]:
     """Tune the model, then time the three configurations; (their rows, the plan, seconds the
     tuning took). Tuning runs in a process of its own too, with the workers' environment: with
     spinning threads, a measurement just after another thread pool's work (torch-cpu after a
@@ -211,26 +259,30 @@ def compare(load: Workload, batch: int, device: str, *, budget_s: float = STEP_B
         started = time.monotonic()
         job = {"net": load.name, "batch": batch, "device": device, "plan_file": plan_file,
                "budget_s": tune_budget_s, "algos": algos,
-               "store": None if store is None else str(store)}
+               "store": None if store is None else str(store), "mode": mode}
         tuned = subprocess.run(_command("tune", job), env=worker_environment(device), check=False)
         if tuned.returncode:
             raise RuntimeError(f"train-step: tuning exited with {tuned.returncode} (its "
                                "error is above)")
         tuning_s = time.monotonic() - started
         plan = Plan.load(plan_file)
-        rows = time_configs(load, batch, device, budget_s, plan_file, log)
+        rows = time_configs(load, batch, device, budget_s, plan_file, log, mode)
     return rows, plan, tuning_s
 
 
 def table(rows: list[dict], backend: str) -> str:
-    """The three configurations side by side."""
+    """The configurations side by side."""
     notes = {"cudnn.benchmark": "no effect on the CPU: torch's CPU convolutions never read "
                                 "cudnn.benchmark (a control of run-to-run noise)"
              if backend == "numpy" else "cuDNN times its algorithms on the first step",
+             "channels_last": "model and input in torch.channels_last",
+             "compile": "torch.compile(model), compiled in the untimed first step",
              "plan": "advisor.tune + advisor.apply (the plan below)"}
-    body = [[r["config"], ("~" if r["noisy"] else "") + fmt_ms(r["median_ms"]),
-             fmt_ms(r["iqr_ms"]), r["reps"], _speedup_text(r), r["verdict"],
-             f"{r['first_loss']:.6f}", notes.get(r["config"], "torch as installed")]
+    body = [[r["config"], ("~" if r["noisy"] else "") + fmt_ms(r["median_ms"])
+             if r["median_ms"] is not None else "", fmt_ms(r["iqr_ms"])
+             if r["iqr_ms"] is not None else "", r["reps"], _speedup_text(r), r["verdict"],
+             f"{r['first_loss']:.6f}" if r["first_loss"] is not None else "",
+             notes.get(r["config"], "torch as installed")]
             for r in rows]
     return tabulate(body, headers=["configuration", "ms/step", "IQR ms", "steps", "speed-up",
                                    "verdict", "first-step loss", "note"],
@@ -239,29 +291,61 @@ def table(rows: list[dict], backend: str) -> str:
 
 def _speedup_text(row: dict) -> str:
     """`1.04x [0.98, 1.10]`: the speed-up over defaults and its 95% interval."""
+    if row["speedup"] is None:
+        return ""
     if row["verdict"] == "baseline" or row["speedup_low"] is None:
         return f"{row['speedup']:.2f}x"
     return f"{row['speedup']:.2f}x [{row['speedup_low']:.2f}, {row['speedup_high']:.2f}]"
 
 
 def markdown(rows: list[dict], plan: Plan, load: Workload, batch: int, device_name: str,
-             backend: str, tuning_s: float, default_batch: bool) -> str:
+             backend: str, tuning_s: float, default_batch: bool, mode: str = "train") -> str:
     """The report: what was timed, the table, and the plan as applied."""
     c, h, w = load.image_shape
     why = (" (the CPU default, so the run ends in about three minutes; the study used 256)"
            if backend == "numpy" and default_batch else "")
+    step = ("step: forward, cross-entropy loss (the mean square for a non-classifier's "
+            "output), backward, SGD (momentum 0.9) update" if mode == "train" else
+            "inference: forward in eval mode without gradients")
     facts = [f"batch {batch}{why}, {c}x{h}x{w} images, fp32 (TF32 off)",
-             ("step: forward, cross-entropy loss, backward, SGD (momentum 0.9) update; no "
-              "dropout; each configuration in its own process, with the same weights and data")]
+             (f"{step}; each configuration in its own process, with the same weights and "
+              "data")]
     if backend == "numpy":
         facts.append("every process runs with " + " ".join(
             f"{k}={os.environ.get(k, v)}" for k, v in CPU_THREAD_ENV.items())
             + " (idle threads sleep: NumPy's BLAS threads and torch's share the cores)")
     facts.append(f"tuning took {tuning_s:.0f} s; the plan rests on {len(plan.measurements)} "
                  "measurements (plan-store hits included)")
+    facts += [f"tune measured on the whole {c.text()}" for c in plan.checks]
+    applied = next((r["applied"] for r in rows if r["config"] == "plan"), "")
     return "\n".join([f"# train-step: {load.name} on {device_name}", "",
                       *[f"- {f}" for f in facts], "", table(rows, backend), "",
-                      "## The plan as applied", "", rows[-1]["applied"]])
+                      f"![ms per {mode} step, each configuration]({PLOT})", "",
+                      "## The plan as applied", "", applied or "(the plan did not run)"])
+
+
+PLOT = "trainstep.png"
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    """ms per step of each configuration that ran, with the interquartile range."""
+    from ..core.fmt import save_figure
+
+    ran = [r for r in rows if r["median_ms"] is not None]
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 0.5 + 0.45 * max(1, len(ran))))
+    names = [r["config"] for r in ran]
+    medians = [r["median_ms"] for r in ran]
+    q = [[r["median_ms"] - min(r["times_ms"]) if r["times_ms"] else 0 for r in ran],
+         [max(r["times_ms"]) - r["median_ms"] if r["times_ms"] else 0 for r in ran]]
+    ax.barh(names, medians, xerr=q, color="#4c72b0", capsize=3)
+    for i, m in enumerate(medians):
+        ax.text(m, i, f" {m:.4g}", va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per step (median; whiskers: fastest and slowest step)")
+    ax.set_title(title, fontsize=9)
+    save_figure(fig, path, legend=False)
 
 
 def write(folder: str | Path, rows: list[dict], plan: Plan, text: str, env: dict,
@@ -269,16 +353,18 @@ def write(folder: str | Path, rows: list[dict], plan: Plan, text: str, env: dict
     """The study's folder (`folder.write_study`): report.md (`text`), trainstep.csv (a row per
     configuration), env.json, trainstep.json (`meta`, how it was asked for, and the rows with
     their raw times) and plan.json."""
-    return write_study(
-        folder, "trainstep", text, summary_frame(rows), env,
-        extra={"trainstep.json": lambda path: path.write_text(
-                   json.dumps({**meta, "rows": rows}, indent=1) + "\n"),
-               "plan.json": plan.save})
+    extra = {"trainstep.json": lambda path: path.write_text(
+                 json.dumps({**meta, "rows": rows}, indent=1) + "\n"),
+             "plan.json": plan.save}
+    plots = {PLOT: lambda path: plot(rows, path, f"{meta.get('net')}, batch "
+                                     f"{meta.get('batch')}, {meta.get('mode', 'train')}")}
+    return write_study(folder, "trainstep", text, summary_frame(rows), env, extra=extra,
+                       plots=plots)
 
 
 def summary_frame(rows: list[dict]) -> pd.DataFrame:
     """The configurations' rows without the raw times and the applied-plan text."""
-    return pd.DataFrame(rows).drop(columns=["applied", "times_ms"])
+    return pd.DataFrame(rows).drop(columns=["applied", "times_ms"], errors="ignore")
 
 
 if __name__ == "__main__":  # a process of compare's: `tune JOB` or `train JOB`

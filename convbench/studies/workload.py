@@ -245,6 +245,16 @@ class Training:
         self.opt.step()
         return loss
 
+    def infer(self, forward: Callable | None = None):
+        """One inference: forward without gradients (the caller puts the model in eval
+        mode); returns the output's mean, as `step` returns its loss."""
+        import torch
+
+        with torch.no_grad():
+            out = (forward or self.model)(self.x)
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        return out.float().mean()
+
     def gradient(self):
         """Every parameter's gradient, flattened into one float64 vector."""
         import torch

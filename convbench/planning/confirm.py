@@ -1,0 +1,199 @@
+"""The whole step decides: a plan's replacements kept only where the model's step confirms them.
+
+A layer's time in isolation predicts its time in the model; it is not the fact. In a model a
+replaced layer also pays the module call, the autograd Function, the tensor/array hand-off, the
+thread pools handing over, and caches its neighbours left cold, while torch's own convolution
+runs as the model calls it. So `confirm` times the model's whole step (training: forward, a
+loss, backward; or inference: forward without gradients, in eval mode) with a plan applied and
+without it, interleaved in rounds in one process (`timing.time_rounds`, so drifting load falls on
+both), and keeps a plan's changes only where the step is faster beyond noise (the 95% interval
+of the ratio of their medians, paired by round, below 1):
+
+1. the whole plan against torch's default; confirmed, it is kept whole;
+2. else its changed layers in order of predicted gain (torch's measured time less the plan's,
+   from the plan's own measurements), in at most `GROUPS` groups, each added to what is kept
+   only if the step with it is faster than the step without it beyond noise;
+3. what was kept, against torch's default once more: unless faster beyond noise, nothing is
+   kept, and the plan runs torch's default everywhere.
+
+A plan confirmed so is never slower than torch's default beyond noise, on this machine, for
+this input. What was measured goes into the plan (`StepCheck`): the speed-up and its interval,
+the layers kept and dropped, and `apply`'s table says it. Each trial applies the plan to a deep
+copy of the model (the caller's model is never changed). On a GPU both steps run in one process
+under the plan's cuDNN flags (torch's plan cache is per thread and keyed without the benchmark
+flag, and backward runs on autograd's device thread for both), so there the figure is against
+torch with the plan's flags; `convbench train-step` compares against torch's own flags in
+processes of their own.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import warnings
+from collections.abc import Callable
+
+from ..core import stats
+from ..measure import timing
+from .plan import LayerPlan, Plan, StepCheck
+
+#: The step modes a plan can be confirmed for.
+MODES = ("train", "inference")
+#: Seconds of timed steps per contender in each comparison.
+STEP_BUDGET_S = 2.0
+#: At most this many groups of changed layers are tried one by one when the whole plan is not
+#: confirmed: each trial costs a comparison of two whole steps.
+GROUPS = 4
+#: torch's own algorithm on each backend: the default a replacement is weighed against.
+DEFAULT_ALGO = {"numpy": "torch-cpu", "cuda": "cudnn"}
+
+
+def changed_layers(plan: Plan) -> list[LayerPlan]:
+    """The layers the plan changes from torch's default: a pass chosen, or another layout."""
+    return [lp for lp in plan.layers
+            if lp.layout != plan.input_layout or any(c is not None for c in lp.passes.values())]
+
+
+def predicted_gain_ms(plan: Plan, lp: LayerPlan) -> float:
+    """torch's measured time for the layer's passes (its default algorithm, NCHW) less the
+    plan's choices' times; 0 where a time is missing."""
+    default = DEFAULT_ALGO.get(plan.backend)
+    gain = 0.0
+    for pass_, choice in lp.passes.items():
+        if choice is None:
+            continue
+        torch_ms = [e["median_ms"] for e in plan.measurements
+                    if e["problem"] == lp.problem and e["pass"] == pass_
+                    and e["algo"] == default and e["layout"] == "nchw" and e["status"] == "ok"
+                    and e.get("median_ms") is not None]
+        if torch_ms:
+            gain += min(torch_ms) - choice.median_ms
+    return gain
+
+
+def default_layer(plan: Plan, lp: LayerPlan) -> LayerPlan:
+    """`lp` as torch's default runs it: no pass chosen, the plan's input layout."""
+    return LayerPlan(lp.layer, lp.problem, plan.input_layout, {p: None for p in lp.passes})
+
+
+def subplan(plan: Plan, keep: set[str]) -> Plan:
+    """The plan with only the layers named in `keep` changed; the others torch's default."""
+    return dataclasses.replace(plan, layers=[lp if lp.layer in keep else default_layer(plan, lp)
+                                             for lp in plan.layers])
+
+
+def step_function(model, example_input, mode: str) -> Callable[[], None]:
+    """One step of `model` on `example_input`: training (gradients freed, forward, the mean of
+    the output as the loss, backward) or inference (forward without gradients)."""
+    import torch
+
+    if mode == "inference":
+        def infer() -> None:
+            with torch.no_grad():
+                model(example_input)
+        return infer
+
+    def train() -> None:
+        for p in model.parameters():
+            p.grad = None
+        out = model(example_input)
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        out.float().mean().backward()
+    return train
+
+
+def _applied(model, plan: Plan, mode: str):
+    """A deep copy of `model` running `plan` (no check: the plan's algorithms were verified
+    when measured), in the mode's train/eval state."""
+    from .apply import apply
+
+    trial = copy.deepcopy(model)
+    trial.train(mode == "train")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        apply(trial, plan)
+    return trial
+
+
+def _with_flags(plan: Plan, fn: Callable[[], None]) -> Callable[[], None]:
+    """`fn` under the plan's cuDNN flags (see the module docstring)."""
+    import torch
+
+    def call() -> None:
+        torch.backends.cudnn.benchmark = plan.cudnn["benchmark"]
+        torch.backends.cudnn.deterministic = plan.cudnn["deterministic"]
+        fn()
+    return call
+
+
+def compare(plan: Plan, fast_model, slow_model, example_input, mode: str,
+            budget_s: float) -> tuple[stats.Ratio, float, float]:
+    """(median step time of `fast_model` over `slow_model`'s with its interval, paired by
+    round; the two medians in ms): both timed interleaved in rounds."""
+    timed = timing.time_rounds(
+        [timing.Contender.call(_with_flags(plan, step_function(m, example_input, mode)))
+         for m in (fast_model, slow_model)], budget_s, plan.backend)
+    a, b = (t.total.times_ms for t in timed)
+    n = min(len(a), len(b))
+    return (stats.ratio(a[:n], b[:n], paired=True), float(timed[0].total.median),
+            float(timed[1].total.median))
+
+
+def faster(r: stats.Ratio) -> bool:
+    """Faster beyond noise: the interval of the time ratio lies below 1."""
+    return r.high is not None and r.high < 1
+
+
+def confirm(model, example_input, plan: Plan, mode: str = "train",
+            budget_s: float = STEP_BUDGET_S, groups: int = GROUPS,
+            log: Callable[[str], None] | None = None) -> Plan:
+    """`plan` keeping only the changes the whole step confirms (see the module docstring),
+    with what was measured in its `checks`. ValueError for an unknown mode."""
+    if mode not in MODES:
+        raise ValueError(f"unknown step mode {mode!r}; valid: {', '.join(MODES)}")
+    log = log or (lambda line: None)
+    changed = changed_layers(plan)
+    names = [lp.layer for lp in changed]
+    if not changed:
+        log(f"{mode} step: the plan changes no layer; nothing to confirm")
+        return plan
+    default_model = _applied(model, subplan(plan, set()), mode)
+    tried = 1
+    whole, plan_ms, default_ms = compare(plan, _applied(model, plan, mode), default_model,
+                                         example_input, mode, budget_s)
+    log(f"{mode} step: the whole plan takes {whole.text()} torch's default's time "
+        f"({plan_ms:.4g} / {default_ms:.4g} ms)")
+    kept = list(names)
+    final = whole
+    if not faster(whole):
+        order = sorted(changed, key=lambda lp: predicted_gain_ms(plan, lp), reverse=True)
+        size = -(-len(order) // max(1, min(groups, len(order))))
+        chunks = [order[i:i + size] for i in range(0, len(order), size)]
+        kept, current = [], default_model
+        for chunk in chunks:
+            trial_names = kept + [lp.layer for lp in chunk]
+            trial = _applied(model, subplan(plan, set(trial_names)), mode)
+            r, _, _ = compare(plan, trial, current, example_input, mode, budget_s)
+            tried += 1
+            verdict = "kept" if faster(r) else "dropped"
+            log(f"{mode} step: {', '.join(lp.layer for lp in chunk)}: {r.text()} the step "
+                f"without them: {verdict}")
+            if faster(r):
+                kept, current = trial_names, trial
+        final, plan_ms, default_ms = (compare(plan, current, default_model, example_input,
+                                              mode, budget_s) if kept else (whole, 0.0, 0.0))
+        tried += bool(kept)
+        if kept and not faster(final):
+            log(f"{mode} step: what was kept takes {final.text()} torch's default's time: "
+                "not faster beyond noise, nothing kept")
+            kept = []
+        if not kept:
+            final = stats.Ratio(1.0, None, None, False)
+            plan_ms = default_ms = 0.0
+    check = StepCheck(
+        mode=mode, time_ratio=final.value, low=final.low, high=final.high,
+        plan_ms=plan_ms or None, default_ms=default_ms or None, whole_ratio=whole.value,
+        whole_low=whole.low, whole_high=whole.high, trials=tried, kept=kept,
+        dropped=[n for n in names if n not in kept])
+    out = subplan(plan, set(kept))
+    return dataclasses.replace(out, checks=[*[c for c in plan.checks if c.mode != mode], check])

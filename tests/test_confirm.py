@@ -1,0 +1,104 @@
+"""The whole step decides (`planning.confirm`): a plan's replacements kept only where the
+model's step confirms them, on fakes that make a layer slow in place or torch slow, so the
+verdicts do not hang on this machine's speed."""
+
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from convbench import nn as cbnn
+from convbench.planning import apply, confirm, tune
+from convbench.planning.plan import Plan
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.b = nn.Conv2d(8, 8, 3, padding=1)
+        self.c = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+def ours_plan(store) -> tuple[nn.Module, torch.Tensor, Plan]:
+    """A plan choosing convbench's algorithms for every pass (torch's own not among them),
+    not confirmed."""
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(2, 3, 12, 12)
+    plan = tune.tune(model, x, algos="direct,gemm", budget_s=0.001, step=None, progress=None)
+    assert {lp.layer for lp in confirm.changed_layers(plan)} == {"a", "b", "c"}
+    return model, x, plan
+
+
+def slow(monkeypatch, cls, ms: float, only=None):
+    """`cls.forward` takes `ms` more (for modules in `only`, if given)."""
+    real = cls.forward
+
+    def forward(self, x):
+        if only is None or self in only:
+            time.sleep(ms / 1e3)
+        return real(self, x)
+
+    monkeypatch.setattr(cls, "forward", forward)
+
+
+def test_a_replacement_that_wins_alone_but_loses_in_place_is_dropped(store, monkeypatch):
+    """Layer b's replacement is measured fast alone, but costs 30 ms more in the model (what
+    the module call, hand-offs and cold caches cost in place, exaggerated): the step drops it,
+    torch runs b, and the plan is not slower than torch's default."""
+    model, x, plan = ours_plan(store)
+    real = cbnn.Conv2d.forward
+
+    def forward(self, inp):
+        if self.weight.shape[1] == 8 and self.kernel_size == (3, 3):  # layer b
+            time.sleep(0.03)
+        return real(self, inp)
+
+    monkeypatch.setattr(cbnn.Conv2d, "forward", forward)
+    lines = []
+    out = confirm.confirm(model, x, plan, "train", budget_s=0.3, log=lines.append)
+    (check,) = out.checks
+    assert check.mode == "train" and "b" in check.dropped and "b" not in check.kept
+    b = next(lp for lp in out.layers if lp.layer == "b")
+    assert all(c is None for c in b.passes.values()) and b.layout == "nchw"
+    assert check.whole_ratio > 1 and check.trials >= 2
+    assert check.low is None or check.high < 1  # kept: confirmed faster; else nothing kept
+    summary = apply.apply(model, out)
+    assert "b" not in summary.replaced
+    assert "measured on the whole train step: " in str(summary)
+    assert any("the whole plan takes" in line for line in lines)
+    assert Plan.from_json(out.to_json()) == out
+
+
+def test_a_plan_the_step_confirms_is_kept_whole(store, monkeypatch):
+    """Where torch's own convolution is slow in place (30 ms a call more, a stand-in for a
+    poor default), the whole plan is confirmed in one comparison and kept as tuned."""
+    model, x, plan = ours_plan(store)
+    slow(monkeypatch, nn.Conv2d, 30)
+    out = confirm.confirm(model, x, plan, "inference", budget_s=0.3)
+    (check,) = out.checks
+    assert check.mode == "inference" and check.trials == 1 and check.dropped == []
+    assert sorted(check.kept) == ["a", "b", "c"] and check.high < 1
+    assert [lp.passes for lp in out.layers] == [lp.passes for lp in plan.layers]
+    assert "inference step: " in check.text() and "3 of 3 changed layers kept" in check.text()
+
+
+def test_a_plan_that_changes_nothing_needs_no_step(store):
+    model, x, plan = ours_plan(store)
+    default = confirm.subplan(plan, set())
+    assert confirm.changed_layers(default) == []
+    assert confirm.confirm(model, x, default, "train") is default
+    with pytest.raises(ValueError, match="unknown step mode 'eval'; valid: train, inference"):
+        confirm.confirm(model, x, plan, "eval")
+
+
+def test_the_callers_model_is_never_changed(store):
+    model, x, plan = ours_plan(store)
+    before = [type(m) for m in model.modules()]
+    confirm.confirm(model, x, plan, "train", budget_s=0.05)
+    assert [type(m) for m in model.modules()] == before
+    assert all(p.grad is None for p in model.parameters())
