@@ -232,3 +232,42 @@ def test_tune_and_apply_on_a_gpu(store):
     y0.sum().backward()
     for (name, p), p0 in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, p0.grad, rtol=1e-3, atol=1e-3, msg=name)
+
+
+def test_the_check_compares_the_whole_model_with_float64_in_both_modes():
+    """apply(check=x): the whole model, before and after, and in channels_last alone, against
+    its float64 run, in train mode (batch statistics) and eval mode; the plan's errors are of
+    torch's own size here (exact algorithms), and the table says so."""
+    from convbench.planning import numerics
+
+    torch.manual_seed(0)
+    model, x = SmallCNN(), torch.randn(2, 3, 10, 10)
+    every = {"fwd": "gemm", "bwd_data": "gemm", "bwd_filter": "gemm"}
+    plan = hand_plan(SmallCNN(), x, ["nchw"] * 3, [every] * 3)
+    summary = apply.apply(model, plan, check=x)
+    errors = summary.numerics
+    assert len(errors) == 2 * 3 * 3
+    assert {(e.mode, e.quantity, e.run) for e in errors} == {
+        (m, q, r) for m in numerics.MODES for q in numerics.QUANTITIES
+        for r in ("torch", "channels_last", "plan")}
+    assert all(0 < e.rel < 1e-4 and e.max_rel < 1e-3 for e in errors)
+    text = str(summary)
+    assert "The whole model against float64" in text and "| train  | output" in text
+    assert "moves" not in text  # nothing beyond torch's own
+
+
+def test_what_the_user_must_be_told_of_the_numbers():
+    """channels_last moving a quantity ten times further than NCHW is said; so is a plan that
+    moves one ten times further than torch's own runs."""
+    from convbench.planning import numerics
+    from convbench.planning.apply import _numerics_text
+
+    E = numerics.Error
+    errors = [E("train", "input gradient", "torch", 1e-7, 1e-6),
+              E("train", "input gradient", "channels_last", 1e-3, 0.035),
+              E("train", "input gradient", "plan", 1e-3, 0.4)]
+    assert numerics.moved_by_layout(errors) == [errors[1]]
+    text = _numerics_text(errors)
+    assert "channels_last alone moves the train-mode input gradient to 0.035" in text
+    assert "the plan moves the train-mode input gradient to 0.4 of its largest value, 11.4x" \
+        in text

@@ -133,15 +133,14 @@ def test_a_plain_conv_is_replaced_and_computes_the_same():
 
 
 def test_the_check_refuses_a_wrong_replacement_and_keeps_the_original(monkeypatch):
-    real = convbench.functional.run
+    real = convbench.functional.prepared_call
 
-    def wrong(problem, pass_, a, b, *, algo, backend, layout, out=None):
-        result = real(problem, pass_, a, b, algo=algo, backend=backend, layout=layout, out=out)
+    def wrong(problem, pass_, a, b, out, **kwargs):
+        real(problem, pass_, a, b, out, **kwargs)
         if pass_ == "bwd_filter":
             out *= 1.001  # a planted bug in one pass only
-        return result
 
-    monkeypatch.setattr(convbench.functional, "run", wrong)
+    monkeypatch.setattr(convbench.functional, "prepared_call", wrong)
     model, x, plan = model_and_plan(lambda: nn.Conv2d(3, 4, 3, padding=1))
     before = outputs(copy.deepcopy(model), x)
     summary = apply.apply(model, plan, check=x)

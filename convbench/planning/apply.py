@@ -12,6 +12,7 @@ measures nothing and chooses nothing: the plan has chosen.
 
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from ..core.fmt import tabulate
 from ..core.problem import AXIS_FIELDS, PASSES
 from ..machine.threads import CPU_THREAD_ENV  # the environment a CPU plan with NumPy passes wants
 from ..measure import verify
+from . import numerics
 from .plan import LayerPlan, Plan, PlanError, current_env_key, stale_fields
 
 
@@ -48,6 +50,8 @@ class Summary:
     backend: str
     #: what the model's whole step measured of the plan (`Plan.checks`)
     checks: list = field(default_factory=list)
+    #: the whole model's errors against float64 (`numerics.whole_model`), where checked
+    numerics: list = field(default_factory=list)
 
     @property
     def replaced(self) -> list[str]:
@@ -67,6 +71,8 @@ class Summary:
         if not self.checks:
             text += ("\nnot confirmed on the model's whole step: the plan's times are each "
                      "layer's alone (tune with step='train' to confirm)")
+        if self.numerics:
+            text += "\n\n" + _numerics_text(self.numerics)
         if self.backend != "numpy":
             return text
         ours = any(a not in TORCH_ALGOS and a != "torch default"
@@ -76,6 +82,23 @@ class Summary:
             text += ("\nNumPy passes share the cores with torch's threads: start Python with "
                      + " ".join(f"{k}={v}" for k, v in unset.items()) + " so idle threads sleep")
         return text
+
+
+def _numerics_text(errors: list) -> str:
+    """The whole model's errors (`numerics.table`), and what in them the user must know."""
+    lines = [("The whole model against float64 (relative error, and in brackets the largest "
+              "difference over the largest magnitude):"), "", numerics.table(errors)]
+    for e in numerics.moved_by_layout(errors):
+        lines.append(f"- channels_last alone moves the {e.mode}-mode {e.quantity} to "
+                     f"{e.max_rel:.2g} of its largest value: torch's own effect of the layout")
+    torch_err = {(e.mode, e.quantity): e.max_rel for e in errors if e.run == "torch"}
+    layout_err = {(e.mode, e.quantity): e.max_rel for e in errors if e.run == "channels_last"}
+    for e in errors:
+        worst = max(torch_err[e.mode, e.quantity], layout_err[e.mode, e.quantity], 1e-12)
+        if e.run == "plan" and e.max_rel > 10 * worst:
+            lines.append(f"- the plan moves the {e.mode}-mode {e.quantity} to {e.max_rel:.2g} "
+                         f"of its largest value, {e.max_rel / worst:.3g}x torch's own")
+    return "\n".join(lines)
 
 
 def _torch_runs_it(lp: LayerPlan, arriving: str, benchmark: bool) -> bool:
@@ -132,7 +155,10 @@ def apply(model, plan: Plan | str | Path, check=None) -> Summary:
     the table says why, as a swap would drop what it does. `check`: an example input; each
     replacement is then run once against the module it replaces, on the input that module
     receives from it, and one whose output, input gradient or weight gradient differs by
-    more than its algorithm's tolerance (`verify.tolerance`) is refused, the original kept.
+    more than its algorithm's tolerance (`verify.tolerance`) is refused, the original kept;
+    then the whole model, before and after, and in channels_last alone, is compared with its
+    float64 run in train and eval mode (`numerics`), and the table says where the plan or the
+    layout alone moves its numbers.
 
     TF32 is left as the model's owner set it; the cuDNN passes of an fp32 plan were measured
     with it off (`torch.backends.cudnn.allow_tf32 = False` runs them as measured)."""
@@ -142,6 +168,7 @@ def apply(model, plan: Plan | str | Path, check=None) -> Summary:
 
     plan = plan if isinstance(plan, Plan) else Plan.load(plan)
     _check_device(model, plan)
+    original = copy.deepcopy(model) if check is not None else None
     misfits = {lp.layer: why for lp in plan.layers if (why := _why_not(model, lp)[1])}
     _check_fit(model, plan, misfits)
     torch.backends.cudnn.benchmark = plan.cudnn["benchmark"]
@@ -185,7 +212,8 @@ def apply(model, plan: Plan | str | Path, check=None) -> Summary:
             parent, _, child = lp.layer.rpartition(".")
             setattr(model.get_submodule(parent), child, new)
     changes += [Change(u.layer, "skipped", "", {}, u.reason) for u in plan.unplanned]
-    return Summary(changes, dict(plan.cudnn), plan.backend, list(plan.checks))
+    errors = numerics.whole_model(original, model, check) if check is not None else []
+    return Summary(changes, dict(plan.cudnn), plan.backend, list(plan.checks), errors)
 
 
 def _checked(model, swaps: dict, example_input, precision: str) -> dict[str, str]:
