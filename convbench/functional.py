@@ -100,13 +100,17 @@ def run(problem: ConvProblem, pass_: str, a, b, *, algo: str, backend: str = "nu
     return out
 
 
+#: NumPy dtype -> precision, looked up by the dtype object (its `.name` is a slow property).
+_PRECISION_OF = {np.dtype(d): p for d, p in PRECISION_OF_DTYPE.items() if d != "bfloat16"}
+
+
 def prepared_call(problem: ConvProblem, pass_: str, a, b, out, *, algo: str, backend: str,
                   layout: str, precision: str | None = None) -> None:
     """One pass into `out`, by the prepared pass of (algo, backend, problem, pass, layout,
     precision) (prepared once, then cached), with no check of the operands: for a caller
     whose shapes are the problem's by construction (`nn.Conv2d`, `run` after its checks).
     The pass forgets its operands after (a prepared pass keeps none alive between calls)."""
-    precision = precision or PRECISION_OF_DTYPE.get(a.dtype.name) or _precision(a, b)
+    precision = precision or _PRECISION_OF.get(a.dtype) or _precision(a, b)
     fn = _prepared(algo, backend, problem, pass_, layout, precision, _place(a))
     try:
         fn(a, b, out)
