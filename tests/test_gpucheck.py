@@ -24,7 +24,7 @@ from convbench.measure import runner
 from convbench.runs import gpucheck
 
 DRY = ["gpu-check", "--device", "cpu", "--batch", "1", "--budget", "0.002", "--layers", "conv3",
-       "--sample", "3", "--class-algos", "direct,torch-cpu"]
+       "--sample", "3", "--class-algos", "direct,torch-cpu", "--models", "none"]
 #: One gpu test, its file named so that pytest collects that file alone (seconds, not the
 #: whole suite's collection each time)
 TESTS = ["--pytest-args",
@@ -209,7 +209,7 @@ def test_the_tests_without_hypothesis_skip_only_the_property_tests(tmp_path):
 
 # --- gpu-first --------------------------------------------------------------------------------
 FIRST = ["gpu-first", "--device", "cpu", "--batch", "1", "--time-budget", "0.002", "--layers",
-         "conv3", "--algos", "direct,gemm"]
+         "conv3", "--algos", "direct,gemm", "--models", "none"]
 
 
 def test_gpu_first_dry_form_finishes_and_packs_at_most_eight_files(tmp_path, capsys):
@@ -366,6 +366,60 @@ def test_pytest_args_starting_with_a_dash_are_taken_with_an_equals_sign(tmp_path
                              "-p no:cacheprovider -k cuda_timer_flushes")
     assert code == 0, err
     assert "1 skipped" in out
+
+
+def test_the_whole_step_of_each_model_is_a_section_and_a_folder(tmp_path, monkeypatch):
+    """The GPU check's training-step part: each model through `trainstep.compare` in the
+    check's configurations, its folder written and its table in the section; a model that
+    cannot run is one line, the others run."""
+    from convbench.cli import gpucheck as cli_gpucheck
+    from convbench.planning.plan import Plan
+    from convbench.studies import trainstep
+    from test_confirm import Net
+
+    seen = []
+
+    def fake_compare(load, batch, device, **kw):
+        seen.append((load.name, batch, device, kw["configs"]))
+        if load.net == "broken:model":
+            raise ValueError("no module named 'broken'")
+        torch_ = __import__("torch")
+        plan = __import__("convbench.planning.tune", fromlist=["tune"]).tune(
+            Net(), torch_.randn(2, 3, 12, 12), algos="gemm", budget_s=0.001, step=None,
+            progress=None, store=tmp_path / "store")
+        rows = trainstep.with_speedups([
+            {"config": c, "median_ms": 10.0 + i, "iqr_ms": 0.1, "reps": 9, "noisy": False,
+             "first_loss": 1.0, "times_ms": [10.0 + i] * 9, "applied": ""}
+            for i, c in enumerate(kw["configs"])])
+        return rows, plan, 1.0
+
+    monkeypatch.setattr(trainstep, "compare", fake_compare)
+    text = cli_gpucheck.model_steps(tmp_path, DEVICES["cpu"], ["good:model", "broken:model"],
+                                    (4, 3, 12, 12))
+    assert [s[:3] for s in seen] == [("good:model@3,12,12", 4, "cpu"),
+                                     ("broken:model@3,12,12", 4, "cpu")]
+    assert seen[0][3] == ("eager", "cudnn.benchmark", "channels_last", "plan")
+    assert "### good:model (trainstep-good-model/report.md)" in text and "| eager " in text
+    assert "### broken:model\n\nfailed: ValueError: no module named 'broken'" in text
+    assert Plan.load(tmp_path / "trainstep-good-model" / "plan.json").backend == "numpy"
+
+
+def test_gpu_first_runs_the_whole_step_only_where_time_is_left(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpucheck, "run_tests", lambda log, args, timeout_s: (
+        log.write_text("1 passed\n"), gpucheck.Tests(0, "1 passed", args, 0.1))[1])
+    registry.load()
+    ran = []
+    done = gpucheck.first(tmp_path / "out", DEVICES["cpu"], work=tmp_path / "work",
+                          layers=["conv3"], algos="direct", batch=1, budget_s=0.002,
+                          wall_s=400.0, extra=lambda work: ran.append(work) or "## Step\n",
+                          extra_min_s=10.0)
+    assert ran == [tmp_path / "work"] and "## Step" in done.text
+    ran.clear()
+    done = gpucheck.first(tmp_path / "out2", DEVICES["cpu"], work=tmp_path / "work2",
+                          layers=["conv3"], algos="direct", batch=1, budget_s=0.002,
+                          wall_s=400.0, extra=lambda work: ran.append(work) or "",
+                          extra_min_s=1000.0)
+    assert ran == [] and "not run: " in done.text and "under the 1000 s it needs" in done.text
 
 
 def test_the_deadline_stops_before_a_group_predicted_to_end_past_it():

@@ -7,6 +7,7 @@ used they refuse at once, in one line, instead of quietly running the CPU's form
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -14,7 +15,9 @@ from pathlib import Path
 from .. import runs
 from ..algos import registry
 from ..catalogs import layers, selection
+from ..core.fmt import first_line
 from ..machine.devices import DEVICES
+from ..planning import models
 from ..runs import gpucheck
 from .common import (
     EXIT_FAULT,
@@ -52,6 +55,62 @@ def _command(args) -> str:
     return " ".join(["convbench", *getattr(args, "argv", [])])
 
 
+#: The whole training step in the GPU check (`--models`): torchvision's models, each tuned and
+#: confirmed, then eager (cuDNN's heuristics), cudnn.benchmark, channels_last and the plan, each
+#: in a process of its own (`studies.trainstep`).
+CHECK_MODELS = "torchvision.models:resnet50"
+CHECK_MODEL_INPUT = "64,3,224,224"
+#: gpu-first's shortest form of it, run only where the budget allows (`gpucheck.EXTRA_MIN_S`).
+FIRST_MODELS = "torchvision.models:resnet18"
+FIRST_MODEL_INPUT = "32,3,224,224"
+STEP_CONFIGS = ("eager", "cudnn.benchmark", "channels_last", "plan")
+#: Seconds of timed steps per configuration in the check.
+STEP_BUDGET_S = 3.0
+
+
+def _models(args) -> tuple[list[str], tuple[int, ...]]:
+    """(the models of --models, the input of --model-input); UsageError for a bad one."""
+    models_ = [] if args.models.strip() == "none" else [
+        m.strip() for m in args.models.split(",") if m.strip()]
+    with usage_errors():
+        shape = models.parse_input(args.model_input)
+    return models_, shape
+
+
+def model_steps(folder: Path, device, specs: list[str], shape: tuple[int, ...]) -> str:
+    """Each model's training step (`trainstep.compare` in `STEP_CONFIGS`) into
+    `folder`/trainstep-<model>/, and a summary.md section of their tables; a model that cannot
+    run is one line in it, the others run."""
+    from ..measure import envinfo
+    from ..studies import trainstep
+    from ..studies.workload import Workload
+
+    lines = ["## The whole training step", "",
+             (f"Each model at {','.join(map(str, shape))}, fp32 (TF32 off): its plan tuned and "
+              "confirmed on the training step, then each configuration in a process of its own "
+              f"({', '.join(STEP_CONFIGS)}), {STEP_BUDGET_S:g} s of steps each."), ""]
+    for spec in specs:
+        load = Workload.of_model(spec, tuple(shape[1:]))
+        sub = folder / f"trainstep-{re.sub(r'[^a-z0-9]+', '-', spec.lower()).strip('-')}"
+        try:
+            rows, plan, tuning_s = trainstep.compare(
+                load, shape[0], device.name, budget_s=STEP_BUDGET_S, store=folder / "plans",
+                log=lambda line: print(f"convbench: {line}", file=sys.stderr),
+                configs=STEP_CONFIGS)
+            env = envinfo.collect(device.backend)
+            text = trainstep.markdown(rows, plan, load, shape[0], env["device"],
+                                      device.backend, tuning_s, default_batch=False)
+            trainstep.write(sub, rows, plan, text, env, {"net": load.name, "batch": shape[0],
+                                                         "device": device.name,
+                                                         "mode": "train"})
+        except Exception as exc:  # noqa: BLE001 - this model's line says why; the rest run
+            lines += [f"### {spec}", "", f"failed: {type(exc).__name__}: {first_line(exc)}", ""]
+            continue
+        lines += [f"### {spec} ({sub.name}/report.md)", "",
+                  trainstep.table(rows, device.backend), ""]
+    return "\n".join(lines)
+
+
 def cmd_gpu_check(args) -> int:
     device = _device(args)
     chosen, pytest_args = _common(args, device)
@@ -67,10 +126,15 @@ def cmd_gpu_check(args) -> int:
                    else selection.parse_classes(args.classes))
         if args.class_algos:
             registry.expand_algos(args.class_algos, device.backend)
+    specs, shape = _models(args)
     done = gpucheck.run_check(
         folder, device, net=args.net, layers=chosen, algos=args.algos, batch=args.batch,
         budget_s=args.time_budget, command=_command(args), classes=classes,
         sample=args.sample, class_algos=args.class_algos)
+    if specs and done.fault is None:
+        text = done.text.rstrip("\n") + "\n\n" + model_steps(folder, device, specs, shape)
+        (folder / gpucheck.SUMMARY_MD).write_text(text)
+        done.text = text
     print(done.text.rstrip("\n"))
     parts = f"{gpucheck.RUN}/" + (f", {gpucheck.CLASSES_RUN}/" if done.classes else "")
     print(f"convbench: {gpucheck.SUMMARY_MD}, {parts}, env.json in {folder}; then "
@@ -84,12 +148,14 @@ def cmd_gpu_check(args) -> int:
 def cmd_gpu_first(args) -> int:
     device = _device(args)
     chosen, pytest_args = _common(args, device)
+    specs, shape = _models(args)
+    extra = (lambda work: model_steps(work, device, specs, shape)) if specs else None
     with usage_errors():
         first = gpucheck.first(
             args.out, device, work=args.work, net=args.net, layers=chosen, algos=args.algos,
             batch=args.batch, budget_s=args.time_budget, wall_s=args.wall,
             pytest_args=pytest_args, tests_timeout_s=args.tests_timeout,
-            command=_command(args), tests=not args.no_tests)
+            command=_command(args), tests=not args.no_tests, extra=extra)
     print(first.text.rstrip("\n"))
     print(f"convbench: {', '.join(p.name for p in first.files)} in {args.out}", file=sys.stderr)
     return 0 if first.ok else EXIT_FAULT
@@ -114,6 +180,15 @@ def _options(p, tests_default: float, pytest_default: tuple[str, ...]) -> None:
                    metavar="S", help="seconds the tests may take (default %(default)s)")
 
 
+def _model_options(p, models_default: str, input_default: str, when: str) -> None:
+    p.add_argument("--models", default=models_default, metavar="MODULE:CALLABLE,...",
+                   help="the whole training step of these models, each tuned and confirmed, "
+                        f"then {', '.join(STEP_CONFIGS)} ({when}; none: not at all; default "
+                        "%(default)s)")
+    p.add_argument("--model-input", default=input_default, metavar="N,C,H,W",
+                   help="their input batch (default %(default)s)")
+
+
 def add_parsers(sub) -> None:
     p = sub.add_parser("gpu-first", help="a first GPU visit in one command within "
                        f"{gpucheck.FIRST_BUDGET_S / 60:.0f} minutes: the gpu tests, env and "
@@ -125,6 +200,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--wall", type=positive(float), default=gpucheck.FIRST_BUDGET_S,
                    metavar="S", help="seconds of wall time for everything (default "
                                      "%(default)s)")
+    _model_options(p, FIRST_MODELS, FIRST_MODEL_INPUT,
+                   f"run after AlexNet where {gpucheck.EXTRA_MIN_S:.0f} s are left")
     p.add_argument("--no-tests", action="store_true",
                    help="leave the tests out: a second, short call on a still-warm machine "
                         "that resumes --work")
@@ -148,5 +225,6 @@ def add_parsers(sub) -> None:
                         "%(default)s)")
     p.add_argument("--class-algos", help="comma list of the second part's algos (default: "
                    "all, without cudnn-find)")
+    _model_options(p, CHECK_MODELS, CHECK_MODEL_INPUT, "run after the classes")
     _options(p, gpucheck.TESTS_TIMEOUT_S, gpucheck.PYTEST_ARGS)
     p.set_defaults(func=cmd_gpu_check)

@@ -108,6 +108,9 @@ FIRST_TESTS = (*FIRST_PINS, *FIRST_SUITES, "-m", "gpu", "-v", "-p", "no:cachepro
 INTERRUPT_GRACE_S = 15.0
 #: Seconds kept back after the run for its report, the summary and the packing.
 FIRST_RESERVE_S = 60.0
+#: Seconds the whole-step stage (`first`'s `extra`: one model's training step, its plan tuned
+#: and confirmed, each configuration in a process of its own) needs before the deadline.
+EXTRA_MIN_S = 150.0
 #: The order AlexNet's layers are checked in: the 5x5 and the 3x3 layers where FFT and
 #: Winograd compete first, conv1 (stride 4, 11x11: GEMM and direct only) last.
 FIRST_LAYERS = ("conv2", "conv3", "conv4", "conv5", "conv1")
@@ -491,7 +494,8 @@ def first(out: str | Path, device: Device, *, work: str | Path | None = None,
           wall_s: float = FIRST_BUDGET_S, pytest_args=FIRST_TESTS,
           tests_timeout_s: float = FIRST_TESTS_TIMEOUT_S, reserve_s: float = FIRST_RESERVE_S,
           command: str = "", clock: Callable[[], float] = time.monotonic,
-          tests: bool = True) -> First:
+          tests: bool = True, extra: Callable[[Path], str] | None = None,
+          extra_min_s: float = EXTRA_MIN_S) -> First:
     """A first GPU visit in `wall_s` seconds (see the module docstring): the probe and the log
     into `out`, the tests (none where not `tests`: a resumed visit), the environment and
     ceilings, the check in `FIRST_LAYERS` order up to the deadline, the summary, then `out`
@@ -526,6 +530,15 @@ def first(out: str | Path, device: Device, *, work: str | Path | None = None,
                          deadline=started + wall_s - reserve_s, clock=clock)
     if done is not None:
         log.info("check: %s", "; ".join(f"{k} {v:.1f} s" for k, v in done.seconds.items()))
+    extra_text = ""
+    left = started + wall_s - reserve_s - clock()
+    if extra is not None and left >= extra_min_s:
+        with _stage_logged(log, "the whole step"):
+            extra_text = extra(work)
+    elif extra is not None:
+        extra_text = (f"## The whole training step\n\nnot run: {left:.0f} s were left before "
+                      f"the deadline, under the {extra_min_s:.0f} s it needs\n")
+        log.info("the whole step: not run, %.0f s left", left)
     spent = {"tests": tested.seconds, **(done.seconds if done else {})}
     head = [f"- gpu-first: {wall_s:.0f} s of wall time: "
             + (f"tests (at most {tests_s:.0f} s), " if tests else "no tests (a resumed visit), ")
@@ -544,6 +557,8 @@ def first(out: str | Path, device: Device, *, work: str | Path | None = None,
     else:
         body = done.text.split("\n", 2)
         text = "\n".join([body[0], "", *head, *body[2:]]) if len(body) == 3 else done.text
+    if extra_text:
+        text = text.rstrip("\n") + "\n\n" + extra_text
     text = text.rstrip("\n") + "\n" + \
         f"\n(total {clock() - started:.0f} s before packing)\n"
     (work / SUMMARY_MD).write_text(text)

@@ -160,12 +160,13 @@ def configs_of(load: Workload) -> tuple[str, ...]:
 
 
 def time_configs(load: Workload, batch: int, device: str, budget_s: float, plan_file: str,
-                 log=None, mode: str = "train") -> list[dict]:
+                 log=None, mode: str = "train",
+                 configs: tuple[str, ...] | None = None) -> list[dict]:
     """Each configuration's step times, in ROUNDS interleaved rounds of `budget_s / ROUNDS`
     seconds, so a change in the machine's load while timing affects all of them alike. A
     configuration that cannot start (`torch.compile` without a compiler, say) is a row of its
     own saying why; the others run."""
-    configs = configs_of(load)
+    configs = configs or configs_of(load)
     failed: dict[str, str] = {}
     with contextlib.ExitStack() as stack:
         workers = []
@@ -248,7 +249,8 @@ def tune_here(net: str, batch: int, device: str, plan_file: str, budget_s: float
 
 def compare(load: Workload, batch: int, device: str, *, budget_s: float = STEP_BUDGET_S,
             tune_budget_s: float | None = None, algos: str = "all", store=None,
-            log=None, mode: str = "train") -> tuple[list[dict], Plan, float]:
+            log=None, mode: str = "train",
+            configs: tuple[str, ...] | None = None) -> tuple[list[dict], Plan, float]:
     """Tune the model, then time the three configurations; (their rows, the plan, seconds the
     tuning took). Tuning runs in a process of its own too, with the workers' environment: with
     spinning threads, a measurement just after another thread pool's work (torch-cpu after a
@@ -266,7 +268,7 @@ def compare(load: Workload, batch: int, device: str, *, budget_s: float = STEP_B
                                "error is above)")
         tuning_s = time.monotonic() - started
         plan = Plan.load(plan_file)
-        rows = time_configs(load, batch, device, budget_s, plan_file, log, mode)
+        rows = time_configs(load, batch, device, budget_s, plan_file, log, mode, configs)
     return rows, plan, tuning_s
 
 
