@@ -43,7 +43,7 @@ def _common(args, device) -> tuple[list[str] | None, tuple[str, ...]]:
     names = [layer.name for layer in layers.net_layers(args.net)]
     with usage_errors():
         chosen = choices(args.layers, "layer", tuple(names)) if args.layers else None
-        registry.expand_algos(args.algos or "all", device.backend)
+        registry.expand_algos("all" if args.algos is None else args.algos, device.backend)
         pytest_args = tuple(shlex.split(args.pytest_args))
     return chosen, pytest_args
 

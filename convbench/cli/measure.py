@@ -67,7 +67,7 @@ def _given(args, subcommand: str, backend: str, net: str) -> dict:
     checked against `net`'s."""
     layer_names = getattr(args, "layers", None)
     classes = getattr(args, "classes", None)
-    if classes:
+    if classes is not None:
         with usage_errors("--class: "):
             classes = selection.parse_classes(classes)
     with usage_errors():
@@ -82,14 +82,17 @@ def _given(args, subcommand: str, backend: str, net: str) -> dict:
             "stratify": getattr(args, "stratify", None),
             "batches": (None if args.batch is None else
                         tuple(args.batch) if isinstance(args.batch, list) else (args.batch,)),
-            "algos": registry.expand_algos(args.algos, backend) if args.algos else None,
-            "passes": choices(args.passes, "pass", PASSES) if args.passes else None,
-            "layouts": choices(args.layouts, "layout", LAYOUTS) if args.layouts else None,
+            # a comma list given empty (`--algos ""`) is refused, not read as not given
+            "algos": (registry.expand_algos(args.algos, backend) if args.algos is not None
+                      else None),
+            "passes": choices(args.passes, "pass", PASSES) if args.passes is not None else None,
+            "layouts": (choices(args.layouts, "layout", LAYOUTS) if args.layouts is not None
+                        else None),
             "precisions": (choices(args.precision, "precision", PRECISIONS)
-                           if args.precision else None),
+                           if args.precision is not None else None),
             "budget_s": args.time_budget, "target_noise": args.target_noise,
             "memory_limit_bytes": args.memory_limit, "threads": args.threads}
-    if layer_names:
+    if layer_names is not None:
         names = tuple(layer.name for layer in layers.net_layers(net))
         try:
             given["layers"] = tuple(choices(layer_names, "layer", names))
@@ -211,10 +214,15 @@ def stored_spec(args, subcommand: str) -> RunSpec:
         field, value, recorded = conflict
         option = "layers given" if field == "layers" and subcommand == "layer" else \
             _OPTION[field]
+        made = f"made with {option} {_shown(field, recorded)}"
+        if field == "batches" and not spec.batches:  # not given: the batch the run chose
+            ran = run.get("batch")
+            made = "made without --batch" + (
+                "" if ran is None else f", at its problems' own batches {_shown(field, ran)}"
+                if isinstance(ran, list) else f", at the default batch {ran}")
         raise UsageError(f"{option} {_shown(field, value)} contradicts the run in {args.out}, "
-                         f"made with {option} {_shown(field, recorded)} ({ENV_JSON}): resume "
-                         "with its own options (give none), or start another run folder with "
-                         "--out")
+                         f"{made} ({ENV_JSON}): resume with its own options (give none), or "
+                         "start another run folder with --out")
     with usage_errors():
         runs.same_machine(env, args.out)
     return spec
