@@ -20,6 +20,7 @@ import importlib
 import importlib.util
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -69,19 +70,79 @@ def test_there_are_pages_and_they_hold_the_reference():
     assert sum(len(commands(p)) for p in PAGES) > 40
 
 
-def test_the_site_builds_strictly(tmp_path):
+def _make_docs(root: Path, site: Path) -> subprocess.CompletedProcess:
+    """`make docs` in `root`, the very target a user runs (its flags are the Makefile's), in
+    this Python environment (`USE_ENV=1`), the site into `site`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
+    return subprocess.run(
+        ["make", "-C", str(root), "docs", "USE_ENV=1", f"PYTHON={sys.executable}",
+         f"DOCS_SITE={site}"],
+        env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def _skip_without_the_build() -> None:
     missing = _missing_build_modules()
     if missing:
         pytest.skip(f"the docs extra is not installed here ({', '.join(missing)} not "
                     "importable; pip install -e '.[docs]', as make install does)")
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-f",
-         str(DOCS / "mkdocs.yml"), "-d", str(tmp_path / "site")],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    if shutil.which("make") is None:
+        pytest.skip("no make here: `make docs` is the build checked")
+
+
+def test_the_site_builds_strictly(tmp_path):
+    """#45: `make docs` failed from a fresh clone (a cross-reference with no target) while this
+    test passed: it ran its own `mkdocs build --strict -q`, and `-q` hides the warnings strict
+    mode counts. Now it runs the Makefile's target itself."""
+    _skip_without_the_build()
+    proc = _make_docs(REPO, tmp_path / "site")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "WARNING" not in proc.stderr, proc.stderr
     assert (tmp_path / "site" / "index.html").exists()
     assert (tmp_path / "site" / "results" / "index.html").exists()  # the findings
+
+
+def test_the_docs_build_fails_on_a_bad_cross_reference(tmp_path):
+    """The check bites: a copy of the site's sources with one bare `[K][N·P·Q]` (markdown's
+    reference link, whose target mkdocstrings' cross-references cannot find, as changes.md had)
+    fails `make docs`, naming it."""
+    _skip_without_the_build()
+    copy = tmp_path / "repo"
+    copy.mkdir()
+    shutil.copy(REPO / "Makefile", copy)
+    shutil.copy(README, copy)
+    shutil.copytree(DOCS, copy / "docs", ignore=shutil.ignore_patterns("site", "__pycache__"))
+    for name in ("results", "convbench"):  # read, not changed: linked, not copied
+        (copy / name).symlink_to(REPO / name)
+    changes = copy / "docs" / "pages" / "changes.md"
+    changes.write_text(changes.read_text() + "\n- dy copied to [K][N·P·Q] before the product.\n")
+    proc = _make_docs(copy, tmp_path / "site")
+    assert proc.returncode != 0
+    assert "Could not find cross-reference target 'N·P·Q'" in proc.stderr, proc.stderr
+
+
+def test_the_docs_tools_are_bounded_and_installed_within_their_bounds():
+    """A fresh install takes the newest releases the bounds allow: each docs tool is bounded
+    above (a release that adds a warning fails the strict build), and the environment the
+    build is tested in holds versions inside the bounds."""
+    from importlib import metadata
+
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+
+    from packaging.requirements import Requirement
+
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["docs"]
+    unbounded = [r for r in map(Requirement, extra)
+                 if not any(s.operator in ("<", "<=", "==", "~=") for s in r.specifier)]
+    assert unbounded == []
+    if _missing_build_modules():
+        return
+    for r in map(Requirement, extra):
+        version = metadata.version(r.name)
+        assert r.specifier.contains(version, prereleases=True), (r.name, version, str(r))
 
 
 def _page_commands() -> list[tuple[str, str]]:
