@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -30,6 +31,20 @@ from convbench import cli
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
+
+
+def committed_runs(repo: Path = REPO) -> list[Path]:
+    """The committed run folders: those under `repo`'s results/ that git tracks a file of, so
+    a run a user left there uncommitted (`--out results/...`) is not read as a finding; where
+    `repo` is no git checkout (an unpacked sdist), every folder there."""
+    results_dir = repo / "results"
+    try:
+        proc = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "--", "results"],
+                              capture_output=True, text=True, timeout=60, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return sorted(p for p in results_dir.iterdir() if p.is_dir())
+    tracked = {Path(f).parts[1] for f in proc.stdout.split("\0") if f.count("/") >= 2}
+    return sorted(results_dir / name for name in tracked if (results_dir / name).is_dir())
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 #: A markdown link or image: [text](target) or ![alt](target).
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")

@@ -168,10 +168,10 @@ def study_output_options(p, study: str, extras: str, csv_says: str = "",
                          always: bool = False) -> None:
     """--out and --format of a training-step study: its folder, written one way
     (`studies.folder`: report.md, `<study>.csv`, env.json, then the study's own `extras`);
-    `always`: written to a folder under results/ when --out is not given."""
+    `always`: written to a folder under my-runs/ when --out is not given."""
     p.add_argument("--out", help=f"folder for report.md, {study}.csv"
                    + (f" ({csv_says})" if csv_says else "") + f", env.json, {extras}"
-                   + (f" (default results/<date>-<device>-<net>-{study})" if always else ""))
+                   + (f" (default my-runs/<date>-<device>-<net>-{study})" if always else ""))
     p.add_argument("--format", choices=FORMATS, default="table")
 
 

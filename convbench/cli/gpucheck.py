@@ -56,7 +56,7 @@ def cmd_gpu_check(args) -> int:
     device = _device(args)
     chosen, pytest_args = _common(args, device)
     folder = (Path(args.out) if args.out
-              else runs.default_folder(args.net, device.backend, "-gpu-check"))
+              else runs.default_folder(args.net, device.backend, "-gpu-check", runs.FINDINGS))
     if args.tests:
         tested = gpucheck.tests(folder, pytest_args, args.tests_timeout)
         print(gpucheck.tests_line(tested))

@@ -427,7 +427,7 @@ def _sweep_options(p, layer: bool, batch_list: bool = False) -> None:
                    help="no progress lines on stderr (the summary line stays)")
     p.add_argument("--format", choices=FORMATS, default="table")
     p.add_argument("--out", help="run folder to write (measurements.csv, env.json, report.md, "
-                   "plots)" + ("" if layer else "; default results/<date>-<device>-<net>"
+                   "plots)" + ("" if layer else "; default my-runs/<date>-<device>-<net>"
                                                    + ("-sweep" if batch_list else "")))
     p.add_argument("--resume", action="store_true",
                    help="finish the run in --out with the options it was started with (from "

@@ -1,8 +1,8 @@
 """A sweep sharded over the ranks torchrun starts, each on its own GPU, into one run folder.
 
-    torchrun --nproc-per-node 4 -m convbench bench --device cuda --out results/my-run
+    torchrun --nproc-per-node 4 -m convbench bench --device cuda --out my-runs/my-run
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:PORT \\
-        -m convbench bench --device cuda --out results/my-run
+        -m convbench bench --device cuda --out my-runs/my-run
 
 Every rank builds the same list of cases, drops those the run folder already holds, and takes
 every world-size-th of the rest from its rank on (round robin: consecutive cases, often the
