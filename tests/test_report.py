@@ -530,3 +530,19 @@ def test_the_roofline_is_drawn_from_env_json_s_ceilings(tmp_path):
     assert names[-1] == "roofline.png"
     assert (tmp_path / "roofline.png").read_bytes()[:4] == b"\x89PNG"
     assert "![roofline](roofline.png)" in report.markdown(df, env, names)
+
+
+def test_the_header_says_how_long_the_run_took_from_its_readings():
+    """#45: the header promised "the whole sweep finishes in 15 minutes"; it states what the
+    run took (env.json's load readings, each sitting start to end), or nothing."""
+    df = results.frame(rows(TIMES))
+    env = {"run": {"backend": "numpy"},
+           "load": [{"when": "start", "time": "2026-11-26T21:41:26+00:00"},
+                    {"when": "end", "time": "2026-11-26T21:44:32+00:00"},
+                    {"when": "resumed start", "time": "2026-11-27T08:00:00+00:00"},
+                    {"when": "end", "time": "2026-11-27T08:01:00+00:00"}]}
+    assert prose.run_seconds(env) == 246
+    text = report.markdown(df, env)
+    assert "- took: 4m06s (env.json's load readings, start to end)" in text
+    assert "minutes" not in text.split("\n## ")[0]
+    assert "- took:" not in report.markdown(df, {"run": {"backend": "numpy"}})

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from ..core import results
-from ..core.fmt import first_line
+from ..core.fmt import first_line, fmt_duration
 from ..core.problem import FIELD_MAX, check_choice
 from ..machine import devices
 from ..measure import memory
@@ -235,7 +235,7 @@ def summary_line(outcome) -> str:
              "contended": sum(bool(r.get("contended")) for r in ok),
              "throttled": sum(bool(r.get("throttled")) for r in ok),
              "host-bound": sum(bool(r.get("host_bound")) for r in ok)}
-    line = (f"convbench: {len(rows)} cases in {_duration(outcome.seconds)}: "
+    line = (f"convbench: {len(rows)} cases in {fmt_duration(outcome.seconds)}: "
             + ", ".join(f"{n} {s}" for s, n in status.items())
             + "; " + ", ".join(f"{n} {f}" for f, n in flags.items()))
     if outcome.skipped:
@@ -312,7 +312,7 @@ class Progress:
                      row.get("contended")), ("throttled", row.get("throttled"))) if on]
             status = f"{row['median_ms']:.4g} ms" + (f" ({', '.join(marks)})" if marks else "")
         line = (f"[{self.done}/{self.total}] {row['layer']} {row['pass']} {row['layout']} "
-                f"{row['algo']}: {status}  elapsed {_duration(elapsed)}, eta {_duration(eta)}")
+                f"{row['algo']}: {status}  elapsed {fmt_duration(elapsed)}, eta {fmt_duration(eta)}")
         if self.tty:
             width = shutil.get_terminal_size().columns - 1
             self.stream.write("\r" + line[:width].ljust(width))
@@ -324,7 +324,3 @@ class Progress:
         if self.enabled and self.tty and self.done:
             self.stream.write("\n")
             self.stream.flush()
-
-
-def _duration(s: float) -> str:
-    return f"{int(s // 60)}m{int(s % 60):02d}s"

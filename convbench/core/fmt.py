@@ -50,6 +50,11 @@ def fmt_ratio(x: float, digits: int = 2) -> str:
     return f"{x:.{digits}g}×"
 
 
+def fmt_duration(s: float) -> str:
+    """Seconds as minutes and seconds, `3m06s`: how a run's summary line and report say it."""
+    return f"{int(s // 60)}m{int(s % 60):02d}s"
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message ("" for none): what one line of output says."""
     return (str(exc).strip().splitlines() or [""])[0]

@@ -11,13 +11,22 @@ folder from before the ceilings renders as before, saying they were not measured
 
 from __future__ import annotations
 
+import datetime
 import re
 from pathlib import Path
 
 import pandas as pd
 
 from ...algos.phases import FUSED
-from ...core.fmt import fmt_error, fmt_mib, fmt_ms, fmt_ratio, md_table, tabulate
+from ...core.fmt import (
+    fmt_duration,
+    fmt_error,
+    fmt_mib,
+    fmt_ms,
+    fmt_ratio,
+    md_table,
+    tabulate,
+)
 from ...core.measurement import CONTENDED_SHARE, NOISE_THRESHOLD
 from ...core.results import RESULTS_CSV
 from ...machine import contention
@@ -157,13 +166,30 @@ def phase_section(df: pd.DataFrame) -> list[str]:
     return out + [""]
 
 
+def run_seconds(env: dict) -> float | None:
+    """How long the run took, from env.json's load readings: each start (a resumed one too) to
+    the end that follows it, summed over the sittings; None without both."""
+    total, began = None, None
+    for reading in env.get("load") or []:
+        try:
+            when = datetime.datetime.fromisoformat(reading["time"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if reading.get("when", "").endswith("start"):
+            began = when
+        elif reading.get("when") == "end" and began is not None:
+            total = (total or 0.0) + (when - began).total_seconds()
+            began = None
+    return total
+
+
 def header(df: pd.DataFrame, env: dict) -> list[str]:
     run = env.get("run", {})
     batches = sorted({int(n) for n in df["n"].dropna()})
     batch = ", ".join(map(str, batches))
     if run.get("backend") == "numpy" and batches == [DEVICES["cpu"].batch]:
-        batch += (" (the default CPU batch, small enough for the whole sweep to finish in 15 "
-                  "minutes on 2 cores; the study used 256)")
+        batch += " (the default CPU batch; the study used 256)"
+    took = run_seconds(env)
     torch = env.get("torch", {})
     blas = env.get("numpy", {}).get("blas", {})
     title = (f"# convbench: {run.get('net', ', '.join(order(df['net'])))} on "
@@ -186,6 +212,8 @@ def header(df: pd.DataFrame, env: dict) -> list[str]:
               if env else None),
              ("git commit", env.get("git_commit")),
              ("date", env.get("date")),
+             ("took", None if took is None else f"{fmt_duration(took)} (env.json's load "
+                                                "readings, start to end)"),
              ("command", run.get("command"))]
     lines += [f"- {k}: {v}" for k, v in facts if v]
     lines += ceilings_lines(env)
