@@ -14,6 +14,7 @@ then finds its layers, opens the run folder (`results.RunFolder`), runs the case
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import shlex
@@ -340,13 +341,19 @@ def _run(args, subcommand: str, kind: str | None = "") -> int:
     None, the default folder `runs.default_folder` names with `kind`), its output."""
     spec = _spec(args, subcommand)
     dev = resolve_device(spec.device)
-    found, source, spec = network(spec, dev)
+    # A sharded run's other ranks say nothing of what rank 0 says for the whole run (what was
+    # chosen, the rows, the summary): their errors, raised out of these blocks, still print.
+    said = (contextlib.redirect_stderr(open(os.devnull, "w"))  # noqa: SIM115
+            if shard.follower() else contextlib.nullcontext())
+    with said:
+        found, source, spec = network(spec, dev)
     folder = (Path(args.out) if args.out else None if kind is None
               else runs.default_folder(spec.net, dev.backend, kind))
     outcome = _measure(args, spec, found, source, dev, folder)
     emit(outcome.frame, args.format, report.layer_table(outcome.frame) if kind is None
          else outcome.report)
-    return finish(outcome, folder)
+    with said:
+        return finish(outcome, folder)
 
 
 def cmd_layer(args) -> int:
