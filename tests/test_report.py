@@ -505,7 +505,9 @@ def test_a_large_run_lists_each_algorithm_s_row_nearest_its_roof(monkeypatch):
     monkeypatch.setattr(prose, "ROOF_MAX_ROWS", 3)
     text = report.markdown(results.frame(rows(TIMES)), ceilings_env())
     section = text.split("## How far from the roof")[1].split("\n## ")[0]
-    assert "8 rows: each (algo, pass, layout)'s row nearest the ceiling" in section
+    # #45: it said "8 rows: each ..." above a table of 6
+    assert ("The best of 8 rows: for each (algo, pass, layout), of its rows the one nearest "
+            "the ceiling in its own operations (6 listed).") in section
     assert section.count("| conv") == 6  # 3 algos x 2 passes
 
 
@@ -546,3 +548,18 @@ def test_the_header_says_how_long_the_run_took_from_its_readings():
     assert "- took: 4m06s (env.json's load readings, start to end)" in text
     assert "minutes" not in text.split("\n## ")[0]
     assert "- took:" not in report.markdown(df, {"run": {"backend": "numpy"}})
+
+
+@pytest.mark.parametrize("source, says", [
+    ("cache", ("measured 2026-01-01T00:00:00+00:00, taken from this machine's cache "
+               "(`convbench machine --refresh` measures again)")),
+    ("measured", "measured 2026-01-01T00:00:00+00:00, for this run"),
+    (None, "measured 2026-01-01T00:00:00+00:00):")])
+def test_the_header_says_whether_the_ceilings_came_from_the_cache(source, says):
+    """#45: the header showed cached ceilings as if measured for the run; it says where they
+    came from and when they were measured (a record from before `source` says when only)."""
+    env = ceilings_env(measured_at="2026-01-01T00:00:00+00:00", source=source)
+    if source is None:
+        del env["ceilings"]["source"]
+    header = report.markdown(results.frame(rows(TIMES)), env).split("## Which wins")[0]
+    assert f"- ceilings of Fake CPU (cpu, 2 threads, {says}" in header

@@ -249,8 +249,8 @@ def ceilings_lines(env: dict | None) -> list[str]:
                if "ceilings" not in env else "not measured for this run")
         return [f"- ceilings: {why}"] if env else []
     backend, _, shape = c.methods.get("attainable", c.gemm_backend).partition(" on ")
-    out = [f"- ceilings of {c.model} ({c.device}, {c.threads} threads, measured "
-           f"{c.measured_at}" + (f"; {note}" if note else "") + "):",
+    out = [f"- ceilings of {c.model} ({c.device}, {c.threads} threads, {c.provenance()}"
+           + (f"; {note}" if note else "") + "):",
            (f"  - attainable fp32: {_rate(c.gflops_attainable, 'GFLOP/s')}, {backend or '?'}"
             + (f" on {_product(c, shape)}" if shape else "")
             + " (the fastest SGEMM of the libraries here)"),
@@ -345,8 +345,9 @@ def roof_section(df: pd.DataFrame, env: dict | None) -> list[str]:
     if len(roof) > ROOF_MAX_ROWS:
         best = roof.loc[roof.groupby(["algo", "pass", "layout"], sort=False)["own_share"]
                         .idxmax()]
-        out += [(f"{len(roof)} rows: each (algo, pass, layout)'s row nearest the ceiling in "
-                 "its own operations."), "", md_table(roof_table(algo_major(best))), ""]
+        out += [(f"The best of {len(roof)} rows: for each (algo, pass, layout), of its rows "
+                 f"the one nearest the ceiling in its own operations ({len(best)} listed)."),
+                "", md_table(roof_table(algo_major(best))), ""]
     else:
         out += [md_table(roof_table(roof)), ""]
     bound = roof["bound"].value_counts()
