@@ -563,3 +563,30 @@ def test_the_header_says_whether_the_ceilings_came_from_the_cache(source, says):
         del env["ceilings"]["source"]
     header = report.markdown(results.frame(rows(TIMES)), env).split("## Which wins")[0]
     assert f"- ceilings of Fake CPU (cpu, 2 threads, {says}" in header
+
+
+def test_every_report_sets_the_best_of_ours_against_torch_per_layer_and_pass():
+    """#45: the report did not answer the first question, how the best of ours does against
+    torch's convolution layer by layer and pass by pass ("Which wins" sets the winner against
+    its runner-up): a section of every run's report, the README's table."""
+    from convbench.analysis import speedup
+
+    df = results.frame(rows(TIMES))
+    vs = speedup.against_torch(df).set_index(["layer", "pass"])
+    conv3 = vs.loc[("conv3", "fwd")]  # winograd-2x2 (FAST) against torch-cpu (NOISY)
+    assert (conv3["own"], conv3["torch"]) == ("winograd-2x2", "torch-cpu")
+    assert conv3["ratio"] == pytest.approx(FAST.median / NOISY.median)
+    assert conv3["low"] < conv3["ratio"] < conv3["high"] and conv3["outcome"] == "ours"
+    conv4 = vs.loc[("conv4", "fwd")]  # torch-cpu out of memory: nothing to set against
+    assert conv4["own"] == "gemm" and conv4["torch"] == "" and conv4["outcome"] == ""
+    text = report.markdown(df, {"run": {"backend": "numpy"}})
+    section = text.split("## Best of ours against torch")[1].split("\n## ")[0]
+    assert text.index("## Best of ours against torch") < text.index("## Which wins")
+    assert "| best own / torch-cpu [95% interval]" in section
+    line = next(x for x in section.splitlines() if x.startswith("| fwd "))
+    assert f"{conv3['ratio']:.2f} [{conv3['low']:.2f}, {conv3['high']:.2f}]" in line
+    assert "winograd-2x2 nchw 1.01 ms" in section and "torch-cpu nchw" in section
+    assert ("Ours faster in 2, torch's in 0, a tie in 0 of 4 (layer, pass); 2 not compared."
+            in section)
+    alone = report.markdown(df[df["algo"] != "torch-cpu"], {"run": {"backend": "numpy"}})
+    assert "This run measured none of torch's convolution" in alone

@@ -63,6 +63,7 @@ from .tables import (
     phase_table,
     product_share,
     time_table,
+    torch_table,
     winner_table,
     workspace_table,
 )
@@ -357,6 +358,38 @@ def roof_section(df: pd.DataFrame, env: dict | None) -> list[str]:
     return out
 
 
+def torch_section(df: pd.DataFrame) -> list[str]:
+    """The first question of a reader: how the best of ours does against torch's own
+    convolution, per layer and pass (`speedup.against_torch`), a table per precision, the
+    README's shape for a run of few layers. Where the run measured only one side, it says
+    so; [] where it measured neither."""
+    algos = set(df["algo"])
+    ours, torchs = any(map(speedup.is_ours, algos)), any(map(speedup.is_torchs, algos))
+    if not ours and not torchs:
+        return []
+    out = ["## Best of ours against torch", ""]
+    if not (ours and torchs):
+        missing = "torch's convolution (torch-cpu, cudnn)" if ours else "our algorithms"
+        return out + [(f"This run measured none of {missing}: nothing to set against each "
+                       "other (add it to `--algos`)."), ""]
+    vs = speedup.against_torch(df)
+    out += [("Per layer and pass, the fastest of our own algorithms against torch's fastest "
+             "convolution (oneDNN's `torch-cpu` on the CPU, cuDNN's on a GPU), each in its "
+             "faster layout: the ratio of our median to torch's (below 1: ours is faster) with "
+             "its 95% interval, paired by round (they were timed side by side); the one whose "
+             "interval excludes 1 is faster, else a tie. A cell is empty where either has no "
+             "verified time on a quiet machine (see Which wins and Not measured)."), ""]
+    wide = not many_problems(df)
+    for precision, rows in vs.groupby("precision", sort=False):
+        counts = rows["outcome"].value_counts()
+        apart = counts.get("", 0)
+        out += [f"### {precision}", "", md_table(torch_table(rows, wide)), "",
+                (f"Ours faster in {counts.get('ours', 0)}, torch's in {counts.get('torch', 0)}, "
+                 f"a tie in {counts.get('tie', 0)} of {len(rows)} (layer, pass)"
+                 + (f"; {apart} not compared." if apart else ".")), ""]
+    return out
+
+
 def speedup_section(df: pd.DataFrame, env: dict, baseline: str | None = None) -> list[str]:
     """For a run of many problems: per algorithm, its share of problems won, tied and lost
     against the baseline and its mean speed-up, overall and per class of problem. [] for a
@@ -387,11 +420,12 @@ def speedup_section(df: pd.DataFrame, env: dict, baseline: str | None = None) ->
 
 def markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = (),
              baseline: str | None = None) -> str:
-    """report.md: the header, for many problems the speed-up over a baseline, which wins each
-    layer, time tables per pass and layout, op counts, workspace, accuracy, the phase
+    """report.md: the header, the best of ours against torch per layer and pass, for many
+    problems the speed-up over a baseline, which wins each layer, time tables per pass and layout, op counts, workspace, accuracy, the phase
     breakdown, what was not measured and why, noisy measurements, and the plots (`plots`: file
     names, or the note saying why there are none)."""
     out = header(df, env)
+    out += torch_section(df)
     out += speedup_section(df, env, baseline)
     host_bound = host_bound_table(df)
     busy = busy_table(df)
