@@ -1,6 +1,7 @@
 import csv
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -590,3 +591,95 @@ def test_every_report_sets_the_best_of_ours_against_torch_per_layer_and_pass():
             in section)
     alone = report.markdown(df[df["algo"] != "torch-cpu"], {"run": {"backend": "numpy"}})
     assert "This run measured none of torch's convolution" in alone
+
+
+# --- #45: the plots read as they should --------------------------------------------------------
+#: A committed AlexNet run: 10 bars a panel of its phase plot.
+ROOFED = Path(__file__).resolve().parent.parent / "results" / \
+    "2026-11-26-cpu-2core-xeon-alexnet-ceilings"
+
+
+def _drawn(plt, monkeypatch, draw):
+    """The figures `draw(plt)` saves, drawn (their text laid out), instead of written."""
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path, legend=True: figures.append(fig))
+    draw(plt)
+    for fig in figures:
+        fig.canvas.draw()
+    return figures
+
+
+def test_a_legend_entry_is_its_algorithm_s_colour_not_its_first_bar_s_style():
+    """An algorithm whose first bar was noisy (faded) or busy (hatched) looked so in the
+    legend, which takes a bar series' first bar: the entry is the plain colour."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    df = results.frame(rows({("gemm", "conv3"): SHARED, ("winograd-2x2", "conv3"): NOISY,
+                             ("torch-cpu", "conv3"): FAST, ("gemm", "conv4"): FAST}))
+    ok = df[(df["pass"] == "fwd") & (df["status"] == "ok")]
+    fig, ax = plt.subplots()
+    plots.bar_groups(ax, ok, "median_ms", ["gemm", "winograd-2x2", "torch-cpu"],
+                     ["conv3", "conv4"])
+    legend = ax.legend()
+    entries = dict(zip([t.get_text() for t in legend.get_texts()], legend.legend_handles))
+    for algo in ("gemm", "winograd-2x2"):
+        handle = entries[algo]
+        assert handle.get_alpha() in (None, 1.0), algo
+        assert not getattr(handle, "get_hatch", lambda: None)(), algo
+    from matplotlib.container import BarContainer
+
+    wino = [c for c in ax.containers if isinstance(c, BarContainer)][1]
+    assert [b.get_alpha() for b in wino.patches] == [0.4, None]  # the bar itself is faded
+    plt.close(fig)
+
+
+def test_log_axes_read_in_plain_numbers(monkeypatch):
+    """The time plots, the roofline and the speed-up curves labelled their log ticks 6x10^1."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    df, env = results.load_run(ROOFED)
+    one = df[df["layer"].isin(["conv3", "conv4"])]
+    figures = _drawn(plt, monkeypatch, lambda p: plots.plot(one, Path("unused"), env))
+    labels = [t.get_text() for fig in figures for ax in fig.axes
+              for axis in (ax.xaxis, ax.yaxis) if axis.get_scale() == "log"
+              for t in axis.get_ticklabels(minor=True) + axis.get_ticklabels()]
+    assert [t for t in labels if t], "no log axis labelled"
+    assert [t for t in labels if "10^" in t or "times" in t or "e+" in t] == []
+    assert {"10", "20", "100"} & set(labels)
+    for fig in figures:
+        plt.close(fig)
+
+
+def test_the_phase_plot_s_labels_do_not_run_into_each_other(monkeypatch):
+    """phases.png wrote each bar's total above it and its layer under it, ten bars a panel,
+    one into the next: every label of a panel stands clear of the others."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    df, _ = results.load_run(ROOFED)
+    one = df[df["algo"].isin(["winograd-4x4", "gemm"])]
+    (fig,) = _drawn(plt, monkeypatch, lambda p: plots.phase_plot(p, one, Path("unused")))
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        texts = [t for t in ax.get_xticklabels() + ax.texts if t.get_text()]
+        assert len(texts) >= 10
+        boxes = [t.get_window_extent(renderer) for t in texts]
+        clash = [(texts[i].get_text(), texts[j].get_text())
+                 for i in range(len(boxes)) for j in range(i + 1, len(boxes))
+                 if boxes[i].overlaps(boxes[j])]
+        assert clash == [], ax.get_title()
+    plt.close(fig)
+
+
+def test_a_case_that_did_not_run_is_marked_as_large_as_the_axis_labels():
+    """The `u` of an unsupported case was x-small, hard to find under the bars."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    from matplotlib.font_manager import FontProperties
+
+    df = results.frame(rows(TIMES))
+    fwd = df[df["pass"] == "fwd"]
+    fig, ax = plt.subplots()
+    plots.bar_groups(ax, fwd[fwd["status"] == "ok"], "median_ms",
+                     ["gemm", "winograd-2x2", "torch-cpu"], ["conv3", "conv4"],
+                     missing=fwd[fwd["status"] != "ok"])
+    marks = [t for t in ax.texts if t.get_text() in plots.NOT_RUN_MARKS.values()]
+    assert [t.get_text() for t in marks] == ["f", "m"]
+    tick = FontProperties(size=ax.get_xticklabels()[0].get_fontsize())
+    assert all(t.get_fontsize() >= tick.get_size_in_points() for t in marks)
+    plt.close(fig)

@@ -27,6 +27,7 @@ import pandas as pd
 
 from ..algos.registry import TORCH_ALGOS
 from ..catalogs import selection
+from ..core.fmt import plain_log
 from ..core.problem import ConvProblem
 from . import ranking
 
@@ -219,7 +220,7 @@ def _label(name: str, ran: pd.DataFrame) -> str:
 
 def _axes(ax, baseline: str, title: str) -> None:
     ax.axhline(1, color="black", linewidth=0.8)
-    ax.set_yscale("log")
+    plain_log(ax, "y")
     ax.set_xlim(0, 100)
     ax.set_xlabel("problems, sorted by speed-up (%)")
     ax.set_ylabel(f"speed-up over {baseline} (log)")
