@@ -193,7 +193,8 @@ def bar_groups(ax, rows: pd.DataFrame, value: str, algos: list[str], layers: lis
             high = [indexed["ci_high_ms"].get((la, algo), math.nan) for la in layers]
             yerr = [[h - lo if pd.notna(lo) else 0 for h, lo in zip(heights, low)],
                     [hi - h if pd.notna(hi) else 0 for h, hi in zip(heights, high)]]
-        bars = ax.bar(x, heights, width, color=f"C{i}", yerr=yerr,
+        # the series is named `_algo`: matplotlib leaves it out of the legend (`legend_entry`)
+        bars = ax.bar(x, heights, width, color=f"C{i}", yerr=yerr, label=f"_{algo}",
                       error_kw={"elinewidth": 0.8, "capsize": 1.5})
         legend_entry(ax, f"C{i}", algo)
         if value == "median_ms":
