@@ -298,3 +298,31 @@ def test_a_run_time_in_prose_is_the_committed_run_s_own():
             assert took == fmt_duration(prose.run_seconds(env)), (page, folder)
             stated.append(folder)
     assert stated  # commands.md states the default sweep's
+
+
+def test_a_model_zoo_installs_beside_the_pinned_torch_and_is_measured():
+    """#45: a model zoo built on torchvision (timm) could not be installed beside the pinned
+    CPU torch without replacing it. problems.md says how: torchvision built for the Makefile's
+    torch, from PyTorch's CPU index, then the zoo with `--no-deps`, then `bench --model` on one
+    of its models (those lines parse as every page's commands do)."""
+    page = DOCS / "pages" / "problems.md"
+    (block,) = [body for _, body in blocks(page, "console") if "--no-deps timm" in body]
+    lines = [line.split("#")[0].split() for line in block.splitlines()]
+    order = [" ".join(words) for words in lines
+             if len(words) > 2 and Path(words[0]).name == "pip" and words[1] == "install"]
+    torch_pin = re.search(r'TORCH\s*\?=\s*torch==(\S+)', (REPO / "Makefile").read_text())[1]
+    vision = next(i for i, text in enumerate(order) if "torchvision==" in text)
+    zoo = next(i for i, text in enumerate(order) if text.endswith("--no-deps timm"))
+    assert vision < zoo, order
+    assert "--index-url https://download.pytorch.org/whl/cpu" in order[vision]
+    assert f"the CPU build for torch {torch_pin}" in block
+    measured = [line for line in block.splitlines() if "bench --model timm." in line]
+    assert measured and block.index("--no-deps timm") < block.index(measured[0])
+    assert all(line in commands(page) for line in measured)  # each parses (its own test)
+    if importlib.util.find_spec("timm") is None:
+        return  # the zoo is not installed here: the lines above are what the docs promise
+    from convbench.planning import models
+
+    found = models.conv_layers(models.load("timm.models:resnet50"), (1, 3, 64, 64), "timm",
+                               "cpu")
+    assert sum(found.occurrences.values()) >= 50

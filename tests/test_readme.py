@@ -78,7 +78,7 @@ def convbench_argv(line: str) -> list[str] | None:
                 return [{"BENCH_ARGS": "bench", "CHECK_ARGS": "gpu-check"}[name],
                         *shlex.split(value)]
         return None
-    if words[0] == "convbench":
+    if Path(words[0]).name == "convbench":  # convbench, .venv/bin/convbench
         return words[1:]
     if "-m" in words and words[words.index("-m") + 1:][:1] == ["convbench"]:
         return words[words.index("-m") + 2:]
