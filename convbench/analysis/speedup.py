@@ -114,9 +114,9 @@ def against_torch(df: pd.DataFrame) -> pd.DataFrame:
     (`is_ours`) against torch's fastest convolution (`is_torchs`), each in its faster layout:
     their medians and the ratio of ours to torch's (below 1: ours is faster) with its 95%
     interval (`ranking.Candidate.ratio_to`, paired by round: they were timed side by side).
-    `outcome`: `ours` or `torch` where the interval excludes 1, else `tie`; empty with NaN
-    ratio where either side has no fair verified time (not run, failed, busy). Rows only for
-    the problems where both sides were asked for."""
+    `outcome`: `ours` or `torch` where the interval excludes 1, else `tie`; every cell empty
+    (NaN) where either side has no fair verified time (not run, failed, busy: the fastest left
+    would not be the best). Rows only for the problems where both sides were asked for."""
     out = []
     for (layer, pass_, precision), rows in df.groupby(["layer", "pass", "precision"],
                                                       sort=False):
@@ -129,11 +129,10 @@ def against_torch(df: pd.DataFrame) -> pd.DataFrame:
         cell = dict.fromkeys(AGAINST_TORCH, "")
         cell.update(layer=layer, precision=precision, ratio=math.nan, low=math.nan,
                     high=math.nan, own_ms=math.nan, torch_ms=math.nan, **{"pass": pass_})
-        for side, c in (("own", own), ("torch", torch)):
-            if c is not None:
+        if own is not None and torch is not None:  # one side alone would name a pick that
+            for side, c in (("own", own), ("torch", torch)):  # a busy faster one may beat
                 cell.update({side: c.algo, f"{side}_layout": c.layout,
                              f"{side}_ms": c.median_ms})
-        if own is not None and torch is not None:
             r = own.ratio_to(torch)
             cell.update(ratio=r.value, low=math.nan if r.low is None else r.low,
                         high=math.nan if r.high is None else r.high,
