@@ -683,3 +683,11 @@ def test_a_case_that_did_not_run_is_marked_as_large_as_the_axis_labels():
     tick = FontProperties(size=ax.get_xticklabels()[0].get_fontsize())
     assert all(t.get_fontsize() >= tick.get_size_in_points() for t in marks)
     plt.close(fig)
+
+
+def test_torch_s_convolution_is_what_a_model_runs_not_cudnn_s_algorithms_one_by_one():
+    from convbench.analysis import speedup
+
+    assert [a for a in ("torch-cpu", "cudnn", "cudnn-autotune", "cudnn-find-fft", "gemm",
+                        "gemm-cublas") if speedup.is_torchs(a)] == ["torch-cpu", "cudnn",
+                                                                   "cudnn-autotune"]

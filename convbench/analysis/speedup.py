@@ -98,9 +98,10 @@ def speedups(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
 
 
 def is_torchs(algo: str) -> bool:
-    """torch's own convolution: `torch-cpu` (oneDNN) on the CPU, cuDNN's picks through torch
-    (`cudnn`, `cudnn-autotune`, `cudnn-find-*`) on a GPU."""
-    return algo in TORCH_ALGOS or algo.startswith("cudnn")
+    """torch's own convolution, as a model runs it: `torch-cpu` (oneDNN) on the CPU, cuDNN's
+    picks through torch on a GPU (`cudnn`, `cudnn-autotune`); not cuDNN's algorithms one by one
+    (`cudnn-find-*`), which torch does not choose."""
+    return algo in TORCH_ALGOS
 
 
 #: The columns of `against_torch`: the best of ours and torch's fastest, each in its faster

@@ -374,11 +374,12 @@ def torch_section(df: pd.DataFrame) -> list[str]:
                        "other (add it to `--algos`)."), ""]
     vs = speedup.against_torch(df)
     out += [("Per layer and pass, the fastest of our own algorithms against torch's fastest "
-             "convolution (oneDNN's `torch-cpu` on the CPU, cuDNN's on a GPU), each in its "
-             "faster layout: the ratio of our median to torch's (below 1: ours is faster) with "
-             "its 95% interval, paired by round (they were timed side by side); the one whose "
-             "interval excludes 1 is faster, else a tie. A cell is empty where either has no "
-             "verified time on a quiet machine (see Which wins and Not measured)."), ""]
+             "convolution (oneDNN's `torch-cpu` on the CPU, `cudnn` or `cudnn-autotune` on a "
+             "GPU), each in its faster layout: the ratio of our median to torch's (below 1: "
+             "ours is faster) with its 95% interval, paired by round (they were timed side by "
+             "side); the one whose interval excludes 1 is faster, else a tie. A cell is empty "
+             "where either has no verified time on a quiet machine (see Which wins and Not "
+             "measured)."), ""]
     wide = not many_problems(df)
     for precision, rows in vs.groupby("precision", sort=False):
         counts = rows["outcome"].value_counts()
