@@ -69,6 +69,35 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, names):
     assert out == ""
 
 
+#: A cheap run's other options: were an empty list read as not given, the run is small.
+CHEAP = ["--algos", "torch-cpu", "--passes", "fwd", "--layouts", "nchw", "--precision", "fp32",
+         "--batch", "1", *FAST]
+
+
+@pytest.mark.parametrize("option, names", [
+    ("--algos", "no algo given; valid: direct"), ("--passes", "no pass given; valid: fwd"),
+    ("--layouts", "no layout given; valid: nchw"),
+    ("--precision", "no precision given; valid: fp64"), ("--layers", "no layer given; valid: "),
+    ("--class", "unknown class ''")])
+def test_an_empty_comma_list_is_refused(capsys, tmp_path, option, names):
+    """#45: `--algos ""` ran every algorithm: a comma list given empty is bad input, not the
+    default."""
+    command = "sweep" if option == "--layers" else "bench"
+    pairs = dict(zip(CHEAP[::2], CHEAP[1::2]))
+    cheap = [a for name, value in pairs.items() if name != option for a in (name, value)]
+    code, out, err = run_cli(capsys, command, option, "", *cheap, "--out",
+                             str(tmp_path / "run"))
+    assert code == 2 and out == "", err
+    assert err.count("\n") == 1 and names in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_gpu_check_refuses_an_empty_algo_list(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "gpu-check", "--device", "cpu", "--algos", "", "--out",
+                           str(tmp_path / "out"))
+    assert code == 2 and err.count("\n") == 1 and "no algo given" in err, err
+
+
 @pytest.mark.skipif(backends.available("cuda") is None, reason="this machine has a GPU")
 def test_cuda_without_gpu_names_what_is_valid(capsys):
     code, _, err = run_cli(capsys, "layer", "conv2", "--device", "cuda")
@@ -356,6 +385,20 @@ def test_resume_with_a_contradicting_option_is_one_line_and_writes_nothing(tmp_p
     monkeypatch.setattr(runner, "prepare", REAL_PREPARE)
     code, _, err = run_cli(capsys, *SMALL, "--resume", "--out", str(folder))
     assert code == 0, err
+
+
+def test_resume_names_the_default_batch_a_run_was_made_at(tmp_path, capsys, interrupt):
+    """#45: a run given no --batch ran at the device's default; --batch other than it names
+    that batch, not a blank."""
+    folder = tmp_path / "run"
+    interrupt(2)
+    no_batch = [a for a in SMALL if a not in ("--batch", "2")]
+    code, _, _ = run_cli(capsys, *no_batch, "--out", str(folder))
+    assert code == 130
+    code, out, err = run_cli(capsys, "bench", "--batch", "2", "--resume", "--out", str(folder))
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert (f"--batch 2 contradicts the run in {folder}, made without --batch, at the default "
+            "batch 8 (env.json)") in err, err
 
 
 def as_schema_0(folder: Path, argv: bool = True) -> None:

@@ -38,3 +38,21 @@ def test_machine_refuses_bad_input_in_one_line(capsys):
             code = exc.code
         err = capsys.readouterr().err
         assert code == 2 and says in err and err.count("\n") == 1, err
+
+
+def test_machine_says_its_ceilings_came_from_the_cache_and_when(capsys, monkeypatch, tmp_path,
+                                                               real_ceilings):
+    """#45: `convbench machine` printed cached ceilings as if measured now: the first call
+    measures (and says so), the second reads the cache and says that, and when they were
+    measured."""
+    monkeypatch.setattr(ceilings, "measure", real_ceilings)
+    monkeypatch.setenv("CONVBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(ceilings, "measure_cpu", lambda threads, scale=1.0: fake_ceilings(
+        threads=threads, measured_at="2026-01-01T00:00:00+00:00"))
+    _, first, _ = run(capsys, "machine", "--threads", "1")
+    _, second, _ = run(capsys, "machine", "--threads", "1")
+    assert "measured 2026-01-01T00:00:00+00:00, for this run" in first.splitlines()[0]
+    assert ("measured 2026-01-01T00:00:00+00:00, taken from this machine's cache "
+            "(`convbench machine --refresh` measures again)") in second.splitlines()[0]
+    _, again, _ = run(capsys, "machine", "--threads", "1", "--refresh")
+    assert "for this run" in again.splitlines()[0]

@@ -109,7 +109,7 @@ def test_bad_calls_raise_one_clear_error(call, msg):
 def test_unsupported_raises_with_the_reason():
     impl = registry.get("torch-cpu", "numpy")
     assert registry.supports(impl, convbench.ConvProblem(1, 1, 3, 3, 1, 1, 1), "fwd", "nchw",
-                             "fp16") == "torch-cpu on numpy runs fp64/fp32, not fp16"
+                             "fp16") == "torch-cpu on numpy runs fp64/fp32/bf16, not fp16"
 
 
 def test_a_memoized_pass_keeps_no_array_of_its_last_call():

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -30,6 +31,20 @@ from convbench import cli
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
+
+
+def committed_runs(repo: Path = REPO) -> list[Path]:
+    """The committed run folders: those under `repo`'s results/ that git tracks a file of, so
+    a run a user left there uncommitted (`--out results/...`) is not read as a finding; where
+    `repo` is no git checkout (an unpacked sdist), every folder there."""
+    results_dir = repo / "results"
+    try:
+        proc = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "--", "results"],
+                              capture_output=True, text=True, timeout=60, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return sorted(p for p in results_dir.iterdir() if p.is_dir())
+    tracked = {Path(f).parts[1] for f in proc.stdout.split("\0") if f.count("/") >= 2}
+    return sorted(results_dir / name for name in tracked if (results_dir / name).is_dir())
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 #: A markdown link or image: [text](target) or ![alt](target).
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
@@ -63,7 +78,7 @@ def convbench_argv(line: str) -> list[str] | None:
                 return [{"BENCH_ARGS": "bench", "CHECK_ARGS": "gpu-check"}[name],
                         *shlex.split(value)]
         return None
-    if words[0] == "convbench":
+    if Path(words[0]).name == "convbench":  # convbench, .venv/bin/convbench
         return words[1:]
     if "-m" in words and words[words.index("-m") + 1:][:1] == ["convbench"]:
         return words[words.index("-m") + 2:]
@@ -215,3 +230,31 @@ def test_the_python_example_runs_as_shown(code, shown, tmp_path, monkeypatch, ca
     printed = {" ".join(line.split()) for line in capsys.readouterr().out.splitlines()}
     for header in _headers(shown):
         assert header in printed, f"README's python example no longer prints {header!r}"
+
+
+def _headline(text: str) -> tuple[str, dict[str, list[str]]]:
+    """The README's headline table: its run folder (the first linked after it) and its rows
+    by their first cell."""
+    start = text.index("| best own / torch-cpu [95% interval]")
+    lines = text[start:].split("\n\n")[0].splitlines()
+    folder = re.search(r"\(results/([^/)]+)/report\.md\)", text[start:])[1]
+    return folder, {c[0]: c[1:] for c in ([x.strip() for x in line.strip("|").split("|")]
+                                           for line in lines)}
+
+
+def test_the_headline_table_is_its_run_s_report_section():
+    """#45: the README's headline table (best own against torch-cpu per layer and pass) is what
+    its run's report now says in "Best of ours against torch": the same ratios and intervals,
+    and the same algorithms named."""
+    from convbench.analysis import speedup
+    from convbench.analysis.report import tables
+    from convbench.core import results
+
+    folder, readme = _headline(README.read_text())
+    df, _ = results.load_run(REPO / "results" / folder)
+    section = tables.torch_table(speedup.against_torch(df), wide=True)
+    assert readme["best own / torch-cpu [95% interval]"] == list(section.columns)
+    for pass_ in ("fwd", "bwd_data", "bwd_filter"):
+        assert readme[pass_] == list(section.loc[pass_]), pass_
+    named = [cell.split()[0] for cell in section.loc["fwd: best own"]]
+    assert readme["fwd: best own algorithm"] == named

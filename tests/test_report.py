@@ -1,6 +1,7 @@
 import csv
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -505,7 +506,9 @@ def test_a_large_run_lists_each_algorithm_s_row_nearest_its_roof(monkeypatch):
     monkeypatch.setattr(prose, "ROOF_MAX_ROWS", 3)
     text = report.markdown(results.frame(rows(TIMES)), ceilings_env())
     section = text.split("## How far from the roof")[1].split("\n## ")[0]
-    assert "8 rows: each (algo, pass, layout)'s row nearest the ceiling" in section
+    # #45: it said "8 rows: each ..." above a table of 6
+    assert ("The best of 8 rows: for each (algo, pass, layout), of its rows the one nearest "
+            "the ceiling in its own operations (6 listed).") in section
     assert section.count("| conv") == 6  # 3 algos x 2 passes
 
 
@@ -530,3 +533,161 @@ def test_the_roofline_is_drawn_from_env_json_s_ceilings(tmp_path):
     assert names[-1] == "roofline.png"
     assert (tmp_path / "roofline.png").read_bytes()[:4] == b"\x89PNG"
     assert "![roofline](roofline.png)" in report.markdown(df, env, names)
+
+
+def test_the_header_says_how_long_the_run_took_from_its_readings():
+    """#45: the header promised "the whole sweep finishes in 15 minutes"; it states what the
+    run took (env.json's load readings, each sitting start to end), or nothing."""
+    df = results.frame(rows(TIMES))
+    env = {"run": {"backend": "numpy"},
+           "load": [{"when": "start", "time": "2026-11-26T21:41:26+00:00"},
+                    {"when": "end", "time": "2026-11-26T21:44:32+00:00"},
+                    {"when": "resumed start", "time": "2026-11-27T08:00:00+00:00"},
+                    {"when": "end", "time": "2026-11-27T08:01:00+00:00"}]}
+    assert prose.run_seconds(env) == 246
+    text = report.markdown(df, env)
+    assert "- took: 4m06s (env.json's load readings, start to end)" in text
+    assert "minutes" not in text.split("\n## ")[0]
+    assert "- took:" not in report.markdown(df, {"run": {"backend": "numpy"}})
+
+
+@pytest.mark.parametrize("source, says", [
+    ("cache", ("measured 2026-01-01T00:00:00+00:00, taken from this machine's cache "
+               "(`convbench machine --refresh` measures again)")),
+    ("measured", "measured 2026-01-01T00:00:00+00:00, for this run"),
+    (None, "measured 2026-01-01T00:00:00+00:00):")])
+def test_the_header_says_whether_the_ceilings_came_from_the_cache(source, says):
+    """#45: the header showed cached ceilings as if measured for the run; it says where they
+    came from and when they were measured (a record from before `source` says when only)."""
+    env = ceilings_env(measured_at="2026-01-01T00:00:00+00:00", source=source)
+    if source is None:
+        del env["ceilings"]["source"]
+    header = report.markdown(results.frame(rows(TIMES)), env).split("## Which wins")[0]
+    assert f"- ceilings of Fake CPU (cpu, 2 threads, {says}" in header
+
+
+def test_every_report_sets_the_best_of_ours_against_torch_per_layer_and_pass():
+    """#45: the report did not answer the first question, how the best of ours does against
+    torch's convolution layer by layer and pass by pass ("Which wins" sets the winner against
+    its runner-up): a section of every run's report, the README's table."""
+    from convbench.analysis import speedup
+
+    df = results.frame(rows(TIMES))
+    vs = speedup.against_torch(df).set_index(["layer", "pass"])
+    conv3 = vs.loc[("conv3", "fwd")]  # winograd-2x2 (FAST) against torch-cpu (NOISY)
+    assert (conv3["own"], conv3["torch"]) == ("winograd-2x2", "torch-cpu")
+    assert conv3["ratio"] == pytest.approx(FAST.median / NOISY.median)
+    assert conv3["low"] < conv3["ratio"] < conv3["high"] and conv3["outcome"] == "ours"
+    conv4 = vs.loc[("conv4", "fwd")]  # torch-cpu out of memory: nothing to set against
+    assert conv4["own"] == conv4["torch"] == conv4["outcome"] == ""
+    text = report.markdown(df, {"run": {"backend": "numpy"}})
+    section = text.split("## Best of ours against torch")[1].split("\n## ")[0]
+    assert text.index("## Best of ours against torch") < text.index("## Which wins")
+    assert "| best own / torch-cpu [95% interval]" in section
+    line = next(x for x in section.splitlines() if x.startswith("| fwd "))
+    assert f"{conv3['ratio']:.2f} [{conv3['low']:.2f}, {conv3['high']:.2f}]" in line
+    assert "winograd-2x2 nchw 1.01 ms" in section and "torch-cpu nchw" in section
+    assert ("Ours faster in 2, torch's in 0, a tie in 0 of 4 (layer, pass); 2 not compared."
+            in section)
+    alone = report.markdown(df[df["algo"] != "torch-cpu"], {"run": {"backend": "numpy"}})
+    assert "This run measured none of torch's convolution" in alone
+
+
+# --- #45: the plots read as they should --------------------------------------------------------
+#: A committed AlexNet run: 10 bars a panel of its phase plot.
+ROOFED = Path(__file__).resolve().parent.parent / "results" / \
+    "2026-11-26-cpu-2core-xeon-alexnet-ceilings"
+
+
+def _drawn(plt, monkeypatch, draw):
+    """The figures `draw(plt)` saves, drawn (their text laid out), instead of written."""
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path, legend=True: figures.append(fig))
+    draw(plt)
+    for fig in figures:
+        fig.canvas.draw()
+    return figures
+
+
+def test_a_legend_entry_is_its_algorithm_s_colour_not_its_first_bar_s_style():
+    """An algorithm whose first bar was noisy (faded) or busy (hatched) looked so in the
+    legend, which takes a bar series' first bar: the entry is the plain colour."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    df = results.frame(rows({("gemm", "conv3"): SHARED, ("winograd-2x2", "conv3"): NOISY,
+                             ("torch-cpu", "conv3"): FAST, ("gemm", "conv4"): FAST}))
+    ok = df[(df["pass"] == "fwd") & (df["status"] == "ok")]
+    fig, ax = plt.subplots()
+    plots.bar_groups(ax, ok, "median_ms", ["gemm", "winograd-2x2", "torch-cpu"],
+                     ["conv3", "conv4"])
+    legend = ax.legend()
+    entries = dict(zip([t.get_text() for t in legend.get_texts()], legend.legend_handles))
+    for algo in ("gemm", "winograd-2x2"):
+        handle = entries[algo]
+        assert handle.get_alpha() in (None, 1.0), algo
+        assert not getattr(handle, "get_hatch", lambda: None)(), algo
+    from matplotlib.container import BarContainer
+
+    wino = [c for c in ax.containers if isinstance(c, BarContainer)][1]
+    assert [b.get_alpha() for b in wino.patches] == [0.4, None]  # the bar itself is faded
+    plt.close(fig)
+
+
+def test_log_axes_read_in_plain_numbers(monkeypatch):
+    """The time plots, the roofline and the speed-up curves labelled their log ticks 6x10^1."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    df, env = results.load_run(ROOFED)
+    one = df[df["layer"].isin(["conv3", "conv4"])]
+    figures = _drawn(plt, monkeypatch, lambda p: plots.plot(one, Path("unused"), env))
+    labels = [t.get_text() for fig in figures for ax in fig.axes
+              for axis in (ax.xaxis, ax.yaxis) if axis.get_scale() == "log"
+              for t in axis.get_ticklabels(minor=True) + axis.get_ticklabels()]
+    assert [t for t in labels if t], "no log axis labelled"
+    assert [t for t in labels if "10^" in t or "times" in t or "e+" in t] == []
+    assert {"10", "20", "100"} & set(labels)
+    for fig in figures:
+        plt.close(fig)
+
+
+def test_the_phase_plot_s_labels_do_not_run_into_each_other(monkeypatch):
+    """phases.png wrote each bar's total above it and its layer under it, ten bars a panel,
+    one into the next: every label of a panel stands clear of the others."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    df, _ = results.load_run(ROOFED)
+    one = df[df["algo"].isin(["winograd-4x4", "gemm"])]
+    (fig,) = _drawn(plt, monkeypatch, lambda p: plots.phase_plot(p, one, Path("unused")))
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        texts = [t for t in ax.get_xticklabels() + ax.texts if t.get_text()]
+        assert len(texts) >= 10
+        boxes = [t.get_window_extent(renderer) for t in texts]
+        clash = [(texts[i].get_text(), texts[j].get_text())
+                 for i in range(len(boxes)) for j in range(i + 1, len(boxes))
+                 if boxes[i].overlaps(boxes[j])]
+        assert clash == [], ax.get_title()
+    plt.close(fig)
+
+
+def test_a_case_that_did_not_run_is_marked_as_large_as_the_axis_labels():
+    """The `u` of an unsupported case was x-small, hard to find under the bars."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    from matplotlib.font_manager import FontProperties
+
+    df = results.frame(rows(TIMES))
+    fwd = df[df["pass"] == "fwd"]
+    fig, ax = plt.subplots()
+    plots.bar_groups(ax, fwd[fwd["status"] == "ok"], "median_ms",
+                     ["gemm", "winograd-2x2", "torch-cpu"], ["conv3", "conv4"],
+                     missing=fwd[fwd["status"] != "ok"])
+    marks = [t for t in ax.texts if t.get_text() in plots.NOT_RUN_MARKS.values()]
+    assert [t.get_text() for t in marks] == ["f", "m"]
+    tick = FontProperties(size=ax.get_xticklabels()[0].get_fontsize())
+    assert all(t.get_fontsize() >= tick.get_size_in_points() for t in marks)
+    plt.close(fig)
+
+
+def test_torch_s_convolution_is_what_a_model_runs_not_cudnn_s_algorithms_one_by_one():
+    from convbench.analysis import speedup
+
+    assert [a for a in ("torch-cpu", "cudnn", "cudnn-autotune", "cudnn-find-fft", "gemm",
+                        "gemm-cublas") if speedup.is_torchs(a)] == ["torch-cpu", "cudnn",
+                                                                   "cudnn-autotune"]

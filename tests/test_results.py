@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from test_readme import committed_runs
 
 from convbench.analysis import report
 from convbench.catalogs.layers import Layer
@@ -15,7 +16,7 @@ from convbench.core.problem import ConvProblem
 from convbench.measure import runner
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMITTED = sorted(p.parent for p in (ROOT / "results").glob("*/measurements.csv"))
+COMMITTED = [p for p in committed_runs(ROOT) if (p / "measurements.csv").exists()]
 #: The oldest committed run: written before the interval, contention and host columns.
 OLDEST = ROOT / "results" / "2026-11-21-cpu-2core-alexnet"
 

@@ -3,6 +3,7 @@ processes) writes exactly the rows of an unsharded bench, no case lost or measur
 when a rank dies and the run is resumed; the merging of partial files on its own."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -104,6 +105,40 @@ def test_a_dead_rank_loses_only_its_unfinished_cases(unsharded, tmp_path):
         folder / "measurements.csv")}
     assert all(final[k] == times for k, times in kept.items())  # kept, not measured again
     assert results.partial_files(folder) == []
+
+
+#: Rank 1 late: it waits SLOW_S seconds before its first case, so the run lasts that long at
+#: least, and rank 0, done before it, waits for its rows.
+SLOW_S = 4
+SLOW_RANK = f"""\
+import os, sys, time
+from convbench import cli
+from convbench.measure import runner
+real, started = runner.prepare, []
+def prepare(case, *args, **kw):
+    if os.environ["RANK"] == "1" and not started:
+        time.sleep({SLOW_S})
+    started.append(case)
+    return real(case, *args, **kw)
+runner.prepare = prepare
+sys.exit(cli.main())
+"""
+
+
+def test_rank_0_alone_says_what_the_run_chose_found_and_took(tmp_path):
+    """#45: rank 1 printed its own sample line, row count and summary, and rank 0's summary
+    gave its own seconds, not the run's: rank 0 alone speaks, and its time covers the slowest
+    rank's share."""
+    script = tmp_path / "slow.py"
+    script.write_text(SLOW_RANK)
+    proc = torchrun(*BENCH, "--sample", "3", "--out", str(tmp_path / "run"),
+                    script=[str(script)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    err = proc.stderr
+    assert err.count("3 of 5 problems, a sample drawn with seed 0") == 1, err
+    assert err.count(f"rows in {tmp_path / 'run'}") == 1, err
+    (took,) = re.findall(r"convbench: \d+ cases in (\d+)m(\d\d)s", err)
+    assert 60 * int(took[0]) + int(took[1]) >= SLOW_S, err
 
 
 def row(layer: str, times: str) -> dict:

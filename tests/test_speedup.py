@@ -147,3 +147,21 @@ def test_a_picture_with_nothing_compared_says_why(tmp_path):
 def test_few_problems_draw_no_curve():
     df = pd.DataFrame([_row("a", "torch-cpu", BASE), _row("a", "gemm", BASE)])
     assert report.speedup_section(df, {"run": {"backend": "numpy"}}) == []
+
+
+def test_the_speed_up_axis_reads_in_plain_numbers(tmp_path, monkeypatch):
+    """#45: the log axis of speed-ups near 1 read 6x10^-1; it reads 0.6."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    sp = pd.DataFrame([{"layer": f"l{i}", "pass": "fwd", "precision": "fp32", "class": "dense",
+                        "algo": "gemm", "speedup": 0.6 + i / 10, "low": 0.5 + i / 10,
+                        "high": 0.7 + i / 10, "outcome": "tie", "winner": ""}
+                       for i in range(8)])
+    figures = []
+    monkeypatch.setattr(plt.Figure, "savefig", lambda fig, *a, **k: figures.append(fig))
+    speedup.draw(plt, sp, "torch-cpu", "fwd", tmp_path / "s.png")
+    (fig,) = figures
+    fig.canvas.draw()
+    labels = [t.get_text() for t in fig.axes[0].yaxis.get_ticklabels(minor=True)
+              + fig.axes[0].yaxis.get_ticklabels() if t.get_text()]
+    assert labels and all("10^" not in t and "times" not in t for t in labels), labels
+    assert "0.6" in labels

@@ -124,18 +124,23 @@ def _alexnet(layer: str) -> ConvProblem:
     return next(x.problem for x in net_layers("alexnet") if x.name == layer).with_batch(1)
 
 
+@pytest.mark.parametrize("library", ["torch", "numpy"])
 @pytest.mark.parametrize("pass_", PASSES)
 @pytest.mark.parametrize("layer", ["conv3", "conv4"])
-def test_fp32_error_on_alexnet_4x4_worse_than_2x2(layer, pass_):
-    """The bigger tile's larger transform coefficients (up to 8 in Aᵀ, 5 in Bᵀ, vs 1) amplify
-    rounding: measured ~6x (fwd, bwd_data) and ~5x (bwd_filter) on the same data. Both stay far
-    inside their tolerances, and far above float64 rounding, so fp32 really is fp32."""
+def test_fp32_error_on_alexnet_inside_the_tolerance_on_either_library(layer, pass_, library,
+                                                                      monkeypatch):
+    """Each tile's fp32 error on AlexNet lies inside its tolerance and above float64 rounding
+    (fp32 really is fp32), whichever library runs the products: the probe picks one per shape
+    and per run (`algos.products`), so both are forced here. Which tile's error is the larger
+    is not asserted: an order of rounding errors on random data holds on one CPU and BLAS and
+    not on another (issue #45: F(6x6) 1.16x F(4x4) with their products on two libraries; the
+    measurements are in docs/pages/measurement.md)."""
+    monkeypatch.setenv(products.GEMM_ENV, library)
     problem = _alexnet(layer)
-    two, four = (run_and_check(_impl(a), problem, pass_, "nchw", "fp32", seed=1)
-                 for a in ("winograd-2x2", "winograd-4x4"))
-    assert two.ok and four.ok, (two.reason, four.reason)
-    assert four.rel_error > 3 * two.rel_error, (four.rel_error, two.rel_error)
-    assert two.rel_error > 1e-8
+    for algo in ("winograd-2x2", "winograd-4x4", "winograd-6x6"):
+        got = run_and_check(_impl(algo), problem, pass_, "nchw", "fp32", seed=1)
+        assert got.ok, (algo, got.reason)
+        assert 1e-8 < got.rel_error <= got.tolerance, (algo, got.rel_error, got.tolerance)
 
 
 @pytest.mark.parametrize("library", ["torch", "numpy"])
@@ -207,16 +212,6 @@ def test_phases_replay_the_pass(algo, pass_, layout):
     (partial edge tiles in both axes)."""
     problem = ConvProblem(n=2, c=3, h=11, w=9, k=4, r=3, s=3, pad=1)
     assert_phases_replay(_impl(algo), problem, pass_, layout)
-
-
-def test_6x6_error_is_larger_than_4x4_but_inside_its_tolerance():
-    """F(6x6,3x3)'s coefficients (up to 32 in Aᵀ) amplify rounding further: measured ~2x
-    F(4x4)'s on the same data, still ~25x inside its tolerance."""
-    problem = _alexnet("conv3")
-    four, six = (run_and_check(_impl(a), problem, "fwd", "nchw", "fp32", seed=1)
-                 for a in ("winograd-4x4", "winograd-6x6"))
-    assert six.ok and six.rel_error > 1.2 * four.rel_error, (six.rel_error, four.rel_error)
-    assert six.rel_error < six.tolerance / 10
 
 
 def test_6x6_refuses_5x5_filters():

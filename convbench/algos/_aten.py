@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from ..core.problem import ConvProblem
 from .phases import CONVOLUTION, OUTPUT_COPY, Phased
+from .reference import BFLOAT16
 
 #: The phases of a pass run through torch.
 PHASES = [CONVOLUTION, OUTPUT_COPY]
@@ -19,10 +20,15 @@ PHASES = [CONVOLUTION, OUTPUT_COPY]
 
 def torch_view(a, layout: str):
     """A torch NCHW-indexed view, without a copy, of an array (NumPy, CuPy or torch) stored in
-    `layout`."""
+    `layout`. A NumPy bfloat16 array (ml_dtypes', which DLPack does not carry) is shared as its
+    16-bit words, viewed as torch's bfloat16."""
+    import numpy as np
     import torch
 
-    t = torch.from_dlpack(a)
+    if isinstance(a, np.ndarray) and BFLOAT16 is not None and a.dtype == BFLOAT16:
+        t = torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
+    else:
+        t = torch.from_dlpack(a)
     return t if layout == "nchw" else t.permute(0, 3, 1, 2)
 
 

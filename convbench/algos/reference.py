@@ -12,8 +12,21 @@ import numpy as np
 
 from ..core.problem import LAYOUTS, PASSES, ConvProblem, check_choice
 
-#: Array types the harness makes operands in, per precision (tf32 computes on fp32 storage).
-DTYPES = {"fp64": np.float64, "fp32": np.float32, "tf32": np.float32, "fp16": np.float16}
+
+def _bfloat16():
+    """NumPy's bfloat16 (ml_dtypes', which CuPy's is too), or None where it is not installed."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+BFLOAT16 = _bfloat16()
+#: Array types the harness makes operands in, per precision (tf32 computes on fp32 storage;
+#: bf16 needs ml_dtypes, a dependency: without it bf16 has no array type and does not run).
+DTYPES = {"fp64": np.float64, "fp32": np.float32, "tf32": np.float32, "fp16": np.float16,
+          **({"bf16": BFLOAT16} if BFLOAT16 is not None else {})}
 
 #: NCHW -> layout axis order, for activations and filters alike (KCRS -> KRSC), and back.
 _TO_LAYOUT = {"nchw": (0, 1, 2, 3), "nhwc": (0, 2, 3, 1)}

@@ -27,6 +27,7 @@ import pandas as pd
 
 from ..algos.registry import TORCH_ALGOS
 from ..catalogs import selection
+from ..core.fmt import plain_log
 from ..core.problem import ConvProblem
 from . import ranking
 
@@ -94,6 +95,52 @@ def speedups(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
             out.append(cell)
     return pd.DataFrame(out, columns=["layer", "pass", "precision", "class", "algo",
                                       "speedup", "low", "high", "outcome", "winner"])
+
+
+def is_torchs(algo: str) -> bool:
+    """torch's own convolution, as a model runs it: `torch-cpu` (oneDNN) on the CPU, cuDNN's
+    picks through torch on a GPU (`cudnn`, `cudnn-autotune`); not cuDNN's algorithms one by one
+    (`cudnn-find-*`), which torch does not choose."""
+    return algo in TORCH_ALGOS
+
+
+#: The columns of `against_torch`: the best of ours and torch's fastest, each in its faster
+#: layout, with their medians, the ratio of our time to torch's and its interval, who wins.
+AGAINST_TORCH = ("layer", "pass", "precision", "own", "own_layout", "own_ms", "torch",
+                 "torch_layout", "torch_ms", "ratio", "low", "high", "outcome")
+
+
+def against_torch(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (layer, pass, precision), in the run's order, the fastest of our own algorithms
+    (`is_ours`) against torch's fastest convolution (`is_torchs`), each in its faster layout:
+    their medians and the ratio of ours to torch's (below 1: ours is faster) with its 95%
+    interval (`ranking.Candidate.ratio_to`, paired by round: they were timed side by side).
+    `outcome`: `ours` or `torch` where the interval excludes 1, else `tie`; every cell empty
+    (NaN) where either side has no fair verified time (not run, failed, busy: the fastest left
+    would not be the best). Rows only for the problems where both sides were asked for."""
+    out = []
+    for (layer, pass_, precision), rows in df.groupby(["layer", "pass", "precision"],
+                                                      sort=False):
+        algos = set(rows["algo"])
+        if not any(map(is_ours, algos)) or not any(map(is_torchs, algos)):
+            continue
+        ranked = ranking.rank(rows[(rows["status"] == "ok") & ~ranking.busy_mask(rows)])
+        own = next((c for c in ranked if is_ours(c.algo)), None)
+        torch = next((c for c in ranked if is_torchs(c.algo)), None)
+        cell = dict.fromkeys(AGAINST_TORCH, "")
+        cell.update(layer=layer, precision=precision, ratio=math.nan, low=math.nan,
+                    high=math.nan, own_ms=math.nan, torch_ms=math.nan, **{"pass": pass_})
+        if own is not None and torch is not None:  # one side alone would name a pick that
+            for side, c in (("own", own), ("torch", torch)):  # a busy faster one may beat
+                cell.update({side: c.algo, f"{side}_layout": c.layout,
+                             f"{side}_ms": c.median_ms})
+            r = own.ratio_to(torch)
+            cell.update(ratio=r.value, low=math.nan if r.low is None else r.low,
+                        high=math.nan if r.high is None else r.high,
+                        outcome="tie" if not r.decided else "ours" if r.value < 1
+                        else "torch")
+        out.append(cell)
+    return pd.DataFrame(out, columns=list(AGAINST_TORCH))
 
 
 def _gmean(x: pd.Series) -> float:
@@ -173,7 +220,7 @@ def _label(name: str, ran: pd.DataFrame) -> str:
 
 def _axes(ax, baseline: str, title: str) -> None:
     ax.axhline(1, color="black", linewidth=0.8)
-    ax.set_yscale("log")
+    plain_log(ax, "y")
     ax.set_xlim(0, 100)
     ax.set_xlabel("problems, sorted by speed-up (%)")
     ax.set_ylabel(f"speed-up over {baseline} (log)")

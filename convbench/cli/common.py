@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from ..core import results
-from ..core.fmt import first_line
+from ..core.fmt import first_line, fmt_duration
 from ..core.problem import FIELD_MAX, check_choice
 from ..machine import devices
 from ..measure import memory
@@ -168,10 +168,10 @@ def study_output_options(p, study: str, extras: str, csv_says: str = "",
                          always: bool = False) -> None:
     """--out and --format of a training-step study: its folder, written one way
     (`studies.folder`: report.md, `<study>.csv`, env.json, then the study's own `extras`);
-    `always`: written to a folder under results/ when --out is not given."""
+    `always`: written to a folder under my-runs/ when --out is not given."""
     p.add_argument("--out", help=f"folder for report.md, {study}.csv"
                    + (f" ({csv_says})" if csv_says else "") + f", env.json, {extras}"
-                   + (f" (default results/<date>-<device>-<net>-{study})" if always else ""))
+                   + (f" (default my-runs/<date>-<device>-<net>-{study})" if always else ""))
     p.add_argument("--format", choices=FORMATS, default="table")
 
 
@@ -235,7 +235,7 @@ def summary_line(outcome) -> str:
              "contended": sum(bool(r.get("contended")) for r in ok),
              "throttled": sum(bool(r.get("throttled")) for r in ok),
              "host-bound": sum(bool(r.get("host_bound")) for r in ok)}
-    line = (f"convbench: {len(rows)} cases in {_duration(outcome.seconds)}: "
+    line = (f"convbench: {len(rows)} cases in {fmt_duration(outcome.seconds)}: "
             + ", ".join(f"{n} {s}" for s, n in status.items())
             + "; " + ", ".join(f"{n} {f}" for f, n in flags.items()))
     if outcome.skipped:
@@ -312,7 +312,7 @@ class Progress:
                      row.get("contended")), ("throttled", row.get("throttled"))) if on]
             status = f"{row['median_ms']:.4g} ms" + (f" ({', '.join(marks)})" if marks else "")
         line = (f"[{self.done}/{self.total}] {row['layer']} {row['pass']} {row['layout']} "
-                f"{row['algo']}: {status}  elapsed {_duration(elapsed)}, eta {_duration(eta)}")
+                f"{row['algo']}: {status}  elapsed {fmt_duration(elapsed)}, eta {fmt_duration(eta)}")
         if self.tty:
             width = shutil.get_terminal_size().columns - 1
             self.stream.write("\r" + line[:width].ljust(width))
@@ -324,7 +324,3 @@ class Progress:
         if self.enabled and self.tty and self.done:
             self.stream.write("\n")
             self.stream.flush()
-
-
-def _duration(s: float) -> str:
-    return f"{int(s // 60)}m{int(s % 60):02d}s"

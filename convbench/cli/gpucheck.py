@@ -46,7 +46,7 @@ def _common(args, device) -> tuple[list[str] | None, tuple[str, ...]]:
     names = [layer.name for layer in layers.net_layers(args.net)]
     with usage_errors():
         chosen = choices(args.layers, "layer", tuple(names)) if args.layers else None
-        registry.expand_algos(args.algos or "all", device.backend)
+        registry.expand_algos("all" if args.algos is None else args.algos, device.backend)
         pytest_args = tuple(shlex.split(args.pytest_args))
     return chosen, pytest_args
 
@@ -115,7 +115,7 @@ def cmd_gpu_check(args) -> int:
     device = _device(args)
     chosen, pytest_args = _common(args, device)
     folder = (Path(args.out) if args.out
-              else runs.default_folder(args.net, device.backend, "-gpu-check"))
+              else runs.default_folder(args.net, device.backend, "-gpu-check", runs.FINDINGS))
     if args.tests:
         tested = gpucheck.tests(folder, pytest_args, args.tests_timeout)
         print(gpucheck.tests_line(tested))

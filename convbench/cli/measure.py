@@ -14,6 +14,7 @@ then finds its layers, opens the run folder (`results.RunFolder`), runs the case
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import shlex
@@ -67,7 +68,7 @@ def _given(args, subcommand: str, backend: str, net: str) -> dict:
     checked against `net`'s."""
     layer_names = getattr(args, "layers", None)
     classes = getattr(args, "classes", None)
-    if classes:
+    if classes is not None:
         with usage_errors("--class: "):
             classes = selection.parse_classes(classes)
     with usage_errors():
@@ -82,14 +83,17 @@ def _given(args, subcommand: str, backend: str, net: str) -> dict:
             "stratify": getattr(args, "stratify", None),
             "batches": (None if args.batch is None else
                         tuple(args.batch) if isinstance(args.batch, list) else (args.batch,)),
-            "algos": registry.expand_algos(args.algos, backend) if args.algos else None,
-            "passes": choices(args.passes, "pass", PASSES) if args.passes else None,
-            "layouts": choices(args.layouts, "layout", LAYOUTS) if args.layouts else None,
+            # a comma list given empty (`--algos ""`) is refused, not read as not given
+            "algos": (registry.expand_algos(args.algos, backend) if args.algos is not None
+                      else None),
+            "passes": choices(args.passes, "pass", PASSES) if args.passes is not None else None,
+            "layouts": (choices(args.layouts, "layout", LAYOUTS) if args.layouts is not None
+                        else None),
             "precisions": (choices(args.precision, "precision", PRECISIONS)
-                           if args.precision else None),
+                           if args.precision is not None else None),
             "budget_s": args.time_budget, "target_noise": args.target_noise,
             "memory_limit_bytes": args.memory_limit, "threads": args.threads}
-    if layer_names:
+    if layer_names is not None:
         names = tuple(layer.name for layer in layers.net_layers(net))
         try:
             given["layers"] = tuple(choices(layer_names, "layer", names))
@@ -211,10 +215,15 @@ def stored_spec(args, subcommand: str) -> RunSpec:
         field, value, recorded = conflict
         option = "layers given" if field == "layers" and subcommand == "layer" else \
             _OPTION[field]
+        made = f"made with {option} {_shown(field, recorded)}"
+        if field == "batches" and not spec.batches:  # not given: the batch the run chose
+            ran = run.get("batch")
+            made = "made without --batch" + (
+                "" if ran is None else f", at its problems' own batches {_shown(field, ran)}"
+                if isinstance(ran, list) else f", at the default batch {ran}")
         raise UsageError(f"{option} {_shown(field, value)} contradicts the run in {args.out}, "
-                         f"made with {option} {_shown(field, recorded)} ({ENV_JSON}): resume "
-                         "with its own options (give none), or start another run folder with "
-                         "--out")
+                         f"{made} ({ENV_JSON}): resume with its own options (give none), or "
+                         "start another run folder with --out")
     with usage_errors():
         runs.same_machine(env, args.out)
     return spec
@@ -332,13 +341,19 @@ def _run(args, subcommand: str, kind: str | None = "") -> int:
     None, the default folder `runs.default_folder` names with `kind`), its output."""
     spec = _spec(args, subcommand)
     dev = resolve_device(spec.device)
-    found, source, spec = network(spec, dev)
+    # A sharded run's other ranks say nothing of what rank 0 says for the whole run (what was
+    # chosen, the rows, the summary): their errors, raised out of these blocks, still print.
+    said = (contextlib.redirect_stderr(open(os.devnull, "w"))  # noqa: SIM115
+            if shard.follower() else contextlib.nullcontext())
+    with said:
+        found, source, spec = network(spec, dev)
     folder = (Path(args.out) if args.out else None if kind is None
               else runs.default_folder(spec.net, dev.backend, kind))
     outcome = _measure(args, spec, found, source, dev, folder)
     emit(outcome.frame, args.format, report.layer_table(outcome.frame) if kind is None
          else outcome.report)
-    return finish(outcome, folder)
+    with said:
+        return finish(outcome, folder)
 
 
 def cmd_layer(args) -> int:
@@ -419,7 +434,7 @@ def _sweep_options(p, layer: bool, batch_list: bool = False) -> None:
                    help="no progress lines on stderr (the summary line stays)")
     p.add_argument("--format", choices=FORMATS, default="table")
     p.add_argument("--out", help="run folder to write (measurements.csv, env.json, report.md, "
-                   "plots)" + ("" if layer else "; default results/<date>-<device>-<net>"
+                   "plots)" + ("" if layer else "; default my-runs/<date>-<device>-<net>"
                                                    + ("-sweep" if batch_list else "")))
     p.add_argument("--resume", action="store_true",
                    help="finish the run in --out with the options it was started with (from "

@@ -50,6 +50,11 @@ def fmt_ratio(x: float, digits: int = 2) -> str:
     return f"{x:.{digits}g}×"
 
 
+def fmt_duration(s: float) -> str:
+    """Seconds as minutes and seconds, `3m06s`: how a run's summary line and report say it."""
+    return f"{int(s // 60)}m{int(s % 60):02d}s"
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message ("" for none): what one line of output says."""
     return (str(exc).strip().splitlines() or [""])[0]
@@ -124,6 +129,32 @@ def pyplot():
     except ImportError:
         return None
     return plt
+
+
+def plain_log(ax, axes: str = "y") -> None:
+    """Log scale on `axes` ("x", "y" or "xy") of `ax`, its ticks labelled in plain numbers (60,
+    0.5), not matplotlib's default 6x10^1: the ticks it labels are the default's (which minor
+    ones too, by how many decades the axis spans)."""
+    import numpy as np
+    from matplotlib import ticker
+
+    class Plain(ticker.LogFormatter):
+        def __call__(self, x, pos=None):
+            if not super().__call__(x, pos):
+                return ""
+            return np.format_float_positional(float(f"{x:.3g}"), trim="-")
+
+    for name in axes:
+        axis = ax.xaxis if name == "x" else ax.yaxis
+        (ax.set_xscale if name == "x" else ax.set_yscale)("log")
+        axis.set_major_formatter(Plain())
+        axis.set_minor_formatter(Plain(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
+
+
+def legend_entry(ax, color, label: str) -> None:
+    """A legend entry on `ax` for a series of bars in `color`, drawn as no data: a bar series'
+    own entry takes the style of its first bar, which a mark may have hatched or faded."""
+    ax.plot([], [], linestyle="", marker="s", markersize=9, color=color, label=label)
 
 
 def save_figure(fig, path: Path, legend: bool = True) -> None:

@@ -26,8 +26,8 @@ class Device:
 
 DEVICES = {
     # Batch 8: small enough that the AlexNet sweep (5 layers, every algo, 3 passes, 2 layouts)
-    # ends within 15 minutes on 2 cores; 0.5 s per measurement, each also getting at least
-    # `timing.MIN_REPS` repetitions.
+    # ends in minutes on 2 cores (what a committed run took: docs/pages/commands.md); 0.5 s
+    # per measurement, each also getting at least `timing.MIN_REPS` repetitions.
     "cpu": Device("cpu", "numpy", 8, 0.5),
     "cuda": Device("cuda", "cuda", None, 0.1),  # do_bench's 100 ms of repetitions
     "emu": Device("emu", "emu", 1, 0.05),  # emulated kernels are slow: tiny problems only

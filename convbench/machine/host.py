@@ -43,6 +43,25 @@ def cpu_model(info: Mapping[str, str] | None = None) -> str:
     return info.get("model name") or platform.processor() or platform.machine()
 
 
+#: The CPU flags that say it computes bfloat16 itself: x86's AVX512_BF16 and AMX-BF16 (in
+#: /proc/cpuinfo's `flags`), Arm's BF16 (in its `Features`).
+BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+
+
+def cpu_flags(info: Mapping[str, str] | None = None) -> set[str]:
+    """The CPU's flags (of `info`, else this machine's): x86's `flags`, Arm's `Features`."""
+    info = cpuinfo() if info is None else info
+    return set((info.get("flags") or info.get("Features") or "").split())
+
+
+def bf16_flag(info: Mapping[str, str] | None = None) -> str | None:
+    """The flag by which the CPU computes bfloat16 products itself (`BF16_FLAGS`), or None:
+    without one a library converts to fp32 and back around each product, and a bf16 time
+    measures that emulation, not the precision."""
+    flags = cpu_flags(info)
+    return next((f for f in BF16_FLAGS if f in flags), None)
+
+
 def user_cache() -> Path:
     """$XDG_CACHE_HOME/convbench, else ~/.cache/convbench: where each cache has its folder."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "convbench"

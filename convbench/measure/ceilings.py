@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from ..machine.host import cache_dir
@@ -86,20 +87,21 @@ def measure(device: str = "cpu", threads: int | None = None, *, refresh: bool = 
             scale: float = 1.0) -> Ceilings:
     """The device's ceilings for `threads` threads (None: `threads.count()`): from the cache
     where one matches `cache_key`, else measured (a few seconds) and cached; `refresh`
-    measures again. A measurement that other work contended is returned but not cached: a
+    measures again. The record's `source` says which (`cache` or `measured`). A measurement that other work contended is returned but not cached: a
     ceiling measured low would stand for the machine's until refreshed."""
     device = _device(device)
     threads = threads or thread_count()
     key = cache_key(device, threads, scale)
     path = cache_path(key)
     if not refresh and (cached := _load(path, key)) is not None:
-        return cached
+        return replace(cached, source="cache")
     if device == "cpu":
         ceilings = measure_cpu(threads, scale=scale)
     else:
         ceilings = measure_gpu(threads, scale=scale)
+    ceilings = replace(ceilings, source="measured")
     if not ceilings.contended:
-        _store(path, key, ceilings)
+        _store(path, key, replace(ceilings, source=None))
     return ceilings
 
 

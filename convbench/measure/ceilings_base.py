@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 
 import numpy as np
 
@@ -80,6 +80,10 @@ class Ceilings:
     measured_at: str
     versions: dict[str, str | None]
     schema: int = SCHEMA
+    #: Where the caller got the record: `measured` now, or from this machine's `cache` (first
+    #: measured at `measured_at`); None where unknown (a record from before this field, which
+    #: readers of schema 1 take as absent). Not part of the figures: left out of comparisons.
+    source: str | None = field(default=None, compare=False)
 
     @property
     def contended(self) -> bool:
@@ -90,21 +94,31 @@ class Ceilings:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def provenance(self) -> str:
+        """When the figures were measured, and whether they come from the cache: a cached
+        figure is as old as its date, and a stale or contended one is seen for what it is."""
+        if self.source == "cache":
+            return (f"measured {self.measured_at}, taken from this machine's cache "
+                    "(`convbench machine --refresh` measures again)")
+        if self.source == "measured":
+            return f"measured {self.measured_at}, for this run"
+        return f"measured {self.measured_at}"
+
     @classmethod
     def from_dict(cls, d: Mapping) -> Ceilings:
         """The record back; ValueError for another schema or a record missing a field."""
         if d.get("schema") != SCHEMA:
             raise ValueError(f"ceilings of schema {d.get('schema')!r}; this is schema {SCHEMA}")
-        missing = [f.name for f in fields(cls) if f.name not in d]
+        missing = [f.name for f in fields(cls) if f.name not in d and f.default is MISSING]
         if missing:
             raise ValueError(f"ceilings record lacks {', '.join(missing)}")
-        return cls(**{f.name: d[f.name] for f in fields(cls)})
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
     def __str__(self) -> str:
         def rate(x):
             return "n/a" if x is None else f"{x:.4g}"
 
-        lines = [f"{self.device} ({self.model}), {self.threads} threads, {self.measured_at}",
+        lines = [f"{self.device} ({self.model}), {self.threads} threads, {self.provenance()}",
                  (f"  attainable fp32: {rate(self.gflops_attainable)} GFLOP/s "
                   f"({self.gemm_backend})"),
                  *(f"    {b}: " + ", ".join(f"{s} {rate(g)}" for s, g in by.items())

@@ -61,11 +61,19 @@ from ..measure.batchsweep import SkipLarger
 from ..measure.ceilings import Ceilings
 from ..measure.memory import MemoryLimit
 
+#: Where a run goes unless told otherwise: the user's own runs, beside a clone's committed
+#: findings (`FINDINGS`, each indexed in results/README.md) but apart from them, and ignored by
+#: git (.gitignore), so a user's run neither shows as a change nor reads as a finding.
+MY_RUNS = Path("my-runs")
+#: The committed findings: where a run made to be one writes by default (the GPU checks).
+FINDINGS = Path("results")
 
-def default_folder(net: str, backend: str, kind: str = "") -> Path:
-    """results/<date>-<device>-<net><kind>, the folder a run writes unless told otherwise."""
+
+def default_folder(net: str, backend: str, kind: str = "", root: Path = MY_RUNS) -> Path:
+    """<root>/<date>-<device>-<net><kind>, the folder a run writes unless told otherwise
+    (`MY_RUNS`; `FINDINGS` for a run made to be committed)."""
     date = datetime.date.today().isoformat()
-    return Path("results") / f"{date}-{envinfo.device_slug(backend)}-{net}{kind}"
+    return Path(root) / f"{date}-{envinfo.device_slug(backend)}-{net}{kind}"
 
 
 def layer_at(spec: str | layers.Layer, net: str, batch: int | None,

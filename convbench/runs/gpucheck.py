@@ -506,7 +506,8 @@ def first(out: str | Path, device: Device, *, work: str | Path | None = None,
     anything runs."""
     started = clock()
     out = Path(out)
-    work = Path(work) if work else runs.default_folder(net, device.backend, "-gpu-first")
+    work = Path(work) if work else runs.default_folder(net, device.backend, "-gpu-first",
+                                                       runs.FINDINGS)
     names = layers or [n for n in FIRST_LAYERS if n in
                        {layer.name for layer in catalogs.net_layers(net)}] or None
     check_cases(device, net, names, algos, batch)  # bad input: before anything runs

@@ -1,8 +1,8 @@
 """A sweep sharded over the ranks torchrun starts, each on its own GPU, into one run folder.
 
-    torchrun --nproc-per-node 4 -m convbench bench --device cuda --out results/my-run
+    torchrun --nproc-per-node 4 -m convbench bench --device cuda --out my-runs/my-run
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:PORT \\
-        -m convbench bench --device cuda --out results/my-run
+        -m convbench bench --device cuda --out my-runs/my-run
 
 Every rank builds the same list of cases, drops those the run folder already holds, and takes
 every world-size-th of the rest from its rank on (round robin: consecutive cases, often the
@@ -137,6 +137,13 @@ def from_env(backend: str) -> Shard | None:
     return Shard(dist.get_rank(), world)
 
 
+def follower() -> bool:
+    """Whether this process is a rank other than 0 of a sharded run (torchrun's environment
+    says so), known before the process group is joined: rank 0 alone says what the run chose,
+    found and took, so a sweep over N ranks reads as one run, not N."""
+    return _env_int("WORLD_SIZE", 1) > 1 and _env_int("RANK", 0) > 0
+
+
 def host_threads(shard: Shard | None, cores: int) -> int | None:
     """Host threads per rank: the ranks on one node (LOCAL_WORLD_SIZE) share its `cores`, so
     each rank's float64 references and CPU algorithms use its share, not every core each; None
@@ -164,7 +171,8 @@ class Run(runs.Run):
 
     def finish(self, rows: list[dict], interrupted: bool, fault: str | None) -> runs.Outcome:
         """Every rank's rows to rank 0, which merges them into the folder and writes its
-        report; the others keep their own rows. The process group ends here."""
+        report; the others keep their own rows. Rank 0's seconds run to the end of all that,
+        so they cover the slowest rank's share too. The process group ends here."""
         import torch.distributed as dist
 
         mine = runs.Outcome(frame(rows), None, interrupted, self._skip.skipped, fault,
@@ -184,6 +192,7 @@ class Run(runs.Run):
                 mine.frame, _ = load_run(self.folder.path)
                 self.note_load("end")
                 mine.report = report.write(self.folder.path, mine.frame, self.folder.env)
+            mine.seconds = self.seconds()  # after the slowest rank's rows came in
         self.shard.barrier()
         if self.folder is not None:
             results.drop_partials(self.folder.path)  # rank 0 has them all now

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ...core.fmt import NO_MATPLOTLIB, fmt_ms, pyplot, save_figure
+from ...core.fmt import NO_MATPLOTLIB, fmt_ms, legend_entry, plain_log, pyplot, save_figure
 from ...core.measurement import NOISE_THRESHOLD
 from ...measure.ceilings_base import from_env
 from .. import ranking, speedup
@@ -96,7 +96,7 @@ def plot(df: pd.DataFrame, folder: str | Path, env: dict | None = None,
 
 def phase_plot(plt, df: pd.DataFrame, folder: Path) -> list[str]:
     """phases.png: a panel per algorithm (rows) and pass (columns), one bar per layer (and
-    layout) stacked by phase as shares of the phases' sum, the sum in ms above it, so the
+    layout) stacked by phase as shares of the phases' sum, the sum in ms under it, so the
     bottleneck of each layer shows at a glance whatever its size; busy and noisy rows marked as
     in the time plots. [] when no row has phases."""
     phased = phase_frame(df)
@@ -104,31 +104,31 @@ def phase_plot(plt, df: pd.DataFrame, folder: Path) -> list[str]:
         return []
     algos, passes = algo_order(phased), order(phased["pass"])
     several = {c: phased[c].nunique() > 1 for c in ("layout", "precision")}
+    # each bar's label (layer, layout, its total ms) under it, the panel wide enough for them
+    bars = phased.groupby(["algo", "pass"]).size().max()
     fig, axes = plt.subplots(len(algos), len(passes), squeeze=False, layout="constrained",
-                             figsize=(5.5 * len(passes), 3.2 * len(algos) + 0.5))
+                             figsize=(max(5.5, 0.65 * bars + 2.5) * len(passes),
+                                      3.4 * len(algos) + 0.5))
     for ax_row, algo in zip(axes, algos):
         for ax, pass_ in zip(ax_row, passes):
             rows = phased[(phased["algo"] == algo) & (phased["pass"] == pass_)]
             ax.set_title(f"{algo}, {pass_}")
-            ax.set_ylim(0, 115)
+            ax.set_ylim(0, 100)
             ax.set_ylabel("share of phases (%)")
-            labels = [r["layer"] + "".join(f"\n{r[c]}" for c in several if several[c])
-                      for _, r in rows.iterrows()]
             totals = [sum(p.values()) for p in rows["phases"]]
+            labels = [r["layer"] + "".join(f"\n{r[c]}" for c in several if several[c])
+                      + f"\n{fmt_ms(total)} ms" for (_, r), total in zip(rows.iterrows(), totals)]
             bottom = [0.0] * len(rows)
             busy = pd.Series(ranking.busy_mask(rows).values)
             noisy = pd.Series(rows["noisy"].map(flag).values)
             for i, name in enumerate(order(n for p in rows["phases"] for n in p)):
                 shares = [100 * p.get(name, 0.0) / t if t else 0.0
                           for p, t in zip(rows["phases"], totals)]
-                bars = ax.bar(range(len(rows)), shares, 0.6, bottom=bottom, label=name,
-                              color=f"C{i}")
+                bars = ax.bar(range(len(rows)), shares, 0.6, bottom=bottom, color=f"C{i}")
+                legend_entry(ax, f"C{i}", name)
                 _time_marks(bars, list(range(len(rows))), busy, noisy)
                 bottom = [b + v for b, v in zip(bottom, shares)]
-            for x, total in enumerate(totals):
-                ax.annotate(f"{fmt_ms(total)} ms", (x, 101), ha="center", va="bottom",
-                            fontsize="x-small")
-            ax.set_xticks(range(len(rows)), labels)
+            ax.set_xticks(range(len(rows)), labels, fontsize="small")
             mark_legend(ax, rows)
             if len(rows):
                 ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="x-small")
@@ -164,8 +164,10 @@ def _time_marks(bars, keys: list, busy: pd.Series, noisy: pd.Series) -> None:
                 patch.set(**style)
 
 
-#: The mark a plot puts where a case did not run, by status.
+#: The mark a plot puts where a case did not run, by status, and its size (as large as the
+#: axis labels: a mark is read as a bar is).
 NOT_RUN_MARKS = {"unsupported": "u", "failed": "f", "oom": "m"}
+NOT_RUN_SIZE = "medium"
 
 
 def bar_groups(ax, rows: pd.DataFrame, value: str, algos: list[str], layers: list[str],
@@ -191,22 +193,25 @@ def bar_groups(ax, rows: pd.DataFrame, value: str, algos: list[str], layers: lis
             high = [indexed["ci_high_ms"].get((la, algo), math.nan) for la in layers]
             yerr = [[h - lo if pd.notna(lo) else 0 for h, lo in zip(heights, low)],
                     [hi - h if pd.notna(hi) else 0 for h, hi in zip(heights, high)]]
-        bars = ax.bar(x, heights, width, label=algo, color=f"C{i}", yerr=yerr,
+        # the series is named `_algo`: matplotlib leaves it out of the legend (`legend_entry`)
+        bars = ax.bar(x, heights, width, color=f"C{i}", yerr=yerr, label=f"_{algo}",
                       error_kw={"elinewidth": 0.8, "capsize": 1.5})
+        legend_entry(ax, f"C{i}", algo)
         if value == "median_ms":
             _time_marks(bars, [(layer, algo) for layer in layers], busy, noisy)
         for xi, layer in zip(x, layers):
             mark = NOT_RUN_MARKS.get(status.get((layer, algo), ""))
             if mark:
                 ax.annotate(mark, (xi, 0.01), xycoords=("data", "axes fraction"),
-                            ha="center", va="bottom", fontsize="x-small", color=f"C{i}")
+                            ha="center", va="bottom", fontsize=NOT_RUN_SIZE,
+                            fontweight="bold", color=f"C{i}")
     if len(status):
         ax.annotate("letters: did not run (u unsupported, f failed, m out of memory)",
                     (0.99, 0.99), xycoords="axes fraction", ha="right", va="top",
                     fontsize="x-small")
     ax.set_xticks(range(len(layers)), layers)
     if log and values.notna().any():
-        ax.set_yscale("log")
+        plain_log(ax, "y")
 
 
 def roofline_plot(plt, df: pd.DataFrame, env: dict | None, folder: Path) -> list[str]:
@@ -245,8 +250,7 @@ def roofline_plot(plt, df: pd.DataFrame, env: dict | None, folder: Path) -> list
                 ax.scatter(sub["intensity"], sub["own_gflops"], s=24, color=f"C{i % 10}",
                            facecolors=None if filled else "none",
                            label=algo if filled else f"{algo} (direct flops: no own count)")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+    plain_log(ax, "xy")
     ax.set_xlabel("arithmetic intensity (own operations / minimum bytes, fp32)")
     ax.set_ylabel("attained GFLOP/s (own operations)")
     ax.set_title(f"{ceilings.model}, {ceilings.threads} threads: verified {ROOF_PRECISION} rows")

@@ -11,13 +11,22 @@ folder from before the ceilings renders as before, saying they were not measured
 
 from __future__ import annotations
 
+import datetime
 import re
 from pathlib import Path
 
 import pandas as pd
 
 from ...algos.phases import FUSED
-from ...core.fmt import fmt_error, fmt_mib, fmt_ms, fmt_ratio, md_table, tabulate
+from ...core.fmt import (
+    fmt_duration,
+    fmt_error,
+    fmt_mib,
+    fmt_ms,
+    fmt_ratio,
+    md_table,
+    tabulate,
+)
 from ...core.measurement import CONTENDED_SHARE, NOISE_THRESHOLD
 from ...core.results import RESULTS_CSV
 from ...machine import contention
@@ -54,6 +63,7 @@ from .tables import (
     phase_table,
     product_share,
     time_table,
+    torch_table,
     winner_table,
     workspace_table,
 )
@@ -157,13 +167,30 @@ def phase_section(df: pd.DataFrame) -> list[str]:
     return out + [""]
 
 
+def run_seconds(env: dict) -> float | None:
+    """How long the run took, from env.json's load readings: each start (a resumed one too) to
+    the end that follows it, summed over the sittings; None without both."""
+    total, began = None, None
+    for reading in env.get("load") or []:
+        try:
+            when = datetime.datetime.fromisoformat(reading["time"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if reading.get("when", "").endswith("start"):
+            began = when
+        elif reading.get("when") == "end" and began is not None:
+            total = (total or 0.0) + (when - began).total_seconds()
+            began = None
+    return total
+
+
 def header(df: pd.DataFrame, env: dict) -> list[str]:
     run = env.get("run", {})
     batches = sorted({int(n) for n in df["n"].dropna()})
     batch = ", ".join(map(str, batches))
     if run.get("backend") == "numpy" and batches == [DEVICES["cpu"].batch]:
-        batch += (" (the default CPU batch, small enough for the whole sweep to finish in 15 "
-                  "minutes on 2 cores; the study used 256)")
+        batch += " (the default CPU batch; the study used 256)"
+    took = run_seconds(env)
     torch = env.get("torch", {})
     blas = env.get("numpy", {}).get("blas", {})
     title = (f"# convbench: {run.get('net', ', '.join(order(df['net'])))} on "
@@ -186,6 +213,8 @@ def header(df: pd.DataFrame, env: dict) -> list[str]:
               if env else None),
              ("git commit", env.get("git_commit")),
              ("date", env.get("date")),
+             ("took", None if took is None else f"{fmt_duration(took)} (env.json's load "
+                                                "readings, start to end)"),
              ("command", run.get("command"))]
     lines += [f"- {k}: {v}" for k, v in facts if v]
     lines += ceilings_lines(env)
@@ -221,8 +250,8 @@ def ceilings_lines(env: dict | None) -> list[str]:
                if "ceilings" not in env else "not measured for this run")
         return [f"- ceilings: {why}"] if env else []
     backend, _, shape = c.methods.get("attainable", c.gemm_backend).partition(" on ")
-    out = [f"- ceilings of {c.model} ({c.device}, {c.threads} threads, measured "
-           f"{c.measured_at}" + (f"; {note}" if note else "") + "):",
+    out = [f"- ceilings of {c.model} ({c.device}, {c.threads} threads, {c.provenance()}"
+           + (f"; {note}" if note else "") + "):",
            (f"  - attainable fp32: {_rate(c.gflops_attainable, 'GFLOP/s')}, {backend or '?'}"
             + (f" on {_product(c, shape)}" if shape else "")
             + " (the fastest SGEMM of the libraries here)"),
@@ -317,14 +346,48 @@ def roof_section(df: pd.DataFrame, env: dict | None) -> list[str]:
     if len(roof) > ROOF_MAX_ROWS:
         best = roof.loc[roof.groupby(["algo", "pass", "layout"], sort=False)["own_share"]
                         .idxmax()]
-        out += [(f"{len(roof)} rows: each (algo, pass, layout)'s row nearest the ceiling in "
-                 "its own operations."), "", md_table(roof_table(algo_major(best))), ""]
+        out += [(f"The best of {len(roof)} rows: for each (algo, pass, layout), of its rows "
+                 f"the one nearest the ceiling in its own operations ({len(best)} listed)."),
+                "", md_table(roof_table(algo_major(best))), ""]
     else:
         out += [md_table(roof_table(roof)), ""]
     bound = roof["bound"].value_counts()
     if len(bound):
         out += ["Bound: " + ", ".join(f"{bound[k]} {k}" for k in bound.index)
                 + f" of {len(roof)} rows (against the DRAM roof).", ""]
+    return out
+
+
+def torch_section(df: pd.DataFrame) -> list[str]:
+    """The first question of a reader: how the best of ours does against torch's own
+    convolution, per layer and pass (`speedup.against_torch`), a table per precision, the
+    README's shape for a run of few layers. Where the run measured only one side, it says
+    so; [] where it measured neither."""
+    algos = set(df["algo"])
+    ours, torchs = any(map(speedup.is_ours, algos)), any(map(speedup.is_torchs, algos))
+    if not ours and not torchs:
+        return []
+    out = ["## Best of ours against torch", ""]
+    if not (ours and torchs):
+        missing = "torch's convolution (torch-cpu, cudnn)" if ours else "our algorithms"
+        return out + [(f"This run measured none of {missing}: nothing to set against each "
+                       "other (add it to `--algos`)."), ""]
+    vs = speedup.against_torch(df)
+    out += [("Per layer and pass, the fastest of our own algorithms against torch's fastest "
+             "convolution (oneDNN's `torch-cpu` on the CPU, `cudnn` or `cudnn-autotune` on a "
+             "GPU), each in its faster layout: the ratio of our median to torch's (below 1: "
+             "ours is faster) with its 95% interval, paired by round (they were timed side by "
+             "side); the one whose interval excludes 1 is faster, else a tie. A cell is empty "
+             "where either has no verified time on a quiet machine (see Which wins and Not "
+             "measured)."), ""]
+    wide = not many_problems(df)
+    for precision, rows in vs.groupby("precision", sort=False):
+        counts = rows["outcome"].value_counts()
+        apart = counts.get("", 0)
+        out += [f"### {precision}", "", md_table(torch_table(rows, wide)), "",
+                (f"Ours faster in {counts.get('ours', 0)}, torch's in {counts.get('torch', 0)}, "
+                 f"a tie in {counts.get('tie', 0)} of {len(rows)} (layer, pass)"
+                 + (f"; {apart} not compared." if apart else ".")), ""]
     return out
 
 
@@ -358,11 +421,12 @@ def speedup_section(df: pd.DataFrame, env: dict, baseline: str | None = None) ->
 
 def markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = (),
              baseline: str | None = None) -> str:
-    """report.md: the header, for many problems the speed-up over a baseline, which wins each
-    layer, time tables per pass and layout, op counts, workspace, accuracy, the phase
+    """report.md: the header, the best of ours against torch per layer and pass, for many
+    problems the speed-up over a baseline, which wins each layer, time tables per pass and layout, op counts, workspace, accuracy, the phase
     breakdown, what was not measured and why, noisy measurements, and the plots (`plots`: file
     names, or the note saying why there are none)."""
     out = header(df, env)
+    out += torch_section(df)
     out += speedup_section(df, env, baseline)
     host_bound = host_bound_table(df)
     busy = busy_table(df)

@@ -351,3 +351,41 @@ def baseline_of(df: pd.DataFrame, env: dict, baseline: str | None) -> str:
     """The baseline given, else cuDNN autotune on a GPU run, torch-cpu on a CPU run."""
     return baseline or speedup.default_baseline(env.get("run", {}).get("backend")
                                                 or order(df["backend"])[0])
+
+
+def _interval(r) -> str:
+    """`0.61 [0.58, 0.62]`: a time ratio and its 95% interval, two decimals (the README's)."""
+    if pd.isna(r["ratio"]):
+        return ""
+    return f"{r['ratio']:.2f}" + ("" if pd.isna(r["low"]) else
+                                  f" [{r['low']:.2f}, {r['high']:.2f}]")
+
+
+def _pick(r, side: str) -> str:
+    """`winograd-4x4 nhwc 1.23 ms`: one side's fastest algorithm, its layout and median."""
+    return "" if not r[side] else f"{r[side]} {r[f'{side}_layout']} {fmt_ms(r[f'{side}_ms'])} ms"
+
+
+def torch_table(vs: pd.DataFrame, wide: bool) -> pd.DataFrame:
+    """`speedup.against_torch`'s rows of one precision as a table. `wide` (a run of few
+    layers), the README's shape: a row per pass of ratios, columns the layers, then per pass a
+    row naming our best and torch's fastest; else a row per (layer, pass)."""
+    if not wide:
+        cells = {"best own": [_pick(r, "own") for _, r in vs.iterrows()],
+                 "torch's": [_pick(r, "torch") for _, r in vs.iterrows()],
+                 "own / torch [95% interval]": [_interval(r) for _, r in vs.iterrows()],
+                 "faster": list(vs["outcome"])}
+        return pd.DataFrame(cells, index=pd.MultiIndex.from_frame(vs[["layer", "pass"]]))
+    layers, passes = order(vs["layer"]), order(vs["pass"])
+    torch = order(a for a in vs["torch"] if a)
+    corner = f"best own / {torch[0] if len(torch) == 1 else 'torch'} [95% interval]"
+    by = {(r["layer"], r["pass"]): r for _, r in vs.iterrows()}
+
+    def line(pass_: str, cell) -> list[str]:
+        return [cell(by[layer, pass_]) if (layer, pass_) in by else "" for layer in layers]
+
+    out = {p: line(p, _interval) for p in passes}
+    for p in passes:
+        out[f"{p}: best own"] = line(p, lambda r: _pick(r, "own"))
+        out[f"{p}: torch's"] = line(p, lambda r: _pick(r, "torch"))
+    return pd.DataFrame.from_dict(out, orient="index", columns=layers).rename_axis(corner)
