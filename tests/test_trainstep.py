@@ -131,7 +131,8 @@ def test_train_step_command(tmp_path, capsys, monkeypatch):
     """The command end to end but for the timed processes (tested above)."""
     seen = {}
 
-    def fake_times(load, batch, device, budget_s, plan_file, log=None, mode="train"):
+    def fake_times(load, batch, device, budget_s, plan_file, log=None, mode="train",
+                   configs=None):
         seen.update(net=load.name, batch=batch, budget_s=budget_s,
                     plan=json.loads(Path(plan_file).read_text()))
         return trainstep.with_speedups([
