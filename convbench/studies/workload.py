@@ -235,7 +235,7 @@ class Training:
         `on_loss(loss)`, backward, the SGD update; returns the loss."""
         self.opt.zero_grad(set_to_none=True)
         with saving():
-            loss = self.load.loss((forward or self.model)(self.x), self.target)
+            loss = self.load.loss((self.model if forward is None else forward)(self.x), self.target)
         if on_loss is not None:
             on_loss(loss)
         with warnings.catch_warnings():
@@ -251,7 +251,7 @@ class Training:
         import torch
 
         with torch.no_grad():
-            out = (forward or self.model)(self.x)
+            out = (self.model if forward is None else forward)(self.x)
         out = out[0] if isinstance(out, (tuple, list)) else out
         return out.float().mean()
 
