@@ -283,11 +283,11 @@ def table(rows: list[dict], backend: str) -> str:
     body = [[r["config"], ("~" if r["noisy"] else "") + fmt_ms(r["median_ms"])
              if r["median_ms"] is not None else "", fmt_ms(r["iqr_ms"])
              if r["iqr_ms"] is not None else "", r["reps"], _speedup_text(r), r["verdict"],
-             f"{r['first_loss']:.6f}" if r["first_loss"] is not None else "",
+             f"{r['first_loss']:.7g}" if r["first_loss"] is not None else "",
              notes.get(r["config"], "torch as installed")]
             for r in rows]
     return tabulate(body, headers=["configuration", "ms/step", "IQR ms", "steps", "speed-up",
-                                   "verdict", "first-step loss", "note"],
+                                   "verdict", "first step", "note"],
                     tablefmt="github", disable_numparse=True)
 
 
