@@ -244,7 +244,9 @@ def test_the_check_compares_the_whole_model_with_float64_in_both_modes():
     model, x = SmallCNN(), torch.randn(2, 3, 10, 10)
     every = {"fwd": "gemm", "bwd_data": "gemm", "bwd_filter": "gemm"}
     plan = hand_plan(SmallCNN(), x, ["nchw"] * 3, [every] * 3)
+    state = torch.get_rng_state()
     summary = apply.apply(model, plan, check=x)
+    assert torch.equal(torch.get_rng_state(), state)  # a training run after it draws the same
     errors = summary.numerics
     assert len(errors) == 2 * 3 * 3
     assert {(e.mode, e.quantity, e.run) for e in errors} == {

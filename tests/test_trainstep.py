@@ -189,6 +189,19 @@ def test_a_users_model_has_five_configurations_a_catalog_net_three():
     assert trainstep.configs_of(Workload.parse("alexnet")) == trainstep.CONFIGS
 
 
+def test_a_model_that_cannot_be_made_on_meta_still_says_its_classes(tmp_path, monkeypatch):
+    """RegNet copies data while it is built, which `meta` cannot: its output width is read from
+    a real model in eval mode."""
+    (tmp_path / "copying.py").write_text(
+        "import torch\n\n\ndef net():\n"
+        "    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4),\n"
+        "                            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),\n"
+        "                            torch.nn.Linear(4, 7))\n"
+        "    m[0].weight.data.copy_(torch.ones_like(m[0].weight))\n    return m\n")
+    monkeypatch.chdir(tmp_path)
+    assert Workload.of_model("copying:net", (3, 8, 8)).classes == 7
+
+
 @pytest.mark.gpu
 def test_train_step_on_a_gpu(tmp_path):
     rows, plan, _ = trainstep.compare(Workload.parse("alexnet"), 16, "cuda", budget_s=0.5, tune_budget_s=0.01,

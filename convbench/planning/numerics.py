@@ -74,7 +74,8 @@ def _errors(a: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
 def whole_model(original, applied, x) -> list[Error]:
     """The errors of `torch`, `channels_last` and `plan` (the model `applied`) against the
     float64 original, in train and eval mode (see the module docstring). Neither model is
-    changed: each run is on a deep copy."""
+    changed (each run is on a deep copy), nor torch's random state (a training run after it
+    draws the dropout masks it would have drawn)."""
     import torch
 
     runs = {"float64": (copy.deepcopy(original).double(), x.double()),
@@ -83,9 +84,11 @@ def whole_model(original, applied, x) -> list[Error]:
                               x.contiguous(memory_format=torch.channels_last)),
             "plan": (copy.deepcopy(applied), x)}
     out = []
+    devices = [x.device] if x.is_cuda else []
     for mode in MODES:
-        got = {name: _run(copy.deepcopy(m), xi, mode == "train") for name, (m, xi)
-               in runs.items()}
+        with torch.random.fork_rng(devices=devices):  # the caller's random state untouched
+            got = {name: _run(copy.deepcopy(m), xi, mode == "train") for name, (m, xi)
+                   in runs.items()}
         for i, quantity in enumerate(QUANTITIES):
             for name in RUNS[1:]:
                 rel, max_rel = _errors(got[name][i], got["float64"][i])

@@ -132,8 +132,14 @@ class Workload:
             return CLASSES
         import torch
 
-        with torch.device("meta"):
-            out = self.build()(torch.empty(1, *self.image_shape))
+        try:
+            with torch.device("meta"):
+                out = self.build()(torch.empty(1, *self.image_shape))
+        except (NotImplementedError, RuntimeError, ValueError):
+            # a model whose construction copies data (RegNet's) cannot be made on meta: made
+            # for real, in eval mode (batch statistics of one image do not exist)
+            with torch.no_grad():
+                out = self.build().eval()(torch.zeros(1, *self.image_shape))
         return out.shape[1] if out.dim() == 2 else 1
 
     def default_batch(self, backend: str) -> int:
