@@ -91,7 +91,10 @@ def test_a_plan_that_changes_nothing_needs_no_step(store):
     model, x, plan = ours_plan(store)
     default = confirm.subplan(plan, set())
     assert confirm.changed_layers(default) == []
-    assert confirm.confirm(model, x, default, "train") is default
+    out = confirm.confirm(model, x, default, "train")
+    assert out.layers == default.layers and out.checks[0].trials == 0
+    assert "the plan changes no layer; torch's default runs it all" in str(
+        apply.apply(model, out))
     with pytest.raises(ValueError, match="unknown step mode 'eval'; valid: train, inference"):
         confirm.confirm(model, x, plan, "eval")
 

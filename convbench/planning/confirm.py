@@ -156,7 +156,11 @@ def confirm(model, example_input, plan: Plan, mode: str = "train",
     names = [lp.layer for lp in changed]
     if not changed:
         log(f"{mode} step: the plan changes no layer; nothing to confirm")
-        return plan
+        nothing = StepCheck(mode=mode, time_ratio=1.0, low=None, high=None, plan_ms=None,
+                            default_ms=None, whole_ratio=1.0, whole_low=None, whole_high=None,
+                            trials=0, kept=[], dropped=[])
+        return dataclasses.replace(plan, checks=[*[c for c in plan.checks if c.mode != mode],
+                                                 nothing])
     default_model = _applied(model, subplan(plan, set()), mode)
     tried = 1
     whole, plan_ms, default_ms = compare(plan, _applied(model, plan, mode), default_model,

@@ -188,6 +188,8 @@ class StepCheck:
         """One line: `train step: 0.87× [0.84, 0.90] torch's default's time; 12 of 20
         replacements kept`."""
         n = len(self.kept) + len(self.dropped)
+        if not n:
+            return f"{self.mode} step: the plan changes no layer; torch's default runs it all"
         ratio = (f"{self.time_ratio:.3g}× [{self.low:.3g}, {self.high:.3g}] torch's default's "
                  "time" if self.low is not None else "torch's default (nothing confirmed)")
         whole = (f"; the whole plan measured {self.whole_ratio:.3g}×"
