@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-from test_runner import BUDGET, Fake
+from test_runner import BUDGET, Fake, fakes_declared
 
 from convbench.algos import registry
 from convbench.catalogs.layers import Layer
@@ -155,8 +155,9 @@ def test_limit_checks_prediction_before_running_and_measurement_before_timing():
     cases = runner.sweep([Layer("t", "t", P)], ["gemm", "fft", "hog", "good"], "numpy",
                          ["fwd"], ["nchw"], ["fp32"])
     hog, good = Hog("hog", 8 * MiB), Fake("good")
-    rows = {r["algo"]: r for r in runner.run(cases, BUDGET, {"hog": hog, "good": good},
-                                             limit=limit)}
+    with fakes_declared(("hog", "good")):
+        rows = {r["algo"]: r for r in runner.run(cases, BUDGET, {"hog": hog, "good": good},
+                                                 limit=limit)}
     assert rows["gemm"]["status"] == "ok"  # 1.5 MiB of columns fit
     assert rows["fft"]["status"] == "oom"
     assert rows["fft"]["reason"].startswith("OverLimit: predicted footprint")

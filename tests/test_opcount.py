@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from convbench.algos import fft_kernels, registry
+from convbench.algos import counts, fft_kernels, registry
 from convbench.catalogs.layers import net_layers, resolve
 from convbench.core.problem import ConvProblem
 from convbench.measure import opcount
@@ -236,7 +236,7 @@ def test_per_axis_counts_and_workspace_follow_each_axis():
 
 def test_per_axis_fft_grid_pads_each_axis_and_winograd_has_no_count():
     # 17 + 0 rows and 17 + 3 columns, each on FFTW's fast sizes
-    th, tw, _ = opcount._fft_grid(INCEPTION_1X7, "fwd", "fft", "numpy")
+    th, tw, _ = counts.fft_grid(INCEPTION_1X7, "fwd", "fft", "numpy")
     assert (th, tw) == (18, 20)
     assert opcount.op_count("fft", INCEPTION_1X7, "fwd") is not None
     padded_3x3 = ConvProblem(n=1, c=4, h=8, w=8, k=4, r=3, s=3, pad=(1, 0))

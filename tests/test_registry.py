@@ -11,7 +11,7 @@ def test_every_module_registers_and_torch_cpu_is_there():
     assert all(i.backend == "numpy" for i in impls)
     for impl in registry.implementations():
         assert isinstance(impl, registry.Implementation)
-        assert impl.algo in registry.ALGOS and impl.backend in backends.BACKENDS
+        assert impl.algo in registry.names() and impl.backend in backends.BACKENDS
         assert set(impl.precisions) <= {"fp64", "fp32", "tf32", "fp16", "bf16"}
 
 
@@ -38,11 +38,23 @@ def test_get_errors_name_what_exists():
         registry.get("cudnn", "numpy")
 
 
-def test_register_refuses_duplicates_and_unknown_names():
+def test_register_refuses_duplicates_and_bare_names():
     with pytest.raises(RuntimeError, match="registered twice"):
-        registry.register("torch-cpu", "numpy")(type("Dup", (), {}))
-    with pytest.raises(ValueError, match="unknown algo"):
+        registry.register(registry.algorithm("torch-cpu"), "numpy")(type("Dup", (), {}))
+    with pytest.raises(TypeError, match="an algorithm registers with its traits"):
         registry.register("mystery", "numpy")
+    with pytest.raises(ValueError, match="unknown backend"):
+        registry.register(registry.algorithm("torch-cpu"), "tpu")
+
+
+def test_every_shipped_algorithm_is_registered_with_its_traits():
+    """`ALGOS` is only the order of the shipped algorithms: each registers (no stale name), and
+    every registered name has its traits."""
+    assert registry.names()[:len(registry.ALGOS)] == list(registry.ALGOS)
+    for algo in registry.names():
+        assert registry.algorithm(algo).name == algo
+    with pytest.raises(ValueError, match="unknown algo 'mystery'; valid: direct, gemm"):
+        registry.algorithm("mystery")
 
 
 def test_backend_availability():
@@ -53,10 +65,10 @@ def test_backend_availability():
 
 # --- the contract -------------------------------------------------------------------------------
 @pytest.fixture
-def scratch_registry(monkeypatch):
+def scratch_registry():
     """The registry as loaded, in a copy: what a test registers does not outlive it."""
-    registry.load()
-    monkeypatch.setattr(registry, "_IMPLS", dict(registry._IMPLS))
+    with registry.scratch():
+        yield
 
 
 class _NoPrecisions(registry.Implementation):
@@ -78,7 +90,7 @@ def test_register_refuses_a_class_that_is_not_an_implementation(scratch_registry
 
     with pytest.raises(TypeError, match="Duck cannot register as cudnn on emu: it does not "
                                         "subclass registry.Implementation"):
-        registry.register("cudnn", "emu")(Duck)
+        registry.register(registry.algorithm("cudnn"), "emu")(Duck)
     assert ("cudnn", "emu") not in registry._IMPLS
 
 
@@ -88,7 +100,7 @@ def test_register_refuses_a_class_without_valid_precisions(scratch_registry, pre
                {"precisions": precisions})
     with pytest.raises(TypeError, match="Vague cannot register as cudnn on emu: its precisions "
                                         "must be a non-empty tuple of fp64, fp32"):
-        registry.register("cudnn", "emu")(cls)
+        registry.register(registry.algorithm("cudnn"), "emu")(cls)
     assert ("cudnn", "emu") not in registry._IMPLS
 
 
@@ -101,14 +113,14 @@ def test_register_refuses_a_subclass_missing_prepare(scratch_registry):
 
     with pytest.raises(TypeError, match="NoPrepare cannot register as cudnn on emu: it does not "
                                         "define prepare$"):
-        registry.register("cudnn", "emu")(NoPrepare)
+        registry.register(registry.algorithm("cudnn"), "emu")(NoPrepare)
     assert ("cudnn", "emu") not in registry._IMPLS
 
 
 def test_optional_hooks_default_to_nothing_to_add(scratch_registry):
     """Callers use every hook without asking whether it is there: the defaults mean "no needs
     beyond the backend", "no note", "not declared" (opcount falls back to theory), "one phase"."""
-    registry.register("cudnn", "emu")(_Minimal)
+    registry.register(registry.algorithm("cudnn"), "emu")(_Minimal)
     impl = registry.get("cudnn", "emu")
     assert (impl.algo, impl.backend) == ("cudnn", "emu")
     case = (ConvProblem(n=1, c=1, h=4, w=4, k=1, r=3, s=3), "fwd", "nchw", "fp32")

@@ -42,6 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..core.problem import ConvProblem
 from ._aten import PHASES, Views, aten_phased
 from .registry import Implementation, register
+from .traits import Algorithm
 
 _TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 #: `torch.backends.cudnn.benchmark_limit` of cudnn-autotune: 0 tries every engine (torch's
@@ -251,7 +252,15 @@ def _capability():
     return torch.cuda.get_device_capability() if torch.cuda.is_available() else None
 
 
-@register("cudnn", "cuda")
+def _torch_cudnn(name: str, benchmark: bool) -> Algorithm:
+    """cuDNN through torch: its heuristic's pick (`benchmark` off) or its search's, judged
+    exact (a pass that fails is judged by the family it ran, `judged_as`), allowed any
+    reduction (a transform we do not count may run)."""
+    return Algorithm(name, family="chosen", origin="torch", tolerance="exact", reduction="any",
+                     counts=None, torch_benchmark=benchmark)
+
+
+@register(_torch_cudnn("cudnn", False), "cuda")
 class CuDNN(Implementation):
     precisions = ("fp32", "tf32", "fp16", "bf16")
     autotune = False
@@ -361,7 +370,7 @@ class CuDNN(Implementation):
         return judged_family(classify_kernels(self.kernels(problem, pass_, layout, precision)))
 
 
-@register("cudnn-autotune", "cuda")
+@register(_torch_cudnn("cudnn-autotune", True), "cuda")
 class CuDNNAutotune(CuDNN):
     """cuDNN with ``benchmark=True``: the fastest algorithm of a timed search per shape."""
 

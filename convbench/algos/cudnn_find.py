@@ -24,7 +24,7 @@ its status, once; a libcudnn that cannot be loaded makes every `cudnn-find-*` al
 unavailable with one reason (`available`), not a `failed` row per case.
 
 Tolerances: cuDNN's FFT and Winograd algorithms are judged with the FFT's and Winograd
-F(4x4, 3x3)'s tolerances (`measure.verify`), not the exact algorithms'. Math types: fp32 is `CUDNN_FMA_MATH` (no TF32), tf32, fp16 and bf16
+F(4x4, 3x3)'s tolerance columns (their traits, `traits`), not the exact algorithms'. Math types: fp32 is `CUDNN_FMA_MATH` (no TF32), tf32, fp16 and bf16
 allow tensor cores (`CUDNN_TENSOR_OP_MATH`); where the find reports an algorithm under several
 math types, the fastest allowed one is run.
 
@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from ..core.problem import ConvProblem
 from ..machine import faults
 from .registry import Implementation, UnsupportedError, register
+from .traits import Algorithm
 
 # --- cuDNN's enums (cudnn_cnn.h / cudnn_graph.h, stable from cuDNN 7 to 9) -------------------
 #: Algorithm names by pass, in enum order (the index is the enum value).
@@ -102,6 +103,25 @@ def algo_name(enum_name: str) -> str:
 
 #: Every convbench algorithm name this module registers, in a stable order.
 ALGO_NAMES = tuple(dict.fromkeys(algo_name(n) for names in ALGO_ENUMS.values() for n in names))
+#: The family of each of cuDNN's algorithms, as its enum names it (ALGO_0 and the like: cuDNN
+#: does not say).
+FAMILIES = {"IMPLICIT_GEMM": "gemm", "IMPLICIT_PRECOMP_GEMM": "gemm", "GEMM": "gemm",
+            "DIRECT": "direct", "FFT": "fft", "FFT_TILING": "fft", "WINOGRAD": "winograd",
+            "WINOGRAD_NONFUSED": "winograd"}
+#: Per family, (tolerance column, reduction): FFT's and Winograd's columns (cuDNN does not say
+#: its tiles: F(4x4, 3x3)'s alpha 6, which also holds F(2x2, 5x5)), no reduction where the
+#: kernel does the direct flops, else any (a transform we do not count may run).
+JUDGED = {"gemm": ("exact", "none"), "direct": ("exact", "none"), "fft": ("fft", "any"),
+          "winograd": ("winograd-alpha6", "any"), "undisclosed": ("exact", "any")}
+
+
+def traits(enum_name: str) -> Algorithm:
+    """The traits of cuDNN's algorithm `enum_name`, run one by one: a library's kernel of its
+    family, with nothing of ours to count."""
+    family = FAMILIES.get(enum_name, "undisclosed")
+    tolerance, reduction = JUDGED[family]
+    return Algorithm(algo_name(enum_name), family=family, origin="library", tolerance=tolerance,
+                     reduction=reduction, counts=None)
 
 
 class CudnnError(RuntimeError):
@@ -472,5 +492,5 @@ class _CudnnFind(Implementation):
 
 
 for _enum in dict.fromkeys(n for names in ALGO_ENUMS.values() for n in names):
-    register(algo_name(_enum), "cuda")(type(f"CudnnFind_{_enum}", (_CudnnFind,),
+    register(traits(_enum), "cuda")(type(f"CudnnFind_{_enum}", (_CudnnFind,),
                                             {"enum": _enum}))

@@ -46,8 +46,10 @@ from ._lowering import (
     spatial,
     windows,
 )
+from .counts import DirectCount
 from .reference import DTYPES
 from .registry import Implementation, register
+from .traits import Algorithm
 
 #: Accumulator bytes per block: small enough to stay in cache while every tap adds into it, big
 #: enough that a block is one product of thousands of rows (few BLAS calls, each worth its
@@ -213,7 +215,12 @@ def _mac(a: np.ndarray, b: np.ndarray, acc: np.ndarray, tmp: np.ndarray, first: 
         acc += part
 
 
-@register("direct", "numpy")
+#: Every output summed in place: exact, the direct convolution's flops, no workspace.
+DIRECT = Algorithm("direct", family="direct", origin="ours", tolerance="exact", reduction="none",
+                   counts=DirectCount())
+
+
+@register(DIRECT, "numpy")
 class DirectCPU(Implementation):
     precisions = ("fp64", "fp32")
     asymmetric_pad = True  # the planes hold the padded input, whatever its two sides

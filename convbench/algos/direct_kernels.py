@@ -14,6 +14,7 @@ from ..core.problem import LAYOUTS, ConvProblem
 from ..cuda import kernels
 from . import kernel_base
 from .depthwise import is_depthwise
+from .direct import DIRECT
 from .kernel_base import ceil_div
 
 #: FILT_PAD: floats between the staged filter rows of TILE_O channels (direct.cu says why).
@@ -154,7 +155,7 @@ def _geometry(problem: ConvProblem, pass_: str, layout: str = "nchw"
     return _gather_geometry(problem, pass_)
 
 
-@kernel_base.register_kernels("direct")
+@kernel_base.register_kernels(DIRECT)
 class DirectKernels(kernel_base.KernelImplementation):
     """`direct` through kernels/direct.cu."""
 

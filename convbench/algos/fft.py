@@ -39,8 +39,10 @@ import numpy as np
 
 from ..core.problem import ConvProblem, pair_text
 from ..machine import threads
+from .counts import FFTCount
 from .phases import Phased, phase_names
 from .registry import Implementation, register
+from .traits import Algorithm
 
 #: FFTW planner effort: FFTW_MEASURE's plans for these strided batches run several times faster
 #: than FFTW_ESTIMATE's, and measuring on one chunk keeps planning to a fraction of a second.
@@ -382,7 +384,12 @@ def _side(mats: dict[str, np.ndarray], side: tuple[str, bool]) -> np.ndarray:
     return mats[name].transpose(0, 2, 1) if transposed else mats[name]
 
 
-@register("fft", "numpy")
+#: Spectra multiplied: fewer products, counted on the implementation's own grid.
+FFT = Algorithm("fft", family="fft", origin="ours", tolerance="fft", reduction="counted",
+                counts=FFTCount())
+
+
+@register(FFT, "numpy")
 class FFTConv(Implementation):
     """FFT convolution, stride 1, any padding (per axis too), all three passes, both layouts
     natively."""

@@ -36,9 +36,11 @@ from ..core.fmt import first_line
 from ..core.problem import LAYOUTS, ConvProblem
 from ..cuda import kernels
 from . import kernel_base, registry
-from .fft import fft_refusal
+from .counts import FFTCount
+from .fft import FFT, fft_refusal
 from .kernel_base import ceil_div
 from .phases import OPERAND_NAMES, Phased, phase_names
+from .traits import Algorithm
 
 #: PROD_MIN_BLOCKS: the product kernel's blocks per SM in its launch bounds (fft.cu says why 1).
 TILES = {"COPY_TILE": 32, "COPY_THREADS": 256,
@@ -303,7 +305,7 @@ _TRANSFORMS = {"cuda": _CuFFT, "emu": _NumpyFFT}
 
 
 # --- the implementation ---------------------------------------------------------------------------
-@kernel_base.register_kernels("fft")
+@kernel_base.register_kernels(FFT)
 class FFTKernels(kernel_base.KernelImplementation):
     """`fft` through cuFFT and kernels/fft.cu."""
 
@@ -400,7 +402,12 @@ class FFTKernels(kernel_base.KernelImplementation):
         })
 
 
-@kernel_base.register_kernels("fft-tiled")
+#: FFT over overlapping tiles of a fixed transform size, counted on those tiles.
+FFT_TILED = Algorithm("fft-tiled", family="fft", origin="ours", tolerance="fft",
+                      reduction="counted", counts=FFTCount())
+
+
+@kernel_base.register_kernels(FFT_TILED)
 class FFTTiledKernels(FFTKernels):
     """`fft-tiled`: the same kernels over TILE × TILE transforms of overlapping tiles."""
 

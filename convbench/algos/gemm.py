@@ -59,10 +59,12 @@ from ._lowering import (
     windows,
     workspace,
 )
+from .counts import GemmCount
 from .phases import FUSED, OPERAND_NAMES, Phased
 from .products import Route, note
 from .reference import DTYPES
 from .registry import Implementation, register
+from .traits import Algorithm
 
 
 def _padded_shape(p: ConvProblem, pass_: str, layout: str) -> tuple[int, ...] | None:
@@ -245,7 +247,12 @@ def _blocked(low: _Lowered, pass_: str, route: Route):
     return fused
 
 
-@register("gemm", "numpy")
+#: The convolution as matrix products over im2col's columns: exact, the direct flops.
+GEMM = Algorithm("gemm", family="gemm", origin="ours", tolerance="exact", reduction="none",
+                 counts=GemmCount())
+
+
+@register(GEMM, "numpy")
 class GemmCPU(Implementation):
     precisions = ("fp64", "fp32")
     asymmetric_pad = True  # im2col reads padding before; the output size holds the rest

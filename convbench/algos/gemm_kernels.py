@@ -48,8 +48,11 @@ from ..core.fmt import first_line
 from ..core.problem import LAYOUTS, ConvProblem
 from ..cuda import kernels
 from . import kernel_base
+from .counts import GemmCount
+from .gemm import GEMM
 from .kernel_base import ceil_div
 from .registry import register
+from .traits import Algorithm
 
 #: The SGEMM tile configurations (-D defines of gemm.cu). `large`: a 128×128 tile of C per block
 #: of 256 threads, 8×8 per thread; `small`, for products too small to fill the GPU with large
@@ -357,7 +360,7 @@ def _sgemm_geometry(problem: ConvProblem, pass_: str, layout: str) -> SgemmGeome
     return sgemm_geometry(conv_product(problem, pass_, layout)[0])
 
 
-@kernel_base.register_kernels("gemm")
+@kernel_base.register_kernels(GEMM)
 class GemmKernels(kernel_base.KernelImplementation):
     """`gemm` through kernels/im2col.cu and kernels/gemm.cu."""
 
@@ -416,7 +419,12 @@ class GemmKernels(kernel_base.KernelImplementation):
         return run
 
 
-@register("gemm-cublas", "cuda")
+#: Our lowering around cuBLAS's product: the library's kernel, exact, the direct flops.
+GEMM_CUBLAS = Algorithm("gemm-cublas", family="gemm", origin="library", tolerance="exact",
+                        reduction="none", counts=GemmCount())
+
+
+@register(GEMM_CUBLAS, "cuda")
 class GemmCublas(GemmKernels):
     """`gemm-cublas`: the lowering kernels of `gemm`, the product by cuBLAS in FP32, nchw's
     bwd_filter as one product a group over k = N·P·Q (`one_product`)."""

@@ -13,6 +13,7 @@ from ..cuda import emu
 from ..cuda.kernels import Launcher, available
 from . import registry
 from .phases import OPERAND_NAMES
+from .traits import Algorithm
 
 #: The kernels index with 32-bit ints: every tensor and workspace buffer has fewer elements.
 INDEX_LIMIT = 2**31
@@ -145,11 +146,11 @@ def split_sum(launch: Launcher, reduce: Callable, sum_kernel: str, size: int, sp
     return run
 
 
-def register_kernels(algo: str) -> Callable[[type], type]:
-    """Class decorator: register a kernel wrapper as `algo` on both `cuda` and `emu`."""
+def register_kernels(algorithm: Algorithm) -> Callable[[type], type]:
+    """Class decorator: register a kernel wrapper as `algorithm` on both `cuda` and `emu`."""
     def deco(cls: type) -> type:
         for backend in ("cuda", "emu"):
-            registry.register(algo, backend)(cls)
+            registry.register(algorithm, backend)(cls)
         return cls
 
     return deco

@@ -5,33 +5,42 @@ abstract class rather than a list of names probed with `hasattr`, so that `regis
 class that breaks it at import, and callers use every hook without asking whether it is there.
 
 Modules under `convbench.algos` register themselves on import; `load()` imports them all, so a
-new algorithm is one new file, with no list to edit.
+new algorithm is one new file, with no list to edit. It registers with its traits
+(`traits.Algorithm`: family, origin, tolerance, reduction, count), which every table of the
+harness, the guard, the reports and the docs reads (`algorithm`), so none of them is keyed by
+algorithm names.
 """
 
 from __future__ import annotations
 
 import abc
+import contextlib
 import importlib
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from ..core.problem import LAYOUTS, PASSES, PRECISIONS, ConvProblem, check_choice, pair_text
 from ..machine import backends
 from . import padding
 from .phases import CONVOLUTION, CROP, EXPLICIT_PAD, Phased
+from .traits import Algorithm
 
+#: The shipped algorithms, in the order tables and listings show them (the vocabulary of
+#: docs/pages/design.md §2). Only an order: what each is, its traits say where it registers; an
+#: algorithm registered under another name (a test's, a plugin's) follows these, in the order it
+#: registered (`names`).
 ALGOS = ("direct", "gemm", "gemm-cublas", "fft", "fft-tiled", "winograd-2x2", "winograd-4x4",
-         "winograd-5x5", "winograd-6x6", "winograd-fused-2x2", "winograd-fused-4x4", "cudnn", "cudnn-autotune",
-         "torch-cpu",
+         "winograd-5x5", "winograd-6x6", "winograd-fused-2x2", "winograd-fused-4x4", "cudnn",
+         "cudnn-autotune", "torch-cpu",
          # cuDNN's algorithms one by one, through its find API (`algos.cudnn_find`)
          "cudnn-find-implicit-gemm", "cudnn-find-implicit-precomp-gemm", "cudnn-find-gemm",
          "cudnn-find-direct", "cudnn-find-fft", "cudnn-find-fft-tiling", "cudnn-find-winograd",
          "cudnn-find-winograd-nonfused", "cudnn-find-algo-0", "cudnn-find-algo-1",
          "cudnn-find-algo-3")
-#: Algorithms that are torch's own convolution, and the `cudnn.benchmark` each runs with (None:
-#: whatever is set). A pass planned for one of them is left to torch when the plan is applied.
-TORCH_ALGOS = {"torch-cpu": None, "cudnn": False, "cudnn-autotune": True}
+#: A pass a plan leaves to torch, as plans and reports name it: torch's own convolution, judged
+#: as the exact algorithms are.
+TORCH_DEFAULT = "torch default"
 #: What `winograd` and `all` mean on the command line.
 ALIASES = {"winograd": ("winograd-2x2", "winograd-4x4"),
            "winograd-fused": ("winograd-fused-2x2", "winograd-fused-4x4"),
@@ -224,20 +233,41 @@ class ExplicitPad(Implementation):
 
 
 _IMPLS: dict[tuple[str, str], Implementation] = {}
+_ALGORITHMS: dict[str, Algorithm] = {}
 _loaded = False
 
 
-def register(algo: str, backend: str) -> Callable[[type], type]:
-    """Class decorator: instantiate the class and file it under (algo, backend). A class that
-    breaks the contract (`Implementation`) raises TypeError here, at import."""
-    check_choice("algo", algo, ALGOS)
+def declare(algorithm: Algorithm) -> Algorithm:
+    """File an algorithm's traits under its name (`register` does, for each implementation; a
+    stand-in that is handed to the runner directly, as the tests' are, declares its own). A bare
+    name, an alias's name, or a second declaration of the name that differs raises here."""
+    _check_traits(algorithm)
+    algo = algorithm.name
+    if algo in ALIASES:
+        raise ValueError(f"algorithm name {algo!r} is a command-line alias of "
+                         f"{', '.join(ALIASES[algo])}")
+    declared = _ALGORITHMS.setdefault(algo, algorithm)
+    if declared != algorithm:
+        raise ValueError(f"{algo} is declared with other traits than before: {algorithm} "
+                         f"against {declared}")
+    return algorithm
+
+
+def register(algorithm: Algorithm, backend: str) -> Callable[[type], type]:
+    """Class decorator: instantiate the class and file it under (algorithm, backend), the
+    algorithm declared by its traits (`declare`; every backend of one name passes an equal
+    declaration). A bare name, a class that breaks the contract (`Implementation`) or a second
+    declaration that differs raises here, at import."""
+    _check_traits(algorithm)
     check_choice("backend", backend, backends.BACKENDS)
+    algo = algorithm.name
 
     def deco(cls: type) -> type:
         key = (algo, backend)
         if key in _IMPLS:
             raise RuntimeError(f"{algo} on {backend} registered twice")
         _check_contract(cls, f"{algo} on {backend}")
+        declare(algorithm)
         inst = cls()
         inst.algo, inst.backend = algo, backend
         if not cls.asymmetric_pad:
@@ -247,6 +277,14 @@ def register(algo: str, backend: str) -> Callable[[type], type]:
         return cls
 
     return deco
+
+
+def _check_traits(algorithm) -> None:
+    """Raises TypeError where `algorithm` is not an algorithm's traits (a bare name)."""
+    if not isinstance(algorithm, Algorithm):
+        raise TypeError(f"{algorithm!r}: an algorithm registers with its traits, "
+                        f"registry.register(Algorithm(name, family=..., origin=..., "
+                        f"tolerance=..., reduction=..., counts=...), backend)")
 
 
 def _check_contract(cls: type, what: str) -> None:
@@ -277,10 +315,72 @@ def load() -> None:
     _loaded = True
 
 
+def names() -> list[str]:
+    """Every registered algorithm's name: the shipped ones in `ALGOS` order, then the others in
+    the order they registered."""
+    load()
+    rank = {a: i for i, a in enumerate(ALGOS)}
+    return sorted(_ALGORITHMS, key=lambda a: rank.get(a, len(ALGOS)))
+
+
+def algorithm(name: str) -> Algorithm:
+    """The traits `name` registered with; ValueError naming the registered algorithms if none
+    did (a row of an algorithm this code does not have is not judged by another's traits)."""
+    load()
+    found = _ALGORITHMS.get(name)
+    if found is None:
+        raise ValueError(f"unknown algo {name!r}; valid: {', '.join(names())}")
+    return found
+
+
+def algorithms() -> list[Algorithm]:
+    """Every registered algorithm's traits, in `names` order."""
+    return [_ALGORITHMS[a] for a in names()]
+
+
+class _TorchAlgos(Mapping):
+    """The algorithms that are torch's own convolution (origin `torch`), each with the
+    `cudnn.benchmark` it runs with (None: whatever is set), read from their traits when asked
+    (so after `load`)."""
+
+    def __getitem__(self, algo: str) -> bool | None:
+        load()
+        found = _ALGORITHMS.get(algo)
+        if found is None or found.origin != "torch":
+            raise KeyError(algo)
+        return found.torch_benchmark
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([a.name for a in algorithms() if a.origin == "torch"])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+#: Algorithms that are torch's own convolution, and the `cudnn.benchmark` each runs with (None:
+#: whatever is set). A pass planned for one of them is left to torch when the plan is applied.
+TORCH_ALGOS: Mapping[str, bool | None] = _TorchAlgos()
+
+
+@contextlib.contextmanager
+def scratch() -> Iterator[None]:
+    """The registry as loaded, restored on leaving: what is registered inside (a test's own
+    algorithm) does not outlive it."""
+    load()
+    impls, algos = dict(_IMPLS), dict(_ALGORITHMS)
+    try:
+        yield
+    finally:
+        _IMPLS.clear()
+        _IMPLS.update(impls)
+        _ALGORITHMS.clear()
+        _ALGORITHMS.update(algos)
+
+
 def get(algo: str, backend: str) -> Implementation:
     """The implementation of `algo` on `backend`; ValueError naming what exists if none."""
     load()
-    check_choice("algo", algo, ALGOS)
+    check_choice("algo", algo, names())
     check_choice("backend", backend, backends.BACKENDS)
     impl = _IMPLS.get((algo, backend))
     if impl is None:
@@ -290,9 +390,8 @@ def get(algo: str, backend: str) -> Implementation:
 
 
 def implementations(backend: str | None = None) -> list[Implementation]:
-    """Registered implementations, in ALGOS order, optionally of one backend."""
-    load()
-    order = {a: i for i, a in enumerate(ALGOS)}
+    """Registered implementations, in `names` order, optionally of one backend."""
+    order = {a: i for i, a in enumerate(names())}
     keys = sorted(_IMPLS, key=lambda k: (order[k[0]], backends.BACKENDS.index(k[1])))
     return [_IMPLS[k] for k in keys if backend is None or k[1] == backend]
 
@@ -305,15 +404,15 @@ def expand_algos(text: str, backend: str) -> list[str]:
     """`direct,winograd` -> ['direct', 'winograd-2x2', 'winograd-4x4']; `all` -> every algo the
     backend has but the `OPT_IN` ones (`cudnn-find` names those). Unknown names raise ValueError
     naming the valid ones."""
-    have = algos_for(backend)
+    have, known = algos_for(backend), names() + list(ALIASES) + ["all"]
     out: list[str] = []
     for name in (t.strip() for t in text.split(",")):
         if not name:
             continue
-        names = ([a for a in have if a not in OPT_IN] if name == "all"
+        meant = ([a for a in have if a not in OPT_IN] if name == "all"
                  else ALIASES.get(name, (name,)))
-        for a in names:
-            check_choice("algo", a, list(ALGOS) + list(ALIASES) + ["all"])
+        for a in meant:
+            check_choice("algo", a, known)
             if a not in have:
                 raise ValueError(f"algo {a!r} is not available on {backend}; "
                                  f"valid: {', '.join(have)}")

@@ -17,9 +17,15 @@ from ..machine import host
 from ._aten import PHASES, Views, aten_phased
 from .reference import DTYPES
 from .registry import Implementation, register
+from .traits import Algorithm
+
+#: torch's own CPU convolution: its pick of kernel, judged exact, allowed any reduction (a
+#: library may run a transform we do not count).
+TORCH_CPU = Algorithm("torch-cpu", family="chosen", origin="torch", tolerance="exact",
+                      reduction="any", counts=None)
 
 
-@register("torch-cpu", "numpy")
+@register(TORCH_CPU, "numpy")
 class TorchCPU(Implementation):
     precisions = ("fp64", "fp32", "bf16")
 

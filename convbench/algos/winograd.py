@@ -35,10 +35,12 @@ import numpy as np
 from ..core.problem import FILTER_LAYOUT, ConvProblem, pair_text
 from ..machine import threads
 from ._lowering import pages_note, tensor, workspace
+from .counts import WinogradCount
 from .phases import Phased, phase_names
 from .products import Route, note
 from .reference import DTYPES
 from .registry import Implementation, register
+from .traits import Algorithm
 from .transforms import CPU_FILTER_SIZES, phase_split, winograd_matrices
 
 _R = 3  # the filter size the GPU kernels take
@@ -599,17 +601,30 @@ class WinogradCPU(Winograd):
         return Phased(dict(zip(phase_names(pass_), steps)))
 
 
-@register("winograd-2x2", "numpy")
+def winograd(m: int, tolerance: str, name: str = "winograd", fused: bool = False) -> Algorithm:
+    """The traits of F(m×m, r×r) on m×m tiles: our own, counted (its products are fewer),
+    judged by the column of its transform's size (`tolerance`, for 3x3 filters)."""
+    return Algorithm(f"{name}-{m}x{m}", family="winograd", origin="ours", tolerance=tolerance,
+                     reduction="counted", counts=WinogradCount(m, fused=fused), tile=m)
+
+
+#: Per tile m, its traits: F(5x5, 3x3)'s alpha 7 takes the column of alpha 8 (6x6's), the
+#: measured errors of 5x5 tiles being 6x6's kind (docs/pages/cpu-algorithms.md, Winograd).
+WINOGRAD = {2: winograd(2, "winograd-alpha4"), 4: winograd(4, "winograd-alpha6"),
+            5: winograd(5, "winograd-alpha8"), 6: winograd(6, "winograd-alpha8")}
+
+
+@register(WINOGRAD[2], "numpy")
 class Winograd2x2(WinogradCPU):
     m = 2
 
 
-@register("winograd-4x4", "numpy")
+@register(WINOGRAD[4], "numpy")
 class Winograd4x4(WinogradCPU):
     m = 4
 
 
-@register("winograd-5x5", "numpy")
+@register(WINOGRAD[5], "numpy")
 class Winograd5x5(WinogradCPU):
     """F(5x5, 3x3), alpha 7: on 13x13 outputs (AlexNet's conv3-conv5) its tiles cover 15x15
     where F(4x4)'s cover 16x16, so 49/25·(15/13)² = 2.61 multiplications per output against
@@ -619,7 +634,7 @@ class Winograd5x5(WinogradCPU):
     filter_sizes = (3,)
 
 
-@register("winograd-6x6", "numpy")
+@register(WINOGRAD[6], "numpy")
 class Winograd6x6(WinogradCPU):
     m = 6
     filter_sizes = (3,)

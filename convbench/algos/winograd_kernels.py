@@ -34,7 +34,7 @@ from . import kernel_base, phases
 from .kernel_base import ceil_div
 from .phases import OPERAND_NAMES, Phased, phase_names
 from .transforms import WinogradTransform, c_literal, winograd_matrices
-from .winograd import Winograd
+from .winograd import WINOGRAD, Winograd, winograd
 
 _R = 3  # the filter size
 TILE_SIZES = (2, 4)
@@ -321,14 +321,18 @@ class _FusedWinogradKernels(_WinogradKernels):
         return Phased(dict(zip(names, (transform, run))))
 
 
-def _per_tile(base: type, algo: str) -> list[type]:
-    """`base` with each tile size m of TILE_SIZES, registered as `<algo>-<m>x<m>`."""
+#: The fused kernels per tile m: their twin's arithmetic and tolerance, only the transformed
+#: filters as workspace, no weight gradient (`counts.WinogradCount`'s `fused`).
+FUSED = {m: winograd(m, WINOGRAD[m].tolerance, "winograd-fused", fused=True) for m in TILE_SIZES}
+
+
+def _per_tile(base: type, algorithms: dict) -> list[type]:
+    """`base` with each tile size m of TILE_SIZES, registered as `algorithms[m]`."""
     name = base.__name__.lstrip("_")
-    return [kernel_base.register_kernels(f"{algo}-{m}x{m}")(
+    return [kernel_base.register_kernels(algorithms[m])(
         type(f"{name}{m}x{m}", (base,), {"m": m, "__module__": __name__}))
         for m in TILE_SIZES]
 
 
-WinogradKernels2x2, WinogradKernels4x4 = _per_tile(_WinogradKernels, "winograd")
-FusedWinogradKernels2x2, FusedWinogradKernels4x4 = _per_tile(_FusedWinogradKernels,
-                                                             "winograd-fused")
+WinogradKernels2x2, WinogradKernels4x4 = _per_tile(_WinogradKernels, WINOGRAD)
+FusedWinogradKernels2x2, FusedWinogradKernels4x4 = _per_tile(_FusedWinogradKernels, FUSED)

@@ -25,7 +25,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from ..algos.registry import TORCH_ALGOS
+from ..algos import registry
 from ..catalogs import selection
 from ..core.fmt import plain_log
 from ..core.problem import ConvProblem
@@ -46,9 +46,10 @@ BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED = 2000, 0
 
 
 def is_ours(algo: str) -> bool:
-    """Our own algorithms: not a library's convolution (torch-cpu, cudnn, cudnn-autotune,
-    cudnn-find-*), nor our lowering around cuBLAS's product (gemm-cublas)."""
-    return algo not in TORCH_ALGOS and not algo.startswith("cudnn") and algo != "gemm-cublas"
+    """Our own algorithms (origin `ours` in their traits): not a library's convolution
+    (torch-cpu, cudnn, cudnn-find-*), nor our lowering around a library's product
+    (gemm-cublas)."""
+    return registry.algorithm(algo).origin == "ours"
 
 
 def default_baseline(backend: str | None) -> str:
@@ -100,8 +101,8 @@ def speedups(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
 def is_torchs(algo: str) -> bool:
     """torch's own convolution, as a model runs it: `torch-cpu` (oneDNN) on the CPU, cuDNN's
     picks through torch on a GPU (`cudnn`, `cudnn-autotune`); not cuDNN's algorithms one by one
-    (`cudnn-find-*`), which torch does not choose."""
-    return algo in TORCH_ALGOS
+    (`cudnn-find-*`), which torch does not choose: origin `torch` in their traits."""
+    return registry.algorithm(algo).origin == "torch"
 
 
 #: The columns of `against_torch`: the best of ours and torch's fastest, each in its faster

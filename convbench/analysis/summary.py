@@ -43,12 +43,10 @@ import pandas as pd
 from ..algos import registry
 from ..core.fmt import fmt_ratio, md_table
 from .ranking import Candidate, busy_mask
+from .speedup import is_ours, is_torchs
 
-#: Implementations of other people: everything else in a run is convbench's own kernel.
-LIBRARIES = ("gemm-cublas", "cudnn", "cudnn-autotune", "torch-cpu", *registry.OPT_IN)
-#: The FFT and Winograd kernels, compared one by one with cuDNN's autotuned pick.
-TRANSFORM_ALGOS = ("fft", "fft-tiled", "winograd-2x2", "winograd-4x4", "winograd-5x5",
-                   "winograd-6x6", "winograd-fused-2x2", "winograd-fused-4x4")
+#: The families whose kernels of ours are compared one by one with cuDNN's autotuned pick.
+TRANSFORM_FAMILIES = ("fft", "winograd")
 AUTOTUNE = "cudnn-autotune"
 HEURISTIC = "cudnn"
 FIND_PREFIX = "cudnn-find-"
@@ -108,9 +106,16 @@ def sgemm_vs_cublas(df: pd.DataFrame) -> pd.DataFrame:
     return ratio.unstack("layout").fillna("")
 
 
+def transform_algos() -> list[str]:
+    """Our FFT and Winograd kernels (`TRANSFORM_FAMILIES`, origin `ours`), in the registry's
+    order."""
+    return [a.name for a in registry.algorithms()
+            if a.origin == "ours" and a.family in TRANSFORM_FAMILIES]
+
+
 def own_vs_autotune(df: pd.DataFrame) -> pd.DataFrame:
     """Best own kernel / cudnn-autotune per layer and pass, naming the kernel and its layout."""
-    own = best(df, [a for a in dict.fromkeys(df["algo"]) if a not in LIBRARIES])
+    own = best(df, [a for a in dict.fromkeys(df["algo"]) if is_ours(a)])
     lib = best(df, [AUTOTUNE])
     return _grid(df, lambda layer, p: _ratio(own, lib, (layer, p), with_algo=True))
 
@@ -120,7 +125,7 @@ def transforms_vs_autotune(df: pd.DataFrame) -> pd.DataFrame:
     lib = best(df, [AUTOTUNE])
     layers = list(dict.fromkeys(df["layer"]))
     rows = {}
-    for algo in (a for a in TRANSFORM_ALGOS if a in set(_ok(df)["algo"])):
+    for algo in (a for a in transform_algos() if a in set(_ok(df)["algo"])):
         mine = best(df, [algo])
         for pass_ in dict.fromkeys(df["pass"]):
             cells = [_ratio(mine, lib, (layer, pass_)) for layer in layers]
@@ -157,7 +162,7 @@ def layouts(df: pd.DataFrame) -> pd.DataFrame:
 def tflops(df: pd.DataFrame, peak_tflops: float | None) -> pd.DataFrame:
     """Per (layer, pass): achieved TFLOP/s of the best own kernel and of cudnn-autotune, with
     their share of the FP32 peak when it is known."""
-    own = best(df, [a for a in dict.fromkeys(df["algo"]) if a not in LIBRARIES])
+    own = best(df, [a for a in dict.fromkeys(df["algo"]) if is_ours(a)])
     lib = best(df, [AUTOTUNE])
 
     def cell(table: pd.DataFrame, key) -> str:
@@ -223,7 +228,7 @@ def cudnn_algorithms(df: pd.DataFrame) -> pd.DataFrame:
         for algo in (HEURISTIC, AUTOTUNE):
             cells[algo] = (f"{by.loc[algo, 'median_ms']:.3g} ms {_family(by.loc[algo, 'note'])}"
                            .strip() if algo in by.index else "")
-        own = group[~group["algo"].isin(LIBRARIES) & ~group["algo"].str.startswith(FIND_PREFIX)]
+        own = group[group["algo"].map(is_ours).astype(bool)]
         cells["best own"] = ("" if own.empty else
                              "{1:.3g} ms {0}".format(*own.loc[own["median_ms"].idxmin(),
                                                               ["algo", "median_ms"]]))
@@ -242,7 +247,7 @@ def regret(df: pd.DataFrame) -> pd.DataFrame:
     rows = {}
     for key, group in ok.groupby(["layer", "pass", "layout"], sort=False):
         picks = group[group["algo"].isin([HEURISTIC, AUTOTUNE])]
-        others = group[~group["algo"].isin(registry.TORCH_ALGOS)]
+        others = group[~group["algo"].map(is_torchs).astype(bool)]
         if picks.empty or others.empty:
             continue
         fastest = Candidate.from_row(others.loc[others["median_ms"].idxmin()])

@@ -22,29 +22,21 @@ from .timing import Timed
 #: Precisions the guard reads against the fp32 ceilings: fp64 goes no faster than fp32; TF32,
 #: FP16 and BF16 run on tensor cores (or their CPU counterparts), above the fp32 roof.
 GUARDED_PRECISIONS = ("fp32", "fp64")
-#: Algorithms whose own op count is below the direct convolution's by an arithmetic reduction
-#: the guard allows for (direct flops over their op count, `opcount`).
-REDUCING = ("fft", "winograd")
-#: Algorithms whose kernel does the direct convolution's flops, no fewer: no reduction allowed.
-#: Every other algorithm without an op count of its own (a library's choice of kernel: cuDNN,
-#: its FFT and Winograd kernels, torch's) may run a transform: it is allowed the largest
-#: reduction our own FFT and Winograd counts have on its problem and pass.
-NO_REDUCTION = ("direct", "gemm", "gemm-cublas", "cudnn-find-implicit-gemm",
-                "cudnn-find-implicit-precomp-gemm", "cudnn-find-gemm", "cudnn-find-direct")
 
 
 def reduction(case: Case, algo_ops: float | None) -> float:
-    """The arithmetic reduction the guard allows `case`'s row: direct flops over its own op
-    count for FFT and Winograd (`REDUCING`), 1 for the algorithms that do the direct flops
-    (`NO_REDUCTION`), and for any other row without a count of its own (a library's choice of
-    kernel; a pass our count does not cover) the largest of our FFT's and Winograd's on its
-    problem and pass (at least 1)."""
-    flops = case.problem.flops
-    if case.algo.startswith(REDUCING) and algo_ops:
+    """The arithmetic reduction the guard allows `case`'s row, as its algorithm declares
+    (`traits.REDUCTIONS`): direct flops over its own op count (`counted`: FFT and Winograd), 1
+    (`none`: the algorithms that do the direct flops), and for any other row (`any`: a
+    library's choice of kernel, which may run a transform; a counted algorithm on a pass its
+    count does not cover) the largest of the counted algorithms' on its problem and pass (at
+    least 1)."""
+    flops, declared = case.problem.flops, registry.algorithm(case.algo).reduction
+    if declared == "counted" and algo_ops:
         return flops / algo_ops
-    if case.algo in NO_REDUCTION:
+    if declared == "none":
         return 1.0
-    counts = (_op_total(algo, case) for algo in registry.ALGOS if algo.startswith(REDUCING))
+    counts = (_op_total(a.name, case) for a in registry.algorithms() if a.reduction == "counted")
     return max([1.0, *(flops / ops for ops in counts if ops)])
 
 

@@ -4,17 +4,12 @@ The metric is ‖out − ref‖ / ‖ref‖ (relative Frobenius error) with the 
 against the float64 reference. NaN or inf anywhere makes the error inf: an unwritten element of a
 NaN-filled output can never pass.
 
-Tolerances are per algorithm and precision (`_BASE`), for reductions up to 4096 terms, growing as
-sqrt(L / 4096) beyond, as rounding error of a sum of L random-sign terms does (a batch-256 weight
-gradient sums N·P·Q ≈ 43k terms). Exact algorithms (direct, GEMM, cuDNN, torch-cpu) get a few
-float32 ulps per term; FFT (its transforms add O(log size) rounding steps) and Winograd (whose
-transform coefficients amplify rounding, the more the larger the tile) get their measured
-errors with ample headroom: loose enough for other summation orders, tight enough that a wrong
-coefficient fails (the measurements: docs/pages/measurement.md, checked before it is timed).
-Winograd's error follows its transform's size alpha = m + r - 1 (its interpolation points),
-not the tile alone: a tile takes the column of the 3x3 tile with the same alpha, r the filter
-it transforms (at a stride the phase split's, `transforms.phase_split`); F(5x5, 3x3), alpha 7,
-takes 6x6's.
+Tolerances are per algorithm and precision: each algorithm declares its column of
+`traits.TOLERANCES` (exact, FFT, Winograd by its transform's size) where it registers
+(`registry.algorithm`), for reductions up to 4096 terms; they grow as sqrt(L / 4096) beyond, as
+rounding error of a sum of L random-sign terms does (a batch-256 weight gradient sums N·P·Q ≈
+43k terms). A Winograd tile's column follows the size alpha = m + r - 1 of the transform it runs
+on the problem (`traits.Algorithm.tolerance_column`), not the tile alone.
 """
 
 from __future__ import annotations
@@ -24,23 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..algos.transforms import CPU_FILTER_SIZES, phase_split
+from ..algos import registry
+from ..algos.traits import TOLERANCES
 from ..core.problem import ConvProblem
-
-_BASE = {  # precision -> (exact algorithms, fft, winograd-2x2, winograd-4x4, winograd-6x6)
-    "fp64": (1e-12, 1e-11, 1e-11, 1e-10, 2e-10),
-    "fp32": (1e-5, 2e-5, 2e-5, 1e-4, 2e-4),
-    "tf32": (5e-3, 5e-3, 5e-3, 1e-2, 2e-2),
-    "fp16": (1e-2, 2e-2, 2e-2, 5e-2, 1e-1),
-    "bf16": (5e-2, 5e-2, 5e-2, 1e-1, 2e-1),
-}
-_COLUMN = {"fft": 1, "fft-tiled": 1, "winograd-2x2": 2, "winograd-4x4": 3, "winograd-5x5": 4,
-           "winograd-6x6": 4,
-           "winograd-fused-2x2": 2, "winograd-fused-4x4": 3,
-           # cuDNN's own, one by one (`cudnn_find`): its tiles are not said, so Winograd takes
-           # F(4x4, 3x3)'s column, which also holds F(2x2, 5x5) (alpha 6)
-           "cudnn-find-fft": 1, "cudnn-find-fft-tiling": 1, "cudnn-find-winograd": 3,
-           "cudnn-find-winograd-nonfused": 3}
 
 
 def reduction_length(problem: ConvProblem, pass_: str) -> int:
@@ -52,27 +33,19 @@ def reduction_length(problem: ConvProblem, pass_: str) -> int:
     return problem.n * problem.p * problem.q
 
 
-#: The column of a Winograd transform of size alpha (m + r - 1), whatever m and r make it.
-_ALPHA_COLUMN = {4: 2, 6: 3, 8: 4}
-
-
-def _column(algo: str, problem: ConvProblem | None) -> int:
-    column = _COLUMN.get(algo, 0)
-    if problem is None or not algo.startswith("winograd-"):
-        return column
-    # the filter a tile transforms: at a stride the phase split's (9x9 at stride 2 runs as
-    # 5x5 phases, F(2x2, 5x5) with alpha 6, not alpha 10); a problem it does not split, its own
-    split = phase_split(problem, CPU_FILTER_SIZES)
-    r = problem.r if split is None else split.r
-    if r != 3:
-        m = int(algo.rpartition("-")[2].split("x")[0])
-        column = _ALPHA_COLUMN.get(m + r - 1, column)
-    return column
+def column(algo: str, problem: ConvProblem | None = None) -> str:
+    """`algo`'s column of `traits.TOLERANCES` on `problem`, from its traits; a pass a plan
+    leaves to torch (`registry.TORCH_DEFAULT`) is judged as exact."""
+    if algo == registry.TORCH_DEFAULT:
+        return "exact"
+    return registry.algorithm(algo).tolerance_column(problem)
 
 
 def tolerance(algo: str, precision: str, problem: ConvProblem | None = None,
               pass_: str = "fwd") -> float:
-    base = _BASE[precision][_column(algo, problem)]
+    """The relative error `algo`'s pass may have: its column's (`column`) for `precision`,
+    grown as sqrt(L / 4096) past L = 4096 summed terms (`reduction_length`)."""
+    base = TOLERANCES[column(algo, problem)][precision]
     if problem is None:
         return base
     return base * max(1.0, math.sqrt(reduction_length(problem, pass_) / 4096))

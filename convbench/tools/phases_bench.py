@@ -60,12 +60,16 @@ def baseline_tree(rev: str, dest: Path, repo: Path) -> Path:
 @contextmanager
 def _collecting(into: dict):
     """`registry.register` files classes into `into` instead of the registry, wrapped as
-    `register` wraps them (`ExplicitPad` where the class pads both sides alike)."""
+    `register` wraps them (`ExplicitPad` where the class pads both sides alike). A baseline
+    registers an algorithm by its traits (`traits.Algorithm`), or from before those by its
+    name; its traits are this tree's, read by name."""
     from ..algos import registry
 
     real = registry.register
 
-    def register(algo: str, backend: str):
+    def register(declared, backend: str):
+        algo = getattr(declared, "name", declared)
+
         def deco(cls):
             inst = cls()
             inst.algo, inst.backend = algo, backend

@@ -10,6 +10,8 @@ the registry's order and everything else as measured, so every table and plot re
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pandas as pd
 
 from ...algos import registry
@@ -27,14 +29,14 @@ HOST_BOUND = "!"
 BUSY = "#"
 
 
-def order(values, reference: tuple[str, ...] = ()) -> list[str]:
+def order(values, reference: Sequence[str] = ()) -> list[str]:
     """Distinct values: those in `reference` in its order, then the rest as first seen."""
     seen = list(dict.fromkeys(values))
     return [v for v in reference if v in seen] + [v for v in seen if v not in reference]
 
 
 def algo_order(df: pd.DataFrame) -> list[str]:
-    return order(df["algo"], registry.ALGOS)
+    return order(df["algo"], registry.names())
 
 
 def layer_order(df: pd.DataFrame) -> list[str]:
@@ -61,6 +63,6 @@ def marks(r) -> str:
 
 
 def algo_major(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows sorted by algorithm (in `registry.ALGOS` order), otherwise as they were."""
+    """Rows sorted by algorithm (in `registry.names` order), otherwise as they were."""
     rank = {a: i for i, a in enumerate(algo_order(df))}
     return df.sort_values("algo", key=lambda col: col.map(rank), kind="stable")
