@@ -246,6 +246,15 @@ def test_a_fresh_interpreter_loads_nothing_above_the_layer(layer):
         assert fresh_advice_loads(PACKAGE) == []
 
 
+def test_the_harness_stands_on_the_registry_not_on_the_public_face():
+    """`functional` is a public face at the top of the implementations layer; the harness takes
+    the contract (`UnsupportedError` and the rest) from the registry, so no module of measure/
+    waits on that face and the house keeps a floor fewer."""
+    edges = graph(PACKAGE)
+    harness = [m for m in edges if m.startswith("convbench.measure.")]
+    assert harness and [m for m in harness if "convbench.functional" in reach(edges, m)] == []
+
+
 def test_the_studies_stand_side_by_side():
     """No study reaches another, and the check sees one stacked on another."""
     edges = graph(PACKAGE)

@@ -56,10 +56,10 @@ import numpy as np
 from ..algos import reference, registry
 from ..algos.phases import APART, OUTPUT_COPY
 from ..algos.reference import DTYPES, array_module
+from ..algos.registry import UnsupportedError
 from ..catalogs.layers import Layer
 from ..core.fmt import first_line
 from ..cuda import kernels
-from ..functional import UnsupportedError
 from ..machine.faults import is_sticky_fault
 from . import memory, opcount, timing, verify
 from .case import Case, Ready
