@@ -255,6 +255,14 @@ def test_the_harness_stands_on_the_registry_not_on_the_public_face():
     assert harness and [m for m in harness if "convbench.functional" in reach(edges, m)] == []
 
 
+def test_a_study_folder_takes_its_file_names_from_the_results_schema():
+    """Every folder's file names (report.md, env.json, the CSV) are the results schema's
+    (`core.results`): a study writing its folder needs no part of the run report's code."""
+    edges = graph(PACKAGE)
+    assert [m for m in reach(edges, "convbench.studies.folder")
+            if m.startswith("convbench.analysis")] == []
+
+
 def test_the_studies_stand_side_by_side():
     """No study reaches another, and the check sees one stacked on another."""
     edges = graph(PACKAGE)

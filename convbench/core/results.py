@@ -88,6 +88,8 @@ def new_row(**cells) -> Row:
 
 RESULTS_CSV = "measurements.csv"
 ENV_JSON = "env.json"
+#: What people read in a run or study folder, rendered from the other two (`analysis.report`).
+REPORT_MD = "report.md"
 #: A rank's rows in a sharded run (`convbench.runs.shard`), until they are merged into RESULTS_CSV.
 PARTIAL_CSV = ".rank{rank}.csv"
 

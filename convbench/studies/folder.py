@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..analysis.report import REPORT_MD
 from ..core import results
 from ..core.fmt import pyplot
 
@@ -25,10 +24,10 @@ def write_study(folder: str | Path, study: str, text: str, frame: pd.DataFrame, 
     in `folder`; the names written, in that order."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / REPORT_MD).write_text(text if text.endswith("\n") else text + "\n")
+    (folder / results.REPORT_MD).write_text(text if text.endswith("\n") else text + "\n")
     (folder / f"{study}.csv").write_text(results.to_csv(frame))
     (folder / results.ENV_JSON).write_text(json.dumps(env, indent=1) + "\n")
-    names = [REPORT_MD, f"{study}.csv", results.ENV_JSON]
+    names = [results.REPORT_MD, f"{study}.csv", results.ENV_JSON]
     drawn = (plots or {}) if pyplot() is not None else {}
     for name, write in {**(extra or {}), **drawn}.items():
         write(folder / name)

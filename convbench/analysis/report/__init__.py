@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from ...core.results import REPORT_MD
 from .. import sweepreport
 from .cells import BEST, BUSY, HOST_BOUND, NOISY, TIED
 from .plots import plot
-from .prose import REPORT_MD, ceilings_lines, layer_table, markdown, speedup_section
+from .prose import ceilings_lines, layer_table, markdown, speedup_section
 from .tables import (
     UNDECIDED_BUSY,
     UNDECIDED_NONE,

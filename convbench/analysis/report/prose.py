@@ -68,9 +68,6 @@ from .tables import (
     workspace_table,
 )
 
-#: The report's file name in a run folder.
-REPORT_MD = "report.md"
-
 
 def memory_methods(df: pd.DataFrame) -> list[str]:
     """One line per memory method the rows used, saying what it reads."""
