@@ -5,7 +5,7 @@ import pytest
 from test_cli import run_cli
 
 from convbench.algos import registry
-from convbench.analysis import sweepreport
+from convbench.analysis.report import sweep as sweepreport
 from convbench.catalogs.layers import Layer, resolve
 from convbench.core import fmt, results
 from convbench.measure import batchsweep, memory, opcount, runner

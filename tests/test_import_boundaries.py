@@ -246,6 +246,41 @@ def test_a_fresh_interpreter_loads_nothing_above_the_layer(layer):
         assert fresh_advice_loads(PACKAGE) == []
 
 
+def folder_circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Per folder of the package, the circles among what stands in it, each subfolder taken as
+    one room (its modules' imports together): a module beside a folder that imports the
+    folder's parts while the folder imports it is such a circle."""
+    def room(folder: str, m: str) -> str | None:
+        """What `m` is in `folder`: itself, the subfolder holding it, or None (outside)."""
+        if not m.startswith(folder + "."):
+            return None
+        return folder + "." + m[len(folder) + 1:].split(".")[0]
+
+    packages = {m for m in edges if any(o.startswith(m + ".") for o in edges)}
+    out = []
+    for folder in sorted(packages):
+        rooms: dict[str, set[str]] = {}
+        for m, targets in edges.items():
+            a = room(folder, m)
+            if a is not None:
+                rooms.setdefault(a, set()).update(
+                    b for b in (room(folder, t) for t in targets) if b not in (None, a))
+        out += circles(rooms)
+    return out
+
+
+def test_a_folder_and_what_stands_beside_it_import_no_circle():
+    """A folder reads as one room: nothing beside it both imports its parts and is imported
+    by them (the batch sweep's report, once a module beside report/, is a part of it)."""
+    edges = graph(PACKAGE)
+    assert folder_circles(edges) == []
+    edges["convbench.analysis.report.cells"] = {*edges["convbench.analysis.report.cells"],
+                                                "convbench.analysis.compare"}
+    edges["convbench.analysis.compare"] = {*edges["convbench.analysis.compare"],
+                                           "convbench.analysis.report.tables"}
+    assert ["convbench.analysis.compare", "convbench.analysis.report"] in folder_circles(edges)
+
+
 def test_the_harness_stands_on_the_registry_not_on_the_public_face():
     """`functional` is a public face at the top of the implementations layer; the harness takes
     the contract (`UnsupportedError` and the rest) from the registry, so no module of measure/

@@ -4,7 +4,7 @@ sorted speed-ups over a baseline).
 
 The report reads the results table (`results.frame` of a run's rows) and env.json only, so a
 run folder can be re-rendered any time (`convbench report RUN`), and it chooses its own form:
-a batch sweep (several batch sizes of a layer) reads as `sweepreport`'s batch-size figures,
+a batch sweep (several batch sizes of a layer) reads as `sweep`'s batch-size figures,
 every other run as the run report. `write` is the one entry point that renders a run folder.
 
 The run report's parts: `tables` and `roof` (DataFrames, pure functions of the frame), `prose`
@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from ...core.results import REPORT_MD
-from .. import sweepreport
+from . import sweep
 from .cells import BEST, BUSY, HOST_BOUND, NOISY, TIED
 from .plots import plot
 from .prose import ceilings_lines, layer_table, markdown, speedup_section
@@ -43,12 +43,12 @@ __all__ = ["BEST", "BUSY", "HOST_BOUND", "NOISY", "REPORT_MD", "TIED", "UNDECIDE
 
 def write(folder: str | Path, df: pd.DataFrame, env: dict, baseline: str | None = None) -> str:
     """Render report.md and its plots into a run folder, in the form its results call for (a
-    batch sweep's own report, `sweepreport`, when they are one); returns the markdown.
+    batch sweep's own report, `sweep`, when they are one); returns the markdown.
     `baseline`: the algorithm the speed-ups of a run of many problems are over (default
     `speedup.default_baseline`)."""
     folder = Path(folder)
-    if sweepreport.is_batch_sweep(df):
-        text = sweepreport.sweep_markdown(df, env, sweepreport.sweep_plot(df, folder))
+    if sweep.is_batch_sweep(df):
+        text = sweep.sweep_markdown(df, env, sweep.sweep_plot(df, folder))
     else:
         text = markdown(df, env, plot(df, folder, env, baseline), baseline)
     (folder / REPORT_MD).write_text(text)

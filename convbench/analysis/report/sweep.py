@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..core.fmt import NO_MATPLOTLIB, fmt_mib, fmt_ms, md_table, pyplot, save_figure
-from ..measure import memory
-from .report.cells import BEST, algo_order, layer_order, order
-from .report.prose import header, memory_methods
-from .report.tables import not_measured
+from ...core.fmt import NO_MATPLOTLIB, fmt_mib, fmt_ms, md_table, pyplot, save_figure
+from ...measure import memory
+from .cells import BEST, algo_order, layer_order, order
+from .prose import header, memory_methods
+from .tables import not_measured
 
 
 def is_batch_sweep(df: pd.DataFrame) -> bool:
