@@ -6,12 +6,18 @@
 - Links are written as they work in the repository (a page in docs/pages/ links a run as
   `../../results/...`, the README a page as `docs/pages/...`); on the site the pages sit at the
   top, beside results/, so those prefixes are rewritten as each page is read.
+- What the code knows is not written by hand: a page's `<!-- convbench:NAME -->` line is
+  replaced by the list `GENERATED[NAME]` makes from this tree's code (the algorithms and their
+  traits, the tolerance columns), so the site cannot drift from the registry.
 """
 
 from __future__ import annotations
 
+import re
+import sys
 from pathlib import Path
 
+from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,4 +49,76 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     rewrites = REWRITES.get(src) or (PAGE_REWRITES if not src.startswith("results/") else [])
     for repo, site in rewrites:
         markdown = markdown.replace(repo, site)
-    return markdown
+    return MARKER.sub(lambda m: generated(m.group(1), src), markdown)
+
+
+# --- the lists the code knows -------------------------------------------------------------------
+#: A line a page holds where a generated list goes.
+MARKER = re.compile(r"^<!-- convbench:([a-z-]+) -->$", re.MULTILINE)
+
+
+def _registry():
+    """This tree's registry, loaded (the tree being built, not whatever convbench is
+    installed: mkdocstrings reads the same tree's docstrings)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from convbench.algos import registry
+
+    registry.load()
+    return registry
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def algorithms() -> str:
+    """Every registered algorithm with its traits, in the registry's order."""
+    registry = _registry()
+    backends = {}
+    for impl in registry.implementations():
+        backends.setdefault(impl.algo, []).append(impl.backend)
+    rows = [[f"`{a.name}`", a.family, a.origin, f"`{a.tolerance}`", a.reduction,
+             "none" if a.counts is None else f"`{a.counts!r}`",
+             ", ".join(backends.get(a.name, []))] for a in registry.algorithms()]
+    return _table(["algo", "family", "origin", "tolerance", "reduction", "operation count",
+                   "backends"], rows)
+
+
+def traits() -> str:
+    """The vocabulary of the traits: each family, origin and reduction, and what it means."""
+    from convbench.algos import traits as t
+
+    _registry()
+    out = []
+    for trait, meanings in (("family", t.FAMILIES), ("origin", t.ORIGINS),
+                            ("reduction", t.REDUCTIONS)):
+        out += [f"- {trait}:", *(f"    - `{k}`: {v}" for k, v in meanings.items())]
+    return "\n".join(out)
+
+
+def tolerances() -> str:
+    """The tolerance columns per precision, and the algorithms that declare each."""
+    registry = _registry()
+    from convbench.algos.traits import TOLERANCES
+    from convbench.core.problem import PRECISIONS
+
+    declared = {}
+    for a in registry.algorithms():
+        declared.setdefault(a.tolerance, []).append(f"`{a.name}`")
+    rows = [[f"`{column}`", *(f"{values[p]:.0e}".replace("e-0", "e-") for p in PRECISIONS),
+             ", ".join(declared.get(column, []))]
+            for column, values in TOLERANCES.items()]
+    return _table(["column", *PRECISIONS, "declared by"], rows)
+
+
+#: What each marker is replaced by.
+GENERATED = {"algorithms": algorithms, "traits": traits, "tolerances": tolerances}
+
+
+def generated(name: str, page: str) -> str:
+    if name not in GENERATED:
+        raise PluginError(f"{page}: no generated list {name!r}; hooks.py makes "
+                          f"{', '.join(GENERATED)}")
+    return GENERATED[name]()

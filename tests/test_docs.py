@@ -10,7 +10,10 @@ drift from the code, checked as the README is (tests/test_readme.py, whose helpe
 - a page's `python` blocks compile and every convbench name they import exists (they are
   fragments of training code, not run);
 - every relative link of a page, and of results/README.md (the findings beside their data),
-  points to a file of the repository, and every run folder has its entry there.
+  points to a file of the repository, and every run folder has its entry there;
+- every algorithm a page, the README or the findings name is one the registry has (the lists of
+  algorithms and their traits are generated from it, `docs/hooks.py`), and every generated list
+  a page asks for is one the hooks make.
 """
 
 from __future__ import annotations
@@ -233,6 +236,71 @@ def test_every_page_link_works_in_the_repository(page):
     """Links are written as they work in the repository (the site's hooks rewrite them), so a
     page read on a forge works too; the strict build checks them on the site."""
     assert broken_links(page) == []
+
+
+#: A name in backticks or an `--algos` list, and the first word of every algorithm's name.
+_BACKTICKED = re.compile(r"`([a-z][a-z0-9-]*(?:-\*)?)`")
+_ALGOS_OPTION = re.compile(r"--algos[ =]([A-Za-z0-9,*-]+)")
+
+
+def unknown_algorithms(text: str) -> list[str]:
+    """The names `text` gives algorithms that the registry does not have: a word in backticks
+    (or in an `--algos` list) that is an algorithm's name or begins as one does
+    (`winograd-...`, `cudnn-find-*`), and is no registered algorithm, alias, `all` or pattern
+    some algorithm matches."""
+    from convbench.algos import registry
+
+    names = registry.names()
+    stems = {n.split("-")[0] for n in names}
+    known = {*names, *registry.ALIASES, "all"}
+    words = set(_BACKTICKED.findall(text))
+    for listed in _ALGOS_OPTION.findall(text):
+        words.update(w for w in listed.split(",") if w)
+    return sorted(w for w in words if "-" in w and w.split("-")[0] in stems and not (
+        w in known or (w.endswith("-*") and any(n.startswith(w[:-1]) for n in names))))
+
+
+def test_unknown_algorithms_bite():
+    text = ("`winograd-3x3` and `cudnn-find-*`, `nvidia-*`, `torch-cpu`, `torch`, "
+            "`convbench list`\n$ convbench layer conv3 --algos gemm,fft-tiling,winograd\n")
+    assert unknown_algorithms(text) == ["fft-tiling", "winograd-3x3"]
+
+
+@pytest.mark.parametrize("page", [*PAGES, README, RESULTS_INDEX], ids=lambda p: p.name)
+def test_every_algorithm_a_page_names_is_registered(page):
+    assert unknown_algorithms(page.read_text()) == []
+
+
+def _hooks():
+    """docs/hooks.py, as the docs build loads it (it needs mkdocs: skipped without it)."""
+    pytest.importorskip("mkdocs", reason="the docs extra is not installed here")
+    spec = importlib.util.spec_from_file_location("docs_hooks", DOCS / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    return hooks
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_a_page_asks_only_for_lists_the_docs_build_makes(page):
+    hooks = _hooks()
+    for name in hooks.MARKER.findall(page.read_text()):
+        assert name in hooks.GENERATED, f"{page.name}: <!-- convbench:{name} -->"
+
+
+def test_the_generated_lists_are_the_registry_s():
+    """The algorithms' table has a row per registered algorithm with its traits, and the
+    tolerances' a row per column, each with the algorithms that declare it."""
+    from convbench.algos import registry
+    from convbench.algos.traits import TOLERANCES
+
+    hooks = _hooks()
+    rows = hooks.algorithms().splitlines()[2:]
+    assert [r.split(" | ")[0].strip("| `") for r in rows] == registry.names()
+    fft = next(r for r in rows if r.startswith("| `fft` |"))
+    assert "| fft | ours | `fft` | counted | `FFTCount()` |" in fft
+    columns = hooks.tolerances().splitlines()[2:]
+    assert [r.split(" | ")[0].strip("| `") for r in columns] == list(TOLERANCES)
+    assert columns[0].startswith("| `exact` | 1e-12 | 1e-5 | 5e-3 | 1e-2 | 5e-2 | `direct`")
 
 
 def test_the_findings_link_to_what_is_there():
