@@ -414,3 +414,24 @@ def test_a_time_that_is_not_compared_needs_fewer_repetitions():
     assert timing.time_cpu(clock.fn, budget_s=1.0, clock=clock).reps == timing.MIN_REPS_ALONE
     (t,) = timing.rounds_cpu([timing.Contender.call(clock.fn)], budget_s=1.0, clock=clock)
     assert t.total.reps == timing.MIN_REPS and t.total.interval is not None
+
+
+def test_cold_caches_flush_before_every_timed_repetition(monkeypatch):
+    """In `timing.cold_caches()` the host's caches are flushed before each timed repetition,
+    outside the timed region (a flush inside would be timed); outside it, never."""
+    from convbench.measure import timing
+
+    flushes, calls = [], []
+    with timing.cold_caches():
+        real = timing._FLUSH[-1]
+        timing._FLUSH[-1] = lambda: (flushes.append(len(calls)), real())
+        (t,) = timing.rounds_cpu([timing.Contender.call(lambda: calls.append(1))], 0.01,
+                                 probe=None)
+    assert timing._FLUSH == []
+    timed = t.total.reps
+    assert len(flushes) == timed  # one before each timed repetition, none in the warm-up
+    warmup = len(calls) - timed
+    assert flushes == list(range(warmup, warmup + timed))
+    before = len(calls)
+    timing.rounds_cpu([timing.Contender.call(lambda: calls.append(1))], 0.01, probe=None)
+    assert len(calls) > before and len(flushes) == timed

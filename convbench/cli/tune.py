@@ -52,7 +52,7 @@ def cmd_tune(args) -> int:
                                         args.max_error, args.tie_break, args.include_busy),
                 store=args.store, log=lambda line: print(f"convbench: {line}", file=sys.stderr),
                 step=None if args.step == "none" else args.step,
-                step_budget_s=args.step_budget)
+                step_budget_s=args.step_budget, cold=args.cold)
         except TuneInterrupted as stop:
             kept = (f"{stop.made} of {stop.planned} measurements kept in the plan store "
                     f"({stop.path})" if stop.path else "nothing was measured yet")
@@ -96,6 +96,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--step-budget", type=positive(float), default=confirm.STEP_BUDGET_S,
                    metavar="S", help="seconds of timed steps per side of each comparison "
                                      "(default %(default)s)")
+    p.add_argument("--cold", action="store_true",
+                   help="time each CPU repetition from cold caches (a buffer twice the last "
+                        "level cache rewritten before it), as a layer finds them in a model")
     p.add_argument("--out", help="also write the plan JSON to this file")
     p.add_argument("--store", help="plan store folder (default $CONVBENCH_PLAN_DIR, else "
                    "~/.cache/convbench/plans)")

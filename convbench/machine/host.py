@@ -71,3 +71,18 @@ def cache_dir() -> Path:
     """The machine's measured facts (ceilings, the OpenBLAS core type): $CONVBENCH_CACHE_DIR,
     else `user_cache()`."""
     return Path(os.environ.get("CONVBENCH_CACHE_DIR") or user_cache())
+
+
+def last_level_cache_bytes(default: int = 32 << 20) -> int:
+    """The largest CPU cache of core 0 (the last level, shared), from sysfs; `default` where
+    the system does not say."""
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = path.read_text().strip().upper()
+        try:
+            unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            sizes.append(int(text.rstrip("KMG")) * unit)
+        except (ValueError, OSError):
+            continue
+    return max(sizes, default=default)
+

@@ -42,6 +42,7 @@ may be timed but left out of the contender's time (`excluded`: the copy of a lib
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import random
@@ -142,6 +143,33 @@ def _timed(c: Contender, reps: list[list[float]], stop: str, *, hosts=(), cpu=()
 
 
 # --- the host ----------------------------------------------------------------------------------
+#: The host's caches flushed before each timed repetition (`cold_caches`), or None: warm.
+_FLUSH: list[Callable[[], None]] = []
+
+
+@contextlib.contextmanager
+def cold_caches():
+    """Time every CPU repetition in the block from cold caches: a buffer twice the last-level
+    cache (`host.last_level_cache_bytes`) is rewritten before each, outside the timed region,
+    as Triton's `do_bench` and benchdnn flush between repetitions (the GPU's timer always
+    flushes its L2). In a model a layer finds its caches full of its neighbours' data, not of
+    its own last repetition's: cold isolated times are the closer prediction there."""
+    import numpy as np
+
+    from ..machine.host import last_level_cache_bytes
+
+    buf = np.zeros(2 * last_level_cache_bytes() // 8, dtype=np.float64)
+
+    def flush() -> None:
+        np.add(buf, 1.0, out=buf)
+
+    _FLUSH.append(flush)
+    try:
+        yield
+    finally:
+        _FLUSH.pop()
+
+
 def rounds_cpu(contenders: Sequence[Contender], budget_s: float, *,
                target: float = TARGET_NOISE, max_reps: int = MAX_REPS_CPU,
                min_reps: int = MIN_REPS, clock: Callable[[], float] = time.perf_counter,
@@ -172,6 +200,8 @@ def rounds_cpu(contenders: Sequence[Contender], budget_s: float, *,
         while stop is None:
             rng.shuffle(order)
             for i in order:
+                if _FLUSH:
+                    _FLUSH[-1]()
                 before = probe() if probe else None
                 reps[i].append(once(contenders[i]))
                 if before is not None:

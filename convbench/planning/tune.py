@@ -14,6 +14,7 @@ time is valid only beside the passes it is weighed against.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -114,14 +115,15 @@ def tune(model, example_input, *, algos: str = "all", layouts: tuple[str, ...] =
          store: PlanStore | str | Path | None = None, input_layout: str = "nchw",
          output_layout: str = "nchw", log: Callable[[str], None] | None = None,
          progress: Callable[[str], None] | None = stderr_progress,
-         step: str | None = "train", step_budget_s: float = confirm.STEP_BUDGET_S) -> Plan:
+         step: str | None = "train", step_budget_s: float = confirm.STEP_BUDGET_S,
+         cold: bool = False) -> Plan:
     """Measure the conv layers of `model` as `example_input` exercises them, and plan them
     (`tune_advice`'s plan; its arguments are this one's, spelt out so a misspelt one is a
     TypeError at the call)."""
     return tune_advice(model, example_input, algos=algos, layouts=layouts, budget_s=budget_s,
                        constraints=constraints, store=store, input_layout=input_layout,
                        output_layout=output_layout, log=log, progress=progress, step=step,
-                       step_budget_s=step_budget_s)[0]
+                       step_budget_s=step_budget_s, cold=cold)[0]
 
 
 def tune_advice(model, example_input, *, algos: str = "all",
@@ -130,8 +132,8 @@ def tune_advice(model, example_input, *, algos: str = "all",
                 store: PlanStore | str | Path | None = None, input_layout: str = "nchw",
                 output_layout: str = "nchw", log: Callable[[str], None] | None = None,
                 progress: Callable[[str], None] | None = stderr_progress,
-                step: str | None = "train", step_budget_s: float = confirm.STEP_BUDGET_S
-                ) -> tuple[Plan, Advice]:
+                step: str | None = "train", step_budget_s: float = confirm.STEP_BUDGET_S,
+                cold: bool = False) -> tuple[Plan, Advice]:
     """Measure the conv layers of `model` as `example_input` exercises them, and plan them:
     the plan, and the advice it was built from (what `convbench tune` prints).
 
@@ -139,7 +141,8 @@ def tune_advice(model, example_input, *, algos: str = "all",
     whole step (`confirm.confirm`, `step_budget_s` seconds of steps per contender and
     comparison): a change is kept only where the step is faster with it beyond noise, so the
     plan is never slower than torch's default beyond noise; what was measured is in the plan's
-    `checks`.
+    `checks`. `cold`: each repetition of the per-layer measurements on the CPU is timed from
+    cold caches (`timing.cold_caches`), as a layer finds them in a model.
 
     Measurements the plan store holds for this environment are reused; the rest are made by the
     runner on the input's device (`algos`: a comma list as on the command line; `budget_s`:
@@ -208,7 +211,8 @@ def tune_advice(model, example_input, *, algos: str = "all",
                 Advice(backend, precision, constraints, [], {}, set(), Counter()))
 
     try:
-        runner.run(cases, budget, on_row=measured)
+        with timing.cold_caches() if cold else contextlib.nullcontext():
+            runner.run(cases, budget, on_row=measured)
         if made:
             status = Counter(r["status"] for r in made)
             log(f"measured {len(made)} of {len(cases)}: "

@@ -21,6 +21,7 @@ terms (`verify.tolerance`). On the CPU run it with idle threads sleeping
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 import numpy as np
@@ -75,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="layers: net:layer or text specs (n=2,c=32,...), space-separated")
     p.add_argument("--algos", default="gemm,winograd-4x4,direct", help="comma list of algos")
     p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--cold", action="store_true",
+                   help="each repetition from cold caches (`timing.cold_caches`)")
     p.add_argument("--budget", type=float, default=1.0,
                    help="seconds of timed repetitions per contender (default %(default)s)")
     args = p.parse_args(argv)
@@ -95,9 +98,10 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append([layer.name, algo, "", "", "", "", "", f"unsupported: {why}"])
                 continue
             torch_step, alone, in_place = contenders(problem, algo)
-            t_torch, t_alone, t_in = (t.total for t in timing.time_rounds(
-                [timing.Contender.call(f) for f in (torch_step, alone, in_place)],
-                args.budget, "numpy"))
+            with timing.cold_caches() if args.cold else contextlib.nullcontext():
+                t_torch, t_alone, t_in = (t.total for t in timing.time_rounds(
+                    [timing.Contender.call(f) for f in (torch_step, alone, in_place)],
+                    args.budget, "numpy"))
             n = min(len(t_torch.times_ms), len(t_in.times_ms), len(t_alone.times_ms))
             over = stats.ratio(t_in.times_ms[:n], t_torch.times_ms[:n], paired=True)
             rows.append([layer.name, algo, f"{t_torch.median:.4g}", f"{t_alone.median:.4g}",
