@@ -302,11 +302,18 @@ def test_a_resumed_visit_runs_no_tests_and_continues_the_work_folder(tmp_path, c
 def test_the_tests_at_their_limit_are_interrupted_and_still_summarised(tmp_path):
     """At the time limit pytest gets a SIGINT, as Ctrl-C: it names where it was and prints
     its summary (a SIGKILL left the log with neither)."""
+    import signal
+
     slow = tmp_path / "test_slow_suite.py"
     slow.write_text("import time\n\ndef test_quick():\n    pass\n\n"
                     "def test_slow():\n    time.sleep(60)\n")
-    tested = gpucheck.run_tests(tmp_path / "tests.log", (str(slow), "-v", "-p",
-                                                         "no:cacheprovider"), 4.0, 20.0)
+    # as in a command a shell started in the background: SIGINT ignored, inherited
+    was = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        tested = gpucheck.run_tests(tmp_path / "tests.log", (str(slow), "-v", "-p",
+                                                             "no:cacheprovider"), 4.0, 20.0)
+    finally:
+        signal.signal(signal.SIGINT, was)
     assert tested.returncode == -1 and tested.seconds < 30
     assert tested.line.startswith("interrupted at its limit of 4 s: ")
     assert "1 passed" in tested.line

@@ -206,7 +206,8 @@ def run_tests(log: Path, pytest_args: tuple[str, ...] = PYTEST_ARGS,
     timed_out = False
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "pytest", *pytest_args], cwd=root,
-                                stdout=out, stderr=subprocess.STDOUT)
+                                stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=_sigint_default)
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -223,6 +224,14 @@ def run_tests(log: Path, pytest_args: tuple[str, ...] = PYTEST_ARGS,
         return Tests(-1, f"interrupted at its limit of {timeout_s:g} s: {last} (see "
                      f"{log.name})", pytest_args, time.monotonic() - started)
     return Tests(proc.returncode, last, pytest_args, time.monotonic() - started)
+
+
+def _sigint_default() -> None:
+    """In the tests' process, before it runs: SIGINT by default. A command started in the
+    background by a shell without job control inherits SIGINT ignored, and Python then leaves
+    it ignored, so the interrupt at the time limit would do nothing and the tests would be
+    killed without their summary (seen in a backgrounded CI run)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def never_tiles(case: runner.Case) -> bool:
