@@ -269,35 +269,27 @@ def test_direct_describes_its_depthwise_path(monkeypatch):
     assert registry.get("direct", "numpy").describe(GROUPED[0], "fwd", "nhwc", "fp32") == ""
 
 
-# --- kernels/depthwise.cu, under the emulator ------------------------------------------------
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("pass_", PASSES)
-@pytest.mark.parametrize("problem", DEPTHWISE, ids=str)
-def test_emu_depthwise_matches_reference(problem, pass_, layout):
-    impl = testing.runnable("direct", "emu")
-    assert registry.supports(impl, problem, pass_, layout, "fp32") is None
-    assert impl.describe(problem, pass_, layout, "fp32").startswith("depthwise kernel")
-    testing.assert_matches_reference("direct", "emu", problem, pass_, layout, "fp32")
-
-
-#: The emulator's problems, and two of MobileNetV2's depthwise layers at batch 8 (stride 1 and
-#: 2), sizes the emulator is too slow for.
+# --- kernels/depthwise.cu, under the emulator and on a GPU -----------------------------------
+#: The emulator's problems; on a GPU also two of MobileNetV2's depthwise layers at batch 8
+#: (stride 1 and 2), sizes the emulator is too slow for.
 CUDA_DEPTHWISE = [*DEPTHWISE,
                   ConvProblem(n=8, c=144, h=56, w=56, k=144, r=3, s=3, pad=1, groups=144),
                   ConvProblem(n=8, c=96, h=112, w=112, k=96, r=3, s=3, stride=2, pad=1,
                               groups=96)]
+KERNEL_CASES = [*(pytest.param("emu", p, id=f"emu-{p}") for p in DEPTHWISE),
+                *(pytest.param("cuda", p, id=f"cuda-{p}", marks=pytest.mark.gpu)
+                  for p in CUDA_DEPTHWISE)]
 
 
-@pytest.mark.gpu
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("pass_", PASSES)
-@pytest.mark.parametrize("problem", CUDA_DEPTHWISE, ids=str)
-def test_cuda_depthwise_matches_reference(problem, pass_, layout):
-    """The emulator test's twin on a GPU: kernels/depthwise.cu as the hardware runs it."""
-    impl = testing.runnable("direct", "cuda")
+@pytest.mark.parametrize("backend, problem", KERNEL_CASES)
+def test_depthwise_kernel_matches_reference(backend, problem, pass_, layout):
+    """kernels/depthwise.cu under the emulator (CI) and as a GPU runs it (`gpu`)."""
+    impl = testing.runnable("direct", backend)
     assert registry.supports(impl, problem, pass_, layout, "fp32") is None
     assert impl.describe(problem, pass_, layout, "fp32").startswith("depthwise kernel")
-    testing.assert_matches_reference("direct", "cuda", problem, pass_, layout, "fp32")
+    testing.assert_matches_reference("direct", backend, problem, pass_, layout, "fp32")
 
 
 def test_emu_depthwise_bwd_filter_split():
