@@ -38,8 +38,10 @@ def test_advice_on_a_real_cpu_run(tmp_path):
         rows = df[(df["layer"] == layer) & (df["pass"] == pass_) & (df["status"] == "ok")]
         assert a.fastest.median_ms == rows["median_ms"].min()
         assert a.runner_up.median_ms == sorted(rows["median_ms"])[1]
-        # the fastest, unless it ties with others: then the least workspace among them
-        assert a.best is a.fastest or (a.within_noise and a.best in a.tied
+        # the fastest, unless it ties with others: then the least workspace among them (a
+        # tie with a slower candidate than the runner-up counts too: its interval may reach 1
+        # where the runner-up's does not, as a fresh-clone CI run drew)
+        assert a.best is a.fastest or (a.best in a.tied and len(a.tied) > 1
                                        and a.best.workspace <= a.fastest.workspace)
     assert len(adv.passes) == 6
     plan, adv, note = tune.advise_run(folder, Constraints(include_busy=True))
