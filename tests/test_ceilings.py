@@ -304,3 +304,61 @@ def test_a_run_s_ceilings_come_back_from_its_env_json():
 def test_tests_measure_no_ceilings_unless_they_ask(real_ceilings):
     """conftest fakes `measure` for every test but those using `real_ceilings` (this module)."""
     assert C.measure is real_ceilings and real_ceilings.__module__ == C.__name__
+
+
+# --- the measured compute roof -----------------------------------------------------------------
+def test_the_compute_roof_is_the_larger_of_sgemm_and_the_measured_peak_and_says_which():
+    below = fake_ceilings(gflops=100.0, gflops_peak_measured=90.0)
+    assert below.compute_roof == (100.0, "the best library SGEMM (torch)")
+    above = fake_ceilings(gflops=100.0, peak=80.0, gflops_peak_measured=130.0)
+    assert above.compute_roof == (130.0, "the measured FMA peak")
+    assert "compute roof: 130 GFLOP/s (the measured FMA peak)" in str(above)
+    # a record from before the measured peak: the SGEMM, as it was read then
+    old = {k: v for k, v in below.to_dict().items() if k != "gflops_peak_measured"}
+    assert C.Ceilings.from_dict(old).compute_roof[0] == 100.0
+
+
+def test_the_guard_and_the_roofline_read_the_measured_peak():
+    c = fake_ceilings(gflops=100.0, peak=80.0, gflops_peak_measured=200.0)
+    # 200 x 1.25 = 250: a kernel above the SGEMM but under the FMA units' rate is a result
+    assert roofline.implausible(240.0, 1.0, c) is None
+    assert roofline.implausible(260.0, 1.0, c) is not None
+    b = roofline.bound(roofline.roofline_point(1e11, 1e9, 1.0), c)  # 100 flop/byte, 100 GFLOP/s
+    assert (b.kind, b.roof_gflops, b.share) == ("compute", 200.0, pytest.approx(0.5))
+
+
+def test_a_cache_from_before_the_measured_peak_is_measured_again(counted):
+    calls, _, _ = counted
+    C.measure("cpu", 2)
+    key = C.cache_key("cpu", 2)
+    path = C.cache_path(key)
+    old_key = {k: v for k, v in key.items() if k != "peak"}
+    path.rename(C.cache_path(old_key))  # what the code before the peak wrote
+    C.measure("cpu", 2)
+    assert len(calls) == 2
+
+
+def test_the_fma_loop_compiles_to_vector_fmas_and_runs_on_every_thread():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from convbench.measure import ceilings_peak as peak
+
+    flags = set(host.cpuinfo().get("flags", "").split())
+    k = peak.kernel(8)
+    assert k.flops_per_trip == 2 * 8 * peak.ACCUMULATORS * peak.UNROLL
+    if "fma" in flags:  # an x86 CPU with FMA runs it as fused multiply-adds on ymm (or wider)
+        assert "fmadd" in k.instruction and k.instruction.split()[-1] in ("ymm", "zmm")
+    with ThreadPoolExecutor(2) as pool:
+        trips = peak.trips_for(k, 2, pool, seconds=0.005)
+        call = peak.parallel_call(k, trips, 2, pool)
+        start = time.perf_counter()
+        call()
+        assert time.perf_counter() - start > 0
+    assert trips >= 1000
+
+
+def test_a_real_small_measured_peak_is_above_a_single_vector_lane():
+    gflops, method = cpu.measure_peak(1, reps=2, scale=1 / 16)
+    assert gflops is not None and "independent fp32 FMA chains" in method
+    # a scalar loop at 5 GHz does 10 GFLOP/s: the vectors must do more, even on a busy machine
+    assert gflops > 10.0

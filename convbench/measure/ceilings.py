@@ -32,6 +32,10 @@ from .ceilings_cpu import cpu_model, gemm_rates, measure_cpu, probe_openblas_cor
 from .ceilings_gpu import gpu_info, measure_gpu
 from .roofline import MARGIN, bound, implausible, roofline_point
 
+#: The measured-peak version a cached record must carry: records cached before the FMA peak was
+#: measured lack it and are measured again (stored run records keep schema 1 and are read).
+PEAK_VERSION = 1
+
 __all__ = ["MARGIN", "SCHEMA", "Ceilings", "Product", "bound", "cache_dir", "cache_key",
            "cache_path", "fastest_gemm", "from_env", "implausible", "measure", "measure_cpu",
            "measure_gpu", "probe_openblas_coretype", "roofline_point"]
@@ -56,7 +60,7 @@ def cache_key(device: str, threads: int, scale: float = 1.0) -> dict:
     count, the sizes' scale and the library versions (`_versions`)."""
     device = _device(device)
     model = cpu_model() if device == "cpu" else gpu_info().name
-    return {"schema": SCHEMA, "device": device, "model": model, "cores": available_cores(),
+    return {"schema": SCHEMA, "peak": PEAK_VERSION, "device": device, "model": model, "cores": available_cores(),
             "threads": threads, "scale": scale, **_versions(device)}
 
 

@@ -79,11 +79,24 @@ class Ceilings:
     methods: dict[str, str]
     measured_at: str
     versions: dict[str, str | None]
+    #: The compiled FMA loop's rate on the CPU (`ceilings_peak`); None on a GPU, where the peak
+    #: is computed from the clock that ran, and in records from before it.
+    gflops_peak_measured: float | None = None
     schema: int = SCHEMA
     #: Where the caller got the record: `measured` now, or from this machine's `cache` (first
     #: measured at `measured_at`); None where unknown (a record from before this field, which
     #: readers of schema 1 take as absent). Not part of the figures: left out of comparisons.
     source: str | None = field(default=None, compare=False)
+
+    @property
+    def compute_roof(self) -> tuple[float, str]:
+        """The compute roof a row is read against, and what it is: the larger of the best
+        library SGEMM (`gflops_attainable`) and the measured FMA peak. A kernel may beat a
+        library's SGEMM (it need not pack or load as a general product does), never the FMA
+        units at the clock that ran."""
+        if self.gflops_peak_measured and self.gflops_peak_measured > self.gflops_attainable:
+            return self.gflops_peak_measured, "the measured FMA peak"
+        return self.gflops_attainable, f"the best library SGEMM ({self.gemm_backend})"
 
     @property
     def contended(self) -> bool:
@@ -123,8 +136,12 @@ class Ceilings:
                   f"({self.gemm_backend})"),
                  *(f"    {b}: " + ", ".join(f"{s} {rate(g)}" for s, g in by.items())
                    for b, by in self.gflops_by_backend.items()),
+                 *([f"  measured FMA peak: {rate(self.gflops_peak_measured)} GFLOP/s "
+                    f"({self.methods.get('peak_measured', '')})"]
+                   if self.gflops_peak_measured else []),
                  (f"  theoretical peak: {rate(self.gflops_peak_theoretical)} GFLOP/s "
                   f"({self.peak_method})"),
+                 f"  compute roof: {rate(self.compute_roof[0])} GFLOP/s ({self.compute_roof[1]})",
                  (f"  bandwidth: {rate(self.bandwidth_gbs_dram)} GB/s beyond cache, "
                   f"{rate(self.bandwidth_gbs_cache)} GB/s within"),
                  *(f"    {level}: " + ", ".join(f"{k} {rate(v)}" for k, v in by.items())

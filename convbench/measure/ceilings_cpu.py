@@ -7,6 +7,10 @@ trying.
   products have, with the run's thread count, best of a few repetitions after a warm-up: a
   ceiling is the fastest the library gets, not its typical time. The libraries are timed
   interleaved in rounds (`timing.rounds_cpu`), so the per-shape winner is not drift's artefact.
+- **Measured peak** is what the FMA units do at the clock that runs: a compiled loop of
+  independent vector FMAs on every thread at once (`ceilings_peak`). It is the compute roof where
+  it is above the best SGEMM (a library's product loads and packs; a convolution library's own
+  kernels can beat it).
 - **Theoretical peak** is cores x SIMD fp32 lanes x FMA units x 2 x clock, each factor read
   where the machine says it (/proc/cpuinfo, sysfs) and said to be an assumption where not (the
   FMA-unit count, by CPU family).
@@ -33,7 +37,7 @@ from ..core.fmt import fmt_mib
 from ..machine.host import cpu_model, cpuinfo, parse_cpuinfo, read
 from ..machine.threads import available_cores, numpy_blas_pool
 from ..machine.threads import count as thread_count
-from . import timing
+from . import ceilings_peak, timing
 from .ceilings_base import CPU_PRODUCTS, REPS, Ceilings, Product, library_versions, now
 
 #: All the DRAM bandwidth arrays together at most: beyond any one VM's share of a real L3, and
@@ -322,6 +326,32 @@ def _dram_array_bytes(llc: int | None, scale: float) -> tuple[int, str]:
     return size, note
 
 
+def measure_peak(threads: int, reps: int = REPS, scale: float = 1.0,
+                 starved: list[str] | None = None) -> tuple[float | None, str]:
+    """GFLOP/s of the compiled FMA loop (`ceilings_peak`) on `threads` threads, the best vector
+    width of those tried (interleaved in rounds, as the GEMM libraries are), and how it was
+    measured; (None, why) where it cannot be compiled here. `starved` gets it if contended."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    seconds = ceilings_peak.CALL_SECONDS * min(1.0, scale)
+    try:
+        kernels = [ceilings_peak.kernel(w) for w in ceilings_peak.WIDTHS]
+    except Exception as exc:  # noqa: BLE001 - no llvmlite, or LLVM refuses this CPU
+        return None, f"not measured: the FMA loop could not be compiled here ({exc})"
+    with ThreadPoolExecutor(threads) as pool:
+        trips = [ceilings_peak.trips_for(k, threads, pool, seconds) for k in kernels]
+        calls = [ceilings_peak.parallel_call(k, t, threads, pool)
+                 for k, t in zip(kernels, trips)]
+        flags: list[bool] = []
+        best = _best_seconds(calls, reps, flags)
+    rates = {k.width: k.flops_per_trip * t * threads / s / 1e9
+             for k, t, s in zip(kernels, trips, best)}
+    fastest = max(kernels, key=lambda k: rates[k.width])
+    if starved is not None and any(flags):
+        starved.append("the FMA peak")
+    return rates[fastest.width], ceilings_peak.describe(fastest, threads, rates, reps, seconds)
+
+
 def measure_cpu(threads: int | None = None, *, scale: float = 1.0, reps: int = REPS,
                 products: Sequence[Product] = CPU_PRODUCTS) -> Ceilings:
     """The CPU's ceilings, measured now (a few seconds at `scale` 1; tests use less)."""
@@ -336,6 +366,11 @@ def measure_cpu(threads: int | None = None, *, scale: float = 1.0, reps: int = R
                          key=lambda bs: rates[bs[0]][bs[1]])
     cores = min(n, _physical_cores(info))
     peak, peak_method = cpu_peak(text, cores, _max_freq_khz())
+    measured_peak, measured_method = measure_peak(n, reps, scale, starved)
+    if measured_peak and peak:
+        measured_method += (f"; {measured_peak / peak:.2f}x the theoretical peak (where above "
+                            "it, the clock that ran is higher than the one read, or the CPU "
+                            "has more FMA units than assumed)")
     caches = cache_sizes()
     llc = caches[max(caches)] if caches else None
     dram_bytes, dram_note = _dram_array_bytes(llc, scale)
@@ -353,6 +388,7 @@ def measure_cpu(threads: int | None = None, *, scale: float = 1.0, reps: int = R
             + [(f"numpy: numpy @ ({blas.get('internal_api')} {blas.get('version')}, core "
                 f"type {blas.get('architecture')}, {blas.get('threading_layer')})")]),
         "attainable": f"{backend} on {shape}",
+        "peak_measured": measured_method,
         "bandwidth": ("STREAM copy a = b (2 arrays counted) and triad a = b + s*c (3 arrays "
                       "counted), write-allocate not counted; numpy's triad is two in-place "
                       "passes (multiply, then add), so it moves 5 arrays and its figure "
@@ -373,6 +409,7 @@ def measure_cpu(threads: int | None = None, *, scale: float = 1.0, reps: int = R
         device="cpu", model=cpu_model(info), threads=n,
         gflops_attainable=rates[backend][shape], gemm_backend=backend,
         gflops_by_backend=rates, gflops_peak_theoretical=peak, peak_method=peak_method,
+        gflops_peak_measured=measured_peak,
         bandwidth_gbs_dram=max(dram.values()), bandwidth_gbs_cache=max(cache.values(),
                                                                       default=None),
         bandwidth_by_kernel={"dram": dram, **({"cache": cache} if cache else {})},

@@ -25,7 +25,8 @@ MARGIN = 1.25
 def implausible(gflops_direct: float | None, algo_ops_ratio: float | None,
                 ceilings: Ceilings, margin: float = MARGIN) -> str | None:
     """Why a row's rate is not a result, or None. The rate (direct-convolution flops over its
-    time) may exceed the device's ceiling (the higher of attainable and theoretical peak) only
+    time) may exceed the device's ceiling (the highest of its compute roof, the larger of the
+    best SGEMM and the measured FMA peak, and its theoretical peak) only
     by the algorithm's arithmetic reduction (`algo_ops_ratio`: direct flops over the
     algorithm's own op count, Winograd's and FFT's; None or 1 for direct and GEMM) and
     `margin` (`MARGIN`); beyond that the timer missed work: a timing or synchronisation bug."""
@@ -35,7 +36,7 @@ def implausible(gflops_direct: float | None, algo_ops_ratio: float | None,
     if ratio <= 0:
         raise ValueError(f"algo_ops_ratio {ratio}: direct flops over an algorithm's op count "
                          "is positive")
-    roof = max(ceilings.gflops_attainable, ceilings.gflops_peak_theoretical or 0.0)
+    roof = max(ceilings.compute_roof[0], ceilings.gflops_peak_theoretical or 0.0)
     limit = roof * ratio * margin
     if gflops_direct <= limit:
         return None
@@ -73,12 +74,13 @@ class Bound:
 
 
 def bound(point: RooflinePoint, ceilings: Ceilings, level: str = "dram") -> Bound:
-    """Compute- or memory-bound, against the attainable compute roof (the rate a real product
-    reaches) and the bandwidth `level` (`dram`: beyond the cache, `cache`: within it)."""
+    """Compute- or memory-bound, against the compute roof (`Ceilings.compute_roof`: the larger
+    of the best SGEMM and the measured FMA peak) and the bandwidth `level` (`dram`: beyond the
+    cache, `cache`: within it)."""
     bandwidth = {"dram": ceilings.bandwidth_gbs_dram,
                  "cache": ceilings.bandwidth_gbs_cache}[level]
     if not bandwidth:
         raise ValueError(f"no {level} bandwidth measured on {ceilings.model}")
-    compute, memory = ceilings.gflops_attainable, point.intensity * bandwidth
+    compute, memory = ceilings.compute_roof[0], point.intensity * bandwidth
     kind, roof = ("memory", memory) if memory < compute else ("compute", compute)
     return Bound(kind, roof, point.gflops / roof, compute / bandwidth)

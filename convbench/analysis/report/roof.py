@@ -2,7 +2,8 @@
 `ceilings`, `measure.ceilings`), as a frame and a table.
 
 A rate means something only against what the device can do (docs/pages/design.md §5): each row's
-rate is stated as a share of the attainable fp32 ceiling, counted in direct-convolution flops
+rate is stated as a share of the fp32 compute roof (`Ceilings.compute_roof`: the larger of the
+best library SGEMM and the measured FMA peak), counted in direct-convolution flops
 and in the algorithm's own operations, and its intensity (own operations over the fewest bytes
 its pass can move) says which roof, compute or memory, bounds it there.
 """
@@ -40,14 +41,14 @@ def min_bytes(r) -> int:
 
 def roof_frame(df: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
     """The verified fp32 rows with their standing against `ceilings`: `direct_share` (GFLOP/s
-    over the attainable ceiling), `own_gflops` and `own_share` (the algorithm's own operations,
+    over the compute roof, `Ceilings.compute_roof`), `own_gflops` and `own_share` (the algorithm's own operations,
     `algo_ops`, over the median; for a row without a count of its own, the direct flops,
     `own_counted` False), `bytes` (`min_bytes`), `intensity` (own ops per byte), and which roof
     is lower there (`bound`: compute or memory, against the DRAM bandwidth) with `roof_share`,
     the share of that roof attained."""
     rows = df[(df["status"] == "ok") & (df["precision"] == ROOF_PRECISION)
               & df["median_ms"].notna() & (df["median_ms"] > 0)]
-    out = []
+    out, roof = [], ceilings.compute_roof[0]
     for r in rows.to_dict("records"):
         counted = r.get("algo_ops") is not None and pd.notna(r["algo_ops"]) and r["algo_ops"] > 0
         ops = float(r["algo_ops"]) if counted else float(problem_from_row(r).flops)
@@ -59,8 +60,7 @@ def roof_frame(df: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
         except ValueError:  # no DRAM bandwidth measured
             kind, share = "", math.nan
         out.append({**r, "own_counted": counted, "own_gflops": point.gflops,
-                    "direct_share": r["gflops"] / ceilings.gflops_attainable,
-                    "own_share": point.gflops / ceilings.gflops_attainable,
+                    "direct_share": r["gflops"] / roof, "own_share": point.gflops / roof,
                     "bytes": nbytes, "intensity": point.intensity, "bound": kind,
                     "roof_share": share})
     return pd.DataFrame(out, columns=[*df.columns, "own_counted", "own_gflops", "direct_share",
