@@ -11,9 +11,9 @@ import pytest
 
 from convbench.machine import host
 from convbench.measure import ceilings as C
-from convbench.measure import ceilings_cpu as cpu
-from convbench.measure import ceilings_gpu as gpu
-from convbench.measure import roofline
+from convbench.measure.ceilings import cpu
+from convbench.measure.ceilings import gpu
+from convbench.measure.ceilings import roofline
 
 # the real `measure` (every other test module gets conftest's fake)
 pytestmark = pytest.mark.usefixtures("real_ceilings")
@@ -341,7 +341,7 @@ def test_a_cache_from_before_the_measured_peak_is_measured_again(counted):
 def test_the_fma_loop_compiles_to_vector_fmas_and_runs_on_every_thread():
     from concurrent.futures import ThreadPoolExecutor
 
-    from convbench.measure import ceilings_peak as peak
+    from convbench.measure.ceilings import fma as peak
 
     flags = set(host.cpuinfo().get("flags", "").split())
     k = peak.kernel(8)

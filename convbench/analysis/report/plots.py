@@ -17,7 +17,7 @@ import pandas as pd
 
 from ...core.fmt import NO_MATPLOTLIB, fmt_ms, legend_entry, plain_log, pyplot, save_figure
 from ...core.measurement import NOISE_THRESHOLD
-from ...measure.ceilings_base import from_env
+from ...measure.ceilings.record import from_env
 from .. import ranking, speedup
 from .cells import BUSY, NOISY, algo_order, flag, layer_order, order
 from .roof import ROOF_PRECISION, roof_frame

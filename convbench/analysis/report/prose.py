@@ -32,7 +32,7 @@ from ...core.results import RESULTS_CSV
 from ...machine import contention
 from ...machine.devices import DEVICES
 from ...measure import memory
-from ...measure.ceilings_base import Ceilings, from_env
+from ...measure.ceilings.record import Ceilings, from_env
 from .. import speedup
 from .cells import (
     BEST,

@@ -18,8 +18,8 @@ import pandas as pd
 from ...core.fmt import fmt_ms
 from ...core.results import problem_from_row
 from ...measure import memory
-from ...measure.ceilings_base import Ceilings
-from ...measure.roofline import bound, roofline_point
+from ...measure.ceilings.record import Ceilings
+from ...measure.ceilings.roofline import bound, roofline_point
 
 #: Bytes per element of the roof's byte count: the ceilings are fp32's, so are the rows read.
 ROOF_PRECISION, ROOF_ELEMENT_BYTES = "fp32", 4

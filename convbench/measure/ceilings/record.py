@@ -4,8 +4,8 @@ run folder stores (env.json's `ceilings`).
 The record says how each figure was obtained (`methods`) beside the figure, because a ceiling
 read without its method is a number nobody can check (docs/pages/design.md §5). It carries a
 schema (`SCHEMA`): a cached or stored record of another is refused and measured again, as every
-loader refuses what it cannot read (§6). The measurements are `ceilings_cpu` and
-`ceilings_gpu`; `ceilings` caches them; `roofline` reads a row against a record.
+loader refuses what it cannot read (§6). The measurements are `ceilings.cpu` and
+`ceilings.gpu`; `ceilings` caches them; `roofline` reads a row against a record.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ GPU_PRODUCTS = (Product("square", 1, 8192, 8192, 8192), Product("im2col", 1, 256
 
 @dataclass(frozen=True)
 class Ceilings:
-    """A device's ceilings (how each is measured: `ceilings_cpu`, `ceilings_gpu`); rates in
+    """A device's ceilings (how each is measured: `ceilings.cpu`, `ceilings.gpu`); rates in
     GFLOP/s, bandwidths in GB/s (1e9 bytes), `methods` saying how each figure was obtained.
     env.json stores `to_dict()`."""
 
@@ -79,7 +79,7 @@ class Ceilings:
     methods: dict[str, str]
     measured_at: str
     versions: dict[str, str | None]
-    #: The compiled FMA loop's rate on the CPU (`ceilings_peak`); None on a GPU, where the peak
+    #: The compiled FMA loop's rate on the CPU (`ceilings.fma`); None on a GPU, where the peak
     #: is computed from the clock that ran, and in records from before it.
     gflops_peak_measured: float | None = None
     schema: int = SCHEMA

@@ -8,7 +8,7 @@ trying.
   ceiling is the fastest the library gets, not its typical time. The libraries are timed
   interleaved in rounds (`timing.rounds_cpu`), so the per-shape winner is not drift's artefact.
 - **Measured peak** is what the FMA units do at the clock that runs: a compiled loop of
-  independent vector FMAs on every thread at once (`ceilings_peak`). It is the compute roof where
+  independent vector FMAs on every thread at once (`ceilings.fma`). It is the compute roof where
   it is above the best SGEMM (a library's product loads and packs; a convolution library's own
   kernels can beat it).
 - **Theoretical peak** is cores x SIMD fp32 lanes x FMA units x 2 x clock, each factor read
@@ -33,12 +33,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.fmt import fmt_mib
-from ..machine.host import cpu_model, cpuinfo, parse_cpuinfo, read
-from ..machine.threads import available_cores, numpy_blas_pool
-from ..machine.threads import count as thread_count
-from . import ceilings_peak, timing
-from .ceilings_base import CPU_PRODUCTS, REPS, Ceilings, Product, library_versions, now
+from ...core.fmt import fmt_mib
+from ...machine.host import cpu_model, cpuinfo, parse_cpuinfo, read
+from ...machine.threads import available_cores, numpy_blas_pool
+from ...machine.threads import count as thread_count
+from .. import timing
+from . import fma
+from .record import CPU_PRODUCTS, REPS, Ceilings, Product, library_versions, now
 
 #: All the DRAM bandwidth arrays together at most: beyond any one VM's share of a real L3, and
 #: within the few seconds `measure` may take (a VM can report its host's whole L3, 480 MiB,
@@ -328,19 +329,19 @@ def _dram_array_bytes(llc: int | None, scale: float) -> tuple[int, str]:
 
 def measure_peak(threads: int, reps: int = REPS, scale: float = 1.0,
                  starved: list[str] | None = None) -> tuple[float | None, str]:
-    """GFLOP/s of the compiled FMA loop (`ceilings_peak`) on `threads` threads, the best vector
+    """GFLOP/s of the compiled FMA loop (`ceilings.fma`) on `threads` threads, the best vector
     width of those tried (interleaved in rounds, as the GEMM libraries are), and how it was
     measured; (None, why) where it cannot be compiled here. `starved` gets it if contended."""
     from concurrent.futures import ThreadPoolExecutor
 
-    seconds = ceilings_peak.CALL_SECONDS * min(1.0, scale)
+    seconds = fma.CALL_SECONDS * min(1.0, scale)
     try:
-        kernels = [ceilings_peak.kernel(w) for w in ceilings_peak.WIDTHS]
+        kernels = [fma.kernel(w) for w in fma.WIDTHS]
     except Exception as exc:  # noqa: BLE001 - no llvmlite, or LLVM refuses this CPU
         return None, f"not measured: the FMA loop could not be compiled here ({exc})"
     with ThreadPoolExecutor(threads) as pool:
-        trips = [ceilings_peak.trips_for(k, threads, pool, seconds) for k in kernels]
-        calls = [ceilings_peak.parallel_call(k, t, threads, pool)
+        trips = [fma.trips_for(k, threads, pool, seconds) for k in kernels]
+        calls = [fma.parallel_call(k, t, threads, pool)
                  for k, t in zip(kernels, trips)]
         flags: list[bool] = []
         best = _best_seconds(calls, reps, flags)
@@ -349,7 +350,7 @@ def measure_peak(threads: int, reps: int = REPS, scale: float = 1.0,
     fastest = max(kernels, key=lambda k: rates[k.width])
     if starved is not None and any(flags):
         starved.append("the FMA peak")
-    return rates[fastest.width], ceilings_peak.describe(fastest, threads, rates, reps, seconds)
+    return rates[fastest.width], fma.describe(fastest, threads, rates, reps, seconds)
 
 
 def measure_cpu(threads: int | None = None, *, scale: float = 1.0, reps: int = REPS,

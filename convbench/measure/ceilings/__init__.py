@@ -10,7 +10,7 @@ and a changed library measures again. A figure timed while other work took the c
 reported as contended and not cached: a low ceiling would stand for the machine's until
 refreshed.
 
-The record is `ceilings_base`'s, the measurements `ceilings_cpu`'s and `ceilings_gpu`'s, the
+The record is `ceilings.record`'s, the measurements `ceilings.cpu`'s and `ceilings.gpu`'s, the
 guard and the roofline `roofline`'s; this module is their face (callers import `ceilings`).
 """
 
@@ -23,13 +23,13 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from ..machine.host import cache_dir
-from ..machine.threads import available_cores
-from ..machine.threads import count as thread_count
-from . import ceilings_cpu, ceilings_gpu
-from .ceilings_base import SCHEMA, Ceilings, Product, from_env
-from .ceilings_cpu import cpu_model, gemm_rates, measure_cpu, probe_openblas_coretype
-from .ceilings_gpu import gpu_info, measure_gpu
+from ...machine.host import cache_dir
+from ...machine.threads import available_cores
+from ...machine.threads import count as thread_count
+from . import cpu, gpu
+from .record import SCHEMA, Ceilings, Product, from_env
+from .cpu import cpu_model, gemm_rates, measure_cpu, probe_openblas_coretype
+from .gpu import gpu_info, measure_gpu
 from .roofline import MARGIN, bound, implausible, roofline_point
 
 #: The measured-peak version a cached record must carry: records cached before the FMA peak was
@@ -43,7 +43,7 @@ __all__ = ["MARGIN", "SCHEMA", "Ceilings", "Product", "bound", "cache_dir", "cac
 
 def _versions(device: str) -> dict[str, str | None]:
     """The library versions a ceiling of `device` (`cpu`, `cuda`) depends on."""
-    return ceilings_cpu.versions() if device == "cpu" else ceilings_gpu.versions()
+    return cpu.versions() if device == "cpu" else gpu.versions()
 
 
 def _device(device: str) -> str:

@@ -16,10 +16,10 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ..machine import nvml
-from ..machine.threads import count as thread_count
-from .ceilings_base import GPU_PRODUCTS, REPS, Ceilings, Product, library_versions, now
-from .envinfo import FP32_LANES
+from ...machine import nvml
+from ...machine.threads import count as thread_count
+from .record import GPU_PRODUCTS, REPS, Ceilings, Product, library_versions, now
+from ..envinfo import FP32_LANES
 
 #: The NVML sampling period while a GPU figure is timed.
 CLOCK_PERIOD_S = 0.005

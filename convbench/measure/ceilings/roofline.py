@@ -3,7 +3,7 @@ can go, and the roofline (a row's intensity and attained rate, and which roof bo
 
 A row faster than its ceiling allows is a timing bug, never a win (docs/pages/design.md §5): the
 runner fails it with `implausible`'s reason. The report states every row's share of the roof
-it is under (`bound`). Both read a `ceilings_base.Ceilings` and measure nothing.
+it is under (`bound`). Both read a `ceilings.record.Ceilings` and measure nothing.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ceilings_base import Ceilings
+from .record import Ceilings
 
 #: How far above its ceiling (times its arithmetic reduction) a row may be before it is not a
 #: result (`implausible`). The attainable is a library SGEMM at 80-95% of the hardware and the
