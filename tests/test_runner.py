@@ -1,5 +1,6 @@
 import contextlib
 import dataclasses
+import time
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from convbench.core import results
 from convbench.core.problem import ConvProblem
 from convbench.machine import backends, faults
 from convbench.measure import memory, runner, timing
+from convbench.measure.rows import median_repetition
 
 TINY = ConvProblem(n=1, c=2, h=6, w=6, k=3, r=3, s=3, pad=1)
 LAYER = Layer("custom", "tiny", TINY)
@@ -518,18 +520,48 @@ class Phasing(Fake):
         return run
 
 
-def test_phases_are_timed_in_order_after_the_whole_pass():
+def test_a_phased_pass_is_timed_as_its_phases_in_order():
     spy = Phasing("phased")
     (r,) = runner.run(cases(["phased"]), BUDGET, {"phased": spy})
     names = phase_names("fwd")
     assert r["status"] == "ok"
     first = spy.log.index(names[0])
-    assert set(spy.log[:first]) == {"run"}  # verify and time the whole pass first
-    sequences = spy.log[first:]
+    assert set(spy.log[:first]) == {"run"}  # verified by a whole call first
+    sequences = spy.log[first:]  # then timed as its phases only: never a whole call again
     assert len(sequences) % 4 == 0 and len(sequences) >= 4 * timing.MIN_REPS
     assert sequences == names * (len(sequences) // 4)  # always whole sequences, in order
     phases = results.parse_phases(r["phases_ms"])
     assert list(phases) == names and all(ms >= 0 for ms in phases.values())
+
+
+class Sleepy(Phasing):
+    """Phases that take 1, 2, 4 and 8 ms: a pass whose table must add up to its time."""
+
+    def prepare(self, problem, pass_, layout, precision):
+        run = super().prepare(problem, pass_, layout, precision)
+        run.phase_fns = {name: (lambda ms=ms: time.sleep(ms / 1e3))
+                         for name, ms in zip(phase_names(pass_), (1, 2, 4, 8))}
+        return run
+
+
+def test_the_phase_table_adds_up_to_the_pass():
+    (r,) = runner.run(cases(["phased"]), BUDGET, {"phased": Sleepy("phased")})
+    phases = results.parse_phases(r["phases_ms"])
+    assert list(phases) == phase_names("fwd")
+    # the median repetition's phases: their sum is the median (to the cell's 6 digits)
+    assert sum(phases.values()) == pytest.approx(r["median_ms"], rel=1e-5)
+    assert r["median_ms"] >= 15  # the pass's time is its phases' (the whole call never timed)
+
+
+def test_the_median_repetition_of_an_even_count_is_the_mean_of_the_middle_two():
+    from convbench.core.measurement import Measurement
+    from convbench.measure.timing import Timed
+
+    steps = {"a": Measurement((1.0, 5.0, 2.0, 9.0)), "b": Measurement((1.0, 1.0, 2.0, 1.0))}
+    totals = Measurement((2.0, 6.0, 4.0, 10.0))  # median 5: repetitions 2 and 1
+    breakdown = median_repetition(Timed(steps, totals, "budget"))
+    assert {k: m.median for k, m in breakdown.items()} == {"a": 3.5, "b": 1.5}
+    assert sum(m.median for m in breakdown.values()) == totals.median
 
 
 def test_a_pass_without_phases_has_no_phases_column():

@@ -9,8 +9,10 @@ timed at, and no time of its own, so it never wins. Without ceilings (None) no r
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..algos import registry
-from ..algos.phases import APART, CROP, EXPLICIT_PAD, OUTPUT_COPY
+from ..algos.phases import CROP, EXPLICIT_PAD, OUTPUT_COPY
 from ..core import results
 from ..core.measurement import Measurement
 from . import ceilings as ceilings_
@@ -70,19 +72,31 @@ def guarded_row(r: dict, case: Case, ready: Ready, ceilings: Ceilings | None) ->
                memory_method=ready.memory_method)
 
 
+def median_repetition(t: Timed) -> dict[str, Measurement]:
+    """Each step's time in the repetition whose total is `t`'s median (the mean of the two
+    middle ones where the count is even): a phase table that adds up to the pass's median
+    exactly. Each phase's own median would not (in one AlexNet conv1 row they summed to 2.2x
+    the pass): a pass's median repetition is not made of each phase's median one."""
+    totals = np.asarray(t.total.times_ms)
+    order = np.argsort(totals, kind="stable")
+    n = len(order)
+    middle = order[(n - 1) // 2: n // 2 + 1]
+    return {name: Measurement((float(np.mean([m.times_ms[i] for i in middle])),))
+            for name, m in t.steps.items()}
+
+
 def timed_row(case: Case, ready: Ready, t: Timed, phases: dict[str, Measurement] | None,
               group: str, note: str) -> dict:
-    """`case`'s `ok` row: its rounds' time `t`, its phases (a pass timed as its phases: those),
-    and `note` with what the time leaves out (an explicit pad, a crop, a library's copy)."""
-    if set(APART) & set(t.steps):
-        phases = t.steps
+    """`case`'s `ok` row: its rounds' time `t`, its phases where it has them (timed as the
+    pass, in the same repetitions: `median_repetition`'s, which add up to its time), and `note`
+    with what the time leaves out (an explicit pad, a crop, a library's copy)."""
     for step, what in ((EXPLICIT_PAD, "explicit pad of x"), (CROP, "crop of dx"),
                        (OUTPUT_COPY, "copy of the library's result into the output")):
         if step in t.steps:
             note += (f"{'; ' if note else ''}time without the {t.steps[step].median:.4g} "
                      f"ms {what}")
     return row(case, "ok", "", ready.check, t.total, note, ready.workspace, ready.peak_bytes,
-               ready.memory_method, phases, stop=t.stop, round_group=group,
+               ready.memory_method, phases and median_repetition(t), stop=t.stop, round_group=group,
                throttled="; ".join(t.throttled))
 
 

@@ -27,13 +27,14 @@ costs its time anything. A `MemoryLimit` turns a footprint beyond it into `oom`:
 the predicted footprint is checked before anything is allocated, the measured one before timing.
 
 A pass with phases (`convbench.algos.phases`: FFT's and Winograd's transforms, product and
-inverse) is timed twice: whole, in the rounds, for the row's time, then alone as its sequence of phases, for
-`phases_ms`, the median of each phase (`results.phases_text`), sized by the same budget. The
-whole pass stays the row's time: the phases' medians need not add up to it exactly. One
-exception: a library that returns its own result (torch's convolution) has the copy of that
-result into the harness's output as a phase (`phases.OUTPUT_COPY`), which the pass would not do
-in training code; it is timed in the rounds as its phases, its time the sum of the others,
-repetition by repetition, and the note says what the copy took.
+inverse) is timed in the rounds as its sequence of phases, a timestamp between each: the row's
+time is, repetition by repetition, the sum of its phases, and `phases_ms` each phase's time in
+its median repetition (`rows.median_repetition`), beside the same competitors: the phase
+table adds up to the pass. (Timed apart after the rounds, with warm caches and no competitor
+between repetitions, each phase's median added up to as much as 2.2x the pass.) A phase the
+pass would not run in training code is timed but left out of its time (`phases.APART`: the
+copy of a library's own result into the harness's output, an explicit pad or crop), and the
+note says what it took.
 
 Each row is built by `rows`, which also fails a timed row faster than the device's ceilings
 allow (`rows.plausibility`; docs/pages/design.md §5).
@@ -361,11 +362,11 @@ def _guarded(index: int, fn: Callable[[], None]) -> Callable[[], None]:
 
 
 def _contender(index: int, ready: Ready) -> Contender:
-    """What the rounds time of a prepared case: the whole call, or, for a library that returns
-    its own result, its phases with the copy into the output left out of its time."""
-    apart = frozenset(APART) & set(ready.phase_fns or ())
-    if apart:
-        return Contender({n: _guarded(index, f) for n, f in ready.phase_fns.items()}, apart)
+    """What the rounds time of a prepared case: its phases where it has them (those in
+    `APART` left out of its time), else the whole call."""
+    if ready.phase_fns:
+        return Contender({n: _guarded(index, f) for n, f in ready.phase_fns.items()},
+                         frozenset(APART) & set(ready.phase_fns))
     return Contender.call(_guarded(index, ready.call))
 
 
@@ -395,10 +396,8 @@ def _time_part(part: list[tuple[Case, Ready]], budget_s: float, target: float,
         with _stage("time"):
             timed = timing.time_rounds([_contender(i, ready) for i, (_, ready)
                                         in enumerate(part)], budget_s, backend, **options)
-            phases = [timing.time_rounds([Contender(ready.phase_fns)], budget_s, backend,
-                                         min_reps=timing.MIN_REPS_ALONE, **options)[0].steps
-                      if ready.phase_fns and not set(APART) & set(ready.phase_fns) else None
-                      for _, ready in part]
+            phases = [t.steps if ready.phase_fns else None
+                      for t, (_, ready) in zip(timed, part)]
     except _Blame as blame:
         case = part[blame.index][0]
         nm = _not_measured(blame.__cause__)
