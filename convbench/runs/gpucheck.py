@@ -43,6 +43,7 @@ asked for by name (`--device cpu`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import re
@@ -57,7 +58,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import runs
 from ..algos import registry
 from ..analysis import speedup, summary
 from ..catalogs import layers as catalogs
@@ -65,9 +65,12 @@ from ..catalogs import selection
 from ..core.fmt import first_line, md_table
 from ..core.problem import LAYOUTS, PASSES
 from ..core.results import ENV_JSON, RunFolder, row_key
-from ..machine import backends
+from ..core.runspec import RunSpec
+from ..machine import backends, devices
 from ..machine.devices import Device
 from ..measure import envinfo, runner
+from ..measure.timing import TARGET_NOISE
+from .run import FINDINGS, Outcome, Run, cases, default_folder, environment
 
 RUN = "run"
 TESTS_LOG = "tests.log"
@@ -156,14 +159,14 @@ class CheckRun:
     and what a deadline left out."""
 
     folder: Path
-    outcome: runs.Outcome
+    outcome: Outcome
     text: str
     seconds: dict[str, float] = field(default_factory=dict)
     not_reached: list[str] = field(default_factory=list)
     #: whether the run stopped at its deadline (not Ctrl-C, not a fault)
     stopped: bool = False
     #: the second part's outcome (`run_classes`); None where it did not run
-    classes: runs.Outcome | None = None
+    classes: Outcome | None = None
 
     @property
     def fault(self) -> str | None:
@@ -283,51 +286,58 @@ class _Deadline:
                 raise KeyboardInterrupt
 
 
-def check_cases(device: Device, net: str, layers: list[str] | None, algos: str | None,
-                batch: int | None) -> tuple[list[runner.Case], list[runner.Case]]:
-    """(the cases of a check, the fft-tiled ones left out); ValueError for a bad net, layer
-    or algo list."""
+def check_spec(device: Device, net: str, layers: list[str] | None, algos: str | None,
+               batch: int | None, budget_s: float | None = None) -> RunSpec:
+    """The run of a check as data: `layers` of `net` (all where None), every algo of `algos`
+    (`ALGOS` by default), pass and layout, fp32, at `batch` (the device's default where None),
+    with `budget_s` (the device's); ValueError for a bad net, layer or algo list."""
     names = layers or [layer.name for layer in catalogs.net_layers(net)]
-    cases = runs.sweep_cases([f"{net}:{name}" for name in names], net, [batch], device,
-                             registry.expand_algos(algos or ALGOS.get(device.backend, "all"),
-                                                   device.backend), PASSES, LAYOUTS,
-                             ["fp32"])
-    return [c for c in cases if not never_tiles(c)], [c for c in cases if never_tiles(c)]
+    return RunSpec(device=device.name, algos=tuple(registry.expand_algos(
+        algos or ALGOS.get(device.backend, "all"), device.backend)), passes=PASSES,
+        layouts=LAYOUTS, precisions=("fp32",), budget_s=budget_s or device.budget_s,
+        target_noise=TARGET_NOISE, net=net, layers=tuple(f"{net}:{name}" for name in names),
+        batches=(batch,) if batch else ())
 
 
-def class_cases(device: Device, classes: Sequence[str], sample: int,
-                algos: str | None, batch: int | None) -> list[runner.Case]:
-    """The second part's cases: `sample` of convset's problems of `classes`, stratified, at
-    their own batch unless `batch`, every algo (`CLASSES_ALGOS`), pass and layout, fft-tiled
-    left out where it never tiles; ValueError for a bad class or algo list."""
-    found = selection.choose(catalogs.net_layers(CLASSES_NET), selection.parse_classes(
-        ",".join(classes)), sample, CLASSES_SEED, stratify=True)
-    cases = runs.sweep_cases(found, CLASSES_NET, [batch], device, registry.expand_algos(
-        algos or CLASSES_ALGOS.get(device.backend, "all"), device.backend), PASSES, LAYOUTS,
-        ["fp32"])
-    return [c for c in cases if not never_tiles(c)]
+def tiled(spec: RunSpec) -> tuple[RunSpec, list[runner.Case], list[runner.Case]]:
+    """(`spec` with the algos its cases keep, its cases, the fft-tiled ones left out where
+    they never tile); ValueError for a bad layer."""
+    every = cases(spec)
+    kept = [c for c in every if not never_tiles(c)]
+    algos = tuple(dict.fromkeys(c.algo for c in kept)) or spec.algos
+    return dataclasses.replace(spec, algos=algos), kept, [c for c in every if never_tiles(c)]
 
 
-def run_classes(folder: Path, device: Device, env: dict, cases: list[runner.Case],
-                classes: Sequence[str], sample: int, budget: float) -> tuple[runs.Outcome, dict]:
-    """The second part into `folder`/classes (resumed where it has rows): (its outcome, its
-    env.json: the net's, with the run's own net, batch, algos and sample)."""
+def class_spec(spec: RunSpec, classes: Sequence[str], sample: int,
+               algos: str | None) -> RunSpec:
+    """The second part's run, beside the net's `spec`: `sample` of convset's problems of
+    `classes`, stratified, at their own batch unless the spec's, every algo
+    (`CLASSES_ALGOS`), pass and layout; ValueError for a bad class or algo list."""
+    backend = devices.resolve(spec.device).backend
+    return dataclasses.replace(
+        spec, net=CLASSES_NET, layers=(), algos=tuple(registry.expand_algos(
+            algos or CLASSES_ALGOS.get(backend, "all"), backend)),
+        classes=tuple(selection.parse_classes(",".join(classes))), sample=sample,
+        seed=CLASSES_SEED, stratify=True)
+
+
+def run_classes(folder: Path, spec: RunSpec, env: dict, cases: list[runner.Case]
+                ) -> tuple[Outcome, dict]:
+    """The second part (`spec`, `class_spec`'s, with the algos its `cases` keep) into
+    `folder`/classes (resumed where it has rows): (its outcome, its env.json: the net's, with
+    the run's own spec, batch and class counts)."""
     layers_run = list(dict.fromkeys((c.layer, c.problem) for c in cases))
     ran = sorted({c.problem.n for c in cases})
     counts = selection.class_counts([catalogs.Layer(CLASSES_NET, name, p)
                                      for name, p in layers_run])
     env = {**env, "run": {
-        **env.get("run", {}), "net": CLASSES_NET, "batch": ran[0] if len(ran) == 1 else ran,
-        "algos": list(dict.fromkeys(c.algo for c in cases)),
-        "passes": list(dict.fromkeys(c.pass_ for c in cases)),
-        "layouts": list(dict.fromkeys(c.layout for c in cases)),
-        "classes": list(classes), "sample": sample, "seed": CLASSES_SEED, "stratify": True,
+        **env.get("run", {}), **spec.to_dict(), "batch": ran[0] if len(ran) == 1 else ran,
         "class_counts": {k: v for k, v in counts.items() if v}}}
-    run = runs.Run(cases, budget, RunFolder.open(folder / CLASSES_RUN, env, resume=True))
+    run = Run(spec, cases, RunFolder.open(folder / CLASSES_RUN, env, resume=True))
     return run.measure(), env
 
 
-def classes_markdown(outcome: runs.Outcome, env: dict, backend: str,
+def classes_markdown(outcome: Outcome, env: dict, backend: str,
                      seconds: float) -> str:
     """summary.md's section of the second part: what ran, and per class and pass the speed-up
     of `CLASSES_LINES` over the device's baseline (`speedup.summary`)."""
@@ -368,17 +378,17 @@ def run_check(folder: str | Path, device: Device, *, net: str = "alexnet",
     module docstring. `deadline` (a `clock` time): stop between groups once it has passed.
     ValueError for a bad net, layer, class or algo list, before anything runs."""
     folder = Path(folder)
-    cases, untiled = check_cases(device, net, layers, algos, batch)
-    more = class_cases(device, classes, sample, class_algos, batch) if classes else []
-    budget = budget_s or device.budget_s
+    spec, cases, untiled = tiled(check_spec(device, net, layers, algos, batch, budget_s))
+    second_spec, more, _ = (tiled(class_spec(spec, classes, sample, class_algos)) if classes
+                            else (spec, [], []))
     folder.mkdir(parents=True, exist_ok=True)
     started = clock()
-    env = runs.environment(device, net, cases, budget, batch=batch, command=command)
+    env = environment(spec, cases, command=command)
     (folder / ENV_JSON).write_text(json.dumps(env, indent=1) + "\n")
     seconds = {"environment and ceilings": clock() - started}
     started = clock()
     runner.stage_seconds(reset=True)
-    run = runs.Run(cases, budget, RunFolder.open(folder / RUN, env, resume=True))
+    run = Run(spec, cases, RunFolder.open(folder / RUN, env, resume=True))
     stop = _Deadline(run.todo, deadline, clock) if deadline is not None else None
     outcome = run.measure(on_row=stop)
     seconds = {**seconds, "run": clock() - started, **runner.stage_seconds(reset=True)}
@@ -397,7 +407,7 @@ def run_check(folder: str | Path, device: Device, *, net: str = "alexnet",
     second = None
     if more and outcome.fault is None and not outcome.interrupted:
         started = clock()
-        second, env2 = run_classes(folder, device, env, more, classes, sample, budget)
+        second, env2 = run_classes(folder, second_spec, env, more)
         text = text.rstrip("\n") + "\n\n" + classes_markdown(second, env2, device.backend,
                                                              clock() - started)
     (folder / SUMMARY_MD).write_text(text)
@@ -438,7 +448,7 @@ def tests_line(tested: Tests) -> str:
                else ""))
 
 
-def markdown(env: dict, outcome: runs.Outcome, seconds: dict[str, float],
+def markdown(env: dict, outcome: Outcome, seconds: dict[str, float],
              notes: list[str] = ()) -> str:
     """summary.md: what ran where, how the run went and where its host time went, then the
     ratios and the study's tables."""
@@ -515,11 +525,10 @@ def first(out: str | Path, device: Device, *, work: str | Path | None = None,
     anything runs."""
     started = clock()
     out = Path(out)
-    work = Path(work) if work else runs.default_folder(net, device.backend, "-gpu-first",
-                                                       runs.FINDINGS)
+    work = Path(work) if work else default_folder(net, device.backend, "-gpu-first", FINDINGS)
     names = layers or [n for n in FIRST_LAYERS if n in
                        {layer.name for layer in catalogs.net_layers(net)}] or None
-    check_cases(device, net, names, algos, batch)  # bad input: before anything runs
+    tiled(check_spec(device, net, names, algos, batch))  # bad input: before anything runs
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     log = _logger(out / FIRST_LOG)
