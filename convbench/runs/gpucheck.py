@@ -86,26 +86,16 @@ TESTS_TIMEOUT_S = 480
 #: gpu-first's wall time (s), every stage included: under the 8 minutes a first visit may
 #: spend of its 15 (the machine's start and the transfers take the rest), with a minute spare.
 FIRST_BUDGET_S = 420.0
-#: The tests' share: the `gpu` tests that pin the reviews' predictions first, each by its node
-#: id (timer, cuDNN's first call, peak, TF32 and kernel naming, its find, the runner on the
-#: device, memory, nn's dispatch, the depthwise kernel), then the parametrised suites (our GEMM
-#: and cuBLAS's, cuDNN against the reference), so that the time limit cuts a suite, never a pin.
+#: The tests' share: the `gpu` tests that pin the reviews' predictions first (the `gpu_pins`
+#: marker: timer, cuDNN's first call, peak, TF32 and kernel naming, its find, the runner on the
+#: device, memory, nn's dispatch, the depthwise kernel), then the parametrised suites
+#: (`gpu_suites`: our GEMM and cuBLAS's, cuDNN against the reference), so that the time limit
+#: cuts a suite, never a pin. Which tests those are the tests say, each where it is defined
+#: (the markers are declared in pyproject.toml; tests/conftest.py puts the pins first).
 #: `-v` names every test in the log, `--durations` says where the time went.
 FIRST_TESTS_TIMEOUT_S = 120.0
-FIRST_PINS = ("tests/test_timing.py",
-              "tests/test_cudnn.py::test_the_first_call_is_timed_once_and_named_in_the_note",
-              "tests/test_cudnn.py::test_cudnn_peak_excludes_the_warm_up_operands",
-              "tests/test_cudnn.py::test_tf32_setting_does_not_leak",
-              "tests/test_cudnn.py::test_describe_names_the_fp32_kernel",
-              "tests/test_cudnn_find.py",
-              "tests/test_runner.py::test_a_gpu_case_is_verified_on_the_device",
-              "tests/test_memory.py", "tests/test_nn.py",
-              "tests/test_depthwise.py::test_depthwise_kernel_matches_reference")
-FIRST_SUITES = ("tests/test_gemm_kernels.py",
-                "tests/test_cudnn.py::test_fp32_matches_reference",
-                "tests/test_cudnn.py::test_reduced_precisions_match_reference")
-FIRST_TESTS = (*FIRST_PINS, *FIRST_SUITES, "-m", "gpu", "-v", "-p", "no:cacheprovider",
-               "--durations=15")
+FIRST_MARKERS = "gpu and (gpu_pins or gpu_suites)"
+FIRST_TESTS = ("-m", FIRST_MARKERS, "-v", "-p", "no:cacheprovider", "--durations=15")
 #: Seconds pytest gets, once interrupted at its time limit (SIGINT, as Ctrl-C), to print its
 #: summary before it is killed.
 INTERRUPT_GRACE_S = 15.0
