@@ -374,17 +374,18 @@ def resumable_env(folder: str | Path) -> dict:
     return env
 
 
-def schema_of(env: dict, where: str | Path) -> int:
-    """The schema version of a run folder's env.json (`SCHEMA`): 0 where it says none (a folder
-    from before versions, read as it is); ValueError in one line, naming `where`, for a
-    version newer than this convbench reads, or one that is no version."""
+def schema_of(env: dict, where: str | Path, newest: int = SCHEMA) -> int:
+    """The schema version of a folder's env.json (a run folder's: `SCHEMA`; a study's: its own
+    `newest`): 0 where it says none (a folder from before versions, read as it is); ValueError
+    in one line, naming `where`, for a version newer than this convbench reads, or one that is
+    no version."""
     version = env.get("schema", 0)
     if not isinstance(version, int) or isinstance(version, bool) or version < 0:
         raise ValueError(f"{where} has schema {version!r}, which is no schema version; "
                          "it was not written by convbench")
-    if version > SCHEMA:
+    if version > newest:
         raise ValueError(f"{where} has schema {version}, newer than this convbench reads "
-                         f"(up to {SCHEMA}): upgrade convbench to read it")
+                         f"(up to {newest}): upgrade convbench to read it")
     return version
 
 
