@@ -356,6 +356,15 @@ def _flags(text: str) -> list[str]:
 
 
 def _sweep_options(p, layer: bool, batch_list: bool = False) -> None:
+    """The options of `layer`, `bench` and `sweep` (`batch_list`: a list of batches, and no
+    source of layers but a catalog's), in the order --help lists them."""
+    _source_options(p, batch_list)
+    _spec_options(p, batch_list)
+    _folder_options(p, layer, batch_list)
+
+
+def _source_options(p, batch_list: bool) -> None:
+    """Where the layers come from: a catalog, a model, a problem file, a choice among them."""
     p.add_argument("--net", choices=layers.NETS,
                    help="catalog the layers come from (default alexnet)")
     if not batch_list:
@@ -372,6 +381,10 @@ def _sweep_options(p, layer: bool, batch_list: bool = False) -> None:
                             "n\"conv2\"); each keeps its own batch unless --batch")
         catalog.add_options(p)
         p.set_defaults(seed=None)  # 0 where the run is new: given, it is compared on --resume
+
+
+def _spec_options(p, batch_list: bool) -> None:
+    """The rest of a run's spec, and how it reports."""
     # the options of a run's spec default to None: given, they are checked against a resumed
     # run's own; not given, a new run resolves them (`new_spec`), a resumed one keeps its own
     p.add_argument("--algos",
@@ -409,6 +422,10 @@ def _sweep_options(p, layer: bool, batch_list: bool = False) -> None:
     p.add_argument("--quiet", action="store_true",
                    help="no progress lines on stderr (the summary line stays)")
     p.add_argument("--format", choices=FORMATS, default="table")
+
+
+def _folder_options(p, layer: bool, batch_list: bool) -> None:
+    """The run folder, and resuming it."""
     p.add_argument("--out", help="run folder to write (measurements.csv, env.json, report.md, "
                    "plots)" + ("" if layer else "; default my-runs/<date>-<device>-<net>"
                                                    + ("-sweep" if batch_list else "")))

@@ -539,15 +539,38 @@ def first(out: str | Path, device: Device, *, work: str | Path | None = None,
                          deadline=started + wall_s - reserve_s, clock=clock)
     if done is not None:
         log.info("check: %s", "; ".join(f"{k} {v:.1f} s" for k, v in done.seconds.items()))
-    extra_text = ""
-    left = started + wall_s - reserve_s - clock()
-    if extra is not None and left >= extra_min_s:
+    extra_text = "" if extra is None else _extra_stage(
+        extra, work, log, started + wall_s - reserve_s - clock(), extra_min_s)
+    text = _first_summary(device, done, tested, extra_text, wall_s, tests_s, tests, names,
+                          algos)
+    text = text.rstrip("\n") + "\n" + \
+        f"\n(total {clock() - started:.0f} s before packing)\n"
+    (work / SUMMARY_MD).write_text(text)
+    (out / SUMMARY_MD).write_text(text)
+    files = pack(work, out, log)
+    log.info("packed %s in %.0f s", ", ".join(p.name for p in files), clock() - started)
+    _close(log)
+    return First(files, text, done is not None and done.ok and tested.passed)
+
+
+def _extra_stage(extra: Callable[[Path], str], work: Path, log: logging.Logger, left: float,
+                 extra_min_s: float) -> str:
+    """gpu-first's whole-step stage (`extra` on `work`) where `left` seconds are at least the
+    `extra_min_s` it needs, else the line saying it was not run."""
+    if left >= extra_min_s:
         with _stage_logged(log, "the whole step"):
-            extra_text = extra(work)
-    elif extra is not None:
-        extra_text = (f"## The whole training step\n\nnot run: {left:.0f} s were left before "
-                      f"the deadline, under the {extra_min_s:.0f} s it needs\n")
-        log.info("the whole step: not run, %.0f s left", left)
+            return extra(work)
+        return ""  # failed: its traceback is in the log
+    log.info("the whole step: not run, %.0f s left", left)
+    return (f"## The whole training step\n\nnot run: {left:.0f} s were left before the "
+            f"deadline, under the {extra_min_s:.0f} s it needs\n")
+
+
+def _first_summary(device: Device, done: CheckRun | None, tested: Tests, extra_text: str,
+                   wall_s: float, tests_s: float, tests: bool, names: list[str] | None,
+                   algos: str | None) -> str:
+    """gpu-first's summary.md, less its last line: the check's summary (or that it failed)
+    under what the visit spent and reached, then the whole step's section."""
     spent = {"tests": tested.seconds, **(done.seconds if done else {})}
     head = [f"- gpu-first: {wall_s:.0f} s of wall time: "
             + (f"tests (at most {tests_s:.0f} s), " if tests else "no tests (a resumed visit), ")
@@ -568,14 +591,7 @@ def first(out: str | Path, device: Device, *, work: str | Path | None = None,
         text = "\n".join([body[0], "", *head, *body[2:]]) if len(body) == 3 else done.text
     if extra_text:
         text = text.rstrip("\n") + "\n\n" + extra_text
-    text = text.rstrip("\n") + "\n" + \
-        f"\n(total {clock() - started:.0f} s before packing)\n"
-    (work / SUMMARY_MD).write_text(text)
-    (out / SUMMARY_MD).write_text(text)
-    files = pack(work, out, log)
-    log.info("packed %s in %.0f s", ", ".join(p.name for p in files), clock() - started)
-    _close(log)
-    return First(files, text, done is not None and done.ok and tested.passed)
+    return text
 
 
 def pack(work: Path, out: Path, log: logging.Logger | None = None) -> list[Path]:
