@@ -7,8 +7,9 @@
 
 Each turns its options into the run as data (`RunSpec`, its defaults resolved), or with
 `--resume` reads the run's own back from its folder and refuses an option that contradicts it;
-then finds its layers, opens the run folder (`results.RunFolder`), runs the cases
-(`runs.cases`, `runs.Run`) and prints the rows or the report.
+then hands the spec whole to `runs`: its layers (`runs.source.layers_of`; a model's through
+`planning.models`), its cases (`runs.cases`), its folder, new or resumed (`runs.open_folder`),
+its run (`runs.Run`), and prints the rows or the report.
 """
 
 from __future__ import annotations
