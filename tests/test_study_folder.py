@@ -22,7 +22,7 @@ def test_a_study_folder_says_its_schema_and_reads_back(tmp_path):
     path, names = written(tmp_path)
     assert names == [results.REPORT_MD, "memplan.csv", results.ENV_JSON]
     env = json.loads((path / results.ENV_JSON).read_text())
-    assert list(env)[0] == "schema" and env["schema"] == folder.SCHEMA
+    assert next(iter(env)) == "schema" and env["schema"] == folder.SCHEMA
     df, read = folder.read_study(path, "memplan")
     assert list(df["peak_bytes"]) == [10, 20] and read == env
 
