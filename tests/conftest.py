@@ -63,6 +63,11 @@ except ImportError:
 
 
 def pytest_collection_modifyitems(config, items):
+    """`gpu` tests skipped cleanly where CUDA cannot be used; and where `-m` names the
+    `gpu_pins` marker (`convbench gpu-first`), the pins first, each file's in its order, so
+    that a time limit cuts the suites after them, never a pin."""
+    if "gpu_pins" in (config.getoption("markexpr", "") or ""):
+        items.sort(key=lambda item: item.get_closest_marker("gpu_pins") is None)
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return

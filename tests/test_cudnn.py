@@ -176,6 +176,7 @@ def test_a_pass_is_judged_by_the_family_that_ran():
     assert judged_family("unknown (no CUDA kernel ran)") is None
 
 
+@pytest.mark.gpu_suites
 @pytest.mark.gpu
 @pytest.mark.parametrize("problem", [*_GPU_PROBLEMS, *PER_AXIS_PROBLEMS], ids=str)
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -186,6 +187,7 @@ def test_fp32_matches_reference(algo, pass_, layout, problem):
     assert chk.ok, chk.reason
 
 
+@pytest.mark.gpu_suites
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["tf32", "fp16"])
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -198,6 +200,7 @@ def test_reduced_precisions_match_reference(pass_, layout, precision):
     assert chk.ok, chk.reason
 
 
+@pytest.mark.gpu_pins
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
 def test_tf32_setting_does_not_leak(precision):
@@ -214,6 +217,7 @@ def test_tf32_setting_does_not_leak(precision):
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = True, False
 
 
+@pytest.mark.gpu_pins
 @pytest.mark.gpu
 @pytest.mark.parametrize("pass_", PASSES)
 @pytest.mark.parametrize("algo", CUDNN)
@@ -266,6 +270,7 @@ def test_autotune_tries_every_engine_and_says_so():
     assert envinfo.collect("numpy")["torch"]["cudnn_benchmark_limit"]["cudnn-autotune"] == 0
 
 
+@pytest.mark.gpu_pins
 @pytest.mark.gpu
 def test_cudnn_peak_excludes_the_warm_up_operands():
     """A 1x1 convolution needs little workspace: its measured peak (torch's result and the
@@ -326,6 +331,7 @@ def test_math_settings_never_raise_and_are_restored(setup):
         cudnn.benchmark = keep[3]
 
 
+@pytest.mark.gpu_pins
 @pytest.mark.gpu
 def test_the_first_call_is_timed_once_and_named_in_the_note():
     """The tuning cost: the first call of a case in each mode (the plan, and for autotune the

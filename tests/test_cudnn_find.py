@@ -18,6 +18,9 @@ from convbench.core.problem import ConvProblem
 from convbench.measure import runner
 from convbench.planning import advice
 
+#: `convbench gpu-first` runs this file's `gpu` tests first (a pin).
+pytestmark = pytest.mark.gpu_pins
+
 SOURCE = Path(__file__).with_name("fake_libcudnn.c")
 PROBLEM = ConvProblem(n=2, c=4, h=7, w=6, k=6, r=3, s=2, stride=(2, 1), pad=(1, 0),
                       dilation=(1, 2), groups=2)

@@ -281,6 +281,7 @@ KERNEL_CASES = [*(pytest.param("emu", p, id=f"emu-{p}") for p in DEPTHWISE),
                   for p in CUDA_DEPTHWISE)]
 
 
+@pytest.mark.gpu_pins
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("pass_", PASSES)
 @pytest.mark.parametrize("backend, problem", KERNEL_CASES)

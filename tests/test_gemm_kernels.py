@@ -17,6 +17,9 @@ from convbench.core.problem import LAYOUTS, PASSES, ConvProblem
 from convbench.cuda import kernels
 from convbench.measure import verify
 
+#: `convbench gpu-first` runs this file's `gpu` tests after the pins (a suite).
+pytestmark = pytest.mark.gpu_suites
+
 #: Small problems that cross tile edges: GEMM sizes that are neither multiples of the 64- or
 #: 128-wide tiles nor of 4 (7×13 and 9×11 pixels, 5, 7, 9 channels), strides 1 to 3, padding,
 #: dilation 2, groups, reductions of many K-tiles (C·R·S = 360), and a bwd_filter reduction

@@ -321,18 +321,37 @@ def test_the_tests_at_their_limit_are_interrupted_and_still_summarised(tmp_path)
     assert "KeyboardInterrupt" in log and "test_quick PASSED" in log
 
 
+#: Tests that pin the reviews' predictions (by node id, as gpu-first once named them): each
+#: must stay among the pins its marker selects (a marker lost would be a silent gap).
+PINS = ("tests/test_timing.py::", "tests/test_cudnn.py::test_the_first_call_is_timed_once",
+        "tests/test_cudnn.py::test_cudnn_peak_excludes_the_warm_up_operands",
+        "tests/test_cudnn.py::test_tf32_setting_does_not_leak",
+        "tests/test_cudnn.py::test_describe_names_the_fp32_kernel", "tests/test_cudnn_find.py::",
+        "tests/test_runner.py::test_a_gpu_case_is_verified_on_the_device",
+        "tests/test_memory.py::", "tests/test_nn.py::",
+        "tests/test_depthwise.py::test_depthwise_kernel_matches_reference")
+SUITES = ("tests/test_gemm_kernels.py::", "tests/test_cudnn.py::test_fp32_matches_reference",
+          "tests/test_cudnn.py::test_reduced_precisions_match_reference")
+
+
 def test_the_first_tests_are_pins_first_and_each_exists():
-    """Every pin names a test that exists (a renamed test would be a silent gap), the pins
-    come before the parametrised suites, and the log names every test (-v)."""
-    pins, suites = gpucheck.FIRST_PINS, gpucheck.FIRST_SUITES
+    """gpu-first asks pytest for its tests by marker (`FIRST_MARKERS`), not by path: collected
+    so, every pin comes before every suite, none is left out, and the log names every test
+    (-v)."""
     args = list(gpucheck.FIRST_TESTS)
-    assert args[:len(pins) + len(suites)] == [*pins, *suites] and "-v" in args
+    assert args[:2] == ["-m", gpucheck.FIRST_MARKERS] and "-v" in args
     proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p",
-                           "no:cacheprovider", *pins, *suites], cwd=ROOT, capture_output=True,
+                           "no:cacheprovider", "-m", gpucheck.FIRST_MARKERS.replace(
+                               "gpu and ", ""), "tests"], cwd=ROOT, capture_output=True,
                           text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    for pin in pins:
-        assert pin in proc.stdout, pin
+    ids = [line for line in proc.stdout.splitlines() if "::" in line]
+    kinds = ["pin" if any(i.startswith(p) for p in PINS) else
+             "suite" if any(i.startswith(s) for s in SUITES) else i for i in ids]
+    assert set(kinds) == {"pin", "suite"}, set(kinds) - {"pin", "suite"}
+    assert kinds == sorted(kinds)  # "pin" < "suite": every pin first
+    for pin in PINS:
+        assert any(i.startswith(pin) for i in ids), pin
 
 
 def test_packing_counts_its_own_files_and_warns_rather_than_fails(tmp_path, capsys):

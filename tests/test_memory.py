@@ -8,6 +8,9 @@ from convbench.core import results
 from convbench.core.problem import LAYOUTS, ConvProblem
 from convbench.measure import memory, runner
 
+#: `convbench gpu-first` runs this file's `gpu` tests first (a pin).
+pytestmark = pytest.mark.gpu_pins
+
 MiB = 1 << 20
 #: Large enough that every workspace is megabytes (the traces' own noise is kilobytes), small
 #: enough that all algorithms and passes are verified and traced in about a second.

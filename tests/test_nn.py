@@ -5,6 +5,9 @@ from torch import nn
 import convbench.functional
 from convbench import nn as cbnn
 
+#: `convbench gpu-first` runs this file's `gpu` tests first (a pin).
+pytestmark = pytest.mark.gpu_pins
+
 OURS = ("direct", "gemm", "fft", "winograd-2x2", "winograd-4x4")
 
 

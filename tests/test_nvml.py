@@ -122,13 +122,17 @@ def test_a_gpu_run_records_the_gpu_at_its_start_and_end(fake, tmp_path):
     `runs.environment`, and its end, in `Run.note_load`), and none on the host."""
     from convbench import runs
     from convbench.core import results
+    from convbench.core.runspec import RunSpec
+    from convbench.runs.run import load_reading
 
     fake()
-    reading = runs.load_reading("start", "cuda")
+    reading = load_reading("start", "cuda")
     assert reading["when"] == "start" and reading["gpu"]["other_processes"] == [4242]
-    assert "gpu" not in runs.load_reading("start", "numpy")
+    assert "gpu" not in load_reading("start", "numpy")
     folder = results.RunFolder.open(tmp_path / "run", {"backend": "cuda", "load": [reading]})
-    runs.Run([], 1.0, folder).note_load("end")
+    spec = RunSpec(device="cuda", algos=("cudnn",), passes=("fwd",), layouts=("nchw",),
+                   precisions=("fp32",), budget_s=1.0, target_noise=0.02)
+    runs.Run(spec, [], folder).note_load("end")
     saved = results.load_run(tmp_path / "run")[1]["load"]
     assert [r["when"] for r in saved] == ["start", "end"]
     assert saved[1]["gpu"]["sm_clock_mhz"] == 1755

@@ -736,6 +736,7 @@ def test_each_host_stage_of_a_run_is_timed():
     assert set(runner.stage_seconds().values()) == {0.0}
 
 
+@pytest.mark.gpu_pins
 @pytest.mark.gpu
 def test_a_gpu_case_is_verified_on_the_device():
     """On the GPU the reference stays on the device and the check runs there, in float64, with

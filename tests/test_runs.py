@@ -7,38 +7,43 @@ import pytest
 from convbench import runs
 from convbench.core import results
 from convbench.core.problem import LAYOUTS
+from convbench.core.runspec import RunSpec
 from convbench.machine import backends, devices
 from convbench.measure import runner
+from convbench.measure.timing import TARGET_NOISE
+from convbench.runs.run import device_ceilings, layer_at, sweep_cases
 
 TINY = "n=1,c=2,h=6,w=6,k=3,r=3,s=3,pad=1"
 BUDGET = 0.002
+#: Two layers at batch 1, fwd in both layouts: two competing groups of two cases each.
+SPEC = RunSpec(device="cpu", algos=("torch-cpu",), passes=("fwd",), layouts=LAYOUTS,
+               precisions=("fp32",), budget_s=BUDGET, target_noise=TARGET_NOISE,
+               net="alexnet", layers=(TINY, "alexnet:conv3"), batches=(1,))
 
 
 def tiny_cases():
-    device = devices.resolve("cpu")
-    return device, runs.sweep_cases([TINY, "alexnet:conv3"], "alexnet", [1], device,
-                                    ["torch-cpu"], ["fwd"], LAYOUTS, ["fp32"])
+    return runs.cases(SPEC)
 
 
 def test_sweep_cases_take_the_batch_and_keep_a_spec_s_own():
     device = devices.resolve("cpu")
-    _, cases = tiny_cases()
+    cases = tiny_cases()
     assert [(c.layer, c.problem.n, c.layout) for c in cases] == [
         (TINY, 1, "nchw"), (TINY, 1, "nhwc"), ("conv3", 1, "nchw"), ("conv3", 1, "nhwc")]
-    defaults = runs.sweep_cases([TINY, "conv3"], "alexnet", [None], device, ["gemm"], ["fwd"],
+    defaults = sweep_cases([TINY, "conv3"], "alexnet", [None], device, ["gemm"], ["fwd"],
                                 ["nchw"], ["fp32"])
     assert [c.problem.n for c in defaults] == [1, device.batch]
     with pytest.raises(ValueError, match="unknown layer 'conv9' in alexnet"):
-        runs.sweep_cases(["conv9"], "alexnet", [None], device, ["gemm"], ["fwd"], ["nchw"],
+        sweep_cases(["conv9"], "alexnet", [None], device, ["gemm"], ["fwd"], ["nchw"],
                          ["fp32"])
 
 
 def test_a_run_folder_from_the_library(tmp_path):
-    device, cases = tiny_cases()
-    env = runs.environment(device, "alexnet", cases, BUDGET, batch=1, command="a test")
+    cases = tiny_cases()
+    env = runs.environment(SPEC, cases, command="a test")
     assert env["run"]["algos"] == ["torch-cpu"] and env["run"]["layouts"] == list(LAYOUTS)
     folder = results.RunFolder.open(tmp_path / "run", env)
-    outcome = runs.Run(cases, BUDGET, folder).measure()
+    outcome = runs.Run(SPEC, cases, folder).measure()
     assert not outcome.interrupted and outcome.skipped == 0
     assert len(outcome.frame) == 4 and set(outcome.frame["status"]) == {"ok"}
     assert (tmp_path / "run" / "report.md").read_text() == outcome.report
@@ -49,22 +54,21 @@ def test_a_run_folder_from_the_library(tmp_path):
         results.RunFolder.open(tmp_path / "run", env)
     resumed = results.RunFolder.open(tmp_path / "run", {"another": "env"}, resume=True)
     assert resumed.env == stored and len(resumed.measured) == 4
-    assert runs.Run(cases, BUDGET, resumed).todo == []
+    assert runs.Run(SPEC, cases, resumed).todo == []
     assert json.loads((tmp_path / "run" / results.ENV_JSON).read_text()) == stored
 
 
 def test_an_interrupted_run_keeps_its_rows_and_writes_its_report(tmp_path, monkeypatch,
                                                                 interrupt):
-    device, cases = tiny_cases()
+    cases = tiny_cases()
     real = runner.prepare
     interrupt(2)
-    folder = results.RunFolder.open(tmp_path / "run", runs.environment(device, "alexnet",
-                                                                      cases, BUDGET))
-    outcome = runs.Run(cases, BUDGET, folder).measure()
+    folder = results.RunFolder.open(tmp_path / "run", runs.environment(SPEC, cases))
+    outcome = runs.Run(SPEC, cases, folder).measure()
     assert outcome.interrupted and len(outcome.frame) == 2
     assert "## Time per layer" in (tmp_path / "run" / "report.md").read_text()
     monkeypatch.setattr(runner, "prepare", real)
-    rest = runs.Run(cases, BUDGET, results.RunFolder.open(tmp_path / "run", {}, resume=True))
+    rest = runs.Run(SPEC, cases, results.RunFolder.open(tmp_path / "run", {}, resume=True))
     assert [c.key() for c in rest.todo] == [c.key() for c in cases[2:]]
 
 
@@ -74,10 +78,9 @@ def test_an_interrupt_after_the_last_row_still_writes_the_report(tmp_path, monke
     the report from every row is still written (an H200 run lost it so)."""
     from convbench.machine import contention
 
-    device, cases = tiny_cases()
-    folder = results.RunFolder.open(tmp_path / "run", runs.environment(device, "alexnet",
-                                                                      cases, BUDGET))
-    run = runs.Run(cases, BUDGET, folder)
+    cases = tiny_cases()
+    folder = results.RunFolder.open(tmp_path / "run", runs.environment(SPEC, cases))
+    run = runs.Run(SPEC, cases, folder)
 
     def interrupted_reading(*args, **kwargs):
         raise KeyboardInterrupt
@@ -89,8 +92,8 @@ def test_an_interrupt_after_the_last_row_still_writes_the_report(tmp_path, monke
 
 
 def test_without_a_folder_the_rows_come_back(tmp_path):
-    _, cases = tiny_cases()
-    outcome = runs.Run(cases[:1], BUDGET).measure()
+    cases = tiny_cases()
+    outcome = runs.Run(SPEC, cases[:1]).measure()
     assert outcome.report is None and list(outcome.frame.columns) == list(results.COLUMNS)
 
 
@@ -108,7 +111,7 @@ def test_a_gpu_fault_ends_the_run_with_its_row_kept(tmp_path, monkeypatch):
     """A case that faults the GPU ends the run (nothing later could run in this process): its
     row is kept as failed, the report is written, and a resumed run continues after it. Its
     competitor, prepared but not yet timed beside it, is measured by the resumed run."""
-    device, cases = tiny_cases()
+    cases = tiny_cases()
     real = runner.prepare
 
     def fault_at_2(case, *args, **kw):
@@ -118,13 +121,12 @@ def test_a_gpu_fault_ends_the_run_with_its_row_kept(tmp_path, monkeypatch):
         return real(case, *args, **kw)
 
     monkeypatch.setattr(runner, "prepare", fault_at_2)
-    folder = results.RunFolder.open(tmp_path / "run", runs.environment(device, "alexnet",
-                                                                      cases, BUDGET))
-    outcome = runs.Run(cases, BUDGET, folder).measure()
+    folder = results.RunFolder.open(tmp_path / "run", runs.environment(SPEC, cases))
+    outcome = runs.Run(SPEC, cases, folder).measure()
     assert outcome.fault.startswith(f"{TINY} torch-cpu fwd nhwc faulted the GPU")
     assert list(outcome.frame["status"]) == ["failed"]
     assert (tmp_path / "run" / "report.md").exists()
-    rest = runs.Run(cases, BUDGET, results.RunFolder.open(tmp_path / "run", {}, resume=True))
+    rest = runs.Run(SPEC, cases, results.RunFolder.open(tmp_path / "run", {}, resume=True))
     assert [c.key() for c in rest.todo] == [c.key() for c in [cases[0], *cases[2:]]]
 
 
@@ -133,11 +135,11 @@ def test_a_problem_list_keeps_each_problems_own_batch_unless_one_is_given():
 
     cpu = devices.resolve("cpu")
     first = layers.net_layers("deepbench-train")[0]
-    assert runs.layer_at(f"deepbench-train:{first.name}", "alexnet", None, cpu).problem == \
+    assert layer_at(f"deepbench-train:{first.name}", "alexnet", None, cpu).problem == \
         first.problem
-    assert runs.layer_at(f"deepbench-train:{first.name}", "alexnet", 3, cpu).problem.n == 3
-    assert runs.layer_at("alexnet:conv2", "alexnet", None, cpu).problem.n == cpu.batch
-    counted = runs.layer_at(layers.Layer("f", "x*4", first.problem, 4), "alexnet", 2, cpu)
+    assert layer_at(f"deepbench-train:{first.name}", "alexnet", 3, cpu).problem.n == 3
+    assert layer_at("alexnet:conv2", "alexnet", None, cpu).problem.n == cpu.batch
+    counted = layer_at(layers.Layer("f", "x*4", first.problem, 4), "alexnet", 2, cpu)
     assert counted.count == 4 and counted.problem.n == 2
 
 
@@ -152,19 +154,19 @@ def test_env_json_carries_the_ceilings_of_the_run_s_device_and_threads(tmp_path,
     fake = ceilings.measure
     monkeypatch.setattr(ceilings, "measure",
                         lambda device, n: asked.append((device, n)) or fake(device, n))
-    device, cases = tiny_cases()
-    env = runs.environment(device, "alexnet", cases, BUDGET)
+    cases = tiny_cases()
+    env = runs.environment(SPEC, cases)
     assert asked == [("numpy", threads.count())]
     assert ceilings.Ceilings.from_dict(env["ceilings"]) == fake("numpy", threads.count())
     assert env["ceilings_note"] is None
     folder = results.RunFolder.open(tmp_path / "run", env)
-    assert runs.Run(cases, BUDGET, folder).ceilings == ceilings.from_env(env)
+    assert runs.Run(SPEC, cases, folder).ceilings == ceilings.from_env(env)
     _, stored = results.load_run(tmp_path / "run")
     assert stored["ceilings"] == env["ceilings"]
 
 
 def test_the_emu_backend_s_ceilings_are_said_to_be_the_cpu_s():
-    record, note = runs.device_ceilings("emu", 1)
+    record, note = device_ceilings("emu", 1)
     assert record["device"] == "cpu" and "the CPU's ceilings" in note
 
 
@@ -175,11 +177,11 @@ def test_ceilings_that_cannot_be_measured_are_none_with_the_reason(monkeypatch):
         raise ModuleNotFoundError("No module named 'cupy'")
 
     monkeypatch.setattr(ceilings, "measure", no_gpu)
-    device, cases = tiny_cases()
-    env = runs.environment(device, "alexnet", cases, BUDGET)  # the run goes on
+    cases = tiny_cases()
+    env = runs.environment(SPEC, cases)  # the run goes on
     assert env["ceilings"] is None
     assert env["ceilings_note"] == "not measured: ModuleNotFoundError: No module named 'cupy'"
-    assert runs.Run(cases, BUDGET).ceilings is None
+    assert runs.Run(SPEC, cases).ceilings is None
 
 
 def test_a_run_whose_rows_beat_its_ceilings_records_them_failed_never_a_win(tmp_path):
@@ -191,11 +193,11 @@ def test_a_run_whose_rows_beat_its_ceilings_records_them_failed_never_a_win(tmp_
     from convbench.measure import ceilings
     from convbench.planning import advice
 
-    device, cases = tiny_cases()
-    env = runs.environment(device, "alexnet", cases, BUDGET)
+    cases = tiny_cases()
+    env = runs.environment(SPEC, cases)
     env["ceilings"] = dataclasses.replace(ceilings.from_env(env), gflops_attainable=1e-9,
                                           gflops_peak_theoretical=None).to_dict()
-    outcome = runs.Run(cases, BUDGET, results.RunFolder.open(tmp_path / "run", env)).measure()
+    outcome = runs.Run(SPEC, cases, results.RunFolder.open(tmp_path / "run", env)).measure()
     assert set(outcome.frame["status"]) == {"failed"}
     assert all(r.startswith("implausible: timed at") for r in outcome.frame["reason"])
     assert set(report.winner_table(outcome.frame)["verdict"]) == {report.UNDECIDED_NONE}

@@ -9,7 +9,7 @@ from test_cli import REAL_PREPARE, run_cli
 from convbench import runs
 from convbench.core import results
 from convbench.core.runspec import RunSpec
-from convbench.machine import devices, threads
+from convbench.machine import threads
 from convbench.measure import runner
 
 TINY = "n=1,c=2,h=6,w=6,k=3,r=3,s=3,pad=1"
@@ -29,10 +29,7 @@ def start(folder, spec: RunSpec = SPEC) -> runs.Run:
     """A run of `spec` into `folder`, from the library: its threads, cases, env.json, folder."""
     threads.use(spec.threads)
     cases = runs.cases(spec)
-    env = runs.environment(devices.resolve(spec.device), spec.net, cases, spec.budget_s,
-                           spec=spec, command="a test")
-    return runs.Run(cases, spec.budget_s, results.RunFolder.open(folder, env), None,
-                    spec.target_noise)
+    return runs.Run(spec, cases, runs.open_folder(spec, cases, folder, command="a test"))
 
 
 def test_a_spec_round_trips_through_env_json(tmp_path):

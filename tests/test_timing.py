@@ -10,6 +10,9 @@ from convbench.core.measurement import Measurement
 from convbench.machine import contention, nvml
 from convbench.measure import timing
 
+#: `convbench gpu-first` runs this file's `gpu` tests first (a pin).
+pytestmark = pytest.mark.gpu_pins
+
 
 def test_statistics_from_raw_times():
     m = Measurement((5.0, 1.0, 3.0, 2.0, 4.0))

@@ -7,15 +7,15 @@
 
 Each turns its options into the run as data (`RunSpec`, its defaults resolved), or with
 `--resume` reads the run's own back from its folder and refuses an option that contradicts it;
-then finds its layers, opens the run folder (`results.RunFolder`), runs the cases
-(`runs.cases`, `runs.Run`) and prints the rows or the report.
+then hands the spec whole to `runs`: its layers (`runs.source.layers_of`; a model's through
+`planning.models`), its cases (`runs.cases`), its folder, new or resumed (`runs.open_folder`),
+its run (`runs.Run`), and prints the rows or the report.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import os
 import shlex
 import sys
@@ -24,15 +24,15 @@ from pathlib import Path
 from .. import runs
 from ..algos import registry
 from ..analysis import report
-from ..catalogs import layers, problemfile, selection
+from ..catalogs import layers, selection
 from ..core.problem import LAYOUTS, PASSES, PRECISIONS
 from ..core.results import ENV_JSON, FolderInUse, RunFolder, resumable_env, schema_of
 from ..core.runspec import RunSpec
 from ..machine import devices, threads
 from ..machine.devices import DEVICES
-from ..measure import batchsweep, memory, timing
+from ..measure import batchsweep, timing
 from ..planning import models
-from ..runs import shard
+from ..runs import shard, source
 from . import catalog
 from .common import (
     FORMATS,
@@ -244,32 +244,10 @@ def network(spec: RunSpec, dev: devices.Device) -> tuple[list, dict | None, RunS
     chose and left out."""
     if spec.model:
         return _model_layers(spec, dev)
-    if spec.layers:
-        return list(spec.layers), None, spec
-    choice = argparse.Namespace(classes=",".join(spec.classes) if spec.classes else None,
-                                sample=spec.sample, seed=spec.seed, stratify=spec.stratify)
-    if spec.problems:
-        skipped: list[problemfile.Skipped] = []
-        with usage_errors():
-            found = problemfile.read(spec.problems, net=spec.net, skipped=skipped)
-        net = found[0].net
-        found, chosen = catalog.choose(choice, found, net)
-        source = {"problems": spec.problems, "occurrences": _counts(found), **chosen}
-        if skipped:
-            # Lines that read as convolutions convbench cannot hold (3-D ones): said, kept in
-            # env.json with their reasons, and the file's other problems run.
-            print(f"convbench: {spec.problems}: {len(skipped)} of its convolutions skipped "
-                  f"(the first: {skipped[0]}); env.json lists them", file=sys.stderr)
-            source["skipped"] = [str(s) for s in skipped]
-        return found, source, dataclasses.replace(spec, net=net)
-    found, chosen = catalog.choose(choice, layers.net_layers(spec.net), spec.net)
-    if spec.net in layers.OWN_BATCH:  # a list of problems, weighed by how often each occurs
-        return found, {"occurrences": _counts(found), **chosen}, spec
-    return [f"{spec.net}:{layer.name}" for layer in found], chosen or None, spec
-
-
-def _counts(found: list[layers.Layer]) -> dict[str, int]:
-    return {layer.name: layer.count for layer in found}
+    with usage_errors():
+        chosen = source.layers_of(spec, say=lambda text: print(f"convbench: {text}",
+                                                                 file=sys.stderr))
+    return chosen.found, chosen.record, chosen.spec
 
 
 def _model_layers(spec: RunSpec, dev: devices.Device) -> tuple[list, dict, RunSpec]:
@@ -289,14 +267,13 @@ def _model_layers(spec: RunSpec, dev: devices.Device) -> tuple[list, dict, RunSp
                           "kept_by_apply": found.kept}, spec
 
 
-def _measure(args, spec: RunSpec, found: list, source: dict | None, device: devices.Device,
-             folder: Path | None):
+def _measure(args, spec: RunSpec, found: list, found_source: dict | None,
+             device: devices.Device, folder: Path | None):
     """The cases of `spec` over `found`, streaming the rows into `folder` when given, which
     also gets env.json (the spec in its `run`), report.md and plots. Returns the run's outcome
     (`runs.Outcome`)."""
     with usage_errors():
         cases = runs.cases(spec, found)
-    limit = memory.MemoryLimit(spec.memory_limit_bytes) if spec.memory_limit_bytes else None
     with usage_errors():
         sharded = shard.from_env(device.backend)  # torchrun, several ranks: this rank's share
     if sharded and sharded.rank:  # rank 0 prints the results; the other ranks' stdout is dropped
@@ -306,34 +283,34 @@ def _measure(args, spec: RunSpec, found: list, source: dict | None, device: devi
     with usage_errors():  # the ranks on this machine share its cores
         threads.use(threads.check(spec.threads)
                     or shard.host_threads(sharded, threads.available_cores()))
-    run_folder = None
-    if folder is not None:
-        batch = (None if not spec.batches else spec.batches[0] if len(spec.batches) == 1
-                 else list(spec.batches))
-        env = runs.environment(device, spec.net, cases, spec.budget_s, batch=batch,
-                               limit=limit, source=source, target=spec.target_noise,
-                               command=" ".join(["convbench", *map(shlex.quote, args.argv)]),
-                               spec=spec)
-        try:
-            run_folder = (sharded.open(folder, env, args.resume) if sharded
-                          else RunFolder.open(folder, env, args.resume))
-        except FolderInUse as exc:
-            raise UsageError(f"{exc}; pass --resume to finish it or --out DIR to start "
-                             "another run folder") from None
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-        except OSError as exc:  # --out names a file, or a folder this process cannot write
-            raise UsageError(f"--out {folder}: cannot write a run folder there "
-                             f"({exc.strerror or exc})") from None
-    run = (shard.Run(sharded, cases, spec.budget_s, run_folder, limit, spec.target_noise)
-           if sharded else runs.Run(cases, spec.budget_s, run_folder, limit, spec.target_noise,
-                                    args.remeasure or ()))
+    run_folder = None if folder is None else _folder(args, spec, cases, found_source, folder,
+                                                     sharded)
+    run = (shard.Run(sharded, spec, cases, run_folder) if sharded
+           else runs.Run(spec, cases, run_folder, args.remeasure or ()))
     progress = Progress(len(run.todo), quiet=args.quiet)
     try:
         outcome = run.measure(on_row=progress)
     finally:
         progress.close()
     return outcome
+
+
+def _folder(args, spec: RunSpec, cases: list, found_source: dict | None, folder: Path,
+            sharded: shard.Shard | None) -> RunFolder:
+    """The run's folder (`runs.open_folder`, a sharded run's through its shard), new with its
+    env.json or resumed; UsageError in one line where it cannot be."""
+    try:
+        return runs.open_folder(spec, cases, folder, resume=args.resume, source=found_source,
+                                command=" ".join(["convbench", *map(shlex.quote, args.argv)]),
+                                opener=sharded.open if sharded else RunFolder.open)
+    except FolderInUse as exc:
+        raise UsageError(f"{exc}; pass --resume to finish it or --out DIR to start "
+                         "another run folder") from None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:  # --out names a file, or a folder this process cannot write
+        raise UsageError(f"--out {folder}: cannot write a run folder there "
+                         f"({exc.strerror or exc})") from None
 
 
 def _run(args, subcommand: str, kind: str | None = "") -> int:
@@ -346,10 +323,10 @@ def _run(args, subcommand: str, kind: str | None = "") -> int:
     said = (contextlib.redirect_stderr(open(os.devnull, "w"))  # noqa: SIM115
             if shard.follower() else contextlib.nullcontext())
     with said:
-        found, source, spec = network(spec, dev)
+        found, found_source, spec = network(spec, dev)
     folder = (Path(args.out) if args.out else None if kind is None
               else runs.default_folder(spec.net, dev.backend, kind))
-    outcome = _measure(args, spec, found, source, dev, folder)
+    outcome = _measure(args, spec, found, found_source, dev, folder)
     emit(outcome.frame, args.format, report.layer_table(outcome.frame) if kind is None
          else outcome.report)
     with said:
@@ -380,6 +357,15 @@ def _flags(text: str) -> list[str]:
 
 
 def _sweep_options(p, layer: bool, batch_list: bool = False) -> None:
+    """The options of `layer`, `bench` and `sweep` (`batch_list`: a list of batches, and no
+    source of layers but a catalog's), in the order --help lists them."""
+    _source_options(p, batch_list)
+    _spec_options(p, batch_list)
+    _folder_options(p, layer, batch_list)
+
+
+def _source_options(p, batch_list: bool) -> None:
+    """Where the layers come from: a catalog, a model, a problem file, a choice among them."""
     p.add_argument("--net", choices=layers.NETS,
                    help="catalog the layers come from (default alexnet)")
     if not batch_list:
@@ -396,6 +382,10 @@ def _sweep_options(p, layer: bool, batch_list: bool = False) -> None:
                             "n\"conv2\"); each keeps its own batch unless --batch")
         catalog.add_options(p)
         p.set_defaults(seed=None)  # 0 where the run is new: given, it is compared on --resume
+
+
+def _spec_options(p, batch_list: bool) -> None:
+    """The rest of a run's spec, and how it reports."""
     # the options of a run's spec default to None: given, they are checked against a resumed
     # run's own; not given, a new run resolves them (`new_spec`), a resumed one keeps its own
     p.add_argument("--algos",
@@ -433,6 +423,10 @@ def _sweep_options(p, layer: bool, batch_list: bool = False) -> None:
     p.add_argument("--quiet", action="store_true",
                    help="no progress lines on stderr (the summary line stays)")
     p.add_argument("--format", choices=FORMATS, default="table")
+
+
+def _folder_options(p, layer: bool, batch_list: bool) -> None:
+    """The run folder, and resuming it."""
     p.add_argument("--out", help="run folder to write (measurements.csv, env.json, report.md, "
                    "plots)" + ("" if layer else "; default my-runs/<date>-<device>-<net>"
                                                    + ("-sweep" if batch_list else "")))

@@ -62,6 +62,10 @@ Row = TypedDict("Row", {
     "round_group": Text, "cpu_ms": float, "cpu_share": float, "contended": Flag,
     "throttled": Text, "host_bound": Flag, "stolen": float})
 
+#: A row as measurements.csv holds it, read back (`read_rows`): every column as text, the
+#: empty string where the row holds None; `frame` types it as `Row` says.
+TextRow = dict[str, str]
+
 _TYPES: dict[str, object] = Row.__annotations__
 #: The results table's columns, in order.
 COLUMNS = tuple(_TYPES)
@@ -141,7 +145,7 @@ def _drop_partial_line(path: Path) -> None:
             f.truncate(data.rfind(b"\n") + 1)
 
 
-def read_rows(path: str | os.PathLike) -> list[dict]:
+def read_rows(path: str | os.PathLike) -> list[TextRow]:
     """The complete rows of a results CSV (a half-written last line is left out)."""
     path = Path(path)
     if not path.exists():
@@ -181,7 +185,7 @@ class CsvSink:
             else:
                 writer.writerow(r)
 
-    def append(self, r: dict) -> None:
+    def append(self, r: Row | TextRow) -> None:
         self._write(r)
 
 
@@ -197,7 +201,7 @@ def partial_files(folder: str | Path) -> list[Path]:
     return sorted(folder.glob(PARTIAL_CSV.format(rank="*"))) if folder.is_dir() else []
 
 
-def partial_rows(folder: str | Path) -> list[dict]:
+def partial_rows(folder: str | Path) -> list[TextRow]:
     """Every complete row of the partial files in `folder`."""
     return [r for path in partial_files(folder) for r in read_rows(path)]
 
@@ -208,7 +212,7 @@ def drop_partials(folder: str | Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def merge_rows(folder: str | Path, rows: Sequence[dict] = (),
+def merge_rows(folder: str | Path, rows: Sequence[Row | TextRow] = (),
                order: Sequence[tuple[str, ...]] = ()) -> None:
     """Fold the partial files of `folder`, and `rows`, into its measurements.csv: one row per
     key (the first seen: the file's, then the partials', then `rows`), the keys of `order`
@@ -230,7 +234,7 @@ def merge_rows(folder: str | Path, rows: Sequence[dict] = (),
     drop_partials(folder)
 
 
-def _rewrite(path: Path, rows: Sequence[dict]) -> None:
+def _rewrite(path: Path, rows: Sequence[Row | TextRow]) -> None:
     """Replace the results CSV at `path` by `rows`, whole, through a temporary file: a reader,
     or a run cut short, sees the old file or the new one, never half of one."""
     tmp = path.with_name(f".{RESULTS_CSV}.tmp")
@@ -241,7 +245,7 @@ def _rewrite(path: Path, rows: Sequence[dict]) -> None:
     os.replace(tmp, path)
 
 
-def replace_row(path: str | os.PathLike, row: dict) -> None:
+def replace_row(path: str | os.PathLike, row: Row) -> None:
     """Put `row` in the place of the row with its key in the results CSV at `path` (appended
     where none has it). A measurement taken again replaces the old one this way, not beside
     it: the file keeps one row per key for every reader, and the old row goes in the same
@@ -254,7 +258,7 @@ def replace_row(path: str | os.PathLike, row: dict) -> None:
 
 
 # --- the DataFrame and JSON forms -----------------------------------------------------------
-def frame(rows: list[dict]) -> pd.DataFrame:
+def frame(rows: Sequence[Row | TextRow]) -> pd.DataFrame:
     """Rows (`Row`s from the runner, or strings from the CSV) as a typed results DataFrame,
     each column as `Row` types it. A column the rows lack (a file from before it existed) is
     empty, as in a row it does not apply to."""
@@ -374,17 +378,18 @@ def resumable_env(folder: str | Path) -> dict:
     return env
 
 
-def schema_of(env: dict, where: str | Path) -> int:
-    """The schema version of a run folder's env.json (`SCHEMA`): 0 where it says none (a folder
-    from before versions, read as it is); ValueError in one line, naming `where`, for a
-    version newer than this convbench reads, or one that is no version."""
+def schema_of(env: dict, where: str | Path, newest: int = SCHEMA) -> int:
+    """The schema version of a folder's env.json (a run folder's: `SCHEMA`; a study's: its own
+    `newest`): 0 where it says none (a folder from before versions, read as it is); ValueError
+    in one line, naming `where`, for a version newer than this convbench reads, or one that is
+    no version."""
     version = env.get("schema", 0)
     if not isinstance(version, int) or isinstance(version, bool) or version < 0:
         raise ValueError(f"{where} has schema {version!r}, which is no schema version; "
                          "it was not written by convbench")
-    if version > SCHEMA:
+    if version > newest:
         raise ValueError(f"{where} has schema {version}, newer than this convbench reads "
-                         f"(up to {SCHEMA}): upgrade convbench to read it")
+                         f"(up to {newest}): upgrade convbench to read it")
     return version
 
 
@@ -415,7 +420,7 @@ class RunFolder:
 
     path: Path
     env: dict
-    measured: list[dict]
+    measured: list[TextRow]
     sink: CsvSink
 
     @classmethod
@@ -446,10 +451,10 @@ class RunFolder:
         folder.save_env()
         return folder
 
-    def append(self, row: dict) -> None:
+    def append(self, row: Row) -> None:
         self.sink.append(row)
 
-    def replace(self, row: dict) -> None:
+    def replace(self, row: Row) -> None:
         """Put a case measured again in the place of its old row (`replace_row`)."""
         replace_row(self.sink.path, row)
 

@@ -43,6 +43,7 @@ asked for by name (`--device cpu`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import re
@@ -57,7 +58,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import runs
 from ..algos import registry
 from ..analysis import speedup, summary
 from ..catalogs import layers as catalogs
@@ -65,9 +65,12 @@ from ..catalogs import selection
 from ..core.fmt import first_line, md_table
 from ..core.problem import LAYOUTS, PASSES
 from ..core.results import ENV_JSON, RunFolder, row_key
-from ..machine import backends
+from ..core.runspec import RunSpec
+from ..machine import backends, devices
 from ..machine.devices import Device
 from ..measure import envinfo, runner
+from ..measure.timing import TARGET_NOISE
+from .run import FINDINGS, Outcome, Run, cases, default_folder, environment
 
 RUN = "run"
 TESTS_LOG = "tests.log"
@@ -83,26 +86,16 @@ TESTS_TIMEOUT_S = 480
 #: gpu-first's wall time (s), every stage included: under the 8 minutes a first visit may
 #: spend of its 15 (the machine's start and the transfers take the rest), with a minute spare.
 FIRST_BUDGET_S = 420.0
-#: The tests' share: the `gpu` tests that pin the reviews' predictions first, each by its node
-#: id (timer, cuDNN's first call, peak, TF32 and kernel naming, its find, the runner on the
-#: device, memory, nn's dispatch, the depthwise kernel), then the parametrised suites (our GEMM
-#: and cuBLAS's, cuDNN against the reference), so that the time limit cuts a suite, never a pin.
+#: The tests' share: the `gpu` tests that pin the reviews' predictions first (the `gpu_pins`
+#: marker: timer, cuDNN's first call, peak, TF32 and kernel naming, its find, the runner on the
+#: device, memory, nn's dispatch, the depthwise kernel), then the parametrised suites
+#: (`gpu_suites`: our GEMM and cuBLAS's, cuDNN against the reference), so that the time limit
+#: cuts a suite, never a pin. Which tests those are the tests say, each where it is defined
+#: (the markers are declared in pyproject.toml; tests/conftest.py puts the pins first).
 #: `-v` names every test in the log, `--durations` says where the time went.
 FIRST_TESTS_TIMEOUT_S = 120.0
-FIRST_PINS = ("tests/test_timing.py",
-              "tests/test_cudnn.py::test_the_first_call_is_timed_once_and_named_in_the_note",
-              "tests/test_cudnn.py::test_cudnn_peak_excludes_the_warm_up_operands",
-              "tests/test_cudnn.py::test_tf32_setting_does_not_leak",
-              "tests/test_cudnn.py::test_describe_names_the_fp32_kernel",
-              "tests/test_cudnn_find.py",
-              "tests/test_runner.py::test_a_gpu_case_is_verified_on_the_device",
-              "tests/test_memory.py", "tests/test_nn.py",
-              "tests/test_depthwise.py::test_depthwise_kernel_matches_reference")
-FIRST_SUITES = ("tests/test_gemm_kernels.py",
-                "tests/test_cudnn.py::test_fp32_matches_reference",
-                "tests/test_cudnn.py::test_reduced_precisions_match_reference")
-FIRST_TESTS = (*FIRST_PINS, *FIRST_SUITES, "-m", "gpu", "-v", "-p", "no:cacheprovider",
-               "--durations=15")
+FIRST_MARKERS = "gpu and (gpu_pins or gpu_suites)"
+FIRST_TESTS = ("-m", FIRST_MARKERS, "-v", "-p", "no:cacheprovider", "--durations=15")
 #: Seconds pytest gets, once interrupted at its time limit (SIGINT, as Ctrl-C), to print its
 #: summary before it is killed.
 INTERRUPT_GRACE_S = 15.0
@@ -156,14 +149,14 @@ class CheckRun:
     and what a deadline left out."""
 
     folder: Path
-    outcome: runs.Outcome
+    outcome: Outcome
     text: str
     seconds: dict[str, float] = field(default_factory=dict)
     not_reached: list[str] = field(default_factory=list)
     #: whether the run stopped at its deadline (not Ctrl-C, not a fault)
     stopped: bool = False
     #: the second part's outcome (`run_classes`); None where it did not run
-    classes: runs.Outcome | None = None
+    classes: Outcome | None = None
 
     @property
     def fault(self) -> str | None:
@@ -283,51 +276,58 @@ class _Deadline:
                 raise KeyboardInterrupt
 
 
-def check_cases(device: Device, net: str, layers: list[str] | None, algos: str | None,
-                batch: int | None) -> tuple[list[runner.Case], list[runner.Case]]:
-    """(the cases of a check, the fft-tiled ones left out); ValueError for a bad net, layer
-    or algo list."""
+def check_spec(device: Device, net: str, layers: list[str] | None, algos: str | None,
+               batch: int | None, budget_s: float | None = None) -> RunSpec:
+    """The run of a check as data: `layers` of `net` (all where None), every algo of `algos`
+    (`ALGOS` by default), pass and layout, fp32, at `batch` (the device's default where None),
+    with `budget_s` (the device's); ValueError for a bad net, layer or algo list."""
     names = layers or [layer.name for layer in catalogs.net_layers(net)]
-    cases = runs.sweep_cases([f"{net}:{name}" for name in names], net, [batch], device,
-                             registry.expand_algos(algos or ALGOS.get(device.backend, "all"),
-                                                   device.backend), PASSES, LAYOUTS,
-                             ["fp32"])
-    return [c for c in cases if not never_tiles(c)], [c for c in cases if never_tiles(c)]
+    return RunSpec(device=device.name, algos=tuple(registry.expand_algos(
+        algos or ALGOS.get(device.backend, "all"), device.backend)), passes=PASSES,
+        layouts=LAYOUTS, precisions=("fp32",), budget_s=budget_s or device.budget_s,
+        target_noise=TARGET_NOISE, net=net, layers=tuple(f"{net}:{name}" for name in names),
+        batches=(batch,) if batch else ())
 
 
-def class_cases(device: Device, classes: Sequence[str], sample: int,
-                algos: str | None, batch: int | None) -> list[runner.Case]:
-    """The second part's cases: `sample` of convset's problems of `classes`, stratified, at
-    their own batch unless `batch`, every algo (`CLASSES_ALGOS`), pass and layout, fft-tiled
-    left out where it never tiles; ValueError for a bad class or algo list."""
-    found = selection.choose(catalogs.net_layers(CLASSES_NET), selection.parse_classes(
-        ",".join(classes)), sample, CLASSES_SEED, stratify=True)
-    cases = runs.sweep_cases(found, CLASSES_NET, [batch], device, registry.expand_algos(
-        algos or CLASSES_ALGOS.get(device.backend, "all"), device.backend), PASSES, LAYOUTS,
-        ["fp32"])
-    return [c for c in cases if not never_tiles(c)]
+def tiled(spec: RunSpec) -> tuple[RunSpec, list[runner.Case], list[runner.Case]]:
+    """(`spec` with the algos its cases keep, its cases, the fft-tiled ones left out where
+    they never tile); ValueError for a bad layer."""
+    every = cases(spec)
+    kept = [c for c in every if not never_tiles(c)]
+    algos = tuple(dict.fromkeys(c.algo for c in kept)) or spec.algos
+    return dataclasses.replace(spec, algos=algos), kept, [c for c in every if never_tiles(c)]
 
 
-def run_classes(folder: Path, device: Device, env: dict, cases: list[runner.Case],
-                classes: Sequence[str], sample: int, budget: float) -> tuple[runs.Outcome, dict]:
-    """The second part into `folder`/classes (resumed where it has rows): (its outcome, its
-    env.json: the net's, with the run's own net, batch, algos and sample)."""
+def class_spec(spec: RunSpec, classes: Sequence[str], sample: int,
+               algos: str | None) -> RunSpec:
+    """The second part's run, beside the net's `spec`: `sample` of convset's problems of
+    `classes`, stratified, at their own batch unless the spec's, every algo
+    (`CLASSES_ALGOS`), pass and layout; ValueError for a bad class or algo list."""
+    backend = devices.resolve(spec.device).backend
+    return dataclasses.replace(
+        spec, net=CLASSES_NET, layers=(), algos=tuple(registry.expand_algos(
+            algos or CLASSES_ALGOS.get(backend, "all"), backend)),
+        classes=tuple(selection.parse_classes(",".join(classes))), sample=sample,
+        seed=CLASSES_SEED, stratify=True)
+
+
+def run_classes(folder: Path, spec: RunSpec, env: dict, cases: list[runner.Case]
+                ) -> tuple[Outcome, dict]:
+    """The second part (`spec`, `class_spec`'s, with the algos its `cases` keep) into
+    `folder`/classes (resumed where it has rows): (its outcome, its env.json: the net's, with
+    the run's own spec, batch and class counts)."""
     layers_run = list(dict.fromkeys((c.layer, c.problem) for c in cases))
     ran = sorted({c.problem.n for c in cases})
     counts = selection.class_counts([catalogs.Layer(CLASSES_NET, name, p)
                                      for name, p in layers_run])
     env = {**env, "run": {
-        **env.get("run", {}), "net": CLASSES_NET, "batch": ran[0] if len(ran) == 1 else ran,
-        "algos": list(dict.fromkeys(c.algo for c in cases)),
-        "passes": list(dict.fromkeys(c.pass_ for c in cases)),
-        "layouts": list(dict.fromkeys(c.layout for c in cases)),
-        "classes": list(classes), "sample": sample, "seed": CLASSES_SEED, "stratify": True,
+        **env.get("run", {}), **spec.to_dict(), "batch": ran[0] if len(ran) == 1 else ran,
         "class_counts": {k: v for k, v in counts.items() if v}}}
-    run = runs.Run(cases, budget, RunFolder.open(folder / CLASSES_RUN, env, resume=True))
+    run = Run(spec, cases, RunFolder.open(folder / CLASSES_RUN, env, resume=True))
     return run.measure(), env
 
 
-def classes_markdown(outcome: runs.Outcome, env: dict, backend: str,
+def classes_markdown(outcome: Outcome, env: dict, backend: str,
                      seconds: float) -> str:
     """summary.md's section of the second part: what ran, and per class and pass the speed-up
     of `CLASSES_LINES` over the device's baseline (`speedup.summary`)."""
@@ -368,17 +368,17 @@ def run_check(folder: str | Path, device: Device, *, net: str = "alexnet",
     module docstring. `deadline` (a `clock` time): stop between groups once it has passed.
     ValueError for a bad net, layer, class or algo list, before anything runs."""
     folder = Path(folder)
-    cases, untiled = check_cases(device, net, layers, algos, batch)
-    more = class_cases(device, classes, sample, class_algos, batch) if classes else []
-    budget = budget_s or device.budget_s
+    spec, cases, untiled = tiled(check_spec(device, net, layers, algos, batch, budget_s))
+    second_spec, more, _ = (tiled(class_spec(spec, classes, sample, class_algos)) if classes
+                            else (spec, [], []))
     folder.mkdir(parents=True, exist_ok=True)
     started = clock()
-    env = runs.environment(device, net, cases, budget, batch=batch, command=command)
+    env = environment(spec, cases, command=command)
     (folder / ENV_JSON).write_text(json.dumps(env, indent=1) + "\n")
     seconds = {"environment and ceilings": clock() - started}
     started = clock()
     runner.stage_seconds(reset=True)
-    run = runs.Run(cases, budget, RunFolder.open(folder / RUN, env, resume=True))
+    run = Run(spec, cases, RunFolder.open(folder / RUN, env, resume=True))
     stop = _Deadline(run.todo, deadline, clock) if deadline is not None else None
     outcome = run.measure(on_row=stop)
     seconds = {**seconds, "run": clock() - started, **runner.stage_seconds(reset=True)}
@@ -397,7 +397,7 @@ def run_check(folder: str | Path, device: Device, *, net: str = "alexnet",
     second = None
     if more and outcome.fault is None and not outcome.interrupted:
         started = clock()
-        second, env2 = run_classes(folder, device, env, more, classes, sample, budget)
+        second, env2 = run_classes(folder, second_spec, env, more)
         text = text.rstrip("\n") + "\n\n" + classes_markdown(second, env2, device.backend,
                                                              clock() - started)
     (folder / SUMMARY_MD).write_text(text)
@@ -438,7 +438,7 @@ def tests_line(tested: Tests) -> str:
                else ""))
 
 
-def markdown(env: dict, outcome: runs.Outcome, seconds: dict[str, float],
+def markdown(env: dict, outcome: Outcome, seconds: dict[str, float],
              notes: list[str] = ()) -> str:
     """summary.md: what ran where, how the run went and where its host time went, then the
     ratios and the study's tables."""
@@ -515,11 +515,10 @@ def first(out: str | Path, device: Device, *, work: str | Path | None = None,
     anything runs."""
     started = clock()
     out = Path(out)
-    work = Path(work) if work else runs.default_folder(net, device.backend, "-gpu-first",
-                                                       runs.FINDINGS)
+    work = Path(work) if work else default_folder(net, device.backend, "-gpu-first", FINDINGS)
     names = layers or [n for n in FIRST_LAYERS if n in
                        {layer.name for layer in catalogs.net_layers(net)}] or None
-    check_cases(device, net, names, algos, batch)  # bad input: before anything runs
+    tiled(check_spec(device, net, names, algos, batch))  # bad input: before anything runs
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     log = _logger(out / FIRST_LOG)
@@ -540,15 +539,38 @@ def first(out: str | Path, device: Device, *, work: str | Path | None = None,
                          deadline=started + wall_s - reserve_s, clock=clock)
     if done is not None:
         log.info("check: %s", "; ".join(f"{k} {v:.1f} s" for k, v in done.seconds.items()))
-    extra_text = ""
-    left = started + wall_s - reserve_s - clock()
-    if extra is not None and left >= extra_min_s:
+    extra_text = "" if extra is None else _extra_stage(
+        extra, work, log, started + wall_s - reserve_s - clock(), extra_min_s)
+    text = _first_summary(device, done, tested, extra_text, wall_s, tests_s, tests, names,
+                          algos)
+    text = text.rstrip("\n") + "\n" + \
+        f"\n(total {clock() - started:.0f} s before packing)\n"
+    (work / SUMMARY_MD).write_text(text)
+    (out / SUMMARY_MD).write_text(text)
+    files = pack(work, out, log)
+    log.info("packed %s in %.0f s", ", ".join(p.name for p in files), clock() - started)
+    _close(log)
+    return First(files, text, done is not None and done.ok and tested.passed)
+
+
+def _extra_stage(extra: Callable[[Path], str], work: Path, log: logging.Logger, left: float,
+                 extra_min_s: float) -> str:
+    """gpu-first's whole-step stage (`extra` on `work`) where `left` seconds are at least the
+    `extra_min_s` it needs, else the line saying it was not run."""
+    if left >= extra_min_s:
         with _stage_logged(log, "the whole step"):
-            extra_text = extra(work)
-    elif extra is not None:
-        extra_text = (f"## The whole training step\n\nnot run: {left:.0f} s were left before "
-                      f"the deadline, under the {extra_min_s:.0f} s it needs\n")
-        log.info("the whole step: not run, %.0f s left", left)
+            return extra(work)
+        return ""  # failed: its traceback is in the log
+    log.info("the whole step: not run, %.0f s left", left)
+    return (f"## The whole training step\n\nnot run: {left:.0f} s were left before the "
+            f"deadline, under the {extra_min_s:.0f} s it needs\n")
+
+
+def _first_summary(device: Device, done: CheckRun | None, tested: Tests, extra_text: str,
+                   wall_s: float, tests_s: float, tests: bool, names: list[str] | None,
+                   algos: str | None) -> str:
+    """gpu-first's summary.md, less its last line: the check's summary (or that it failed)
+    under what the visit spent and reached, then the whole step's section."""
     spent = {"tests": tested.seconds, **(done.seconds if done else {})}
     head = [f"- gpu-first: {wall_s:.0f} s of wall time: "
             + (f"tests (at most {tests_s:.0f} s), " if tests else "no tests (a resumed visit), ")
@@ -569,14 +591,7 @@ def first(out: str | Path, device: Device, *, work: str | Path | None = None,
         text = "\n".join([body[0], "", *head, *body[2:]]) if len(body) == 3 else done.text
     if extra_text:
         text = text.rstrip("\n") + "\n\n" + extra_text
-    text = text.rstrip("\n") + "\n" + \
-        f"\n(total {clock() - started:.0f} s before packing)\n"
-    (work / SUMMARY_MD).write_text(text)
-    (out / SUMMARY_MD).write_text(text)
-    files = pack(work, out, log)
-    log.info("packed %s in %.0f s", ", ".join(p.name for p in files), clock() - started)
-    _close(log)
-    return First(files, text, done is not None and done.ok and tested.passed)
+    return text
 
 
 def pack(work: Path, out: Path, log: logging.Logger | None = None) -> list[Path]:

@@ -30,11 +30,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import runs
 from ..analysis import report
 from ..core import results
-from ..core.results import CsvSink, RunFolder, frame, load_run, row_key
-from ..measure import runner, timing
+from ..core.results import CsvSink, Row, RunFolder, frame, load_run, row_key
+from ..core.runspec import RunSpec
+from ..measure import runner
+from . import run
 
 #: How long a rank waits for the others: at the end, the fastest waits for the slowest.
 TIMEOUT = datetime.timedelta(hours=24)
@@ -154,28 +155,27 @@ def host_threads(shard: Shard | None, cores: int) -> int | None:
     return max(1, cores // max(1, local))
 
 
-class Run(runs.Run):
-    """`runs.Run` over this rank's share of the cases left; rank 0 writes the folder at the end.
+class Run(run.Run):
+    """`run.Run` over this rank's share of the cases left; rank 0 writes the folder at the end.
     `todo` is this rank's share; only rank 0 reports progress (`on_row`)."""
 
-    def __init__(self, shard: Shard, cases: list, budget_s: float,
-                 folder: RunFolder | None = None, limit=None,
-                 target: float = timing.TARGET_NOISE):
-        super().__init__(cases, budget_s, folder, limit, target)
+    def __init__(self, shard: Shard, spec: RunSpec, cases: list,
+                 folder: RunFolder | None = None):
+        super().__init__(spec, cases, folder)
         self.shard, self.order = shard, [c.key() for c in cases]
         # competing cases stay together, so they are timed side by side on one rank
         self.todo = [c for group in shard.share(list(runner.competing(self.todo))) for c in group]
 
-    def measure(self, on_row=None) -> runs.Outcome:
+    def measure(self, on_row=None) -> run.Outcome:
         return super().measure(on_row if self.shard.rank == 0 else None)
 
-    def finish(self, rows: list[dict], interrupted: bool, fault: str | None) -> runs.Outcome:
+    def finish(self, rows: list[Row], interrupted: bool, fault: str | None) -> run.Outcome:
         """Every rank's rows to rank 0, which merges them into the folder and writes its
         report; the others keep their own rows. Rank 0's seconds run to the end of all that,
         so they cover the slowest rank's share too. The process group ends here."""
         import torch.distributed as dist
 
-        mine = runs.Outcome(frame(rows), None, interrupted, self._skip.skipped, fault,
+        mine = run.Outcome(frame(rows), None, interrupted, self._skip.skipped, fault,
                             rows, self.seconds())
         outcomes = self.shard.gather((rows, interrupted, self._skip.skipped, fault))
         if self.shard.rank == 0:
