@@ -389,9 +389,12 @@ def test_jit_fp32_is_computed_in_fp32(problem, pass_, layout):
     assert testing.run_and_check(direct, problem, pass_, layout, "fp32").ok
     f32 = numba.types.Array(numba.float32, 4, "C")
     modules = [depthwise_jit.forward_kernels(problem.s, problem.stride_w),
-               depthwise_jit.forward_kernels(problem.s, 1), grouped_jit.kernels(problem.s)]
-    called = [sig for m in modules for name in ("fwd_nhwc", "fwd_nchw", "bwd_filter_nchw",
-                                                "fwd", "bwd_data", "bwd_filter")
+               depthwise_jit.forward_kernels(problem.s, 1), depthwise_jit.nhwc_kernels(),
+               grouped_jit.kernels(problem.s)]
+    called = [sig for m in modules for name in ("fwd_nhwc", "fwd_nchw", "bwd_data_nchw",
+                                                "bwd_filter_nchw", "bwd_data_nhwc",
+                                                "bwd_filter_nhwc", "fwd", "bwd_data",
+                                                "bwd_filter")
               for sig in getattr(getattr(m, name, None), "signatures", [])]
     assert any(sig[0] == f32 for sig in called)
     assert all(sig[0] in (f32, numba.types.Array(numba.float64, 4, "C")) for sig in called)
