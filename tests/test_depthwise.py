@@ -4,6 +4,8 @@
 product over the groups and its pointwise layers in place; every pass, both layouts, tails and
 per-axis geometry, against the float64 reference."""
 
+import ast
+import re
 from unittest import mock
 
 import numpy as np
@@ -172,6 +174,69 @@ def test_jit_depthwise_caches_its_generated_kernels(tmp_path, monkeypatch):
         depthwise_jit.forward_kernels.cache_clear()
 
 
+#: Every module the compiled kernels render: (its templates, its source), per filter width and
+#: column stride (0: any) that has a module of its own.
+RENDERED = ([(depthwise_jit.TEMPLATES, depthwise_jit._source(s, sw)) for s in (1, 3, 5, 7)
+             for sw in (0, *depthwise_jit.CONSTANT_STRIDES)]
+            + [(grouped_jit.TEMPLATES, grouped_jit._source(s)) for s in (1, 3, 5)]
+            + [(["depthwise_nhwc"], jit.source(["depthwise_nhwc"], "any filter")),
+               (["transposes"], jit.source(["transposes"], "any shape"))])
+
+
+def _reads_like(templates: list[str], source: str) -> None:
+    """Every line of the templates is a line of the source, in order: a line that is a
+    placeholder's lines skipped, a `${name}` inside a line standing for any text."""
+    lines, at = source.splitlines(), 0
+    for line in "\n\n".join(jit.template(name) for name in templates).splitlines():
+        if jit._LINE.fullmatch(line):
+            continue
+        pattern = ".+".join(map(re.escape, re.split(r"\$\{?\w+\}?", line)))
+        while at < len(lines) and not re.fullmatch(pattern, lines[at]):
+            at += 1
+        assert at < len(lines), f"template line not in the source, in order: {line!r}"
+        at += 1
+
+
+@pytest.mark.parametrize("templates, source", RENDERED,
+                         ids=[f"{'+'.join(t)}-{i}" for i, (t, _) in enumerate(RENDERED)])
+def test_jit_kernels_are_their_templates_rendered(templates, source):
+    """A rendered module is Python, its placeholders filled (a comment may name them), its
+    options Numba's one spelling, and reads line for line as its templates: each one a reviewer
+    can read beside the module it makes."""
+    ast.parse(source)
+    code = [line for line in source.splitlines() if not line.lstrip().startswith("#")]
+    assert not [line for line in code if "$" in line]
+    assert f"PARALLEL = {jit.PARALLEL!r}" in code and f"SERIAL = {jit.SERIAL!r}" in code
+    _reads_like(templates, source)
+
+
+def test_jit_render_places_lines_at_the_templates_indentation():
+    """A line that is only a placeholder takes its lines at its indentation; a placeholder in a
+    line takes its value, every one given; a comment is copied as it is."""
+    text = "def f(x):\n    # ${body}: the loop\n    ${body}\n    return ${out}\n"
+    body = ["for i in range(3):", "    x += i"]
+    assert jit.render(text, {"body": body}, out="x") == (
+        "def f(x):\n    # ${body}: the loop\n    for i in range(3):\n        x += i\n"
+        "    return x\n")
+    with pytest.raises(KeyError):
+        jit.render(text, {"body": body})
+    with pytest.raises(ValueError, match="never placed"):
+        jit.render(text, {"body": body, "tail": ["pass"]}, out="x")
+
+
+def test_jit_source_changes_with_its_template(tmp_path, monkeypatch):
+    """The on-disk cache is keyed by the rendered source's hash (`jit.load`): a template's edit
+    changes the source, so a changed kernel never meets an old cache."""
+    before = depthwise_jit._source(3, 1)
+    for name in ("header", "planes", "depthwise"):
+        (tmp_path / f"{name}.py.tmpl").write_text(jit.template(name))
+    edited = tmp_path / "depthwise.py.tmpl"
+    edited.write_text(edited.read_text().replace("wide[j] += ", "wide[j] = wide[j] + "))
+    monkeypatch.setattr(jit, "TEMPLATES", tmp_path)
+    after = depthwise_jit._source(3, 1)
+    assert after != before and "wide[j] = wide[j] + " in after
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("pass_", PASSES)
 def test_depthwise_blocks_cover_the_output(pass_, layout, monkeypatch):
@@ -325,9 +390,12 @@ def test_jit_fp32_is_computed_in_fp32(problem, pass_, layout):
     assert testing.run_and_check(direct, problem, pass_, layout, "fp32").ok
     f32 = numba.types.Array(numba.float32, 4, "C")
     modules = [depthwise_jit.forward_kernels(problem.s, problem.stride_w),
-               depthwise_jit.forward_kernels(problem.s, 1), grouped_jit.kernels(problem.s)]
-    called = [sig for m in modules for name in ("fwd_nhwc", "fwd_nchw", "bwd_filter_nchw",
-                                                "fwd", "bwd_data", "bwd_filter")
+               depthwise_jit.forward_kernels(problem.s, 1), depthwise_jit.nhwc_kernels(),
+               grouped_jit.kernels(problem.s)]
+    called = [sig for m in modules for name in ("fwd_nhwc", "fwd_nchw", "bwd_data_nchw",
+                                                "bwd_filter_nchw", "bwd_data_nhwc",
+                                                "bwd_filter_nhwc", "fwd", "bwd_data",
+                                                "bwd_filter")
               for sig in getattr(getattr(m, name, None), "signatures", [])]
     assert any(sig[0] == f32 for sig in called)
     assert all(sig[0] in (f32, numba.types.Array(numba.float64, 4, "C")) for sig in called)

@@ -146,102 +146,118 @@ def _block_of(y, layout: str, n: slice, rows: slice):
     return y[n, :, :, rows] if layout == "nchw" else y[n, rows]
 
 
-def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
-    """The pass `run(a, b, out)` of a depthwise problem (`is_depthwise`)."""
-    shapes = buffers(p, pass_, layout, dtype)
-    bufs = {name: np.zeros(shape, dtype) for name, shape in shapes.items()}
-    padded = bufs.get("padded")
-    interior = spatial(layout, slice(p.pad_top, p.pad_top + p.h),
-                       slice(p.pad_left, p.pad_left + p.w))
-    win, parts = _Windows(p, layout), blocks(p, dtype)
-    taps = [(r, s) for r in range(p.r) for s in range(p.s)]
+class _Pass:
+    """What every pass of one problem holds: its buffers, the blocks of output rows, the taps,
+    and the windows of every block and tap in the padded activation, made once (without
+    padding they are views of the call's operand, made per call)."""
 
-    def windows_of(act):
+    def __init__(self, p: ConvProblem, pass_: str, layout: str, dtype):
+        self.p, self.layout = p, layout
+        self.bufs = {name: np.zeros(shape, dtype)
+                     for name, shape in buffers(p, pass_, layout, dtype).items()}
+        self.padded = self.bufs.get("padded")
+        self.interior = spatial(layout, slice(p.pad_top, p.pad_top + p.h),
+                                slice(p.pad_left, p.pad_left + p.w))
+        self.win, self.parts = _Windows(p, layout), blocks(p, dtype)
+        self.taps = [(r, s) for r in range(p.r) for s in range(p.s)]
+        self.fixed = None if self.padded is None else self.windows_of(tensor(self.padded))
+
+    def windows_of(self, act):
         """Every block's window of every tap in `act` (a torch view of x or dx, padded)."""
-        return [[win.of(act, n, rows, r, s) for r, s in taps] for n, rows in parts]
+        return [[self.win.of(act, n, rows, r, s) for r, s in self.taps] for n, rows in self.parts]
 
-    fixed = None if padded is None else windows_of(tensor(padded))
+    def input_windows(self, x):
+        """The windows of x (fwd, bwd_filter): x copied into the padded buffer, or views of x."""
+        if self.padded is None:
+            return self.windows_of(tensor(np.ascontiguousarray(x)))
+        self.padded[self.interior] = x
+        return self.fixed
 
-    if pass_ == "bwd_filter":
-        product, sums = tensor(bufs["product"]), tensor(bufs["sums"])
-        # the pixel axes of a y block, summed away: (n, rows, Q) of nhwc's, (n, rows, Q) of
-        # nchw's (n, C, m, rows, Q)
-        axes = (0, 3, 4) if layout == "nchw" else (0, 1, 2)
 
-        def run(x, dy, out):
-            if padded is not None:
-                padded[interior] = x
-                windows = fixed
-            else:
-                xt = tensor(x)
-                windows = windows_of(xt)
-            dyv = _y_view(dy, p, layout)
-            for b, (n, rows) in enumerate(parts):
-                block = _block_of(dyv, layout, n, rows)
-                prod = product[tuple(slice(0, d) for d in block.shape)]
-                for t, window in enumerate(windows[b]):
-                    torch_mul(block, window, prod)
-                    target = sums[taps[t]]
-                    if b == 0:
-                        torch_sum(prod, axes, target)
-                    else:
-                        target.add_(torch_sum(prod, axes, None))
-            _filter_view(out, p, layout)[...] = bufs["sums"]
-        return run
+class _Weighted(_Pass):
+    """fwd and bwd_data: the filter copied per call into tap-major order, a weight per tap."""
 
-    wtaps = bufs["taps"]
-    weights = _tap_weights(wtaps, layout)
-    tap_w = [weights[r, s] for r, s in taps]
+    def __init__(self, p: ConvProblem, pass_: str, layout: str, dtype):
+        super().__init__(p, pass_, layout, dtype)
+        self.wtaps = self.bufs["taps"]
+        weights = _tap_weights(self.wtaps, layout)
+        self.tap_w = [weights[r, s] for r, s in self.taps]
 
-    if pass_ == "fwd":
 
-        def run(x, w, out):
-            wtaps[...] = _filter_view(w, p, layout)
-            if padded is not None:
-                padded[interior] = x
-                windows = fixed
-            else:
-                xt = tensor(np.ascontiguousarray(x))
-                windows = windows_of(xt)
-            yv = _y_view(out, p, layout)
-            for b, (n, rows) in enumerate(parts):
-                block = _block_of(yv, layout, n, rows)
-                first = True
-                for window, wt in zip(windows[b], tap_w):
-                    if first:
-                        torch_mul(window, wt, block)
-                        first = False
-                    else:
-                        block.addcmul_(window, wt)
-        return run
+class _Forward(_Weighted):
+    """y, a block at a time: the first tap's product, then every other tap added."""
 
-    # bwd_data: every tap adds dy·w into its window of dx (padded); windows of one tap never
-    # overlap, those of different taps may (stride < filter), and run one after another.
-    m = _multiplier(p)
+    def __call__(self, x, w, out):
+        p, layout = self.p, self.layout
+        self.wtaps[...] = _filter_view(w, p, layout)
+        windows = self.input_windows(x)
+        yv = _y_view(out, p, layout)
+        for b, (n, rows) in enumerate(self.parts):
+            block = _block_of(yv, layout, n, rows)
+            for t, (window, wt) in enumerate(zip(windows[b], self.tap_w)):
+                if t == 0:
+                    torch_mul(window, wt, block)
+                else:
+                    block.addcmul_(window, wt)
 
-    def run(dy, w, out):
-        wtaps[...] = _filter_view(w, p, layout)
-        target = padded if padded is not None else out
-        target.fill(0)
-        if padded is not None:
-            windows = fixed
-        else:
-            ot = tensor(out)
-            windows = windows_of(ot)
-        dyv = _y_view(dy, p, layout)
-        for b, (n, rows) in enumerate(parts):
+
+class _BackwardData(_Weighted):
+    """Every tap adds dy·w into its window of dx (padded); windows of one tap never overlap,
+    those of different taps may (stride < filter), and run one after another."""
+
+    def __call__(self, dy, w, out):
+        p, layout, padded = self.p, self.layout, self.padded
+        self.wtaps[...] = _filter_view(w, p, layout)
+        (out if padded is None else padded).fill(0)
+        windows = self.windows_of(tensor(out)) if padded is None else self.fixed
+        dyv, m = _y_view(dy, p, layout), _multiplier(p)
+        for b, (n, rows) in enumerate(self.parts):
             block = _block_of(dyv, layout, n, rows)
-            for window, wt in zip(windows[b], tap_w):
+            for window, wt in zip(windows[b], self.tap_w):
                 if m == 1:
                     window.addcmul_(block, wt)
                 else:  # the multiplier's outputs all read the same input channel
                     for j in range(m):
                         axis = (slice(None),) * (2 if layout == "nchw" else 4)
-                        window.addcmul_(block[axis + (slice(j, j + 1),)],
-                                        wt[:, j:j + 1])
+                        window.addcmul_(block[axis + (slice(j, j + 1),)], wt[:, j:j + 1])
         if padded is not None:
-            out[...] = padded[interior]
-    return run
+            out[...] = padded[self.interior]
+
+
+class _BackwardFilter(_Pass):
+    """dw per tap: dy's block times the tap's window, summed over the block's pixels into the
+    tap's channel sums (the first block's written, the others' added)."""
+
+    def __init__(self, p: ConvProblem, pass_: str, layout: str, dtype):
+        super().__init__(p, pass_, layout, dtype)
+        self.product, self.sums = tensor(self.bufs["product"]), tensor(self.bufs["sums"])
+        # the pixel axes of a y block, summed away: (n, rows, Q) of nhwc's, (n, rows, Q) of
+        # nchw's (n, C, m, rows, Q)
+        self.axes = (0, 3, 4) if layout == "nchw" else (0, 1, 2)
+
+    def __call__(self, x, dy, out):
+        p, layout = self.p, self.layout
+        windows = self.input_windows(x)
+        dyv = _y_view(dy, p, layout)
+        for b, (n, rows) in enumerate(self.parts):
+            block = _block_of(dyv, layout, n, rows)
+            prod = self.product[tuple(slice(0, d) for d in block.shape)]
+            for t, window in enumerate(windows[b]):
+                torch_mul(block, window, prod)
+                target = self.sums[self.taps[t]]
+                if b == 0:
+                    torch_sum(prod, self.axes, target)
+                else:
+                    target.add_(torch_sum(prod, self.axes, None))
+        _filter_view(out, p, layout)[...] = self.bufs["sums"]
+
+
+_PASSES = {"fwd": _Forward, "bwd_data": _BackwardData, "bwd_filter": _BackwardFilter}
+
+
+def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
+    """The pass `run(a, b, out)` of a depthwise problem (`is_depthwise`): a `_Pass`."""
+    return _PASSES[pass_](p, pass_, layout, dtype)
 
 
 def torch_mul(a, b, out) -> None:

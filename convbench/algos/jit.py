@@ -1,6 +1,13 @@
 """What the compiled CPU kernels (`depthwise_jit`, `grouped_jit`) share: whether Numba is here,
-their generated modules loaded from the user cache (so Numba caches their machine code on disk),
-the thread count, and a compile outside any timed call."""
+Numba's options, their templates rendered into modules and loaded from the user cache (so Numba
+caches their machine code on disk), the thread count, and a compile outside any timed call.
+
+The kernels are Python in `algos/templates/<name>.py.tmpl`, specialised per shape by
+`string.Template` placeholders: `${S}` or `${terms}` inside a line (a constant, a sum of S
+taps), and a line that is only `${name}` for generated lines (S views, a block of unrolled
+taps) that take that line's indentation. A reviewer reads a template beside the module it
+makes (`folder()`, named by the module's hash).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,8 @@ import functools
 import hashlib
 import importlib.util
 import os
+import re
+import string
 import sys
 import tempfile
 from pathlib import Path
@@ -15,6 +24,19 @@ from pathlib import Path
 import numpy as np
 
 from ..machine import host, threads
+
+#: Numba's options, the one spelling: every kernel compiles with fastmath (its sums may be
+#: reordered, within each algorithm's tolerance), on disk (`cache`) and without the GIL; a
+#: kernel with `prange` loops adds `parallel`. Rendered into each generated module's header, so
+#: a change here changes its hash (`load`) and never meets an old cache.
+SERIAL = dict(fastmath=True, cache=True, nogil=True)
+PARALLEL = dict(SERIAL, parallel=True)
+
+#: Where the kernels' templates are.
+TEMPLATES = Path(__file__).with_name("templates")
+
+#: A line that is only a placeholder: its name and the indentation its lines take.
+_LINE = re.compile(r"(?P<indent>[ ]*)\$\{?(?P<name>[A-Za-z_]\w*)\}?\n?")
 
 
 @functools.lru_cache(maxsize=1)
@@ -34,6 +56,40 @@ def available() -> str | None:
 def folder() -> Path:
     """Where the generated modules (and Numba's cache of them) live."""
     return host.user_cache() / "numba"
+
+
+def template(name: str) -> str:
+    """The text of `templates/<name>.py.tmpl`."""
+    return (TEMPLATES / f"{name}.py.tmpl").read_text()
+
+
+def render(text: str, lines: dict[str, list[str]] | None = None, **values) -> str:
+    """`text` with each line that is only `${name}` replaced by `lines[name]`, indented as that
+    line is, and the placeholders inside the other lines by `values` (every one must be
+    given; a comment line is copied as it is). A name in `lines` that the text never places is an error: nothing is dropped."""
+    lines = lines or {}
+    out, placed = [], set()
+    for line in text.splitlines(keepends=True):
+        whole = _LINE.fullmatch(line)
+        if whole and whole["name"] in lines:
+            placed.add(whole["name"])
+            out += [f"{whole['indent']}{generated}\n" for generated in lines[whole["name"]]]
+        elif line.lstrip().startswith("#"):  # a comment may name the placeholders
+            out.append(line)
+        else:
+            out.append(string.Template(line).substitute(values))
+    if set(lines) - placed:
+        raise ValueError(f"lines never placed: {sorted(set(lines) - placed)}")
+    return "".join(out)
+
+
+def source(names: list[str], what: str, lines: dict[str, list[str]] | None = None,
+           **values) -> str:
+    """The module of templates `names` rendered for one shape (`what` says which, in its
+    docstring), after the header that imports Numba and spells its options."""
+    header = render(template("header"), names=", ".join(f"{n}.py.tmpl" for n in names),
+                    what=what, SERIAL=repr(SERIAL), PARALLEL=repr(PARALLEL))
+    return header + render("\n\n".join(template(n) for n in names), lines, **values)
 
 
 def load(stem: str, source: str):
