@@ -217,7 +217,7 @@ def _mac(a: np.ndarray, b: np.ndarray, acc: np.ndarray, tmp: np.ndarray, first: 
 
 #: Every output summed in place: exact, the direct convolution's flops, no workspace.
 DIRECT = Algorithm("direct", family="direct", origin="ours", tolerance="exact", reduction="none",
-                   counts=DirectCount())
+                   counts=DirectCount(), deterministic=True)
 
 
 @register(DIRECT, "numpy")
