@@ -237,6 +237,13 @@ def _path(problem: ConvProblem) -> _Path:
     return _Path.DENSE
 
 
+#: The module that runs each path but the dense one (its `prepare`, `workspace_bytes`; the
+#: compiled ones' `kernel` and `describe`).
+_MODULES = {_Path.GROUPED_JIT: grouped_jit, _Path.DEPTHWISE_JIT: depthwise_jit,
+            _Path.DEPTHWISE: depthwise}
+_COMPILED = (_Path.GROUPED_JIT, _Path.DEPTHWISE_JIT)
+
+
 class _Dense:
     """The buffers of one dense pass (`_buffers`), allocated once, and its run: each pass's
     tap loop over them (`fwd`, `bwd_data`, `bwd_filter`)."""
@@ -336,10 +343,8 @@ class DirectCPU(Implementation):
         """A depthwise layer, or a grouped one of few channels a group, names its path; the
         dense path has nothing to add."""
         path = _path(problem)
-        if path is _Path.GROUPED_JIT:
-            return grouped_jit.describe(problem, pass_, layout)
-        if path is _Path.DEPTHWISE_JIT:
-            return depthwise_jit.describe(problem, pass_, layout)
+        if path in _COMPILED:
+            return _MODULES[path].describe(problem, pass_, layout)
         if path is _Path.DENSE:
             return ""
         blocks = len(depthwise.blocks(problem, DTYPES[precision]))
@@ -352,10 +357,8 @@ class DirectCPU(Implementation):
         """The compiled depthwise and grouped kernels, compiled (or loaded from the disk
         cache), nothing allocated."""
         path = _path(problem)
-        if path is _Path.GROUPED_JIT:
-            grouped_jit.kernel(problem, pass_, layout, DTYPES[precision])
-        elif path is _Path.DEPTHWISE_JIT:
-            depthwise_jit.kernel(problem, pass_, layout, DTYPES[precision])
+        if path in _COMPILED:
+            _MODULES[path].kernel(problem, pass_, layout, DTYPES[precision])
 
     def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
                         precision: str) -> int:
@@ -363,21 +366,15 @@ class DirectCPU(Implementation):
         padded input and y, plus a filter-sized packed copy (fwd, bwd_data in nchw) and a block
         of products; a depthwise or grouped layer's, its path's."""
         path, dtype = _path(problem), DTYPES[precision]
-        if path is _Path.GROUPED_JIT:
-            return grouped_jit.workspace_bytes(problem, pass_, layout, dtype)
-        if path is _Path.DEPTHWISE_JIT:
-            return depthwise_jit.workspace_bytes(problem, pass_, layout, dtype)
-        if path is _Path.DEPTHWISE:
+        if path is _Path.DEPTHWISE:  # the only one that also reads the precision's name
             return depthwise.workspace_bytes(problem, pass_, layout, precision, dtype)
+        if path is not _Path.DENSE:
+            return _MODULES[path].workspace_bytes(problem, pass_, layout, dtype)
         shapes = _buffers(problem, pass_, layout, dtype)[2].values()
         return nbytes(sum(math.prod(s) for s in shapes), precision)
 
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         path, dtype = _path(problem), DTYPES[precision]
-        if path is _Path.GROUPED_JIT:
-            return grouped_jit.prepare(problem, pass_, layout, dtype)
-        if path is _Path.DEPTHWISE_JIT:
-            return depthwise_jit.prepare(problem, pass_, layout, dtype)
-        if path is _Path.DEPTHWISE:
-            return depthwise.prepare(problem, pass_, layout, dtype)
+        if path is not _Path.DENSE:
+            return _MODULES[path].prepare(problem, pass_, layout, dtype)
         return getattr(_Dense(problem, pass_, layout, dtype), pass_)()

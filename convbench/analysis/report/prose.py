@@ -532,32 +532,31 @@ def _noisy(run: _Run) -> list[str]:
              f"{RESULTS_CSV}."), ""]
 
 
+def _flagged(title: str, table: pd.DataFrame, prose: str) -> list[str]:
+    """A section of flagged times: its prose and their table; [] where none is flagged."""
+    return [f"## {title}", "", prose, "", md_table(table), ""] if len(table) else []
+
+
 def _busy(run: _Run) -> list[str]:
-    if not len(run.busy):
-        return []
-    return ["## Busy machine", "",
-            (f"{len(run.busy)} of {(run.df['status'] == 'ok').sum()} times were measured while "
-             "the machine was busy: on the CPU, other processes kept the pass's threads off the "
-             "cores they were ready to run on, or the hypervisor gave the cores to other "
-             f"machines (less than {CONTENDED_SHARE:.0%} of their ready time on a core: "
-             f"`cpu_share` times 1 - `stolen` in {RESULTS_CSV}), on the GPU its clocks "
-             "were held down (`throttled`). They "
-             f"are marked `{BUSY}`, compete for no win here and are left out of advice "
-             "(`--include-busy` takes them); measure them again on a quiet machine."), "",
-            md_table(run.busy), ""]
+    return _flagged("Busy machine", run.busy, (
+        f"{len(run.busy)} of {(run.df['status'] == 'ok').sum()} times were measured while "
+        "the machine was busy: on the CPU, other processes kept the pass's threads off the "
+        "cores they were ready to run on, or the hypervisor gave the cores to other "
+        f"machines (less than {CONTENDED_SHARE:.0%} of their ready time on a core: "
+        f"`cpu_share` times 1 - `stolen` in {RESULTS_CSV}), on the GPU its clocks "
+        "were held down (`throttled`). They "
+        f"are marked `{BUSY}`, compete for no win here and are left out of advice "
+        "(`--include-busy` takes them); measure them again on a quiet machine."))
 
 
 def _host_bound(run: _Run) -> list[str]:
-    if not len(run.host_bound):
-        return []
-    return ["## Host-bound measurements", "",
-            (f"{len(run.host_bound)} GPU measurements may hold time the GPU spent waiting for "
-             "the host (Python, the launches): in more than a tenth of their repetitions "
-             "the host took longer to issue the pass than the head start the GPU was given "
-             f"(`host_bound` in {RESULTS_CSV}; for rows from before the head start, the host "
-             "took half the GPU's time or more). These times are upper bounds of the "
-             f"kernels' own. Marked `{HOST_BOUND}` in the time tables."), "",
-            md_table(run.host_bound), ""]
+    return _flagged("Host-bound measurements", run.host_bound, (
+        f"{len(run.host_bound)} GPU measurements may hold time the GPU spent waiting for "
+        "the host (Python, the launches): in more than a tenth of their repetitions "
+        "the host took longer to issue the pass than the head start the GPU was given "
+        f"(`host_bound` in {RESULTS_CSV}; for rows from before the head start, the host "
+        "took half the GPU's time or more). These times are upper bounds of the "
+        f"kernels' own. Marked `{HOST_BOUND}` in the time tables."))
 
 
 def _plots(run: _Run) -> list[str]:
