@@ -81,9 +81,10 @@ def algorithms() -> str:
         backends.setdefault(impl.algo, []).append(impl.backend)
     rows = [[f"`{a.name}`", a.family, a.origin, f"`{a.tolerance}`", a.reduction,
              "none" if a.counts is None else f"`{a.counts!r}`",
+             "yes" if a.deterministic else "no",
              ", ".join(backends.get(a.name, []))] for a in registry.algorithms()]
     return _table(["algo", "family", "origin", "tolerance", "reduction", "operation count",
-                   "backends"], rows)
+                   "deterministic", "backends"], rows)
 
 
 def traits() -> str:

@@ -16,7 +16,6 @@ from convbench.algos import cudnn_find as cf
 from convbench.algos import reference, registry
 from convbench.core.problem import ConvProblem
 from convbench.measure import runner
-from convbench.planning import advice
 
 #: `convbench gpu-first` runs this file's `gpu` tests first (a pin).
 pytestmark = pytest.mark.gpu_pins
@@ -136,7 +135,9 @@ def test_every_cudnn_algorithm_is_an_algo_of_its_own():
     assert "no ALGO_3 algorithm for fwd" in registry.get("cudnn-find-algo-3", "cuda").supports(
         PROBLEM, "fwd", "nchw", "fp32")
     # cuDNN documents these as nondeterministic (atomics in the backward passes)
-    assert {"cudnn-find-algo-0", "cudnn-find-algo-3"} <= set(advice.NONDETERMINISTIC_ALGOS)
+    assert not any(registry.algorithm(a).deterministic
+                   for a in ("cudnn-find-algo-0", "cudnn-find-algo-3"))
+    assert registry.algorithm("cudnn-find-implicit-precomp-gemm").deterministic
 
 
 @pytest.mark.gpu

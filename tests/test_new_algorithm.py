@@ -21,9 +21,10 @@ from convbench.core.problem import ConvProblem
 from convbench.measure import ceilings, opcount, rows, runner, verify
 
 NAME = "torch-wrapped"
-#: Its traits: an exact algorithm of ours that does the direct convolution's flops.
+#: Its traits: an exact, deterministic algorithm of ours that does the direct convolution's
+#: flops.
 TRAITS = Algorithm(NAME, family="direct", origin="ours", tolerance="exact", reduction="none",
-                   counts=counts.DirectCount())
+                   counts=counts.DirectCount(), deterministic=True)
 SMALL = ConvProblem(n=2, c=4, h=9, w=9, k=5, r=3, s=3, pad=1)
 BUDGET = 0.002
 
@@ -149,6 +150,9 @@ def test_a_trait_left_out_or_unknown_does_not_register():
     with registry.scratch():
         with pytest.raises(TypeError, match="reduction"):
             Algorithm(NAME, family="direct", origin="ours", tolerance="exact",
+                      counts=counts.DirectCount(), deterministic=True)
+        with pytest.raises(TypeError, match="deterministic"):
+            Algorithm(NAME, family="direct", origin="ours", tolerance="exact", reduction="none",
                       counts=counts.DirectCount())
         with pytest.raises(TypeError, match="an algorithm registers with its traits"):
             registry.register(NAME, "numpy")
@@ -158,6 +162,7 @@ def test_a_trait_left_out_or_unknown_does_not_register():
                                  (dict(reduction="some"), "unknown reduction 'some'"),
                                  (dict(reduction="counted", counts=None), "needs a count"),
                                  (dict(counts="direct"), "counts must be a traits.Count"),
+                                 (dict(deterministic=None), "deterministic must be True or"),
                                  (dict(torch_benchmark=True), "torch_benchmark is for torch"),
                                  (dict(name="winograd"), "a command-line alias"),
                                  (dict(name="a,b"), "without commas")):

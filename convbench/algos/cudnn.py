@@ -255,9 +255,10 @@ def _capability():
 def _torch_cudnn(name: str, benchmark: bool) -> Algorithm:
     """cuDNN through torch: its heuristic's pick (`benchmark` off) or its search's, judged
     exact (a pass that fails is judged by the family it ran, `judged_as`), allowed any
-    reduction (a transform we do not count may run)."""
+    reduction (a transform we do not count may run), not deterministic (its pick may be one of
+    its algorithms that accumulate with atomics)."""
     return Algorithm(name, family="chosen", origin="torch", tolerance="exact", reduction="any",
-                     counts=None, torch_benchmark=benchmark)
+                     counts=None, deterministic=False, torch_benchmark=benchmark)
 
 
 @register(_torch_cudnn("cudnn", False), "cuda")

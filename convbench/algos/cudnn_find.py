@@ -113,15 +113,19 @@ FAMILIES = {"IMPLICIT_GEMM": "gemm", "IMPLICIT_PRECOMP_GEMM": "gemm", "GEMM": "g
 #: kernel does the direct flops, else any (a transform we do not count may run).
 JUDGED = {"gemm": ("exact", "none"), "direct": ("exact", "none"), "fft": ("fft", "any"),
           "winograd": ("winograd-alpha6", "any"), "undisclosed": ("exact", "any")}
+#: The algorithms cuDNN's find reports nondeterministic: the backward passes' BWD_DATA_ALGO_0,
+#: BWD_FILTER_ALGO_0 and _3 accumulate with atomics.
+NONDETERMINISTIC = ("ALGO_0", "ALGO_3")
 
 
 def traits(enum_name: str) -> Algorithm:
     """The traits of cuDNN's algorithm `enum_name`, run one by one: a library's kernel of its
-    family, with nothing of ours to count."""
+    family, with nothing of ours to count, deterministic unless cuDNN says otherwise."""
     family = FAMILIES.get(enum_name, "undisclosed")
     tolerance, reduction = JUDGED[family]
     return Algorithm(algo_name(enum_name), family=family, origin="library", tolerance=tolerance,
-                     reduction=reduction, counts=None)
+                     reduction=reduction, counts=None,
+                     deterministic=enum_name not in NONDETERMINISTIC)
 
 
 class CudnnError(RuntimeError):

@@ -28,6 +28,7 @@ a pass holds is listed by `_buffers`, which `workspace_bytes` adds up.
 
 from __future__ import annotations
 
+import enum
 import math
 from typing import NamedTuple
 
@@ -215,13 +216,123 @@ def _mac(a: np.ndarray, b: np.ndarray, acc: np.ndarray, tmp: np.ndarray, first: 
         acc += part
 
 
+class _Path(enum.Enum):
+    """How `direct` runs one problem, decided once (`_path`) and read by every hook."""
+
+    GROUPED_JIT = "grouped_jit"  # grouped, few channels a group: compiled by Numba
+    DEPTHWISE_JIT = "depthwise_jit"  # depthwise: compiled by Numba
+    DEPTHWISE = "depthwise"  # depthwise without Numba: taps over views (torch)
+    DENSE = "dense"  # the rest (and grouped without Numba): tap products, this module's
+
+
+def _path(problem: ConvProblem) -> _Path:
+    """The path of `problem`: the compiled kernels where Numba compiles here (`jit.available`)
+    and the layer is grouped with few channels a group or depthwise; a depthwise layer's taps
+    over views where it does not; else the dense tap products."""
+    compiled = jit.available() is None
+    if compiled and grouped_jit.applies(problem):
+        return _Path.GROUPED_JIT
+    if depthwise.is_depthwise(problem):
+        return _Path.DEPTHWISE_JIT if compiled else _Path.DEPTHWISE
+    return _Path.DENSE
+
+
+#: The module that runs each path but the dense one (its `prepare`, `workspace_bytes`; the
+#: compiled ones' `kernel` and `describe`).
+_MODULES = {_Path.GROUPED_JIT: grouped_jit, _Path.DEPTHWISE_JIT: depthwise_jit,
+            _Path.DEPTHWISE: depthwise}
+_COMPILED = (_Path.GROUPED_JIT, _Path.DEPTHWISE_JIT)
+
+
+class _Dense:
+    """The buffers of one dense pass (`_buffers`), allocated once, and its run: each pass's
+    tap loop over them (`fwd`, `bwd_data`, `bwd_filter`)."""
+
+    def __init__(self, problem: ConvProblem, pass_: str, layout: str, dtype):
+        self.problem, self.layout = problem, layout
+        self.geo, self.blocks, shapes = _buffers(problem, pass_, layout, dtype)
+        self.planes, self.indexed = self.geo.planes(problem.c, dtype)
+        self.wide = np.zeros(shapes["wide"], dtype)
+        self.xm = self.geo.plane_matrices(self.planes)
+        self.ym = self.geo.wide_matrices(self.wide)
+        self.extra = {name: np.empty(shapes[name], dtype) for name in shapes
+                      if name not in ("planes", "wide")}
+
+    def window(self, t: _Tap, batch: slice, rows: slice, channels: slice) -> np.ndarray:
+        return self.xm[batch, t.a, t.b, channels, t.offset + rows.start:t.offset + rows.stop]
+
+    def taps(self):
+        """w -> its tap matrices: views in krsc, packed into the `taps` buffer in kcrs."""
+        layout, packed = self.layout, self.extra.get("taps")
+
+        def taps(w):
+            if packed is None:
+                return _tap_matrices(w, layout)
+            packed[...] = _tap_matrices(w, layout)  # kcrs: a filter-sized copy per call
+            return packed
+
+        return taps
+
+    def fwd(self):
+        geo, blocks, indexed, wide, ym, window = (self.geo, self.blocks, self.indexed,
+                                                  self.wide, self.ym, self.window)
+        tmp, taps = channel_major(self.extra["scratch"], self.layout), self.taps()
+
+        def run(x, w, out):
+            gather(x, indexed, geo.windows)
+            tw = taps(w)
+            for n, m, k, c, t in geo.steps(blocks):
+                _mac(tw[t.r, t.s, k], window(t, n, m, c), ym[n, k, m], tmp, t is geo.taps[0])
+            out[...] = wide[geo.crop]
+        return run
+
+    def bwd_data(self):
+        geo, blocks, planes, indexed, wide, ym, window = (
+            self.geo, self.blocks, self.planes, self.indexed, self.wide, self.ym, self.window)
+        tmp, taps = channel_major(self.extra["scratch"], self.layout), self.taps()
+        unread = self.problem.pad_bottom < 0 or self.problem.pad_right < 0
+
+        def run(dy, w, out):
+            wide[geo.crop] = dy
+            tw = taps(w)
+            planes.fill(0)
+            for n, m, k, c, t in geo.steps(blocks):
+                _mac(tw[t.r, t.s, k].T, ym[n, k, m], window(t, n, m, c), tmp, False)
+            if unread:  # input rows past the last window: the planes hold none of them
+                out.fill(0)
+            scatter(indexed, out, geo.windows)
+        return run
+
+    def bwd_filter(self):
+        geo, blocks, indexed, wide, ym, window, layout = (
+            self.geo, self.blocks, self.indexed, self.wide, self.ym, self.window, self.layout)
+        acc, product = self.extra.get("acc"), self.extra.get("product")
+
+        def run(x, dy, out):
+            gather(x, indexed, geo.windows)
+            wide[geo.crop] = dy
+            dw = _tap_matrices(out, layout)
+            for _, m, k, c, t in geo.steps(blocks):
+                target = dw[t.r, t.s, k][None] if acc is None else acc
+                for i in range(geo.batch):  # nchw: one product per image, summed
+                    n = slice(i, i + 1)
+                    _mac(ym[n, k, m], window(t, n, m, c).swapaxes(-1, -2), target, product,
+                         i == 0)
+                if acc is not None:
+                    dw[t.r, t.s, k] = acc[0]
+        return run
+
+
 #: Every output summed in place: exact, the direct convolution's flops, no workspace.
 DIRECT = Algorithm("direct", family="direct", origin="ours", tolerance="exact", reduction="none",
-                   counts=DirectCount())
+                   counts=DirectCount(), deterministic=True)
 
 
 @register(DIRECT, "numpy")
 class DirectCPU(Implementation):
+    """The dense tap products of this module, or, for a depthwise layer or a grouped one of few
+    channels a group, their own kernels: which, `_path` decides once per problem."""
+
     precisions = ("fp64", "fp32")
     asymmetric_pad = True  # the planes hold the padded input, whatever its two sides
 
@@ -231,12 +342,11 @@ class DirectCPU(Implementation):
     def describe(self, problem, pass_, layout, precision) -> str:
         """A depthwise layer, or a grouped one of few channels a group, names its path; the
         dense path has nothing to add."""
-        if grouped_jit.applies(problem) and jit.available() is None:
-            return grouped_jit.describe(problem, pass_, layout)
-        if not depthwise.is_depthwise(problem):
+        path = _path(problem)
+        if path in _COMPILED:
+            return _MODULES[path].describe(problem, pass_, layout)
+        if path is _Path.DENSE:
             return ""
-        if jit.available() is None:
-            return depthwise_jit.describe(problem, pass_, layout)
         blocks = len(depthwise.blocks(problem, DTYPES[precision]))
         return (f"depthwise (Numba unavailable: {jit.available()}): "
                 f"{problem.r * problem.s} taps as elementwise multiply-adds over "
@@ -246,89 +356,25 @@ class DirectCPU(Implementation):
     def compile(self, problem, pass_, layout, precision) -> None:
         """The compiled depthwise and grouped kernels, compiled (or loaded from the disk
         cache), nothing allocated."""
-        if jit.available() is not None:
-            return
-        if grouped_jit.applies(problem):
-            grouped_jit.kernel(problem, pass_, layout, DTYPES[precision])
-        elif depthwise.is_depthwise(problem):
-            depthwise_jit.kernel(problem, pass_, layout, DTYPES[precision])
+        path = _path(problem)
+        if path in _COMPILED:
+            _MODULES[path].kernel(problem, pass_, layout, DTYPES[precision])
 
     def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
                         precision: str) -> int:
         """Bytes of the buffers `_buffers` lists, computed without allocating them: about the
         padded input and y, plus a filter-sized packed copy (fwd, bwd_data in nchw) and a block
-        of products; a depthwise layer's are `depthwise.buffers`."""
-        if grouped_jit.applies(problem) and jit.available() is None:
-            return grouped_jit.workspace_bytes(problem, pass_, layout, DTYPES[precision])
-        if depthwise.is_depthwise(problem) and jit.available() is None:
-            return depthwise_jit.workspace_bytes(problem, pass_, layout, DTYPES[precision])
-        if depthwise.is_depthwise(problem):
-            return depthwise.workspace_bytes(problem, pass_, layout, precision,
-                                             DTYPES[precision])
-        shapes = _buffers(problem, pass_, layout, DTYPES[precision])[2].values()
+        of products; a depthwise or grouped layer's, its path's."""
+        path, dtype = _path(problem), DTYPES[precision]
+        if path is _Path.DEPTHWISE:  # the only one that also reads the precision's name
+            return depthwise.workspace_bytes(problem, pass_, layout, precision, dtype)
+        if path is not _Path.DENSE:
+            return _MODULES[path].workspace_bytes(problem, pass_, layout, dtype)
+        shapes = _buffers(problem, pass_, layout, dtype)[2].values()
         return nbytes(sum(math.prod(s) for s in shapes), precision)
 
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
-        p, dtype = problem, DTYPES[precision]
-        if grouped_jit.applies(p) and jit.available() is None:
-            return grouped_jit.prepare(p, pass_, layout, dtype)
-        if depthwise.is_depthwise(p) and jit.available() is None:
-            return depthwise_jit.prepare(p, pass_, layout, dtype)
-        if depthwise.is_depthwise(p):
-            return depthwise.prepare(p, pass_, layout, dtype)
-        geo, blocks, shapes = _buffers(p, pass_, layout, dtype)
-        (planes, indexed), wide = geo.planes(p.c, dtype), np.zeros(shapes["wide"], dtype)
-        xm, ym = geo.plane_matrices(planes), geo.wide_matrices(wide)
-        extra = {name: np.empty(shapes[name], dtype) for name in shapes
-                 if name not in ("planes", "wide")}
-
-        def window(t: _Tap, batch: slice, rows: slice, channels: slice) -> np.ndarray:
-            return xm[batch, t.a, t.b, channels, t.offset + rows.start:t.offset + rows.stop]
-
-        if pass_ == "bwd_filter":
-            acc, product = extra.get("acc"), extra.get("product")
-
-            def run(x, dy, out):
-                gather(x, indexed, geo.windows)
-                wide[geo.crop] = dy
-                dw = _tap_matrices(out, layout)
-                for _, m, k, c, t in geo.steps(blocks):
-                    target = dw[t.r, t.s, k][None] if acc is None else acc
-                    for i in range(geo.batch):  # nchw: one product per image, summed
-                        n = slice(i, i + 1)
-                        _mac(ym[n, k, m], window(t, n, m, c).swapaxes(-1, -2), target, product,
-                             i == 0)
-                    if acc is not None:
-                        dw[t.r, t.s, k] = acc[0]
-            return run
-
-        tmp = channel_major(extra["scratch"], layout)
-        packed = extra.get("taps")
-
-        def taps(w):
-            if packed is None:
-                return _tap_matrices(w, layout)
-            packed[...] = _tap_matrices(w, layout)  # kcrs: a filter-sized copy per call
-            return packed
-
-        if pass_ == "fwd":
-            def run(x, w, out):
-                gather(x, indexed, geo.windows)
-                tw = taps(w)
-                for n, m, k, c, t in geo.steps(blocks):
-                    _mac(tw[t.r, t.s, k], window(t, n, m, c), ym[n, k, m], tmp,
-                         t is geo.taps[0])
-                out[...] = wide[geo.crop]
-        else:
-            unread = p.pad_bottom < 0 or p.pad_right < 0
-
-            def run(dy, w, out):
-                wide[geo.crop] = dy
-                tw = taps(w)
-                planes.fill(0)
-                for n, m, k, c, t in geo.steps(blocks):
-                    _mac(tw[t.r, t.s, k].T, ym[n, k, m], window(t, n, m, c), tmp, False)
-                if unread:  # input rows past the last window: the planes hold none of them
-                    out.fill(0)
-                scatter(indexed, out, geo.windows)
-        return run
+        path, dtype = _path(problem), DTYPES[precision]
+        if path is not _Path.DENSE:
+            return _MODULES[path].prepare(problem, pass_, layout, dtype)
+        return getattr(_Dense(problem, pass_, layout, dtype), pass_)()

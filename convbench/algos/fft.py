@@ -386,7 +386,7 @@ def _side(mats: dict[str, np.ndarray], side: tuple[str, bool]) -> np.ndarray:
 
 #: Spectra multiplied: fewer products, counted on the implementation's own grid.
 FFT = Algorithm("fft", family="fft", origin="ours", tolerance="fft", reduction="counted",
-                counts=FFTCount())
+                counts=FFTCount(), deterministic=True)
 
 
 @register(FFT, "numpy")

@@ -404,7 +404,8 @@ class FFTKernels(kernel_base.KernelImplementation):
 
 #: FFT over overlapping tiles of a fixed transform size, counted on those tiles.
 FFT_TILED = Algorithm("fft-tiled", family="fft", origin="ours", tolerance="fft",
-                      reduction="counted", counts=FFTCount())
+                      reduction="counted", counts=FFTCount(),
+                      deterministic=True)
 
 
 @kernel_base.register_kernels(FFT_TILED)

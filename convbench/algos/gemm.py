@@ -249,7 +249,7 @@ def _blocked(low: _Lowered, pass_: str, route: Route):
 
 #: The convolution as matrix products over im2col's columns: exact, the direct flops.
 GEMM = Algorithm("gemm", family="gemm", origin="ours", tolerance="exact", reduction="none",
-                 counts=GemmCount())
+                 counts=GemmCount(), deterministic=True)
 
 
 @register(GEMM, "numpy")

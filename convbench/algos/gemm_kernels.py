@@ -421,7 +421,7 @@ class GemmKernels(kernel_base.KernelImplementation):
 
 #: Our lowering around cuBLAS's product: the library's kernel, exact, the direct flops.
 GEMM_CUBLAS = Algorithm("gemm-cublas", family="gemm", origin="library", tolerance="exact",
-                        reduction="none", counts=GemmCount())
+                        reduction="none", counts=GemmCount(), deterministic=True)
 
 
 @register(GEMM_CUBLAS, "cuda")

@@ -6,8 +6,8 @@ class that breaks it at import, and callers use every hook without asking whethe
 
 Modules under `convbench.algos` register themselves on import; `load()` imports them all, so a
 new algorithm is one new file, with no list to edit. It registers with its traits
-(`traits.Algorithm`: family, origin, tolerance, reduction, count), which every table of the
-harness, the guard, the reports and the docs reads (`algorithm`), so none of them is keyed by
+(`traits.Algorithm`: family, origin, tolerance, reduction, count, deterministic), which every
+table of the harness, the guard, the reports, the advice and the docs reads (`algorithm`), so none of them is keyed by
 algorithm names.
 """
 
@@ -284,7 +284,8 @@ def _check_traits(algorithm) -> None:
     if not isinstance(algorithm, Algorithm):
         raise TypeError(f"{algorithm!r}: an algorithm registers with its traits, "
                         f"registry.register(Algorithm(name, family=..., origin=..., "
-                        f"tolerance=..., reduction=..., counts=...), backend)")
+                        f"tolerance=..., reduction=..., counts=..., deterministic=...), "
+                        f"backend)")
 
 
 def _check_contract(cls: type, what: str) -> None:

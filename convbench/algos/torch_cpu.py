@@ -22,7 +22,7 @@ from .traits import Algorithm
 #: torch's own CPU convolution: its pick of kernel, judged exact, allowed any reduction (a
 #: library may run a transform we do not count).
 TORCH_CPU = Algorithm("torch-cpu", family="chosen", origin="torch", tolerance="exact",
-                      reduction="any", counts=None)
+                      reduction="any", counts=None, deterministic=True)
 
 
 @register(TORCH_CPU, "numpy")

@@ -3,7 +3,8 @@
 Like the numerical notes cuDNN attaches to each engine, every algorithm states once, beside its
 implementation (`registry.register(Algorithm(...), backend)`), what the rest of convbench asks
 of it: the verification reads its tolerance column, the plausibility guard its arithmetic
-reduction, the operation counts its `Count`, the reports its family and origin. No table
+reduction, the operation counts its `Count`, the reports its family and origin, the advice
+whether it is deterministic. No table
 elsewhere is keyed by algorithm names, so a new algorithm is one file; a trait left out is a
 TypeError where the algorithm is declared, a value outside the vocabulary a ValueError, never a
 silent default.
@@ -94,6 +95,12 @@ class Algorithm:
     - `reduction`: a key of `REDUCTIONS`, the plausibility guard's allowance;
     - `counts`: its `Count`, or None where there is nothing to count (a library's choice of
       kernel); `counted` needs one;
+    - `deterministic`: whether its results are bitwise equal run to run (the advice's
+      `--deterministic` keeps only these). Ours reduce in a fixed order (the NumPy ones and
+      torch's CPU convolution for a fixed thread count; our CUDA kernels use no floating-point
+      atomics: a kernel that adds them declares False); cuDNN's own choice may be one of its
+      algorithms that accumulate with atomics, and the rows were not measured under torch's
+      `cudnn.deterministic`, so it is not;
     - `tile`: Winograd's output tile m, where its error follows the transform's size alpha =
       m + r - 1 with the filter r (`tolerance_column`);
     - `torch_benchmark`: for torch's own convolution, the `cudnn.benchmark` it runs with (None:
@@ -106,6 +113,7 @@ class Algorithm:
     tolerance: str
     reduction: str
     counts: Count | None
+    deterministic: bool
     tile: int | None = None
     torch_benchmark: bool | None = None
 
@@ -122,6 +130,9 @@ class Algorithm:
         if self.counts is not None and not isinstance(self.counts, Count):
             raise TypeError(f"{self.name}: counts must be a traits.Count or None, not "
                             f"{self.counts!r}")
+        if not isinstance(self.deterministic, bool):
+            raise TypeError(f"{self.name}: deterministic must be True or False, not "
+                            f"{self.deterministic!r}")
         if self.reduction == "counted" and self.counts is None:
             raise ValueError(f"{self.name}: a `counted` reduction needs a count (counts=None)")
         if self.tile is not None and not (isinstance(self.tile, int) and self.tile > 0):

@@ -605,7 +605,8 @@ def winograd(m: int, tolerance: str, name: str = "winograd", fused: bool = False
     """The traits of F(m×m, r×r) on m×m tiles: our own, counted (its products are fewer),
     judged by the column of its transform's size (`tolerance`, for 3x3 filters)."""
     return Algorithm(f"{name}-{m}x{m}", family="winograd", origin="ours", tolerance=tolerance,
-                     reduction="counted", counts=WinogradCount(m, fused=fused), tile=m)
+                     reduction="counted", counts=WinogradCount(m, fused=fused), deterministic=True,
+                     tile=m)
 
 
 #: Per tile m, its traits: F(5x5, 3x3)'s alpha 7 takes the column of alpha 8 (6x6's), the

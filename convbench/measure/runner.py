@@ -223,18 +223,10 @@ def prepare(case: Case, operands: Operands, impl=None,
     correct. `impl` replaces the registry's implementation (tests inject fakes this way);
     `collect`: collect garbage before it (`memory.release_device_memory`)."""
     impl = impl if impl is not None else registry.get(case.algo, case.backend)
-    p, args = case.problem, (case.problem, case.pass_, case.layout, case.precision)
-    reason = registry.impl_available(impl) or registry.supports(impl, *args)
-    if reason:
-        raise NotMeasured("unsupported", reason)
-    if case.precision not in DTYPES:
-        raise NotMeasured("unsupported", f"no {case.precision} array type in NumPy or CuPy")
+    args = (case.problem, case.pass_, case.layout, case.precision)
+    _check_supported(impl, case, args)
     xp = array_module(case.backend)
-    footprint = memory.operand_bytes(p, case.pass_, DTYPES[case.precision])
-    total = memory.total_bytes(case.backend)
-    if footprint > total:  # before anything is sized or allocated for it
-        raise NotMeasured("oom", f"its operands need {memory.format_size(footprint)}, more than "
-                          f"the {memory.format_size(total)} this device has")
+    footprint, total = _operands_fit(case)
     room = None
     try:
         # An empty GPU for every case, before its operands: the last case's cached blocks (in
@@ -245,31 +237,9 @@ def prepare(case: Case, operands: Operands, impl=None,
         predicted = footprint + (workspace or 0)
         room = _room(predicted, workspace is not None, memory.free_bytes(case.backend), total,
                      limit)
-        if predicted > total:  # refused before a byte of it is allocated: on the host an
-            # allocation the kernel grants but cannot back is touched into the out-of-memory
-            # killer, which no `except` sees
-            raise memory.OverLimit(
-                f"its operands and workspace need {memory.format_size(predicted)}, more than "
-                f"the {memory.format_size(total)} this device has")
-        if limit is not None:
-            limit.check(case.backend, predicted, "predicted footprint (operands and workspace)")
-        with _stage("operands"):
-            try:
-                a, b, ref = operands.get(case, xp)
-                out = reference.nan_output(p, case.pass_, case.layout, DTYPES[case.precision],
-                                           xp)
-            except Exception as exc:  # not the algorithm's failure: say whose it is
-                nm = _not_measured(exc)
-                raise NotMeasured(nm.status, f"the operands or the float64 reference: "
-                                  f"{nm.reason}", fatal=nm.fatal) from exc
-        with _stage("prepare"):  # a JIT's compile: not the pass's memory
-            impl.compile(*args)
-        with _stage("prepare"), memory.trace(case.backend) as trace:
-            fn = impl.prepare(*args)
-            trace.mark()
-            fn(a, b, out)
-            if case.backend == "cuda":  # a fault in the pass surfaces here, as this case's
-                xp.cuda.Device().synchronize()  # failure
+        _check_predicted(case.backend, predicted, total, limit)
+        a, b, ref, out = _operands(case, operands, xp)
+        fn, trace = _first_call(impl, args, (a, b, out), case.backend, xp)
         # A library that returns its own result (`OUTPUT_COPY`) allocates one output more
         # than our kernels, which write into `out`: counted like ours, not as workspace.
         own_result = OUTPUT_COPY in (impl.phases(*args) or ())
@@ -279,16 +249,87 @@ def prepare(case: Case, operands: Operands, impl=None,
         phase_fns = _phase_fns(impl, fn, args)
     except Exception as exc:
         raise _not_measured(exc, room) from exc
+    chk = _verify(impl, case, args, out, ref, operands.floor)
+    return Ready(impl, lambda: fn(a, b, out), chk, workspace, peak, trace.method, phase_fns)
+
+
+def _check_supported(impl, case: Case, args: tuple) -> None:
+    """NotMeasured (`unsupported`) where `impl` cannot run `case`, or NumPy and CuPy have no
+    array type of its precision."""
+    reason = registry.impl_available(impl) or registry.supports(impl, *args)
+    if reason:
+        raise NotMeasured("unsupported", reason)
+    if case.precision not in DTYPES:
+        raise NotMeasured("unsupported", f"no {case.precision} array type in NumPy or CuPy")
+
+
+def _operands_fit(case: Case) -> tuple[int, int]:
+    """(operand bytes, the device's bytes); NotMeasured (`oom`) where the operands alone exceed
+    the device, before anything is sized or allocated for them."""
+    footprint = memory.operand_bytes(case.problem, case.pass_, DTYPES[case.precision])
+    total = memory.total_bytes(case.backend)
+    if footprint > total:
+        raise NotMeasured("oom", f"its operands need {memory.format_size(footprint)}, more than "
+                          f"the {memory.format_size(total)} this device has")
+    return footprint, total
+
+
+def _check_predicted(backend: str, predicted: int, total: int,
+                     limit: MemoryLimit | None) -> None:
+    """OverLimit where the predicted footprint exceeds the device or `limit`: refused before a
+    byte of it is allocated (on the host an allocation the kernel grants but cannot back is
+    touched into the out-of-memory killer, which no `except` sees)."""
+    if predicted > total:
+        raise memory.OverLimit(
+            f"its operands and workspace need {memory.format_size(predicted)}, more than "
+            f"the {memory.format_size(total)} this device has")
+    if limit is not None:
+        limit.check(backend, predicted, "predicted footprint (operands and workspace)")
+
+
+def _operands(case: Case, operands: Operands, xp) -> tuple:
+    """(a, b, the float64 reference, a NaN-filled output) of `case`; a failure is NotMeasured
+    saying it is not the algorithm's."""
+    with _stage("operands"):
+        try:
+            a, b, ref = operands.get(case, xp)
+            out = reference.nan_output(case.problem, case.pass_, case.layout,
+                                       DTYPES[case.precision], xp)
+        except Exception as exc:  # not the algorithm's failure: say whose it is
+            nm = _not_measured(exc)
+            raise NotMeasured(nm.status, f"the operands or the float64 reference: "
+                              f"{nm.reason}", fatal=nm.fatal) from exc
+    return a, b, ref, out
+
+
+def _first_call(impl, args: tuple, operands: tuple, backend: str, xp):
+    """(the prepared pass, the memory trace of its preparing and first call): compiled first
+    (a JIT's compile is not the pass's memory), then prepared and called once."""
+    with _stage("prepare"):
+        impl.compile(*args)
+    with _stage("prepare"), memory.trace(backend) as trace:
+        fn = impl.prepare(*args)
+        trace.mark()
+        fn(*operands)
+        if backend == "cuda":  # a fault in the pass surfaces here, as this case's failure
+            xp.cuda.Device().synchronize()
+    return fn, trace
+
+
+def _verify(impl, case: Case, args: tuple, out, ref, floor) -> verify.Check:
+    """The check of the first call's output; NotMeasured (`failed`) where it fails, by the
+    algorithm's tolerance or, for a library, by the algorithm it picked (cuDNN's FFT,
+    Winograd: `_judged_as`)."""
+    p = case.problem
     with _stage("verify"):
-        chk = verify.check(out, ref, case.algo, case.precision, p, case.pass_, operands.floor)
-        if not chk.ok:  # a library judged by the algorithm it picked (cuDNN's FFT, Winograd)
+        chk = verify.check(out, ref, case.algo, case.precision, p, case.pass_, floor)
+        if not chk.ok:
             judged = _judged_as(impl, args)
             if judged:
-                chk = verify.check(out, ref, judged, case.precision, p, case.pass_,
-                                   operands.floor)
+                chk = verify.check(out, ref, judged, case.precision, p, case.pass_, floor)
     if not chk.ok:
         raise NotMeasured("failed", chk.reason, chk)
-    return Ready(impl, lambda: fn(a, b, out), chk, workspace, peak, trace.method, phase_fns)
+    return chk
 
 
 def _judged_as(impl, args: tuple) -> str | None:
@@ -417,6 +458,14 @@ def _time_part(part: list[tuple[Case, Ready]], budget_s: float, target: float,
             fault.done = rows[1:]
             raise fault from exc
         return rows
+    return _timed_rows(part, timed, phases, group, ceilings)
+
+
+def _timed_rows(part: list[tuple[Case, Ready]], timed: list, phases: list, group: str,
+                ceilings: Ceilings | None) -> list[dict]:
+    """The rows of a part timed together, each described and guarded (`guarded_row`); a row
+    that cannot be made is `failed` and the rest go on, unless the GPU faulted describing it:
+    then the rest are rows without a description, and DeviceFault is raised with them."""
     out: list[dict] = []
     faulted: dict | None = None
     for (case, ready), t, ph in zip(part, timed, phases):

@@ -259,24 +259,7 @@ def rounds_cuda(contenders: Sequence[Contender], budget_s: float, *,
     import cupy
 
     flush = l2_flush_buffer()
-    estimates, slack = [], []
-    for c in contenders:  # five flushed sequences, the way do_bench estimates
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        issued = clock()
-        for _ in range(5):
-            flush.fill(0)
-            for fn in c.steps.values():
-                fn()
-        issued = (clock() - issued) / 5 * 1e3
-        end.record()
-        end.synchronize()
-        estimate = cupy.cuda.get_elapsed_time(start, end) / 5 * 1e-3
-        for _ in range(max(1, _warmup(estimate, budget_s))):
-            for fn in c.steps.values():
-                fn()
-        estimates.append(estimate)
-        slack.append(min(MAX_SLACK_MS, max(MIN_SLACK_MS, SLACK_FACTOR * issued)))
+    estimates, slack = _cuda_warmup(contenders, budget_s, flush, clock)
     # Synchronise about ten times over the budget: often enough to stop near the target.
     chunk = max(1, int(0.1 * budget_s * len(contenders) / max(sum(estimates), 1e-9)))
     order, rng = list(range(len(contenders))), random.Random(seed)
@@ -288,23 +271,9 @@ def rounds_cuda(contenders: Sequence[Contender], budget_s: float, *,
     started, rounds, stop = clock(), 0, None
     before = gpu_probe()
     while stop is None:
-        pending = []
-        for _ in range(min(chunk, max_reps - rounds)):
-            rng.shuffle(order)
-            for i in order:
-                c = contenders[i]
-                events = [cupy.cuda.Event() for _ in range(len(c.steps) + 1)]
-                flush.fill(0)  # before the head start and the first event: not timed
-                head_start(slack[i])
-                events[0].record()
-                issued = []
-                for fn, event in zip(c.steps.values(), events[1:]):
-                    t = clock()
-                    fn()
-                    issued.append((clock() - t) * 1e3)
-                    event.record()
-                pending.append((i, events, issued, slack[i]))
-            rounds += 1
+        count = min(chunk, max_reps - rounds)
+        pending = _issue_rounds(contenders, count, order, rng, flush, head_start, slack, clock)
+        rounds += count
         pending[-1][1][-1].synchronize()
         in_chunk = [0.0] * len(contenders)
         for i, events, issued, given in pending:
@@ -326,6 +295,60 @@ def rounds_cuda(contenders: Sequence[Contender], budget_s: float, *,
     return [_timed(c, r, stop, hosts=h, slacks=s,
                    throttled=nvml.row_throttled(held[i], sum(_counted(c, x) for x in r), hard[i]))
             for i, (c, r, h, s) in enumerate(zip(contenders, reps, hosts, slacks))]
+
+
+def _cuda_warmup(contenders: Sequence[Contender], budget_s: float, flush,
+                 clock: Callable[[], float]) -> tuple[list[float], list[float]]:
+    """Per contender, its estimated seconds a repetition (five flushed sequences, the way
+    do_bench estimates) and the head start (ms) its first timed repetition gets, from the host's
+    time to issue them; each then warmed up for its share of `budget_s`."""
+    import cupy
+
+    estimates, slack = [], []
+    for c in contenders:
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        issued = clock()
+        for _ in range(5):
+            flush.fill(0)
+            for fn in c.steps.values():
+                fn()
+        issued = (clock() - issued) / 5 * 1e3
+        end.record()
+        end.synchronize()
+        estimate = cupy.cuda.get_elapsed_time(start, end) / 5 * 1e-3
+        for _ in range(max(1, _warmup(estimate, budget_s))):
+            for fn in c.steps.values():
+                fn()
+        estimates.append(estimate)
+        slack.append(min(MAX_SLACK_MS, max(MIN_SLACK_MS, SLACK_FACTOR * issued)))
+    return estimates, slack
+
+
+def _issue_rounds(contenders: Sequence[Contender], count: int, order: list[int],
+                  rng: random.Random, flush, head_start: Callable[[float], None],
+                  slack: list[float], clock: Callable[[], float]) -> list[tuple]:
+    """Queue `count` shuffled rounds without waiting for the GPU: per repetition (contender i,
+    its events around each step, the host's ms issuing each step, the head start given)."""
+    import cupy
+
+    pending = []
+    for _ in range(count):
+        rng.shuffle(order)
+        for i in order:
+            c = contenders[i]
+            events = [cupy.cuda.Event() for _ in range(len(c.steps) + 1)]
+            flush.fill(0)  # before the head start and the first event: not timed
+            head_start(slack[i])
+            events[0].record()
+            issued = []
+            for fn, event in zip(c.steps.values(), events[1:]):
+                t = clock()
+                fn()
+                issued.append((clock() - t) * 1e3)
+                event.record()
+            pending.append((i, events, issued, slack[i]))
+    return pending
 
 
 def _attribute(held_ms: dict[str, float], reasons: list[str], span_ms: float,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from ..algos import registry
 from ..algos.registry import TORCH_ALGOS
 from ..analysis.ranking import Candidate, busy_mask, preferred, tied
 from ..core import stats
@@ -31,23 +32,13 @@ from ..measure.memory import format_size
 from . import layoutplan
 from .plan import Choice, Constraints, LayerPlan, NetworkTotals, Plan, Unplanned
 
-#: Algorithms whose results may differ bitwise from run to run. cuDNN's own choice (benchmark
-#: off or on) may be one of its algorithms that accumulate with atomics (several bwd_data and
-#: bwd_filter ones do); torch's `cudnn.deterministic` would rule those out, but the rows were
-#: not measured that way. Every other algorithm is taken as deterministic: the NumPy ones and
-#: torch's CPU convolution reduce in a fixed order for a fixed thread count, and convbench's
-#: CUDA kernels use no floating-point atomics (a kernel that adds them must be listed here).
-NONDETERMINISTIC_ALGOS = ("cudnn", "cudnn-autotune",
-                          # cuDNN's find reports these nondeterministic (the backward passes'
-                          # BWD_DATA_ALGO_0, BWD_FILTER_ALGO_0 and _3 accumulate with atomics)
-                          "cudnn-find-algo-0", "cudnn-find-algo-3")
 NO_CONSTRAINTS = Constraints()
 
 
-def is_deterministic(algo: str, backend: str) -> bool:
-    """Whether `algo` on `backend` gives bitwise-equal results run to run (see
-    NONDETERMINISTIC_ALGOS for what is assumed)."""
-    return algo not in NONDETERMINISTIC_ALGOS
+def is_deterministic(algo: str) -> bool:
+    """Whether `algo` gives bitwise-equal results run to run, as it declares where it registers
+    (`traits.Algorithm.deterministic`)."""
+    return registry.algorithm(algo).deterministic
 
 
 # --- advice from results --------------------------------------------------------------------
@@ -108,7 +99,7 @@ def _exclusions(ok: pd.DataFrame, c: Constraints) -> list[tuple[str, pd.Series]]
         rules.append((f"over the workspace budget of {format_size(c.workspace_budget)}",
                       ~(used <= c.workspace_budget)))
     if c.deterministic:
-        fixed = [is_deterministic(a, b) for a, b in zip(ok["algo"], ok["backend"])]
+        fixed = [is_deterministic(a) for a in ok["algo"]]
         rules.append(("not deterministic", ~pd.Series(fixed, index=ok.index, dtype=bool)))
     if not c.include_busy:
         rules.append((("measured on a busy machine (contended or throttled: --include-busy to "

@@ -164,8 +164,6 @@ def apply(model, plan: Plan | str | Path, check=None) -> Summary:
     with it off (`torch.backends.cudnn.allow_tf32 = False` runs them as measured)."""
     import torch
 
-    from .. import nn as cbnn
-
     plan = plan if isinstance(plan, Plan) else Plan.load(plan)
     _check_device(model, plan)
     original = copy.deepcopy(model) if check is not None else None
@@ -173,6 +171,22 @@ def apply(model, plan: Plan | str | Path, check=None) -> Summary:
     _check_fit(model, plan, misfits)
     torch.backends.cudnn.benchmark = plan.cudnn["benchmark"]
     torch.backends.cudnn.deterministic = plan.cudnn["deterministic"]
+    changes, swaps = _changes(model, plan, misfits)
+    refused = _checked(model, swaps, check, plan.precision) if check is not None else {}
+    changes = _swapped(model, changes, swaps, refused)
+    changes += [Change(u.layer, "skipped", "", {}, u.reason) for u in plan.unplanned]
+    errors = numerics.whole_model(original, model, check) if check is not None else []
+    return Summary(changes, dict(plan.cudnn), plan.backend, list(plan.checks), errors)
+
+
+def _changes(model, plan: Plan, misfits: dict[str, str]) -> tuple[list[Change], dict]:
+    """What `apply` does to each planned layer, in the plan's order, and the replacements it
+    would make ({layer: (its LayerPlan, the module, the convbench.nn.Conv2d)}): a misfit is
+    skipped, a module convbench cannot prove it reproduces kept, a layer torch runs as planned
+    given its layout (channels_last weights for NHWC), any other replaced. A layout arrives
+    from the layer before it, the first from the plan's input layout."""
+    from .. import nn as cbnn
+
     changes, arriving, swaps = [], plan.input_layout, {}
     for lp in plan.layers:
         passes = {p: c.algo if c else "torch default" for p, c in lp.passes.items()}
@@ -202,7 +216,16 @@ def apply(model, plan: Plan | str | Path, check=None) -> Summary:
                    "sets cudnn.benchmark per pass")
             changes.append(Change(lp.layer, "replaced", lp.layout, passes, why))
         arriving = lp.layout
-    refused = _checked(model, swaps, check, plan.precision) if check is not None else {}
+    return changes, swaps
+
+
+def _swapped(model, changes: list[Change], swaps: dict,
+             refused: dict[str, str]) -> list[Change]:
+    """Make the replacements `_checked` did not refuse (the module in its layout, then swapped
+    into its parent); `changes` with each refused one kept as torch runs it, saying why."""
+    from .. import nn as cbnn
+
+    changes = list(changes)
     for i, change in enumerate(changes):
         if change.layer in refused:
             changes[i] = Change(change.layer, "kept", "", change.passes, refused[change.layer])
@@ -211,9 +234,7 @@ def apply(model, plan: Plan | str | Path, check=None) -> Summary:
             module.to(memory_format=cbnn.MEMORY_FORMAT[lp.layout])
             parent, _, child = lp.layer.rpartition(".")
             setattr(model.get_submodule(parent), child, new)
-    changes += [Change(u.layer, "skipped", "", {}, u.reason) for u in plan.unplanned]
-    errors = numerics.whole_model(original, model, check) if check is not None else []
-    return Summary(changes, dict(plan.cudnn), plan.backend, list(plan.checks), errors)
+    return changes
 
 
 def _checked(model, swaps: dict, example_input, precision: str) -> dict[str, str]:

@@ -154,37 +154,125 @@ def tune_advice(model, example_input, *, algos: str = "all",
     silent), as the library prints nothing on stdout."""
     log = log or (lambda line: None)
     progress = progress or (lambda line: None)
-    for what, value in [*(("layout", lay) for lay in layouts), ("input layout", input_layout),
-                        ("output layout", output_layout)]:
-        check_choice(what, value, LAYOUTS)
+    _check_layouts(layouts, input_layout, output_layout)
     backend, precision = _backend_precision(example_input)
     algo_list = registry.expand_algos(algos, backend)
     store = store if isinstance(store, PlanStore) else PlanStore(store)
+    sites, unplanned = _find_sites(model, example_input)
+    env = current_env_key(backend)
+    stored = store.lookup(env, backend, precision)
+    for path, changed in stored.stale:
+        log(f"stale plan {path.name} not used: {', '.join(changed)} changed")
+    known = _Measurements(type(model).__name__, sites, backend, precision)
+    cases = known.reuse(stored, algo_list, layouts)
+    log(f"{known.count()} measurements from the plan store {store.folder}, "
+        f"{len(cases)} to make")
+    _log_unmeasured(sites, log)
+
+    def save_interrupted() -> Path:
+        # Each layer in its own best layout, no conversions measured: the next tune reuses
+        # the measurements.
+        return store.save(known.plan(known.advice(constraints), env, None, unplanned,
+                                     input_layout, output_layout))
+
+    _measure(cases, budget_s or devices.of_backend(backend).budget_s, cold, known, log,
+             progress, save_interrupted)
+    advice = known.advice(constraints)
+    conversions = _conversions(advice, stored.conversions, input_layout, output_layout,
+                               backend, precision)
+    plan = known.plan(advice, env, conversions, unplanned, input_layout, output_layout)
+    if step is not None:
+        plan = confirm.confirm(model, example_input, plan, step, step_budget_s, log=log)
+    log(f"plan saved to {store.save(plan)}")
+    return plan, advice
+
+
+def _check_layouts(layouts, input_layout: str, output_layout: str) -> None:
+    for what, value in [*(("layout", lay) for lay in layouts), ("input layout", input_layout),
+                        ("output layout", output_layout)]:
+        check_choice(what, value, LAYOUTS)
+
+
+def _find_sites(model, example_input) -> tuple[list, list]:
+    """`models.find_convs`; ValueError where the input reaches no conv layer."""
     sites, unplanned = find_convs(model, example_input)
     if not sites and not unplanned:
         raise ValueError(f"{type(model).__name__} has no nn.Conv2d layer that an input of "
                          f"shape {','.join(map(str, example_input.shape))} reaches: nothing to "
                          "tune")
-    env = current_env_key(backend)
-    stored = store.lookup(env, backend, precision)
-    for path, changed in stored.stale:
-        log(f"stale plan {path.name} not used: {', '.join(changed)} changed")
-    net = type(model).__name__
-    entries: dict[tuple[ConvProblem, str], list[dict]] = {}
-    cases = []
-    for site in sites:
-        for pass_ in site.passes:
-            key = (site.problem, pass_)
-            if key in entries:
-                continue
-            entries[key] = [e for e in stored.measurements.get(key, [])
-                            if e["algo"] in algo_list and e["layout"] in layouts]
-            have = {(e["algo"], e["layout"]) for e in entries[key]}
-            cases += [runner.Case(net, site.name, site.problem, algo, backend, pass_, layout,
-                                  precision)
-                      for layout in layouts for algo in algo_list if (algo, layout) not in have]
-    log(f"{sum(map(len, entries.values()))} measurements from the plan store {store.folder}, "
-        f"{len(cases)} to make")
+    return sites, unplanned
+
+
+class _Measurements:
+    """What a tune plans from, per (problem, pass) of the model's `sites`: the plan store's
+    measurements and those it makes, each kept as the plan's entry and as the results row advice
+    reads, converted once when it arrives (not on every advice)."""
+
+    def __init__(self, net: str, sites: list, backend: str, precision: str):
+        self.net, self.sites, self.backend, self.precision = net, sites, backend, precision
+        self.entries: dict[tuple[ConvProblem, str], list[dict]] = {}
+        #: The rows of each key's entries, for no layer: each site's are these with its name.
+        self.rows: dict[tuple[ConvProblem, str], list[dict]] = {}
+        self.made: list[dict] = []
+
+    def reuse(self, stored, algo_list: list[str], layouts) -> list[runner.Case]:
+        """Take the store's measurements of the sites' passes (of `algo_list` in `layouts`) and
+        return the cases still to measure."""
+        cases = []
+        for site in self.sites:
+            for pass_ in site.passes:
+                key = (site.problem, pass_)
+                if key in self.entries:
+                    continue
+                self.entries[key], self.rows[key] = [], []
+                for e in stored.measurements.get(key, []):
+                    if e["algo"] in algo_list and e["layout"] in layouts:
+                        self._add(key, e)
+                have = {(e["algo"], e["layout"]) for e in self.entries[key]}
+                cases += [runner.Case(self.net, site.name, site.problem, algo, self.backend,
+                                      pass_, layout, self.precision)
+                          for layout in layouts for algo in algo_list
+                          if (algo, layout) not in have]
+        return cases
+
+    def _add(self, key: tuple[ConvProblem, str], entry: dict) -> None:
+        self.entries[key].append(entry)
+        self.rows[key].append(row_from_entry(entry, "", self.net, self.precision))
+
+    def measured(self, row: dict) -> None:
+        """A row the runner made: kept as an entry (and the row advice reads of it)."""
+        self._add((problem_from_row(row), row["pass"]), entry_from_row(row))
+        self.made.append(row)
+
+    def count(self) -> int:
+        return sum(map(len, self.entries.values()))
+
+    def advice(self, constraints: Constraints) -> Advice:
+        rows = [{**r, "layer": site.name} for site in self.sites for p in site.passes
+                for r in self.rows[site.problem, p]]
+        return (advise(frame(rows), constraints, self.precision) if rows else
+                Advice(self.backend, self.precision, constraints, [], {}, set(), Counter()))
+
+    def plan(self, advice: Advice, env, conversions, unplanned, input_layout: str,
+             output_layout: str) -> Plan:
+        return build_plan(advice, env, conversions,
+                          measurements=[e for es in self.entries.values() for e in es],
+                          unplanned=unplanned, input_layout=input_layout,
+                          output_layout=output_layout)
+
+
+def _conversions(advice: Advice, stored: dict, input_layout: str, output_layout: str,
+                 backend: str, precision: str) -> list[dict]:
+    """The NCHW<->NHWC conversions the layout plan of `advice` weighs: the store's, and the
+    rest measured."""
+    keys = needed_conversions(layer_costs(advice, input_layout), boundaries(advice),
+                              input_layout, output_layout)
+    conversions = [stored[k] for k in sorted(keys & stored.keys())]
+    return conversions + measure_conversions(keys - stored.keys(), backend, precision)
+
+
+def _log_unmeasured(sites: list, log: Callable[[str], None]) -> None:
+    """Log the passes training does not run, and the layers apply keeps as torch runs them."""
     unneeded = [f"{site.name} {p}" for site in sites for p in PASSES if p not in site.passes]
     if unneeded:
         log(f"{len(unneeded)} {'pass' if len(unneeded) == 1 else 'passes'} not measured, "
@@ -193,52 +281,30 @@ def tune_advice(model, example_input, *, algos: str = "all",
     for site in sites:
         if site.kept:
             log(f"{site.name}: measured, but apply keeps it as torch runs it ({site.kept})")
-    budget = budget_s or devices.of_backend(backend).budget_s
 
-    made: list[dict] = []
+
+def _measure(cases: list[runner.Case], budget: float, cold: bool, known: _Measurements,
+             log: Callable[[str], None], progress: Callable[[str], None],
+             save_interrupted: Callable[[], Path]) -> None:
+    """Run `cases` into `known`, a progress line each; Ctrl-C keeps what was measured (a plan
+    of it in the store, `save_interrupted`) and raises TuneInterrupted."""
 
     def measured(row: dict) -> None:
-        entries[problem_from_row(row), row["pass"]].append(entry_from_row(row))
-        made.append(row)
+        known.measured(row)
         result = f"{row['median_ms']:.3g} ms" if row["status"] == "ok" else row["status"]
-        progress(f"{len(made)}/{len(cases)} {row['layer']} {row['pass']} {row['algo']} "
+        progress(f"{len(known.made)}/{len(cases)} {row['layer']} {row['pass']} {row['algo']} "
                  f"{row['layout']}: {result}")
-
-    def advice_now() -> Advice:
-        rows = [row_from_entry(e, site.name, net, precision)
-                for site in sites for p in site.passes for e in entries[site.problem, p]]
-        return (advise(frame(rows), constraints, precision) if rows else
-                Advice(backend, precision, constraints, [], {}, set(), Counter()))
 
     try:
         with timing.cold_caches() if cold else contextlib.nullcontext():
             runner.run(cases, budget, on_row=measured)
-        if made:
-            status = Counter(r["status"] for r in made)
-            log(f"measured {len(made)} of {len(cases)}: "
-                + ", ".join(f"{n} {s}" for s, n in status.items()))
     except KeyboardInterrupt:
-        # Keep what was measured: a plan of it (each layer in its own best layout, no
-        # conversions measured) in the store, whose measurements the next tune reuses.
-        path = None
-        if made:
-            path = store.save(build_plan(advice_now(), env, None,
-                                         measurements=[e for es in entries.values() for e in es],
-                                         unplanned=unplanned, input_layout=input_layout,
-                                         output_layout=output_layout))
-        raise TuneInterrupted(len(made), len(cases), path) from None
-    advice = advice_now()
-    keys = needed_conversions(layer_costs(advice, input_layout), boundaries(advice),
-                              input_layout, output_layout)
-    conversions = [stored.conversions[k] for k in sorted(keys & stored.conversions.keys())]
-    conversions += measure_conversions(keys - stored.conversions.keys(), backend, precision)
-    plan = build_plan(advice, env, conversions,
-                      measurements=[e for es in entries.values() for e in es],
-                      unplanned=unplanned, input_layout=input_layout, output_layout=output_layout)
-    if step is not None:
-        plan = confirm.confirm(model, example_input, plan, step, step_budget_s, log=log)
-    log(f"plan saved to {store.save(plan)}")
-    return plan, advice
+        path = save_interrupted() if known.made else None
+        raise TuneInterrupted(len(known.made), len(cases), path) from None
+    if known.made:
+        status = Counter(r["status"] for r in known.made)
+        log(f"measured {len(known.made)} of {len(cases)}: "
+            + ", ".join(f"{n} {s}" for s, n in status.items()))
 
 
 def advise_run(folder: str | Path, constraints: Constraints = NO_CONSTRAINTS,

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
+from functools import partial
 
 from ..algos import registry
 from ..algos.registry import TORCH_ALGOS
@@ -107,80 +108,108 @@ def profile_step(load: Workload, batch: int, device: str, workspace: Workspace |
     (`apply`; not on `meta`); `workspace` gives each conv pass's workspace (default:
     none known), `held` whether they are held throughout or per pass (`WORKSPACE_MODES`). With
     `measure`, the allocators are read at every event too."""
-    import torch
+    profile = _StepProfile(load, batch, device, workspace, plan, measure, held)
+    with profile.trace if profile.trace is not None else contextlib.nullcontext():
+        profile.first_step()
+        profile.hooked_step()
+    return profile.timeline()
 
-    held_bytes = (sum(workspace(*lp, batch) for lp in load.conv_passes())
-                  if held and workspace else 0)
-    workspace = workspace or (lambda layer, pass_, n: 0)
-    run = load.prepare(batch, device, plan)
-    params = list(run.model.parameters())
-    fixed = {_storage(t)[0] for t in (*params, run.x, run.target)}
-    weights = sum(_storage(p)[1] for p in params)
-    batch_bytes = sum(_storage(t)[1] for t in (run.x, run.target))
-    convs = {name for name, m in run.model.named_modules() if isinstance(m, torch.nn.Conv2d)}
-    saved, seen, grad_ready = _Live(), _Live(), set()
-    events: list[Event] = []
-    trace = memory.trace(backend_of(device)) if measure else None
-    state = 0
 
-    def sample(phase: str, layer: str, passes: list[str] = ()) -> None:
-        if trace is not None:
-            trace.mark()
-        grads = sum(p.numel() * p.element_size() for p in params
-                    if p.grad is not None or id(p) in grad_ready)
-        ws = held_bytes if held else max((workspace(layer, p, batch) for p in passes), default=0)
-        events.append(Event(phase, layer, weights, batch_bytes, saved.bytes(exclude=fixed),
-                             grads, state, seen.bytes(exclude=fixed | saved.keys()), ws))
+class _StepProfile:
+    """One profiled step: what its hooks read (the run, its parameters, the storages counted
+    apart) and what they record (`sample`: an `Event` per hook), as methods rather than
+    closures over the locals of `profile_step`."""
 
-    def forward_hook(name):
-        def hook(module, args, output):
-            seen.add(output)
-            sample("fwd", name, ["fwd"] if name in convs else [])
-        return hook
+    def __init__(self, load: Workload, batch: int, device: str, workspace: Workspace | None,
+                 plan: Plan | None, measure: bool, held: bool):
+        import torch
 
-    def backward_hook(name):
-        def hook(module, grad_input, grad_output):
-            for g in (*grad_input, *grad_output):
-                seen.add(g)
-            grad_ready.update(id(p) for p in module.parameters(recurse=False))
-            passes = ["bwd_filter"] + (["bwd_data"] if grad_input[0] is not None else [])
-            sample("bwd", name, passes if name in convs else [])
-        return hook
+        self.batch, self.held = batch, held
+        self.held_bytes = (sum(workspace(*lp, batch) for lp in load.conv_passes())
+                           if held and workspace else 0)
+        self.workspace = workspace or (lambda layer, pass_, n: 0)
+        self.run = run = load.prepare(batch, device, plan)
+        self.params = list(run.model.parameters())
+        self.fixed = {_storage(t)[0] for t in (*self.params, run.x, run.target)}
+        self.weights = sum(_storage(p)[1] for p in self.params)
+        self.batch_bytes = sum(_storage(t)[1] for t in (run.x, run.target))
+        self.convs = {name for name, m in run.model.named_modules()
+                      if isinstance(m, torch.nn.Conv2d)}
+        self.saved, self.seen, self.grad_ready = _Live(), _Live(), set()
+        self.events: list[Event] = []
+        self.trace = memory.trace(backend_of(device)) if measure else None
+        self.state = 0  # the optimizer's buffers, once the first step made them
 
-    def on_loss(loss) -> None:
-        seen.add(loss)
-        sample("loss", "cross-entropy")
+    def sample(self, phase: str, layer: str, passes: list[str] = ()) -> None:
+        if self.trace is not None:
+            self.trace.mark()
+        grads = sum(p.numel() * p.element_size() for p in self.params
+                    if p.grad is not None or id(p) in self.grad_ready)
+        ws = (self.held_bytes if self.held else
+              max((self.workspace(layer, p, self.batch) for p in passes), default=0))
+        fixed = self.fixed
+        self.events.append(Event(phase, layer, self.weights, self.batch_bytes,
+                                 self.saved.bytes(exclude=fixed), grads, self.state,
+                                 self.seen.bytes(exclude=fixed | self.saved.keys()), ws))
 
-    def saving():
-        return torch.autograd.graph.saved_tensors_hooks(_saver(saved), lambda t: t)
+    def on_forward(self, name: str, module, args, output) -> None:
+        self.seen.add(output)
+        self.sample("fwd", name, ["fwd"] if name in self.convs else [])
 
-    with trace if trace is not None else contextlib.nullcontext():
-        run.step()  # makes SGD's momentum buffers, and whatever is kept
+    def on_backward(self, name: str, module, grad_input, grad_output) -> None:
+        for g in (*grad_input, *grad_output):
+            self.seen.add(g)
+        self.grad_ready.update(id(p) for p in module.parameters(recurse=False))
+        passes = ["bwd_filter"] + (["bwd_data"] if grad_input[0] is not None else [])
+        self.sample("bwd", name, passes if name in self.convs else [])
+
+    def on_loss(self, loss) -> None:
+        self.seen.add(loss)
+        self.sample("loss", "cross-entropy")
+
+    def first_step(self) -> None:
+        """The step before the profiled one: it makes SGD's momentum buffers, and whatever is
+        kept; the steady state the profiled step starts from."""
+        import torch
+
+        run = self.run
+        run.step()
         run.opt.zero_grad(set_to_none=True)
-        state = sum(_storage(v)[1] for s in run.opt.state.values() for v in s.values()
-                    if torch.is_tensor(v))
-        if trace is not None:
-            trace.mark()  # the steady state the step starts from
-        handles = []
-        for module in run.model.modules():  # a full backward hook forbids in-place ops on its
+        self.state = sum(_storage(v)[1] for s in run.opt.state.values() for v in s.values()
+                         if torch.is_tensor(v))
+        if self.trace is not None:
+            self.trace.mark()
+
+    def hooked_step(self) -> None:
+        """The profiled step, an event at every leaf module's forward and backward, the loss
+        and the optimizer's step."""
+        import torch
+
+        model, handles = self.run.model, []
+        for module in model.modules():  # a full backward hook forbids in-place ops on its
             if getattr(module, "inplace", False):  # module's output: ReLU(inplace) keeps a
                 module.inplace = False  # copy here, so a user model's peak is over, not under
-        for name, module in run.model.named_modules():
+        for name, module in model.named_modules():
             if name and not any(module.children()):
-                handles.append(module.register_forward_hook(forward_hook(name)))
-                handles.append(module.register_full_backward_hook(backward_hook(name)))
+                handles.append(module.register_forward_hook(partial(self.on_forward, name)))
+                handles.append(module.register_full_backward_hook(
+                    partial(self.on_backward, name)))
         try:
-            with saving():  # the loss's and backward's saved tensors count too
-                run.step(on_loss=on_loss)
-                sample("step", "sgd")
+            # the loss's and backward's saved tensors count too
+            with torch.autograd.graph.saved_tensors_hooks(_saver(self.saved), lambda t: t):
+                self.run.step(on_loss=self.on_loss)
+                self.sample("step", "sgd")
         finally:
             for h in handles:
                 h.remove()
-    if trace is None:
-        return events
-    base = weights + batch_bytes  # allocated before the trace began
-    return [Event(**{**asdict(e), "allocated": base + p.allocated, "peak": base + p.peak})
-            for e, p in zip(events, trace.points[1:])]
+
+    def timeline(self) -> list[Event]:
+        """The events, with what the allocators saw at each where they were read."""
+        if self.trace is None:
+            return self.events
+        base = self.weights + self.batch_bytes  # allocated before the trace began
+        return [Event(**{**asdict(e), "allocated": base + p.allocated, "peak": base + p.peak})
+                for e, p in zip(self.events, self.trace.points[1:])]
 
 
 def _saver(saved: _Live):

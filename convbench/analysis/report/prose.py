@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import datetime
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -416,102 +418,182 @@ def speedup_section(df: pd.DataFrame, env: dict, baseline: str | None = None) ->
     return out
 
 
-def markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = (),
-             baseline: str | None = None) -> str:
-    """report.md: the header, the best of ours against torch per layer and pass, for many
-    problems the speed-up over a baseline, which wins each layer, time tables per pass and layout, op counts, workspace, accuracy, the phase
-    breakdown, what was not measured and why, noisy measurements, and the plots (`plots`: file
-    names, or the note saying why there are none)."""
-    out = header(df, env)
-    out += torch_section(df)
-    out += speedup_section(df, env, baseline)
-    host_bound = host_bound_table(df)
-    busy = busy_table(df)
-    host_note = (f", `{HOST_BOUND}` a time the host may have set (see Host-bound measurements)"
-                 if len(host_bound) else "")
-    busy_note = (f", `{BUSY}` a time measured on a busy machine (see Busy machine)"
-                 if len(busy) else "")
-    ceilings = from_env(env)
-    fp32_peak = (env.get("gpu") or {}).get("fp32_peak_tflops") if env else None
-    for precision, rows in df.groupby("precision", sort=False):
-        if ceilings is not None:
-            peak, peak_name = (ceilings.gflops_attainable if precision == "fp32" else None,
-                               "ceiling")
-            share = (f"; in brackets the share of the device's attainable fp32 ceiling, "
-                     f"{peak:.4g} GFLOP/s (see How far from the roof)" if peak else
-                     f"; the device's ceilings are fp32's, not {precision}'s")
-        else:
-            peak, peak_name = (fp32_peak * 1e3 if fp32_peak and precision == "fp32" else None,
-                               "peak")
-            share = (f"; in brackets the share of the device's FP32 peak, {peak:.4g} GFLOP/s"
-                     if peak else "; the device's peak is not known here (its ceilings were "
-                     "not measured for this run)")
+@dataclass(frozen=True)
+class _Run:
+    """What report.md's sections read: the results, env.json, the plots (file names, or the
+    note saying why there are none), the speed-up's baseline, and the busy and host-bound
+    tables several sections mention."""
+
+    df: pd.DataFrame
+    env: dict
+    plots: list[str] | str
+    baseline: str | None
+    busy: pd.DataFrame
+    host_bound: pd.DataFrame
+
+
+#: The prose above each precision's winner table; `{share}` says what the bracketed share is of.
+WINNERS_PROSE = (
+    "Per layer and pass, across every algorithm and layout: the fastest, its median "
+    "ms with the 95% interval of the median (order statistics), its GFLOP/s "
+    "(direct-convolution flops over the median{share}), the "
+    "runner-up and the ratio of their medians with its 95% interval (bootstrap, "
+    "paired by round: they were timed side by side), and the algorithms that did "
+    "not run, by status (their reasons are under Not measured). The fastest wins "
+    "only where that interval excludes 1; otherwise it is a tie within noise with "
+    "the times named. `convbench advise RUN` turns this into a plan: one layout per "
+    "layer across its passes, the NCHW<->NHWC conversions weighed, ties broken by "
+    "workspace (or `--tie-break`).")
+
+
+def _peak(run: _Run, precision: str) -> tuple[float | None, str, str]:
+    """The rate a winner's share is of at `precision`, its name, and the clause saying so: the
+    measured fp32 ceiling, else (a run from before the ceilings) the device's FP32 peak."""
+    ceilings = from_env(run.env)
+    if ceilings is not None:
+        peak = ceilings.gflops_attainable if precision == "fp32" else None
+        return peak, "ceiling", (
+            f"; in brackets the share of the device's attainable fp32 ceiling, "
+            f"{peak:.4g} GFLOP/s (see How far from the roof)" if peak else
+            f"; the device's ceilings are fp32's, not {precision}'s")
+    fp32_peak = (run.env.get("gpu") or {}).get("fp32_peak_tflops") if run.env else None
+    peak = fp32_peak * 1e3 if fp32_peak and precision == "fp32" else None
+    return peak, "peak", (
+        f"; in brackets the share of the device's FP32 peak, {peak:.4g} GFLOP/s"
+        if peak else "; the device's peak is not known here (its ceilings were "
+        "not measured for this run)")
+
+
+def _winners(run: _Run) -> list[str]:
+    out = []
+    for precision, rows in run.df.groupby("precision", sort=False):
+        peak, peak_name, share = _peak(run, precision)
         winners = winner_table(rows, peak, peak_name)
         if winners.empty:
             continue
         out += [f"## Which wins ({precision})", "",
-                ("Per layer and pass, across every algorithm and layout: the fastest, its median "
-                 "ms with the 95% interval of the median (order statistics), its GFLOP/s "
-                 "(direct-convolution flops over the median" + share + "), the "
-                 "runner-up and the ratio of their medians with its 95% interval (bootstrap, "
-                 "paired by round: they were timed side by side), and the algorithms that did "
-                 "not run, by status (their reasons are under Not measured). The fastest wins "
-                 "only where that interval excludes 1; otherwise it is a tie within noise with "
-                 "the times named. `convbench advise RUN` turns this into a plan: one layout per "
-                 "layer across its passes, the NCHW<->NHWC conversions weighed, ties broken by "
-                 "workspace (or `--tie-break`)."
-                 + (" Times measured on a busy machine do not compete." if len(busy) else "")),
+                (WINNERS_PROSE.format(share=share)
+                 + (" Times measured on a busy machine do not compete." if len(run.busy)
+                    else "")),
                 "", md_table(winners), ""]
-    out += ["## Time per layer", "",
-            (f"Median ms per pass; `{BEST.strip()}` marks the fastest algorithm of each layer "
-             f"where it wins beyond noise, `{TIED.strip()}` the fastest and the times tied with "
-             f"it where it does not; `{NOISY}` a noisy measurement{host_note}{busy_note}."), ""]
-    for (precision, pass_, layout), rows in df.groupby(["precision", "pass", "layout"],
-                                                       sort=False):
+    return out
+
+
+def _times(run: _Run) -> list[str]:
+    host_note = (f", `{HOST_BOUND}` a time the host may have set (see Host-bound measurements)"
+                 if len(run.host_bound) else "")
+    busy_note = (f", `{BUSY}` a time measured on a busy machine (see Busy machine)"
+                 if len(run.busy) else "")
+    out = ["## Time per layer", "",
+           (f"Median ms per pass; `{BEST.strip()}` marks the fastest algorithm of each layer "
+            f"where it wins beyond noise, `{TIED.strip()}` the fastest and the times tied with "
+            f"it where it does not; `{NOISY}` a noisy measurement{host_note}{busy_note}."), ""]
+    for (precision, pass_, layout), rows in run.df.groupby(["precision", "pass", "layout"],
+                                                           sort=False):
         out += [f"### {pass_}, {layout}, {precision}", "", md_table(time_table(rows)), ""]
-    out += network_section(df, env)
-    out += roof_section(df, env)
-    out += ["## Operation counts", "",
+    return out
+
+
+def _op_counts(run: _Run) -> list[str]:
+    return ["## Operation counts", "",
             ("Theoretical GFLOP per pass (`opcount.py`); n/a where the kernel is the library's "
-             "choice or the algorithm does not apply."), "", md_table(op_table(df)), ""]
-    if df["workspace_bytes"].notna().any():
-        out += ["## Workspace", "", "MiB beyond inputs and output, as measured cases declared.",
-                "", md_table(workspace_table(df)), ""]
-    if df["peak_bytes"].notna().any():
-        out += ["## Peak memory", "",
-                ("MiB allocated beyond inputs and output while the prepared pass ran (its held "
-                 "buffers and every temporary), measured on the untimed verifying call:"),
-                *memory_methods(df), "", md_table(peak_table(df)), ""]
-    out += accuracy_section(df)
-    out += phase_section(df)
-    if (df["status"] != "ok").any():
-        out += ["## Not measured", "", md_table(not_measured(df)), ""]
-    noisy = df["noisy"].map(flag).sum()
-    if noisy:
-        out += ["## Noisy measurements", "",
-                (f"{noisy} of {(df['status'] == 'ok').sum()} measurements have IQR/median > "
-                 f"{NOISE_THRESHOLD}: marked `{NOISY}` in the time tables, `noisy` in "
-                 f"{RESULTS_CSV}."), ""]
-    if len(busy):
-        out += ["## Busy machine", "",
-                (f"{len(busy)} of {(df['status'] == 'ok').sum()} times were measured while the "
-                 "machine was busy: on the CPU, other processes kept the pass's threads off the "
-                 "cores they were ready to run on, or the hypervisor gave the cores to other "
-                 f"machines (less than {CONTENDED_SHARE:.0%} of their ready time on a core: "
-                 f"`cpu_share` times 1 - `stolen` in {RESULTS_CSV}), on the GPU its clocks "
-                 "were held down (`throttled`). They "
-                 f"are marked `{BUSY}`, compete for no win here and are left out of advice "
-                 "(`--include-busy` takes them); measure them again on a quiet machine."), "",
-                md_table(busy), ""]
-    if len(host_bound):
-        out += ["## Host-bound measurements", "",
-                (f"{len(host_bound)} GPU measurements may hold time the GPU spent waiting for "
-                 "the host (Python, the launches): in more than a tenth of their repetitions "
-                 "the host took longer to issue the pass than the head start the GPU was given "
-                 f"(`host_bound` in {RESULTS_CSV}; for rows from before the head start, the host "
-                 "took half the GPU's time or more). These times are upper bounds of the "
-                 f"kernels' own. Marked `{HOST_BOUND}` in the time tables."), "",
-                md_table(host_bound), ""]
-    out += ["## Plots", ""]
-    out += [plots] if isinstance(plots, str) else [f"![{Path(p).stem}]({p})" for p in plots]
-    return "\n".join(out) + "\n"
+             "choice or the algorithm does not apply."), "", md_table(op_table(run.df)), ""]
+
+
+def _workspace(run: _Run) -> list[str]:
+    if not run.df["workspace_bytes"].notna().any():
+        return []
+    return ["## Workspace", "", "MiB beyond inputs and output, as measured cases declared.",
+            "", md_table(workspace_table(run.df)), ""]
+
+
+def _peak_memory(run: _Run) -> list[str]:
+    if not run.df["peak_bytes"].notna().any():
+        return []
+    return ["## Peak memory", "",
+            ("MiB allocated beyond inputs and output while the prepared pass ran (its held "
+             "buffers and every temporary), measured on the untimed verifying call:"),
+            *memory_methods(run.df), "", md_table(peak_table(run.df)), ""]
+
+
+def _not_measured(run: _Run) -> list[str]:
+    if not (run.df["status"] != "ok").any():
+        return []
+    return ["## Not measured", "", md_table(not_measured(run.df)), ""]
+
+
+def _noisy(run: _Run) -> list[str]:
+    noisy = run.df["noisy"].map(flag).sum()
+    if not noisy:
+        return []
+    return ["## Noisy measurements", "",
+            (f"{noisy} of {(run.df['status'] == 'ok').sum()} measurements have IQR/median > "
+             f"{NOISE_THRESHOLD}: marked `{NOISY}` in the time tables, `noisy` in "
+             f"{RESULTS_CSV}."), ""]
+
+
+def _flagged(title: str, table: pd.DataFrame, prose: str) -> list[str]:
+    """A section of flagged times: its prose and their table; [] where none is flagged."""
+    return [f"## {title}", "", prose, "", md_table(table), ""] if len(table) else []
+
+
+def _busy(run: _Run) -> list[str]:
+    return _flagged("Busy machine", run.busy, (
+        f"{len(run.busy)} of {(run.df['status'] == 'ok').sum()} times were measured while "
+        "the machine was busy: on the CPU, other processes kept the pass's threads off the "
+        "cores they were ready to run on, or the hypervisor gave the cores to other "
+        f"machines (less than {CONTENDED_SHARE:.0%} of their ready time on a core: "
+        f"`cpu_share` times 1 - `stolen` in {RESULTS_CSV}), on the GPU its clocks "
+        "were held down (`throttled`). They "
+        f"are marked `{BUSY}`, compete for no win here and are left out of advice "
+        "(`--include-busy` takes them); measure them again on a quiet machine."))
+
+
+def _host_bound(run: _Run) -> list[str]:
+    return _flagged("Host-bound measurements", run.host_bound, (
+        f"{len(run.host_bound)} GPU measurements may hold time the GPU spent waiting for "
+        "the host (Python, the launches): in more than a tenth of their repetitions "
+        "the host took longer to issue the pass than the head start the GPU was given "
+        f"(`host_bound` in {RESULTS_CSV}; for rows from before the head start, the host "
+        "took half the GPU's time or more). These times are upper bounds of the "
+        f"kernels' own. Marked `{HOST_BOUND}` in the time tables."))
+
+
+def _plots(run: _Run) -> list[str]:
+    plots = run.plots
+    return ["## Plots", "",
+            *([plots] if isinstance(plots, str) else [f"![{Path(p).stem}]({p})" for p in plots])]
+
+
+#: report.md's sections in reading order, each a function of the run to its lines ([] where it
+#: has nothing to say).
+SECTIONS: tuple[Callable[[_Run], list[str]], ...] = (
+    lambda run: header(run.df, run.env),
+    lambda run: torch_section(run.df),
+    lambda run: speedup_section(run.df, run.env, run.baseline),
+    _winners,
+    _times,
+    lambda run: network_section(run.df, run.env),
+    lambda run: roof_section(run.df, run.env),
+    _op_counts,
+    _workspace,
+    _peak_memory,
+    lambda run: accuracy_section(run.df),
+    lambda run: phase_section(run.df),
+    _not_measured,
+    _noisy,
+    _busy,
+    _host_bound,
+    _plots,
+)
+
+
+def markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = (),
+             baseline: str | None = None) -> str:
+    """report.md: the header, the best of ours against torch per layer and pass, for many
+    problems the speed-up over a baseline, which wins each layer, time tables per pass and
+    layout, op counts, workspace, accuracy, the phase breakdown, what was not measured and why,
+    noisy measurements, and the plots (`plots`: file names, or the note saying why there are
+    none): `SECTIONS`, in order."""
+    run = _Run(df, env, plots, baseline, busy_table(df), host_bound_table(df))
+    return "\n".join(line for section in SECTIONS for line in section(run)) + "\n"
