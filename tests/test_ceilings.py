@@ -11,9 +11,7 @@ import pytest
 
 from convbench.machine import host
 from convbench.measure import ceilings as C
-from convbench.measure.ceilings import cpu
-from convbench.measure.ceilings import gpu
-from convbench.measure.ceilings import roofline
+from convbench.measure.ceilings import cpu, gpu, roofline
 
 # the real `measure` (every other test module gets conftest's fake)
 pytestmark = pytest.mark.usefixtures("real_ceilings")

@@ -398,10 +398,11 @@ def test_the_whole_step_of_each_model_is_a_section_and_a_folder(tmp_path, monkey
     """The GPU check's training-step part: each model through `trainstep.compare` in the
     check's configurations, its folder written and its table in the section; a model that
     cannot run is one line, the others run."""
+    from test_confirm import Net
+
     from convbench.cli import gpucheck as cli_gpucheck
     from convbench.planning.plan import Plan
     from convbench.studies import trainstep
-    from test_confirm import Net
 
     seen = []
 

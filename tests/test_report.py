@@ -470,6 +470,21 @@ def test_the_header_states_the_ceilings_and_the_winners_their_share():
     assert f"{gflops:.4g} ({gflops / 100:.0%} of ceiling)" in text
 
 
+def test_a_measured_fma_peak_above_the_sgemm_is_the_roof_the_report_reads_and_names():
+    df = results.frame(rows(TIMES))
+    env = ceilings_env(gflops_peak_measured=200.0,
+                       methods={"attainable": "torch on square", "peak_measured": "fake loop"})
+    text = report.markdown(df, env)
+    header = text.split("## Which wins")[0]
+    assert "  - measured FMA peak: 200 GFLOP/s (fake loop)" in header
+    assert "  - compute roof: 200 GFLOP/s, the measured FMA peak" in header
+    assert "the share of the device's fp32 compute roof (the measured FMA peak), 200" in text
+    assert "a share of the fp32 compute roof, 200 GFLOP/s (the measured FMA peak)" in text
+    gflops = df.loc[(df["algo"] == "gemm") & (df["layer"] == "conv4")
+                    & (df["pass"] == "fwd"), "gflops"].iloc[0]
+    assert f"{gflops:.4g} ({gflops / 200:.0%} of ceiling)" in text
+
+
 def test_each_row_s_share_of_the_ceiling_in_direct_flops_and_own_ops_and_its_bound():
     from convbench.measure import ceilings, memory
 

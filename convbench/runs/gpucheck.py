@@ -198,9 +198,8 @@ def run_tests(log: Path, pytest_args: tuple[str, ...] = PYTEST_ARGS,
     started = time.monotonic()
     timed_out = False
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "pytest", *pytest_args], cwd=root,
-                                stdout=out, stderr=subprocess.STDOUT,
-                                preexec_fn=_sigint_default)
+        proc = subprocess.Popen([sys.executable, "-c", PYTEST_WITH_SIGINT, *pytest_args],
+                                cwd=root, stdout=out, stderr=subprocess.STDOUT)
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -219,12 +218,16 @@ def run_tests(log: Path, pytest_args: tuple[str, ...] = PYTEST_ARGS,
     return Tests(proc.returncode, last, pytest_args, time.monotonic() - started)
 
 
-def _sigint_default() -> None:
-    """In the tests' process, before it runs: SIGINT by default. A command started in the
-    background by a shell without job control inherits SIGINT ignored, and Python then leaves
-    it ignored, so the interrupt at the time limit would do nothing and the tests would be
-    killed without their summary (seen in a backgrounded CI run)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+#: The tests' process: pytest with SIGINT raising KeyboardInterrupt, as in a terminal. A command
+#: started in the background by a shell without job control inherits SIGINT ignored, and Python
+#: then leaves it ignored, so the interrupt at the time limit would do nothing and the tests
+#: would be killed without their summary (seen in a backgrounded CI run). Set in the child's
+#: own code, not by a `preexec_fn`, which is unsafe where this process runs threads (NVML's
+#: sampler).
+PYTEST_WITH_SIGINT = ("import signal, sys\n"
+                      "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+                      "import pytest\n"
+                      "sys.exit(pytest.main(sys.argv[1:]))")
 
 
 def never_tiles(case: runner.Case) -> bool:

@@ -254,6 +254,11 @@ def ceilings_lines(env: dict | None) -> list[str]:
            (f"  - attainable fp32: {_rate(c.gflops_attainable, 'GFLOP/s')}, {backend or '?'}"
             + (f" on {_product(c, shape)}" if shape else "")
             + " (the fastest SGEMM of the libraries here)"),
+           *([(f"  - measured FMA peak: {_rate(c.gflops_peak_measured, 'GFLOP/s')} "
+               f"({c.methods.get('peak_measured', '')})"),
+              (f"  - compute roof: {_rate(c.compute_roof[0], 'GFLOP/s')}, {c.compute_roof[1]} "
+               "(the larger of the two: every share of the roof below is of it)")]
+             if c.gflops_peak_measured else []),
            (f"  - theoretical peak: {_rate(c.gflops_peak_theoretical, 'GFLOP/s')} "
             f"({c.peak_method})"),
            (f"  - bandwidth: {_rate(c.bandwidth_gbs_dram, 'GB/s')} beyond cache, "
@@ -324,11 +329,14 @@ def roof_section(df: pd.DataFrame, env: dict | None) -> list[str]:
     if roof.empty:
         return out + [(f"No verified {ROOF_PRECISION} row: the ceilings are {ROOF_PRECISION}'s, "
                        "and rows of other precisions are not read against them."), ""]
-    ridge = (f", the ridge at {ceilings.gflops_attainable / ceilings.bandwidth_gbs_dram:.3g} "
+    compute, which = ceilings.compute_roof
+    ridge = (f", the ridge at {compute / ceilings.bandwidth_gbs_dram:.3g} "
              "flop/byte" if ceilings.bandwidth_gbs_dram else "")
+    named = (f"the {ROOF_PRECISION} compute roof, {compute:.4g} GFLOP/s ({which})"
+             if ceilings.gflops_peak_measured else
+             f"the attainable {ROOF_PRECISION} ceiling, {compute:.4g} GFLOP/s")
     out += [(f"Each verified {ROOF_PRECISION} row against {ceilings.model}'s ceilings (in the "
-             f"header): its rate as a share of the attainable {ROOF_PRECISION} ceiling, "
-             f"{ceilings.gflops_attainable:.4g} GFLOP/s, counted two ways: in direct-convolution "
+             f"header): its rate as a share of {named}, counted two ways: in direct-convolution "
              "flops over its median (`% of ceiling (direct flops)`: above 100% only where the "
              "algorithm does fewer operations than the direct convolution, FFT and Winograd), "
              "and in the algorithm's own operations (`algo_ops`, the Operation counts; `% of "
@@ -336,7 +344,9 @@ def roof_section(df: pd.DataFrame, env: dict | None) -> list[str]:
              "`flop/byte`: its own operations over the fewest bytes its pass can move (its two "
              f"inputs and its output once each, {ROOF_ELEMENT_BYTES} bytes an element, plus the "
              "workspace it declares; caches and re-reads move more, so this intensity is an "
-             "upper bound). `bound`: the lower roof at that intensity, the attainable compute "
+             "upper bound). `bound`: the lower roof at that intensity, the "
+             + ("compute roof " if ceilings.gflops_peak_measured else "attainable compute ")
+             + 
              f"or the DRAM bandwidth ({_rate(ceilings.bandwidth_gbs_dram, 'GB/s')}{ridge}), and "
              "`% of roof` the share of it attained. A library's choice of kernel has no "
              "operation count of its own: its intensity is read in direct flops (`d`). Any "
@@ -451,9 +461,11 @@ def _peak(run: _Run, precision: str) -> tuple[float | None, str, str]:
     measured fp32 ceiling, else (a run from before the ceilings) the device's FP32 peak."""
     ceilings = from_env(run.env)
     if ceilings is not None:
-        peak = ceilings.gflops_attainable if precision == "fp32" else None
+        peak = ceilings.compute_roof[0] if precision == "fp32" else None
+        roof = (f"fp32 compute roof ({ceilings.compute_roof[1]})"
+                if ceilings.gflops_peak_measured else "attainable fp32 ceiling")
         return peak, "ceiling", (
-            f"; in brackets the share of the device's attainable fp32 ceiling, "
+            f"; in brackets the share of the device's {roof}, "
             f"{peak:.4g} GFLOP/s (see How far from the roof)" if peak else
             f"; the device's ceilings are fp32's, not {precision}'s")
     fp32_peak = (run.env.get("gpu") or {}).get("fp32_peak_tflops") if run.env else None

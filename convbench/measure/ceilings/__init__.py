@@ -27,9 +27,9 @@ from ...machine.host import cache_dir
 from ...machine.threads import available_cores
 from ...machine.threads import count as thread_count
 from . import cpu, gpu
-from .record import SCHEMA, Ceilings, Product, from_env
 from .cpu import cpu_model, gemm_rates, measure_cpu, probe_openblas_coretype
 from .gpu import gpu_info, measure_gpu
+from .record import SCHEMA, Ceilings, Product, from_env
 from .roofline import MARGIN, bound, implausible, roofline_point
 
 #: The measured-peak version a cached record must carry: records cached before the FMA peak was

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from ...machine import nvml
 from ...machine.threads import count as thread_count
-from .record import GPU_PRODUCTS, REPS, Ceilings, Product, library_versions, now
 from ..envinfo import FP32_LANES
+from .record import GPU_PRODUCTS, REPS, Ceilings, Product, library_versions, now
 
 #: The NVML sampling period while a GPU figure is timed.
 CLOCK_PERIOD_S = 0.005

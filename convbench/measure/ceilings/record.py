@@ -136,8 +136,8 @@ class Ceilings:
                   f"({self.gemm_backend})"),
                  *(f"    {b}: " + ", ".join(f"{s} {rate(g)}" for s, g in by.items())
                    for b, by in self.gflops_by_backend.items()),
-                 *([f"  measured FMA peak: {rate(self.gflops_peak_measured)} GFLOP/s "
-                    f"({self.methods.get('peak_measured', '')})"]
+                 *([(f"  measured FMA peak: {rate(self.gflops_peak_measured)} GFLOP/s "
+                     f"({self.methods.get('peak_measured', '')})")]
                    if self.gflops_peak_measured else []),
                  (f"  theoretical peak: {rate(self.gflops_peak_theoretical)} GFLOP/s "
                   f"({self.peak_method})"),
