@@ -353,6 +353,25 @@ def measure_peak(threads: int, reps: int = REPS, scale: float = 1.0,
     return rates[fastest.width], fma.describe(fastest, threads, rates, reps, seconds)
 
 
+def _methods(reps: int, n: int, products: Sequence[Product], rates: Mapping,
+             blas: Mapping) -> dict[str, str]:
+    """How the GEMM rates and the bandwidths were measured, for the record's `methods`."""
+    return {
+        "gflops": (f"best of {reps} after a warm-up, libraries interleaved, {n} threads "
+                   f"(threadpoolctl limits and torch.set_num_threads); products: "
+                   + "; ".join(f"{p.name} {p.describe()}" for p in products)),
+        "backends": "; ".join(
+            [f"torch: torch.matmul (BLAS_INFO={_torch_blas()})"] * ("torch" in rates)
+            + [(f"numpy: numpy @ ({blas.get('internal_api')} {blas.get('version')}, core "
+                f"type {blas.get('architecture')}, {blas.get('threading_layer')})")]),
+        "bandwidth": ("STREAM copy a = b (2 arrays counted) and triad a = b + s*c (3 arrays "
+                      "counted), write-allocate not counted; numpy's triad is two in-place "
+                      "passes (multiply, then add), so it moves 5 arrays and its figure "
+                      "understates; torch's is one fused pass (torch.add alpha) on torch's "
+                      f"threads, numpy's one thread; best of {reps}"),
+    }
+
+
 def measure_cpu(threads: int | None = None, *, scale: float = 1.0, reps: int = REPS,
                 products: Sequence[Product] = CPU_PRODUCTS) -> Ceilings:
     """The CPU's ceilings, measured now (a few seconds at `scale` 1; tests use less)."""
@@ -379,27 +398,12 @@ def measure_cpu(threads: int | None = None, *, scale: float = 1.0, reps: int = R
     l2 = caches.get(2)
     cache = stream(l2 // 2 // 3, n, reps, starved) if l2 else {}
     blas = numpy_blas()
-    torch_blas = _torch_blas()
-    methods = {
-        "gflops": (f"best of {reps} after a warm-up, libraries interleaved, {n} threads "
-                   f"(threadpoolctl limits and torch.set_num_threads); products: "
-                   + "; ".join(f"{p.name} {p.describe()}" for p in scaled)),
-        "backends": "; ".join(
-            [f"torch: torch.matmul (BLAS_INFO={torch_blas})"] * ("torch" in rates)
-            + [(f"numpy: numpy @ ({blas.get('internal_api')} {blas.get('version')}, core "
-                f"type {blas.get('architecture')}, {blas.get('threading_layer')})")]),
-        "attainable": f"{backend} on {shape}",
-        "peak_measured": measured_method,
-        "bandwidth": ("STREAM copy a = b (2 arrays counted) and triad a = b + s*c (3 arrays "
-                      "counted), write-allocate not counted; numpy's triad is two in-place "
-                      "passes (multiply, then add), so it moves 5 arrays and its figure "
-                      "understates; torch's is one fused pass (torch.add alpha) on torch's "
-                      f"threads, numpy's one thread; best of {reps}"),
-        "bandwidth_dram": dram_note,
-        "bandwidth_cache": (f"arrays of {l2 // 2 // 3 >> 10} KiB each (three within half of "
-                            f"L2 = {l2 >> 10} KiB), each call repeated to move "
-                            f"{CACHE_CALL_BYTES >> 20} MiB" if l2 else "L2 size unreadable"),
-    }
+    methods = {**_methods(reps, n, scaled, rates, blas), "attainable": f"{backend} on {shape}",
+               "peak_measured": measured_method, "bandwidth_dram": dram_note,
+               "bandwidth_cache": (f"arrays of {l2 // 2 // 3 >> 10} KiB each (three within half "
+                                   f"of L2 = {l2 >> 10} KiB), each call repeated to move "
+                                   f"{CACHE_CALL_BYTES >> 20} MiB" if l2 else
+                                   "L2 size unreadable")}
     if starved:
         methods["contended"] = ("the machine gave these less than their cores (other work "
                                 "ran), so they are low: " + "; ".join(starved)
