@@ -207,6 +207,7 @@ def test_jit_kernels_are_their_templates_rendered(templates, source):
     code = [line for line in source.splitlines() if not line.lstrip().startswith("#")]
     assert not [line for line in code if "$" in line]
     assert f"PARALLEL = {jit.PARALLEL!r}" in code and f"SERIAL = {jit.SERIAL!r}" in code
+    assert f"PARALLEL_FRESH = {jit.PARALLEL_FRESH!r}" in code
     _reads_like(templates, source)
 
 

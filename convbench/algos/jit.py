@@ -31,6 +31,12 @@ from ..machine import host, threads
 #: a change here changes its hash (`load`) and never meets an old cache.
 SERIAL = dict(fastmath=True, cache=True, nogil=True)
 PARALLEL = dict(SERIAL, parallel=True)
+#: A parallel kernel compiled in each process, not read from the disk cache: Numba's parallel
+#: code loaded from its cache is optimised otherwise than compiled fresh (numba issues #8085,
+#: #10617), and depthwise's nhwc bwd_filter ran 1.2x slower so (2-core AMD EPYC, 8x28x28x144:
+#: 0.61 against 0.43-0.50 ms fresh, the same source in one process). Those kernels were never
+#: cached before the templates (closures), and compile in `prepare`, never in a timed call.
+PARALLEL_FRESH = dict(PARALLEL, cache=False)
 
 #: Where the kernels' templates are.
 TEMPLATES = Path(__file__).with_name("templates")
@@ -88,7 +94,8 @@ def source(names: list[str], what: str, lines: dict[str, list[str]] | None = Non
     """The module of templates `names` rendered for one shape (`what` says which, in its
     docstring), after the header that imports Numba and spells its options."""
     header = render(template("header"), names=", ".join(f"{n}.py.tmpl" for n in names),
-                    what=what, SERIAL=repr(SERIAL), PARALLEL=repr(PARALLEL))
+                    what=what, SERIAL=repr(SERIAL), PARALLEL=repr(PARALLEL),
+                    PARALLEL_FRESH=repr(PARALLEL_FRESH))
     return header + render("\n\n".join(template(n) for n in names), lines, **values)
 
 
