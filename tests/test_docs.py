@@ -271,6 +271,25 @@ def test_every_algorithm_a_page_names_is_registered(page):
     assert unknown_algorithms(page.read_text()) == []
 
 
+def documented_columns(text: str) -> list[str]:
+    """The columns the results-folder page's measurements.csv table names (its first cells)."""
+    section = text.split("## `measurements.csv`")[1].split("\n## ")[0]
+    return [name for line in section.splitlines() if line.startswith("| `")
+            for name in re.findall(r"`([^`]+)`", line.split(" | ")[0])]
+
+
+def test_the_results_page_names_every_column_and_no_other():
+    """#47: the page's column table is the row record's columns, no more and no fewer (a
+    column renamed in `results.Row` and not on the page, or named on the page and gone from
+    the code, fails here)."""
+    from convbench.core import results
+
+    named = documented_columns((DOCS / "pages" / "results-folder.md").read_text())
+    assert sorted(named) == sorted(results.COLUMNS)
+    text = "## `measurements.csv`\n\n| `layer` | x |\n| `median_ms`, `speed` | y |\n"
+    assert documented_columns(text) == ["layer", "median_ms", "speed"]  # it reads every name
+
+
 def _hooks():
     """docs/hooks.py, as the docs build loads it (it needs mkdocs: skipped without it)."""
     pytest.importorskip("mkdocs", reason="the docs extra is not installed here")
