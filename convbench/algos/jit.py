@@ -33,9 +33,9 @@ SERIAL = dict(fastmath=True, cache=True, nogil=True)
 PARALLEL = dict(SERIAL, parallel=True)
 #: A parallel kernel compiled in each process, not read from the disk cache: Numba's parallel
 #: code loaded from its cache is optimised otherwise than compiled fresh (numba issues #8085,
-#: #10617), and depthwise's nhwc bwd_filter ran 1.2x slower so (2-core AMD EPYC, 8x28x28x144:
-#: 0.61 against 0.43-0.50 ms fresh, the same source in one process). Those kernels were never
-#: cached before the templates (closures), and compile in `prepare`, never in a timed call.
+#: #10617), and depthwise's nhwc kernels ran slower so (measured: docs/pages/changes.md).
+#: Those kernels were never cached before the templates (closures), and compile in `prepare`,
+#: never in a timed call.
 PARALLEL_FRESH = dict(PARALLEL, cache=False)
 
 #: Where the kernels' templates are.

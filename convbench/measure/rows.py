@@ -75,8 +75,8 @@ def guarded_row(r: dict, case: Case, ready: Ready, ceilings: Ceilings | None) ->
 def median_repetition(t: Timed) -> dict[str, Measurement]:
     """Each step's time in the repetition whose total is `t`'s median (the mean of the two
     middle ones where the count is even): a phase table that adds up to the pass's median
-    exactly. Each phase's own median would not (in one AlexNet conv1 row they summed to 2.2x
-    the pass): a pass's median repetition is not made of each phase's median one."""
+    exactly. Each phase's own median would not: a pass's median repetition is not made of
+    each phase's median one (docs/pages/measurement.md has a measured case)."""
     totals = np.asarray(t.total.times_ms)
     order = np.argsort(totals, kind="stable")
     n = len(order)

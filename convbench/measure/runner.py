@@ -31,10 +31,10 @@ inverse) is timed in the rounds as its sequence of phases, a timestamp between e
 time is, repetition by repetition, the sum of its phases, and `phases_ms` each phase's time in
 its median repetition (`rows.median_repetition`), beside the same competitors: the phase
 table adds up to the pass. (Timed apart after the rounds, with warm caches and no competitor
-between repetitions, each phase's median added up to as much as 2.2x the pass.) A phase the
-pass would not run in training code is timed but left out of its time (`phases.APART`: the
-copy of a library's own result into the harness's output, an explicit pad or crop), and the
-note says what it took.
+between repetitions, the phases' medians disagreed with the pass: docs/pages/measurement.md.)
+A phase the pass would not run in training code is timed but left out of its time
+(`phases.APART`: the copy of a library's own result into the harness's output, an explicit pad
+or crop), and the note says what it took.
 
 Each row is built by `rows`, which also fails a timed row faster than the device's ceilings
 allow (`rows.plausibility`; docs/pages/design.md §5).

@@ -2,8 +2,7 @@
 widest vectors the CPU runs, on every thread at once, at the clock that actually runs.
 
 A library's SGEMM is not the roof: it loads, packs and stores, and a convolution library's own
-kernels can beat it (oneDNN's conv3 ran at 228 GFLOP/s against a 194.5 SGEMM on a 2-core AMD
-EPYC), while a peak computed from the clock /proc reports (a VM's nominal clock, not its turbo)
+kernels can beat it (docs/pages/measurement.md has the measured case), while a peak computed from the clock /proc reports (a VM's nominal clock, not its turbo)
 can be lower than both. So the roof is measured the way the hardware is specified: a loop of
 independent vector FMAs (`ACCUMULATORS` chains, more than latency x FMA units needs, so the
 units never wait) built as LLVM IR with llvmlite (Numba's own compiler, so nothing to install)
@@ -137,9 +136,9 @@ def kernel(width: int, accumulators: int = ACCUMULATORS) -> Kernel:
     machine = _target_machine()
     module = llvm.parse_assembly(fma_loop_ir(width, accumulators))
     module.verify()
+    asm = machine.emit_assembly(module)  # before the engine owns the module
     engine = llvm.create_mcjit_compiler(module, machine)
     engine.finalize_object()
-    asm = machine.emit_assembly(llvm.parse_assembly(fma_loop_ir(width, accumulators)))
     call = _FN(engine.get_function_address("fma_loop"))
     call._engine = engine  # the code lives as long as the engine: keep it with the callable
     return Kernel(call, width, accumulators, _instruction(asm))
