@@ -85,8 +85,7 @@ def median_repetition(t: Timed) -> dict[str, Measurement]:
             for name, m in t.steps.items()}
 
 
-def timed_row(case: Case, ready: Ready, t: Timed, phases: dict[str, Measurement] | None,
-              group: str, note: str) -> dict:
+def timed_row(case: Case, ready: Ready, t: Timed, group: str, note: str) -> dict:
     """`case`'s `ok` row: its rounds' time `t`, its phases where it has them (timed as the
     pass, in the same repetitions: `median_repetition`'s, which add up to its time), and `note`
     with what the time leaves out (an explicit pad, a crop, a library's copy)."""
@@ -96,7 +95,8 @@ def timed_row(case: Case, ready: Ready, t: Timed, phases: dict[str, Measurement]
             note += (f"{'; ' if note else ''}time without the {t.steps[step].median:.4g} "
                      f"ms {what}")
     return row(case, "ok", "", ready.check, t.total, note, ready.workspace, ready.peak_bytes,
-               ready.memory_method, phases and median_repetition(t), stop=t.stop, round_group=group,
+               ready.memory_method, median_repetition(t) if ready.phase_fns else None,
+               stop=t.stop, round_group=group,
                throttled="; ".join(t.throttled))
 
 

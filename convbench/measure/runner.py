@@ -437,8 +437,6 @@ def _time_part(part: list[tuple[Case, Ready]], budget_s: float, target: float,
         with _stage("time"):
             timed = timing.time_rounds([_contender(i, ready) for i, (_, ready)
                                         in enumerate(part)], budget_s, backend, **options)
-            phases = [t.steps if ready.phase_fns else None
-                      for t, (_, ready) in zip(timed, part)]
     except _Blame as blame:
         case = part[blame.index][0]
         nm = _not_measured(blame.__cause__)
@@ -458,24 +456,24 @@ def _time_part(part: list[tuple[Case, Ready]], budget_s: float, target: float,
             fault.done = rows[1:]
             raise fault from exc
         return rows
-    return _timed_rows(part, timed, phases, group, ceilings)
+    return _timed_rows(part, timed, group, ceilings)
 
 
-def _timed_rows(part: list[tuple[Case, Ready]], timed: list, phases: list, group: str,
+def _timed_rows(part: list[tuple[Case, Ready]], timed: list, group: str,
                 ceilings: Ceilings | None) -> list[dict]:
     """The rows of a part timed together, each described and guarded (`guarded_row`); a row
     that cannot be made is `failed` and the rest go on, unless the GPU faulted describing it:
     then the rest are rows without a description, and DeviceFault is raised with them."""
     out: list[dict] = []
     faulted: dict | None = None
-    for (case, ready), t, ph in zip(part, timed, phases):
+    for (case, ready), t in zip(part, timed):
         if faulted is not None:  # timed before the fault; no description can be made now
             out.append(guarded_row(timed_row(
-                case, ready, t, ph, group, "(no description: the GPU faulted describing "
+                case, ready, t, group, "(no description: the GPU faulted describing "
                 f"{faulted['algo']} {faulted['layout']})"), case, ready, ceilings))
             continue
         try:
-            out.append(guarded_row(timed_row(case, ready, t, ph, group, _note(case, ready)),
+            out.append(guarded_row(timed_row(case, ready, t, group, _note(case, ready)),
                                    case, ready, ceilings))
         except Exception as exc:  # noqa: BLE001 - the row's, unless the GPU faulted
             nm = _not_measured(exc)
