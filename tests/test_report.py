@@ -706,3 +706,13 @@ def test_torch_s_convolution_is_what_a_model_runs_not_cudnn_s_algorithms_one_by_
     assert [a for a in ("torch-cpu", "cudnn", "cudnn-autotune", "cudnn-find-fft", "gemm",
                         "gemm-cublas") if speedup.is_torchs(a)] == ["torch-cpu", "cudnn",
                                                                    "cudnn-autotune"]
+
+
+def test_a_run_interrupted_before_its_first_row_still_gets_its_report(tmp_path):
+    """Ctrl-C before any row is measured: the report is written, with no plots (matplotlib
+    raised on a figure of no columns, and the command ended in a traceback)."""
+    df = results.frame([])
+    assert df.empty
+    text = report.write(tmp_path, df, {})
+    assert (tmp_path / "report.md").read_text() == text
+    assert not list(tmp_path.glob("*.png"))

@@ -50,7 +50,10 @@ def plot(df: pd.DataFrame, folder: str | Path, env: dict | None = None,
     grouped bars of time per layer per algorithm (a panel per layout) and the op counts per
     layer per algorithm (up to `MAX_BAR_LAYERS` layers), the phase breakdown where rows have
     phases, and the roofline where env.json has the device's ceilings (`roofline_plot`).
-    Returns the file names, or a note when matplotlib is missing."""
+    Returns the file names (none for a run without rows: one interrupted before its first),
+    or a note when matplotlib is missing."""
+    if df.empty:
+        return []
     plt = pyplot()
     if plt is None:
         return NO_MATPLOTLIB
