@@ -133,13 +133,13 @@ def test_train_step_command(tmp_path, capsys, monkeypatch):
 
     def fake_times(load, batch, device, budget_s, plan_file, log=None, mode="train",
                    configs=None):
-        seen.update(net=load.name, batch=batch, budget_s=budget_s,
+        seen.update(net=load.name, batch=batch, budget_s=budget_s, configs=configs,
                     plan=json.loads(Path(plan_file).read_text()))
         return trainstep.with_speedups([
             {"config": c, "median_ms": 10.0 * (i + 1), "iqr_ms": 0.5, "reps": 9,
              "noisy": False, "first_loss": 6.9, "times_ms": [10.0 * (i + 1)] * 9,
              "applied": "| the plan |" if c == "plan" else ""}
-            for i, c in enumerate(trainstep.CONFIGS)])
+            for i, c in enumerate(configs)])
 
     monkeypatch.setattr(trainstep, "time_configs", fake_times)
     parser = argparse.ArgumentParser()
@@ -147,8 +147,10 @@ def test_train_step_command(tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
     args = parser.parse_args(["train-step", "--device", "cpu", "--batch", "1", "--algos",
                               "torch-cpu", "--tune-budget", "0.001", "--budget", "0.5",
-                              "--store", str(tmp_path / "store"), "--out", str(out)])
+                              "--store", str(tmp_path / "store"), "--out", str(out),
+                              "--configs", "plan,cudnn.benchmark"])
     assert args.func(args) == 0
+    assert seen["configs"] == trainstep.CONFIGS
     text = capsys.readouterr().out
     assert text.startswith("# train-step: alexnet on ")
     assert "- batch 1, 3x227x227 images, fp32 (TF32 off)" in text
@@ -172,12 +174,26 @@ def test_train_step_command(tmp_path, capsys, monkeypatch):
     (["--model", "nowhere:net", "--input", "1,3,8,8"], "nowhere"),
     (["--model", "torch.nn:Identity", "--input", "2,3,8,8", "--batch", "4"],
      "--batch 4 and --input's N 2 disagree"),
+    (["--configs", "compile"], "configuration 'compile'"),
+    (["--configs", ","], "no configuration given"),
 ])
 def test_a_model_form_that_cannot_run_is_one_line(capsys, argv, message):
     from test_cli import run_cli
 
     code, out, err = run_cli(capsys, "train-step", "--device", "cpu", *argv)
     assert code == 2 and out == "" and err.count("\n") == 1 and message in err
+
+
+def test_configs_choose_what_is_timed_and_the_baseline_always_runs():
+    """--configs is read in the workload's order, and its baseline is timed even when left
+    out: every speed-up is read against it."""
+    net, model = Workload.parse("alexnet"), Workload.of_model("torch.nn:Identity", (3, 8, 8))
+    assert cli_trainstep._configs("plan,cudnn.benchmark", net) == (
+        "defaults", "cudnn.benchmark", "plan")
+    assert cli_trainstep._configs("plan,channels_last", model) == (
+        "eager", "channels_last", "plan")
+    assert cli_trainstep._configs("all", model) == trainstep.MODEL_CONFIGS
+    assert cli_trainstep._configs(None, net) is None
 
 
 def test_a_users_model_has_five_configurations_a_catalog_net_three():

@@ -12,6 +12,7 @@ from ..studies import trainstep
 from ..studies.workload import CPU_STEP_BATCH, CPU_TUNE_BUDGET_S, Workload
 from .common import (
     UsageError,
+    choices,
     command_line,
     emit,
     model_options,
@@ -42,6 +43,17 @@ def _workload(args) -> tuple[Workload, int | None]:
     return Workload.of_model(args.model, tuple(chw)), n
 
 
+def _configs(text: str | None, load: Workload) -> tuple[str, ...] | None:
+    """The configurations of --configs, in the workload's order, its baseline (the first)
+    always among them, since every speed-up is read against it; None: all of them."""
+    if text is None:
+        return None
+    valid = trainstep.configs_of(load)
+    with usage_errors():
+        chosen = set(choices(text, "configuration", valid))
+    return tuple(c for i, c in enumerate(valid) if i == 0 or c in chosen)
+
+
 def cmd_train_step(args) -> int:
     device = args.device or default_device()
     backend = DEVICES[device].backend
@@ -53,11 +65,13 @@ def cmd_train_step(args) -> int:
     default_batch = not batch
     batch = batch or load.default_batch(backend)
     tune_budget = args.tune_budget or (CPU_TUNE_BUDGET_S if backend == "numpy" else None)
+    configs = _configs(args.configs, load)
     with usage_errors():
         rows, plan, tuning_s = trainstep.compare(
             load, batch, device, budget_s=args.time_budget, tune_budget_s=tune_budget,
             algos=args.algos, store=args.store,
-            log=lambda line: print(f"convbench: {line}", file=sys.stderr), mode=mode)
+            log=lambda line: print(f"convbench: {line}", file=sys.stderr), mode=mode,
+            configs=configs)
     env = envinfo.collect(backend)
     text = trainstep.markdown(rows, plan, load, batch, env["device"], backend, tuning_s,
                               default_batch=default_batch, mode=mode)
@@ -93,6 +107,10 @@ def add_parsers(sub) -> None:
                    help=f"seconds of timed repetitions per tuning measurement (default "
                         f"{CPU_TUNE_BUDGET_S} on cpu, the device's default on cuda)")
     p.add_argument("--algos", default="all", help="algorithms the advisor may choose from")
+    p.add_argument("--configs", help="comma list of the configurations to time (a catalog "
+                   f"net's: {', '.join(trainstep.CONFIGS)}; a model's: "
+                   f"{', '.join(trainstep.MODEL_CONFIGS)}); the first, the baseline, always "
+                   "runs (default: all)")
     p.add_argument("--store", help="plan store folder (default $CONVBENCH_PLAN_DIR, else "
                    "~/.cache/convbench/plans)")
     study_output_options(p, "trainstep", "trainstep.json, plan.json")
