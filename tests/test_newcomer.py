@@ -66,6 +66,22 @@ def test_worker_processes_beside_a_clone_import_the_package(beside_a_clone):
     assert _run(launch.module_command("convbench.core.results"), cwd, env).returncode == 0
 
 
+def test_worker_processes_of_a_checkout_that_is_not_installed_import_it(tmp_path):
+    """`python3 -m convbench` in a clone that is not installed (a GPU machine without a package
+    registry): the worker processes, started without the current directory on their path,
+    import the very package their parent runs, not another one installed."""
+    copy = tmp_path / "clone"
+    shutil.copytree(ROOT / "convbench", copy / "convbench",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    parent = ("import subprocess; from convbench.machine import launch; print(subprocess.run("
+              "launch.module_command('convbench.machine.launch'), capture_output=True, "
+              "text=True, check=True).stdout, end='')")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = _run([sys.executable, "-c", parent], copy, env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str((copy / "convbench").resolve())
+
+
 def test_every_command_leaves_quietly_when_its_reader_does(tmp_path):
     """`convbench ... | head`: exit 141 and no traceback, for outputs larger than a pipe holds
     (a report's JSON rows) and smaller (the end of `list`, flushed before exit)."""

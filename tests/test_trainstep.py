@@ -184,6 +184,43 @@ def test_a_model_form_that_cannot_run_is_one_line(capsys, argv, message):
     assert code == 2 and out == "" and err.count("\n") == 1 and message in err
 
 
+def test_the_tuning_process_runs_strict_fp32_like_the_timed_ones(monkeypatch, tmp_path):
+    """The plan is confirmed in the tuning process: TF32 must be off there as in the timed
+    processes, or an fp32 plan is weighed against TF32 convolutions (on a GPU)."""
+    import torch
+
+    from convbench.planning import tune
+
+    seen = {}
+
+    def fake_tune(model, x, **kw):
+        seen["tf32"] = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+        raise tune.TuneInterrupted(3, 5, tmp_path / "p.json", confirming=True)
+
+    monkeypatch.setattr(tune, "tune", fake_tune)
+    was = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        with pytest.raises(SystemExit) as stop:
+            trainstep.tune_here("alexnet", 1, "cpu", str(tmp_path / "plan.json"), 0.001,
+                                "torch-cpu", None)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = was
+    assert stop.value.code == 130 and seen["tf32"] == (False, False)
+
+
+def test_ctrl_c_in_train_step_is_one_line(monkeypatch, capsys):
+    """Interrupted (a GPU visit's time limit sends SIGINT): one line, exit 130, no traceback."""
+    from test_cli import run_cli
+
+    def interrupted(*args, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainstep, "compare", interrupted)
+    code, out, err = run_cli(capsys, "train-step", "--device", "cpu")
+    assert code == 130 and out == "" and err.count("\n") == 1 and "train-step interrupted" in err
+
+
 def test_configs_choose_what_is_timed_and_the_baseline_always_runs():
     """--configs is read in the workload's order, and its baseline is timed even when left
     out: every speed-up is read against it."""

@@ -232,6 +232,44 @@ def test_ctrl_c_in_tune_keeps_what_it_measured_in_the_store(store, monkeypatch):
                         f"{48 - stop.value.made} to make")
 
 
+def test_ctrl_c_while_the_step_confirms_keeps_every_measurement(store, monkeypatch, capsys,
+                                                               tmp_path):
+    """The whole steps of a real model take minutes after the measurements: a Ctrl-C there keeps
+    them all (a GPU visit lost 786 measurements of MobileNetV3 so), and says so in one line."""
+    from convbench import cli
+    from convbench.planning import confirm
+
+    (tmp_path / "tiny_confirm_model.py").write_text(
+        "import torch.nn as nn\n"
+        "def small():\n    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def interrupted(*args, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(confirm, "confirm", interrupted)
+    argv = ["tune", "--model", "tiny_confirm_model:small", "--input", "2,3,8,8", "--algos",
+            "gemm,torch-cpu", "--time-budget", "0.001"]
+    assert cli.main(argv) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1].startswith(
+        "convbench: interrupted; 8 of 8 measurements kept in the plan store")
+    assert err.splitlines()[-1].endswith("reuses them and confirms the plan on the step again")
+    assert cli.main([*argv, "--step", "none"]) == 0
+    assert "convbench: 8 measurements from the plan store" in capsys.readouterr().err
+
+
+def test_an_fp32_plan_on_a_gpu_says_when_torchs_convolutions_run_tf32(monkeypatch):
+    """torch runs its convolutions in TF32 unless told otherwise; an fp32 plan confirmed so is
+    weighed against TF32 steps, and the log says it."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    assert "allow_tf32 is on" in tune.tf32_note("cuda", "fp32")
+    assert tune.tf32_note("cuda", "tf32") is None and tune.tf32_note("numpy", "fp32") is None
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    assert tune.tf32_note("cuda", "fp32") is None
+
+
 def test_ctrl_c_in_convbench_tune_is_one_line(store, monkeypatch, capsys, tmp_path):
     module = tmp_path / "tiny_tune_model.py"
     module.write_text("import torch.nn as nn\n"

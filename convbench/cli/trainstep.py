@@ -11,6 +11,7 @@ from ..planning import models
 from ..studies import trainstep
 from ..studies.workload import CPU_STEP_BATCH, CPU_TUNE_BUDGET_S, Workload
 from .common import (
+    EXIT_INTERRUPTED,
     UsageError,
     choices,
     command_line,
@@ -66,12 +67,17 @@ def cmd_train_step(args) -> int:
     batch = batch or load.default_batch(backend)
     tune_budget = args.tune_budget or (CPU_TUNE_BUDGET_S if backend == "numpy" else None)
     configs = _configs(args.configs, load)
-    with usage_errors():
-        rows, plan, tuning_s = trainstep.compare(
-            load, batch, device, budget_s=args.time_budget, tune_budget_s=tune_budget,
-            algos=args.algos, store=args.store,
-            log=lambda line: print(f"convbench: {line}", file=sys.stderr), mode=mode,
-            configs=configs)
+    try:
+        with usage_errors():
+            rows, plan, tuning_s = trainstep.compare(
+                load, batch, device, budget_s=args.time_budget, tune_budget_s=tune_budget,
+                algos=args.algos, store=args.store,
+                log=lambda line: print(f"convbench: {line}", file=sys.stderr), mode=mode,
+                configs=configs)
+    except KeyboardInterrupt:
+        print("convbench: train-step interrupted; no step was reported (the plan store keeps "
+              "tuning's measurements: the same command reuses them)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     env = envinfo.collect(backend)
     text = trainstep.markdown(rows, plan, load, batch, env["device"], backend, tuning_s,
                               default_batch=default_batch, mode=mode)

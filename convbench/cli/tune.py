@@ -18,7 +18,7 @@ from ..machine import threads
 from ..planning import confirm, models
 from ..planning.advice import plan_text
 from ..planning.plan import Constraints
-from ..planning.tune import TuneInterrupted, tune_advice
+from ..planning.tune import TuneInterrupted, interrupted_text, tune_advice
 from .common import (
     EXIT_INTERRUPTED,
     choices,
@@ -54,10 +54,7 @@ def cmd_tune(args) -> int:
                 step=None if args.step == "none" else args.step,
                 step_budget_s=args.step_budget, cold=args.cold)
         except TuneInterrupted as stop:
-            kept = (f"{stop.made} of {stop.planned} measurements kept in the plan store "
-                    f"({stop.path})" if stop.path else "nothing was measured yet")
-            print(f"convbench: interrupted; {kept}; the same command measures the rest",
-                  file=sys.stderr)
+            print(f"convbench: interrupted; {interrupted_text(stop)}", file=sys.stderr)
             return EXIT_INTERRUPTED
         if args.out:
             print(f"convbench: plan written to {plan.save(args.out)}", file=sys.stderr)

@@ -13,13 +13,26 @@ path (`-P`, Python 3.11; the same by hand on 3.10).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+#: The folder holding the convbench package this process runs.
+ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def module_command(module: str, *args: str) -> list[str]:
     """The command line that runs `python -m module args...` with this interpreter, without the
-    current directory on the module search path."""
-    if sys.version_info >= (3, 11):
-        return [sys.executable, "-P", "-m", module, *args]
-    run = ("import runpy, sys; del sys.path[0]; "
+    current directory on the module search path, and with this process's convbench: where it
+    was imported from a checkout that is not installed (`python3 -m convbench` in a clone, as on
+    a GPU machine without a package registry), that checkout's folder goes first on the child's
+    path, since without the current directory the child would not find it (the first GPU
+    train-step's tuning process died so: No module named 'convbench')."""
+    run = (f"import runpy, sys; root = {ROOT!r}; "
+           "root in sys.path or sys.path.insert(0, root); "
            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
-    return [sys.executable, "-c", run, *args]
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-c", run, *args]
+    return [sys.executable, "-c", "import sys; del sys.path[0]; " + run, *args]
+
+
+if __name__ == "__main__":  # which convbench a worker process imports (tests/test_newcomer.py)
+    print(Path(__file__).resolve().parents[1])

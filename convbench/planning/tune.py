@@ -96,12 +96,37 @@ def _backend_precision(example_input) -> tuple[str, str]:
 
 
 class TuneInterrupted(KeyboardInterrupt):
-    """Ctrl-C while `tune` measured: the `made` measurements (of `planned`) are in the plan store
-    (`path`, None if none was made yet), and tuning again measures only the rest."""
+    """Ctrl-C while `tune` measured, or while it confirmed the plan on the whole step
+    (`confirming`): the `made` measurements (of `planned`) are in the plan store (`path`, None if
+    none was made yet), and tuning again measures only the rest."""
 
-    def __init__(self, made: int, planned: int, path: Path | None):
+    def __init__(self, made: int, planned: int, path: Path | None, confirming: bool = False):
         super().__init__(f"{made} of {planned} measurements made")
         self.made, self.planned, self.path = made, planned, path
+        self.confirming = confirming
+
+
+def interrupted_text(stop: TuneInterrupted) -> str:
+    """What an interrupted tune kept and what the same command does next, in one line."""
+    if not stop.path:
+        return "nothing was measured yet"
+    kept = f"{stop.made} of {stop.planned} measurements kept in the plan store ({stop.path})"
+    return kept + ("; the same command reuses them and confirms the plan on the step again"
+                   if stop.confirming else "; the same command measures the rest")
+
+
+def tf32_note(backend: str, precision: str) -> str | None:
+    """Why an fp32 plan on a GPU would be weighed against TF32 convolutions, or None: its cuDNN
+    passes are measured with TF32 off, while torch runs its own convolutions in TF32 unless
+    `torch.backends.cudnn.allow_tf32` is off, so the step's confirmation (under the caller's
+    flags) sets the plan's fp32 layers against TF32 ones."""
+    import torch
+
+    if backend != "cuda" or precision != "fp32" or not torch.backends.cudnn.allow_tf32:
+        return None
+    return ("torch.backends.cudnn.allow_tf32 is on: torch's own convolutions run in TF32, this "
+            "plan's passes were measured in fp32, and the step confirms it against TF32 "
+            "convolutions; set it off to train in fp32 as measured")
 
 
 def stderr_progress(line: str) -> None:
@@ -182,9 +207,25 @@ def tune_advice(model, example_input, *, algos: str = "all",
                                backend, precision)
     plan = known.plan(advice, env, conversions, unplanned, input_layout, output_layout)
     if step is not None:
-        plan = confirm.confirm(model, example_input, plan, step, step_budget_s, log=log)
+        plan = _confirmed(model, example_input, plan, step, step_budget_s, log, store,
+                          (len(known.made), len(cases)))
     log(f"plan saved to {store.save(plan)}")
     return plan, advice
+
+
+def _confirmed(model, example_input, plan: Plan, step: str, step_budget_s: float,
+               log: Callable[[str], None], store: PlanStore,
+               counts: tuple[int, int]) -> Plan:
+    """`confirm.confirm`, the measurements saved in the store first: a Ctrl-C while the whole
+    steps are timed (minutes on a real model) keeps them (TuneInterrupted)."""
+    note = tf32_note(plan.backend, plan.precision)
+    if note:
+        log(note)
+    path = store.save(plan)
+    try:
+        return confirm.confirm(model, example_input, plan, step, step_budget_s, log=log)
+    except KeyboardInterrupt:
+        raise TuneInterrupted(*counts, path, confirming=True) from None
 
 
 def _check_layouts(layouts, input_layout: str, output_layout: str) -> None:
