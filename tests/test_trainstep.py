@@ -187,26 +187,20 @@ def test_a_model_form_that_cannot_run_is_one_line(capsys, argv, message):
 def test_the_tuning_process_runs_strict_fp32_like_the_timed_ones(monkeypatch, tmp_path):
     """The plan is confirmed in the tuning process: TF32 must be off there as in the timed
     processes, or an fp32 plan is weighed against TF32 convolutions (on a GPU)."""
-    import torch
-
     from convbench.planning import tune
 
-    seen = {}
+    calls = []
 
     def fake_tune(model, x, **kw):
-        seen["tf32"] = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+        calls.append("tune")
         raise tune.TuneInterrupted(3, 5, tmp_path / "p.json", confirming=True)
 
+    monkeypatch.setattr(trainstep, "strict_fp32", lambda: calls.append("strict_fp32"))
     monkeypatch.setattr(tune, "tune", fake_tune)
-    was = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
-    try:
-        with pytest.raises(SystemExit) as stop:
-            trainstep.tune_here("alexnet", 1, "cpu", str(tmp_path / "plan.json"), 0.001,
-                                "torch-cpu", None)
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = was
-    assert stop.value.code == 130 and seen["tf32"] == (False, False)
+    with pytest.raises(SystemExit) as stop:
+        trainstep.tune_here("alexnet", 1, "cpu", str(tmp_path / "plan.json"), 0.001,
+                            "torch-cpu", None)
+    assert stop.value.code == 130 and calls == ["strict_fp32", "tune"]
 
 
 def test_ctrl_c_in_train_step_is_one_line(monkeypatch, capsys):

@@ -263,11 +263,37 @@ def test_ctrl_c_while_the_step_confirms_keeps_every_measurement(store, monkeypat
 def test_an_fp32_plan_on_a_gpu_says_when_torchs_convolutions_run_tf32(monkeypatch):
     """torch runs its convolutions in TF32 unless told otherwise; an fp32 plan confirmed so is
     weighed against TF32 steps, and the log says it."""
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
-    assert "allow_tf32 is on" in tune.tf32_note("cuda", "fp32")
+    from convbench.algos import cudnn
+
+    monkeypatch.setattr(cudnn, "conv_runs_tf32", lambda: True)
+    assert "run in TF32 here" in tune.tf32_note("cuda", "fp32")
     assert tune.tf32_note("cuda", "tf32") is None and tune.tf32_note("numpy", "fp32") is None
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(cudnn, "conv_runs_tf32", lambda: False)
     assert tune.tf32_note("cuda", "fp32") is None
+
+
+def test_torch_s_tf32_setting_is_read_and_set_through_either_api():
+    """torch's default runs fp32 convolutions in TF32; `strict_fp32` turns that off, and the
+    reading follows, also where the new per-operator API was used (the legacy flag then
+    raises when read)."""
+    from convbench.algos import cudnn
+
+    backends = torch.backends
+    conv = getattr(backends.cudnn, "conv", None)
+    saved = (conv.fp32_precision, backends.cuda.matmul.fp32_precision) if conv else None
+    try:
+        if conv:
+            conv.fp32_precision = "tf32"
+        else:
+            backends.cudnn.allow_tf32 = True
+        assert cudnn.conv_runs_tf32()
+        cudnn.strict_fp32()
+        assert not cudnn.conv_runs_tf32()
+    finally:
+        if conv:
+            conv.fp32_precision, backends.cuda.matmul.fp32_precision = saved
+        else:
+            backends.cudnn.allow_tf32 = True
 
 
 def test_ctrl_c_in_convbench_tune_is_one_line(store, monkeypatch, capsys, tmp_path):

@@ -165,11 +165,44 @@ def _math(precision: str, autotune: bool):
         cudnn.benchmark_limit = limit
 
 
+def _new_tf32_api(cudnn, matmul) -> bool:
+    """Whether this torch sets TF32 per operator (2.9 and later; see `_math`)."""
+    return hasattr(cudnn, "conv") and hasattr(matmul, "fp32_precision")
+
+
+def conv_runs_tf32() -> bool:
+    """Whether torch's own fp32 convolutions run in TF32 now (torch's default: yes), read
+    through whichever API this torch has: the legacy flag raises once the new one was used."""
+    import torch
+
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    if not _new_tf32_api(cudnn, matmul):
+        return bool(cudnn.allow_tf32)
+    value = cudnn.conv.fp32_precision
+    for parent in (cudnn, torch.backends):  # "none": the parent's setting holds
+        if value != "none":
+            break
+        value = getattr(parent, "fp32_precision", "none")
+    return value == "tf32"
+
+
+def strict_fp32() -> None:
+    """TF32 off for torch's convolutions and products from now on, through whichever API this
+    torch has (see `_math`)."""
+    import torch
+
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    if _new_tf32_api(cudnn, matmul):
+        cudnn.conv.fp32_precision = matmul.fp32_precision = "ieee"
+    else:
+        cudnn.allow_tf32 = matmul.allow_tf32 = False
+
+
 @contextlib.contextmanager
 def _tf32(cudnn, matmul, tf32: bool, autotune: bool):
     """cuDNN on, the mode's benchmark flag, TF32 as asked, through whichever API this torch has
     (see `_math`)."""
-    if hasattr(cudnn, "conv") and hasattr(matmul, "fp32_precision"):
+    if _new_tf32_api(cudnn, matmul):
         names = ("enabled", "benchmark", "deterministic")
         saved = ([getattr(cudnn, n) for n in names], cudnn.conv.fp32_precision,
                  matmul.fp32_precision)

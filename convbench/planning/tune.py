@@ -118,15 +118,15 @@ def interrupted_text(stop: TuneInterrupted) -> str:
 def tf32_note(backend: str, precision: str) -> str | None:
     """Why an fp32 plan on a GPU would be weighed against TF32 convolutions, or None: its cuDNN
     passes are measured with TF32 off, while torch runs its own convolutions in TF32 unless
-    `torch.backends.cudnn.allow_tf32` is off, so the step's confirmation (under the caller's
+    told otherwise (`torch.backends.cudnn.conv.fp32_precision`, or the older `allow_tf32`), so the step's confirmation (under the caller's
     flags) sets the plan's fp32 layers against TF32 ones."""
-    import torch
+    from ..algos.cudnn import conv_runs_tf32
 
-    if backend != "cuda" or precision != "fp32" or not torch.backends.cudnn.allow_tf32:
+    if backend != "cuda" or precision != "fp32" or not conv_runs_tf32():
         return None
-    return ("torch.backends.cudnn.allow_tf32 is on: torch's own convolutions run in TF32, this "
-            "plan's passes were measured in fp32, and the step confirms it against TF32 "
-            "convolutions; set it off to train in fp32 as measured")
+    return ("torch's own convolutions run in TF32 here (torch.backends.cudnn.conv.fp32_precision"
+            " or allow_tf32), this plan's passes were measured in fp32, and the step confirms "
+            "it against TF32 convolutions; turn TF32 off to train in fp32 as measured")
 
 
 def stderr_progress(line: str) -> None:

@@ -36,6 +36,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..algos import registry
+from ..algos.cudnn import strict_fp32
 from ..core import stats
 from ..core.fmt import first_line, fmt_ms, tabulate
 from ..core.measurement import Measurement
@@ -63,18 +64,6 @@ STEP_BUDGET_S = 6.0
 ROUNDS = 3
 
 
-def strict_fp32() -> None:
-    """TF32 off for cuDNN's convolutions and cuBLAS's products, in every process of a
-    train-step (the tuning one too): its report says fp32, the plan's cuDNN passes are measured
-    so, and a tuning process left with torch's default (TF32 convolutions) confirmed an fp32
-    plan against TF32 steps (ResNet-50 on an H100: the whole plan 2.16x the default's time,
-    its per-pass fp32 times adding up to more than that default's whole step)."""
-    import torch
-
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-
-
 class ConfigTrainer:
     """One configuration's model, data and optimizer (the workload's), ready to step (in this
     process)."""
@@ -83,7 +72,7 @@ class ConfigTrainer:
                  plan_file: str | None = None, mode: str = "train"):
         import torch
 
-        strict_fp32()
+        strict_fp32()  # the report says fp32, TF32 off (see `tune_here`)
         torch.backends.cudnn.benchmark = config == "cudnn.benchmark"
         self.run = load.prepare(batch, device, plan_file if config == "plan" else None,
                                 check=True)
@@ -252,7 +241,10 @@ def tune_here(net: str, batch: int, device: str, plan_file: str, budget_s: float
               algos: str, store: str | None, mode: str = "train") -> None:
     """`tune.tune` on the workload's model (`net`: its text form), confirmed on its step in
     `mode`, the plan saved to `plan_file`; progress on stderr. Ctrl-C: one line, exit 130 (the
-    measurements made are in the plan store)."""
+    measurements made are in the plan store). TF32 is off here as in the timed processes: a
+    tuning process left with torch's default TF32 convolutions confirmed an fp32 plan against
+    TF32 steps (ResNet-50 on an H100: the whole plan 2.16x the default's time, its per-pass fp32
+    times adding up to more than that default's whole step)."""
     strict_fp32()
     run = Workload.parse(net).prepare(batch, device)
     try:
