@@ -16,9 +16,10 @@ keys, so checkpoints and optimizers carry over.
 
 torch caches cuDNN's plan per thread, keyed without the benchmark flag: on one thread, whichever
 mode ran a shape first would decide the other's plan (a `cudnn` pass would run autotune's pick,
-or the reverse). So a pass chosen as `cudnn` or `cudnn-autotune` runs on that mode's own worker
-thread (`_in_mode`), on the caller's device and stream and in its grad mode, as
-`algos.cudnn` times them; torch's default (None) and `torch-cpu` run where they are called.
+or the reverse). So a pass chosen as `cudnn` or `cudnn-autotune` in the mode other than the
+global `cudnn.benchmark` runs on that mode's own worker thread (`_in_mode`), on the caller's
+device and stream and in its grad mode, as `algos.cudnn` times them; a pass in the global
+flag's mode, torch's default (None) and `torch-cpu` run where they are called.
 """
 
 from __future__ import annotations
@@ -129,9 +130,13 @@ _MODE_WORKERS: dict[bool, ThreadPoolExecutor] = {}
 
 
 def _in_mode(benchmark: bool | None, t: torch.Tensor, work):
-    """`work()` with `cudnn.benchmark = benchmark`; an explicit mode on its own thread (see
-    the module docstring), on `t`'s device and current stream, in the caller's grad mode."""
-    if benchmark is None:
+    """`work()` with `cudnn.benchmark = benchmark`; a mode other than the global flag's on its
+    own thread (see the module docstring), on `t`'s device and current stream, in the caller's
+    grad mode. The global flag's mode runs where it is called: the thread's torch layers run in
+    that mode there, forward on the caller's thread and backward on autograd's, so its plan
+    cache already holds that mode's plans, and the hand-off (tens of microseconds a pass, paid
+    on every pass of a replaced layer in a training step) is saved."""
+    if benchmark is None or benchmark == torch.backends.cudnn.benchmark:
         return work()
     worker = _MODE_WORKERS.get(benchmark)
     if worker is None:

@@ -263,12 +263,16 @@ def test_cuda_runs_on_torchs_current_stream():
     torch.testing.assert_close(y, ref(x), rtol=1e-4, atol=1e-4)
 
 
-def test_each_cudnn_mode_runs_on_a_thread_of_its_own(monkeypatch):
+@pytest.mark.parametrize("global_flag", [False, True])
+def test_each_cudnn_mode_runs_on_a_thread_of_its_own(monkeypatch, global_flag):
     """torch's cuDNN plan cache is per thread and keyed without the benchmark flag: a `cudnn`
     pass and a `cudnn-autotune` pass on one thread would share the plan of whichever ran the
-    shape first. Each mode runs on its own thread, with its flag; torch's default where it is
-    called."""
+    shape first. The mode other than the global flag's runs on its own thread, with its flag;
+    the global flag's mode and torch's default where they are called (the thread's torch layers
+    run in that mode there, and a hand-off a pass is saved)."""
     import threading
+
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", global_flag)
 
     seen = []
     real_conv, real_bwd = torch.nn.functional.conv2d, torch.ops.aten.convolution_backward
@@ -295,10 +299,12 @@ def test_each_cudnn_mode_runs_on_a_thread_of_its_own(monkeypatch):
     x = torch.randn(2, 3, 7, 7, dtype=torch.float64, requires_grad=True)
     ours(x).sum().backward()
     (fwd,) = [s for s in seen if s[0] == "fwd"]
-    assert fwd[1].startswith("convbench-cudnn-benchmark-False") and fwd[2] is False
-    assert not fwd[3]  # inside the autograd Function's forward: no graph
-    bwd = sorted(seen[1:])
+    assert fwd[2] is False and not fwd[3]  # cudnn's flag; in the Function's forward: no graph
+    assert fwd[1].startswith("convbench-cudnn-benchmark-False") is global_flag
     assert [s[0] for s in seen] == ["fwd", "bwd", "bwd"]
-    autotune = [s for s in bwd if s[1].startswith("convbench-cudnn-benchmark-True")]
-    assert len(autotune) == 1 and autotune[0][2] is True
-    assert sum(s[1].startswith("convbench") for s in bwd) == 1  # the default: where called
+    # one pass on a worker thread: cudnn's with the flag on, else autotune's; the rest (the
+    # global flag's mode and torch's default) where called, with the global flag
+    (away,) = [s for s in seen if s[1].startswith("convbench")]
+    assert away[1] == f"convbench-cudnn-benchmark-{not global_flag}_0"
+    assert away[2] is not global_flag and away[0] == ("fwd" if global_flag else "bwd")
+    assert all(s[2] is global_flag for s in seen if s is not away)
