@@ -407,9 +407,11 @@ def test_the_whole_step_of_each_model_is_a_section_and_a_folder(tmp_path, monkey
     seen = []
 
     def fake_compare(load, batch, device, **kw):
-        seen.append((load.name, batch, device, kw["configs"]))
+        seen.append((load.name, batch, device, kw["configs"], kw["algos"], kw["deadline"]))
         if load.net == "broken:model":
             raise ValueError("no module named 'broken'")
+        if load.net == "slow:model":
+            raise trainstep.OutOfTime("tuning interrupted at the deadline, after 9 s")
         torch_ = __import__("torch")
         plan = __import__("convbench.planning.tune", fromlist=["tune"]).tune(
             Net(), torch_.randn(2, 3, 12, 12), algos="gemm", budget_s=0.001, step=None,
@@ -421,14 +423,41 @@ def test_the_whole_step_of_each_model_is_a_section_and_a_folder(tmp_path, monkey
         return rows, plan, 1.0
 
     monkeypatch.setattr(trainstep, "compare", fake_compare)
-    text = cli_gpucheck.model_steps(tmp_path, DEVICES["cpu"], ["good:model", "broken:model"],
-                                    (4, 3, 12, 12))
+    text = cli_gpucheck.model_steps(tmp_path, DEVICES["cpu"],
+                                    ["good:model", "broken:model", "slow:model"],
+                                    (4, 3, 12, 12), "gemm,torch-cpu", left_s=100.0)
     assert [s[:3] for s in seen] == [("good:model@3,12,12", 4, "cpu"),
-                                     ("broken:model@3,12,12", 4, "cpu")]
+                                     ("broken:model@3,12,12", 4, "cpu"),
+                                     ("slow:model@3,12,12", 4, "cpu")]
     assert seen[0][3] == ("eager", "cudnn.benchmark", "channels_last", "plan")
+    assert seen[0][4] == "gemm,torch-cpu" and seen[0][5] == seen[2][5] is not None
+    assert "### slow:model\n\nnot finished: tuning interrupted at the deadline" in text
     assert "### good:model (trainstep-good-model/report.md)" in text and "| eager " in text
     assert "### broken:model\n\nfailed: ValueError: no module named 'broken'" in text
     assert Plan.load(tmp_path / "trainstep-good-model" / "plan.json").backend == "numpy"
+
+
+def test_a_model_s_tuning_ends_at_the_deadline():
+    """A lent GPU's command ends at its limit: a tuning process still running at the deadline
+    gets Ctrl-C, and the stage says it did not finish instead of outlasting the command."""
+    import time
+
+    from convbench.studies import trainstep
+
+    started = time.monotonic()
+    slow = [sys.executable, "-c", "import time; time.sleep(60)"]
+    with pytest.raises(trainstep.OutOfTime, match="tuning interrupted at the deadline"):
+        trainstep._tuned(slow, None, started + 1.0, started)
+    assert time.monotonic() - started < 15
+    assert trainstep._tuned([sys.executable, "-c", "pass"], None, None, started) == 0
+
+
+def test_model_algos_are_checked_in_one_line(capsys):
+    from test_cli import run_cli
+
+    code, out, err = run_cli(capsys, "gpu-first", "--out", "x", "--device", "cpu",
+                             "--model-algos", "nope")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "nope" in err
 
 
 def test_gpu_first_runs_the_whole_step_only_where_time_is_left(tmp_path, monkeypatch):
@@ -438,13 +467,14 @@ def test_gpu_first_runs_the_whole_step_only_where_time_is_left(tmp_path, monkeyp
     ran = []
     done = gpucheck.first(tmp_path / "out", DEVICES["cpu"], work=tmp_path / "work",
                           layers=["conv3"], algos="direct", batch=1, budget_s=0.002,
-                          wall_s=400.0, extra=lambda work: ran.append(work) or "## Step\n",
+                          wall_s=400.0, extra=lambda work, left_s: ran.append((work, left_s)) or "## Step\n",
                           extra_min_s=10.0)
-    assert ran == [tmp_path / "work"] and "## Step" in done.text
+    assert [w for w, _ in ran] == [tmp_path / "work"] and "## Step" in done.text
+    assert 10.0 <= ran[0][1] < 400.0  # the seconds it must end within
     ran.clear()
     done = gpucheck.first(tmp_path / "out2", DEVICES["cpu"], work=tmp_path / "work2",
                           layers=["conv3"], algos="direct", batch=1, budget_s=0.002,
-                          wall_s=400.0, extra=lambda work: ran.append(work) or "",
+                          wall_s=400.0, extra=lambda work, left_s: ran.append(work) or "",
                           extra_min_s=1000.0)
     assert ran == [] and "not run: " in done.text and "under the 1000 s it needs" in done.text
 

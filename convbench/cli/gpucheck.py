@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from .. import runs
@@ -64,6 +65,11 @@ CHECK_MODEL_INPUT = "64,3,224,224"
 FIRST_MODELS = "torchvision.models:resnet18"
 FIRST_MODEL_INPUT = "32,3,224,224"
 STEP_CONFIGS = ("eager", "cudnn.benchmark", "channels_last", "plan")
+#: The algorithms a model's plan is tuned from on a GPU (`--model-algos`): cuDNN in both modes
+#: and our two fastest there. With these, ResNet-50 at batch 64 took about three minutes to tune
+#: and confirm on an H100 (results/2026-11-28-nvidia-h100-resnet50-tune); every algorithm and
+#: cuDNN's one by one would outlast the command. The dry form on the CPU tunes from all.
+MODEL_ALGOS = {"cuda": "cudnn,cudnn-autotune,gemm-cublas,winograd-4x4"}
 #: Seconds of timed steps per configuration in the check.
 STEP_BUDGET_S = 3.0
 
@@ -77,10 +83,21 @@ def _models(args) -> tuple[list[str], tuple[int, ...]]:
     return models_, shape
 
 
-def model_steps(folder: Path, device, specs: list[str], shape: tuple[int, ...]) -> str:
-    """Each model's training step (`trainstep.compare` in `STEP_CONFIGS`) into
-    `folder`/trainstep-<model>/, and a summary.md section of their tables; a model that cannot
-    run is one line in it, the others run."""
+def model_algos(args, device) -> str:
+    """--model-algos, or the backend's default (`MODEL_ALGOS`); UsageError for a bad list."""
+    algos = args.model_algos or MODEL_ALGOS.get(device.backend, "all")
+    with usage_errors():
+        registry.expand_algos(algos, device.backend)
+    return algos
+
+
+def model_steps(folder: Path, device, specs: list[str], shape: tuple[int, ...],
+                algos: str = "all", left_s: float | None = None) -> str:
+    """Each model's training step (`trainstep.compare` in `STEP_CONFIGS`, its plan tuned from
+    `algos`) into `folder`/trainstep-<model>/, and a summary.md section of their tables; a model
+    that cannot run, or that `left_s` seconds (None: no limit) do not see through, is one line
+    in it, the others run while time is left."""
+
     from ..measure import envinfo
     from ..studies import trainstep
     from ..studies.workload import Workload
@@ -89,6 +106,7 @@ def model_steps(folder: Path, device, specs: list[str], shape: tuple[int, ...]) 
              (f"Each model at {','.join(map(str, shape))}, fp32 (TF32 off): its plan tuned and "
               "confirmed on the training step, then each configuration in a process of its own "
               f"({', '.join(STEP_CONFIGS)}), {STEP_BUDGET_S:g} s of steps each."), ""]
+    deadline = None if left_s is None else time.monotonic() + left_s
     for spec in specs:
         load = Workload.of_model(spec, tuple(shape[1:]))
         sub = folder / f"trainstep-{re.sub(r'[^a-z0-9]+', '-', spec.lower()).strip('-')}"
@@ -96,13 +114,16 @@ def model_steps(folder: Path, device, specs: list[str], shape: tuple[int, ...]) 
             rows, plan, tuning_s = trainstep.compare(
                 load, shape[0], device.name, budget_s=STEP_BUDGET_S, store=folder / "plans",
                 log=lambda line: print(f"convbench: {line}", file=sys.stderr),
-                configs=STEP_CONFIGS)
+                configs=STEP_CONFIGS, algos=algos, deadline=deadline)
             env = envinfo.collect(device.backend)
             text = trainstep.markdown(rows, plan, load, shape[0], env["device"],
                                       device.backend, tuning_s, default_batch=False)
             trainstep.write(sub, rows, plan, text, env, {"net": load.name, "batch": shape[0],
                                                          "device": device.name,
                                                          "mode": "train"})
+        except trainstep.OutOfTime as exc:
+            lines += [f"### {spec}", "", f"not finished: {first_line(exc)}", ""]
+            continue
         except Exception as exc:  # noqa: BLE001 - this model's line says why; the rest run
             lines += [f"### {spec}", "", f"failed: {type(exc).__name__}: {first_line(exc)}", ""]
             continue
@@ -127,12 +148,14 @@ def cmd_gpu_check(args) -> int:
         if args.class_algos:
             registry.expand_algos(args.class_algos, device.backend)
     specs, shape = _models(args)
+    algos = model_algos(args, device)
     done = gpucheck.run_check(
         folder, device, net=args.net, layers=chosen, algos=args.algos, batch=args.batch,
         budget_s=args.time_budget, command=_command(args), classes=classes,
         sample=args.sample, class_algos=args.class_algos)
     if specs and done.fault is None:
-        text = done.text.rstrip("\n") + "\n\n" + model_steps(folder, device, specs, shape)
+        text = done.text.rstrip("\n") + "\n\n" + model_steps(folder, device, specs, shape,
+                                                               algos)
         (folder / gpucheck.SUMMARY_MD).write_text(text)
         done.text = text
     print(done.text.rstrip("\n"))
@@ -149,7 +172,9 @@ def cmd_gpu_first(args) -> int:
     device = _device(args)
     chosen, pytest_args = _common(args, device)
     specs, shape = _models(args)
-    extra = (lambda work: model_steps(work, device, specs, shape)) if specs else None
+    algos = model_algos(args, device)
+    extra = (lambda work, left_s: model_steps(work, device, specs, shape, algos, left_s)
+             ) if specs else None
     with usage_errors():
         first = gpucheck.first(
             args.out, device, work=args.work, net=args.net, layers=chosen, algos=args.algos,
@@ -187,6 +212,9 @@ def _model_options(p, models_default: str, input_default: str, when: str) -> Non
                         "%(default)s)")
     p.add_argument("--model-input", default=input_default, metavar="N,C,H,W",
                    help="their input batch (default %(default)s)")
+    p.add_argument("--model-algos", metavar="ALGOS",
+                   help="the algorithms their plans are tuned from (default on cuda "
+                        f"{MODEL_ALGOS['cuda']}; on cpu all)")
 
 
 def add_parsers(sub) -> None:

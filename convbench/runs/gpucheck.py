@@ -506,7 +506,7 @@ def first(out: str | Path, device: Device, *, work: str | Path | None = None,
           wall_s: float = FIRST_BUDGET_S, pytest_args=FIRST_TESTS,
           tests_timeout_s: float = FIRST_TESTS_TIMEOUT_S, reserve_s: float = FIRST_RESERVE_S,
           command: str = "", clock: Callable[[], float] = time.monotonic,
-          tests: bool = True, extra: Callable[[Path], str] | None = None,
+          tests: bool = True, extra: Callable[[Path, float], str] | None = None,
           extra_min_s: float = EXTRA_MIN_S) -> First:
     """A first GPU visit in `wall_s` seconds (see the module docstring): the probe and the log
     into `out`, the tests (none where not `tests`: a resumed visit), the environment and
@@ -556,13 +556,14 @@ def first(out: str | Path, device: Device, *, work: str | Path | None = None,
     return First(files, text, done is not None and done.ok and tested.passed)
 
 
-def _extra_stage(extra: Callable[[Path], str], work: Path, log: logging.Logger, left: float,
+def _extra_stage(extra: Callable[[Path, float], str], work: Path, log: logging.Logger, left: float,
                  extra_min_s: float) -> str:
-    """gpu-first's whole-step stage (`extra` on `work`) where `left` seconds are at least the
-    `extra_min_s` it needs, else the line saying it was not run."""
+    """gpu-first's whole-step stage (`extra` on `work`, told the `left` seconds it must end
+    within) where they are at least the `extra_min_s` it needs, else the line saying it was
+    not run."""
     if left >= extra_min_s:
         with _stage_logged(log, "the whole step"):
-            return extra(work)
+            return extra(work, left)
         return ""  # failed: its traceback is in the log
     log.info("the whole step: not run, %.0f s left", left)
     return (f"## The whole training step\n\nnot run: {left:.0f} s were left before the "

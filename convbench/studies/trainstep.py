@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -257,14 +258,32 @@ def tune_here(net: str, batch: int, device: str, plan_file: str, budget_s: float
     plan.save(plan_file)
 
 
+#: Seconds a configuration's process is allowed to start in (torch, the model, its first step)
+#: when a deadline is weighed: the timing starts only where every configuration fits.
+CONFIG_START_S = 15.0
+#: Seconds a tuning process has, after its Ctrl-C at the deadline, to save what it measured.
+TUNE_GRACE_S = 20.0
+
+
+class OutOfTime(RuntimeError):
+    """compare's deadline came first: the tuning process was interrupted (what it measured is in
+    the plan store), or too little time was left to time the configurations."""
+
+
 def compare(load: Workload, batch: int, device: str, *, budget_s: float = STEP_BUDGET_S,
             tune_budget_s: float | None = None, algos: str = "all", store=None,
-            log=None, mode: str = "train",
-            configs: tuple[str, ...] | None = None) -> tuple[list[dict], Plan, float]:
-    """Tune the model, then time the three configurations; (their rows, the plan, seconds the
+            log=None, mode: str = "train", configs: tuple[str, ...] | None = None,
+            deadline: float | None = None) -> tuple[list[dict], Plan, float]:
+    """Tune the model, then time the configurations; (their rows, the plan, seconds the
     tuning took). Tuning runs in a process of its own too, with the workers' environment: with
     spinning threads, a measurement just after another thread pool's work (torch-cpu after a
-    NumPy algorithm) is slowed by that pool's spinning threads (`threads`)."""
+    NumPy algorithm) is slowed by that pool's spinning threads (`threads`).
+
+    `deadline` (`time.monotonic()` seconds; None: none): a lent GPU's command ends at its limit,
+    and a model's tuning there took minutes (an H100, 2026-11-28), so at the deadline the tuning
+    process gets Ctrl-C (it keeps its measurements in the store) and OutOfTime is raised, as it
+    is where too little is left to time every configuration (`CONFIG_START_S` each, and its
+    share of `budget_s`)."""
     registry.expand_algos(algos, backend_of(device))  # a bad list fails here, in one line
     with tempfile.TemporaryDirectory() as tmp:
         plan_file = str(Path(tmp) / "plan.json")
@@ -272,14 +291,43 @@ def compare(load: Workload, batch: int, device: str, *, budget_s: float = STEP_B
         job = {"net": load.name, "batch": batch, "device": device, "plan_file": plan_file,
                "budget_s": tune_budget_s, "algos": algos,
                "store": None if store is None else str(store), "mode": mode}
-        tuned = subprocess.run(_command("tune", job), env=worker_environment(device), check=False)
-        if tuned.returncode:
-            raise RuntimeError(f"train-step: tuning exited with {tuned.returncode} (its "
-                               "error is above)")
+        code = _tuned(_command("tune", job), worker_environment(device), deadline, started)
+        if code:
+            raise RuntimeError(f"train-step: tuning exited with {code} (its error is above)")
         tuning_s = time.monotonic() - started
         plan = Plan.load(plan_file)
+        count = len(configs or configs_of(load))
+        if deadline is not None and time.monotonic() + count * CONFIG_START_S + budget_s > deadline:
+            raise OutOfTime(f"tuned in {tuning_s:.0f} s, then {deadline - time.monotonic():.0f} "
+                            f"s were left, under the {count * CONFIG_START_S + budget_s:.0f} s "
+                            f"{count} configurations need")
         rows = time_configs(load, batch, device, budget_s, plan_file, log, mode, configs)
     return rows, plan, tuning_s
+
+
+def _tuned(command: list[str], env, deadline: float | None, started: float) -> int:
+    """The tuning process's exit code; OutOfTime where the deadline came first (it was sent
+    Ctrl-C, and killed if it did not end `TUNE_GRACE_S` later)."""
+    proc = subprocess.Popen(command, env=env)
+    try:
+        return proc.wait(timeout=None if deadline is None else
+                         max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=TUNE_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise OutOfTime(f"tuning interrupted at the deadline, after "
+                        f"{time.monotonic() - started:.0f} s; what it measured is in the plan "
+                        "store, and tuning again reuses it") from None
+    except BaseException:  # Ctrl-C here: the child has it too; wait for it to save and end
+        try:
+            proc.wait(timeout=TUNE_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
 
 
 def table(rows: list[dict], backend: str) -> str:
