@@ -12,6 +12,8 @@ path (`-P`, Python 3.11; the same by hand on 3.10).
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -32,6 +34,23 @@ def module_command(module: str, *args: str) -> list[str]:
     if sys.version_info >= (3, 11):
         return [sys.executable, "-P", "-c", run, *args]
     return [sys.executable, "-c", "import sys; del sys.path[0]; " + run, *args]
+
+
+def wait_or_interrupt(proc: subprocess.Popen, timeout_s: float | None, grace_s: float) -> bool:
+    """Wait for `proc`; at `timeout_s` (None: never) send it SIGINT, as Ctrl-C does, so it can
+    save and summarise what it has, and kill it if it has not ended `grace_s` later. Whether
+    the timeout came."""
+    try:
+        proc.wait(timeout=timeout_s)
+        return False
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        return True
 
 
 if __name__ == "__main__":  # which convbench a worker process imports (tests/test_newcomer.py)

@@ -47,7 +47,6 @@ import dataclasses
 import json
 import logging
 import re
-import signal
 import subprocess
 import sys
 import tarfile
@@ -66,7 +65,7 @@ from ..core.fmt import first_line, md_table
 from ..core.problem import LAYOUTS, PASSES
 from ..core.results import ENV_JSON, RunFolder, row_key
 from ..core.runspec import RunSpec
-from ..machine import backends, devices
+from ..machine import backends, devices, launch
 from ..machine.devices import Device
 from ..measure import envinfo, runner
 from ..measure.timing import TARGET_NOISE
@@ -196,20 +195,10 @@ def run_tests(log: Path, pytest_args: tuple[str, ...] = PYTEST_ARGS,
     if root is None:
         return Tests(None, "not run: convbench is installed without its tests", pytest_args)
     started = time.monotonic()
-    timed_out = False
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-c", PYTEST_WITH_SIGINT, *pytest_args],
                                 cwd=root, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        timed_out = launch.wait_or_interrupt(proc, timeout_s, grace_s)
     lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
     last = (lines or ["no output"])[-1].strip("= ")
     if timed_out:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -309,25 +308,17 @@ def _tuned(command: list[str], env, deadline: float | None, started: float) -> i
     """The tuning process's exit code; OutOfTime where the deadline came first (it was sent
     Ctrl-C, and killed if it did not end `TUNE_GRACE_S` later)."""
     proc = subprocess.Popen(command, env=env)
+    left = None if deadline is None else max(0.0, deadline - time.monotonic())
     try:
-        return proc.wait(timeout=None if deadline is None else
-                         max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=TUNE_GRACE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        timed_out = launch.wait_or_interrupt(proc, left, TUNE_GRACE_S)
+    except BaseException:  # Ctrl-C here: the child has it too; wait for it to save and end
+        launch.wait_or_interrupt(proc, TUNE_GRACE_S, 0.0)
+        raise
+    if timed_out:
         raise OutOfTime(f"tuning interrupted at the deadline, after "
                         f"{time.monotonic() - started:.0f} s; what it measured is in the plan "
-                        "store, and tuning again reuses it") from None
-    except BaseException:  # Ctrl-C here: the child has it too; wait for it to save and end
-        try:
-            proc.wait(timeout=TUNE_GRACE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        raise
+                        "store, and tuning again reuses it")
+    return proc.returncode
 
 
 def table(rows: list[dict], backend: str) -> str:
