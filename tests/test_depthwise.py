@@ -150,6 +150,56 @@ def test_grouped_jit_takes_few_channels_a_group(pass_, layout):
     assert testing.matmul_dtypes(direct, many, pass_, layout) != []
 
 
+@pytest.mark.parametrize("way", sorted(grouped_jit.TRANSPOSERS))
+def test_both_transposes_move_the_axes(way):
+    """Numba's tiled transposes and torch's permuted copy, each both ways, on a shape that is
+    no multiple of their tiles, against NumPy's."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((2, 5, 19, 70)).astype(np.float32)
+    b = np.full((2, 70, 5, 19), np.nan, np.float32)
+    grouped_jit.TRANSPOSERS[way]("to_nchw", a, b)
+    np.testing.assert_array_equal(b, a.transpose(0, 3, 1, 2))
+    back = np.full_like(a, np.nan)
+    grouped_jit.TRANSPOSERS[way]("to_nhwc", b, back)
+    np.testing.assert_array_equal(back, a)
+
+
+def test_a_transpose_takes_the_way_faster_on_its_shape_and_says_so(monkeypatch):
+    """Probed once per shape on its first call (each way PROBE_ROUNDS times), then only the
+    faster runs; the row note names it after, and says how it will be chosen before."""
+    import time
+
+    calls = []
+
+    def way(name, pause):
+        def run(kind, src, dst):
+            calls.append(name)
+            time.sleep(pause)
+            grouped_jit.TRANSPOSERS_REAL[name](kind, src, dst)
+        return run
+
+    monkeypatch.setattr(grouped_jit, "TRANSPOSERS_REAL", dict(grouped_jit.TRANSPOSERS),
+                        raising=False)
+    monkeypatch.setattr(grouped_jit, "TRANSPOSERS", {"numba": way("numba", 0.02),
+                                                     "torch": way("torch", 0.0)})
+    monkeypatch.setattr(grouped_jit, "_TRANSPOSE_CHOICE", {})
+    p = ConvProblem(n=2, c=32, h=9, w=10, k=48, r=3, s=3, pad=1, groups=8)
+    assert "[probed on first call]" in grouped_jit.describe(p, "fwd", "nhwc", np.float32)
+    a = np.random.default_rng(1).standard_normal(p.x_shape("nhwc")).astype(np.float32)
+    b = np.empty(p.x_shape("nchw"), np.float32)
+    grouped_jit.transpose("to_nchw", a, b)
+    rounds = ["numba", "torch"] * grouped_jit.PROBE_ROUNDS
+    assert calls == [*rounds, "torch"]  # the probe's rounds, then the faster for the result
+    calls.clear()
+    grouped_jit.transpose("to_nchw", a, b)
+    assert calls == ["torch"]
+    np.testing.assert_array_equal(b, a.transpose(0, 3, 1, 2))
+    y = np.empty(p.y_shape("nchw"), np.float32)
+    grouped_jit.transpose("to_nhwc", y, np.empty(p.y_shape("nhwc"), np.float32))
+    assert "by torch's transposes [probed]" in grouped_jit.describe(p, "fwd", "nhwc",
+                                                                    np.float32)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("pass_", PASSES)
 def test_jit_depthwise_sums_a_long_reduction_in_float64(pass_, layout):

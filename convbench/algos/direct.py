@@ -343,6 +343,8 @@ class DirectCPU(Implementation):
         """A depthwise layer, or a grouped one of few channels a group, names its path; the
         dense path has nothing to add."""
         path = _path(problem)
+        if path is _Path.GROUPED_JIT:  # its nhwc copies name the way probed for the dtype
+            return grouped_jit.describe(problem, pass_, layout, DTYPES[precision])
         if path in _COMPILED:
             return _MODULES[path].describe(problem, pass_, layout)
         if path is _Path.DENSE:
