@@ -453,6 +453,13 @@ def ceilings_env(**figures) -> dict:
             "ceilings_note": None}
 
 
+def test_marked_bars_have_no_dashed_edges():
+    """A dashed edge on a log axis bar (its foot at minus infinity) is dashes along an endless
+    edge: seconds per bar. Busy and noisy bars are marked by hatching and fading instead."""
+    for style, _ in (plots.BUSY_BAR, plots.NOISY_BAR):
+        assert style.get("linestyle", "-") in ("-", "solid")
+
+
 def test_the_header_states_the_ceilings_and_the_winners_their_share():
     df = results.frame(rows(TIMES))
     text = report.markdown(df, ceilings_env())
