@@ -33,14 +33,12 @@ from __future__ import annotations
 
 import functools
 import math
-import statistics
-import time
 
 import numpy as np
 
 from ..core.problem import ConvProblem
 from ..machine import threads
-from . import jit
+from . import jit, products
 
 #: The largest C/G this path takes: beyond it a group's products are large enough for BLAS
 #: (the measurement: docs/pages/cpu-algorithms.md).
@@ -215,8 +213,6 @@ def _transposes():
 
 #: The axes each transpose reads its source in: nhwc -> nchw, and back.
 PERMUTATIONS = {"to_nchw": (0, 3, 1, 2), "to_nhwc": (0, 2, 3, 1)}
-#: Rounds of a transpose probe, one call of each way per round; the lower median wins.
-PROBE_ROUNDS = 3
 #: Each probed (direction, shape, dtype)'s way, kept for the process.
 _TRANSPOSE_CHOICE: dict[tuple, str] = {}
 
@@ -231,26 +227,23 @@ def _torch_transpose(kind: str, src: np.ndarray, dst: np.ndarray) -> None:
     torch.from_numpy(dst).copy_(torch.from_numpy(src).permute(PERMUTATIONS[kind]))
 
 
-#: The two ways of a transpose. Measured on a 2-core AMD EPYC (Zen 4), quiet, 2026-11-28:
-#: 8x56x56x400 to nchw Numba 16.5 ms, torch 6.4; 8x32x32x768 back to nhwc Numba 9.6, torch 15.6.
+#: The two ways of a transpose, the incumbent first: each wins on some shapes
+#: (docs/pages/cpu-algorithms.md, grouped layers).
 TRANSPOSERS = {"numba": _numba_transpose, "torch": _torch_transpose}
 
 
 def transpose(kind: str, src: np.ndarray, dst: np.ndarray) -> None:
     """`dst` = `src` with its axes moved (`kind`: "to_nchw" or "to_nhwc"), by the way that was
-    faster on this shape: probed on its first call (`PROBE_ROUNDS` rounds of each way,
-    interleaved, the lower median; the harness's first call, which verifies, is the one that
-    probes) and kept for the process. The harness's timing then sees one way only."""
+    faster on this shape: probed on its first call by the products' rule (`products.probe`:
+    interleaved rounds, medians, the incumbent kept unless another is clearly faster; the
+    harness's first call, which verifies, is the one that probes) and kept for the process.
+    The harness's timing then sees one way only."""
     key = (kind, src.shape, src.dtype.str)
     way = _TRANSPOSE_CHOICE.get(key)
     if way is None:
-        times: dict[str, list[float]] = {name: [] for name in TRANSPOSERS}
-        for _ in range(PROBE_ROUNDS):
-            for name, fn in TRANSPOSERS.items():
-                started = time.perf_counter()
-                fn(kind, src, dst)
-                times[name].append(time.perf_counter() - started)
-        way = _TRANSPOSE_CHOICE[key] = min(times, key=lambda n: statistics.median(times[n]))
+        ways = {name: functools.partial(lambda fn, s, d, _: fn(kind, s, d), fn)
+                for name, fn in TRANSPOSERS.items()}
+        way = _TRANSPOSE_CHOICE[key] = products.probe(ways, src, dst, None)
     TRANSPOSERS[way](kind, src, dst)
 
 

@@ -66,9 +66,9 @@ FIRST_MODELS = "torchvision.models:resnet18"
 FIRST_MODEL_INPUT = "32,3,224,224"
 STEP_CONFIGS = ("eager", "cudnn.benchmark", "channels_last", "plan")
 #: The algorithms a model's plan is tuned from on a GPU (`--model-algos`): cuDNN in both modes
-#: and our two fastest there. With these, ResNet-50 at batch 64 took about three minutes to tune
-#: and confirm on an H100 (results/2026-11-28-nvidia-h100-resnet50-tune); every algorithm and
-#: cuDNN's one by one would outlast the command. The dry form on the CPU tunes from all.
+#: and our two fastest there, so a real model's tuning fits a lent GPU's command, which every
+#: algorithm and cuDNN's one by one would outlast (docs/pages/cuda.md, what the whole step
+#: costs). The dry form on the CPU tunes from all.
 MODEL_ALGOS = {"cuda": "cudnn,cudnn-autotune,gemm-cublas,winograd-4x4"}
 #: Seconds of timed steps per configuration in the check.
 STEP_BUDGET_S = 3.0
@@ -97,7 +97,6 @@ def model_steps(folder: Path, device, specs: list[str], shape: tuple[int, ...],
     `algos`) into `folder`/trainstep-<model>/, and a summary.md section of their tables; a model
     that cannot run, or that `left_s` seconds (None: no limit) do not see through, is one line
     in it, the others run while time is left."""
-
     from ..measure import envinfo
     from ..studies import trainstep
     from ..studies.workload import Workload

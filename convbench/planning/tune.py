@@ -118,8 +118,8 @@ def interrupted_text(stop: TuneInterrupted) -> str:
 def tf32_note(backend: str, precision: str) -> str | None:
     """Why an fp32 plan on a GPU would be weighed against TF32 convolutions, or None: its cuDNN
     passes are measured with TF32 off, while torch runs its own convolutions in TF32 unless
-    told otherwise (`torch.backends.cudnn.conv.fp32_precision`, or the older `allow_tf32`), so the step's confirmation (under the caller's
-    flags) sets the plan's fp32 layers against TF32 ones."""
+    told otherwise (`cudnn.conv.fp32_precision`, or the older `allow_tf32`), so the step's
+    confirmation, under the caller's flags, sets the plan's fp32 layers against TF32 ones."""
     from ..algos.cudnn import conv_runs_tf32
 
     if backend != "cuda" or precision != "fp32" or not conv_runs_tf32():

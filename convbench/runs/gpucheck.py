@@ -545,8 +545,8 @@ def first(out: str | Path, device: Device, *, work: str | Path | None = None,
     return First(files, text, done is not None and done.ok and tested.passed)
 
 
-def _extra_stage(extra: Callable[[Path, float], str], work: Path, log: logging.Logger, left: float,
-                 extra_min_s: float) -> str:
+def _extra_stage(extra: Callable[[Path, float], str], work: Path, log: logging.Logger,
+                 left: float, extra_min_s: float) -> str:
     """gpu-first's whole-step stage (`extra` on `work`, told the `left` seconds it must end
     within) where they are at least the `extra_min_s` it needs, else the line saying it was
     not run."""

@@ -241,10 +241,9 @@ def tune_here(net: str, batch: int, device: str, plan_file: str, budget_s: float
               algos: str, store: str | None, mode: str = "train") -> None:
     """`tune.tune` on the workload's model (`net`: its text form), confirmed on its step in
     `mode`, the plan saved to `plan_file`; progress on stderr. Ctrl-C: one line, exit 130 (the
-    measurements made are in the plan store). TF32 is off here as in the timed processes: a
-    tuning process left with torch's default TF32 convolutions confirmed an fp32 plan against
-    TF32 steps (ResNet-50 on an H100: the whole plan 2.16x the default's time, its per-pass fp32
-    times adding up to more than that default's whole step)."""
+    measurements made are in the plan store). TF32 is off here as in the timed processes: left
+    with torch's default TF32 convolutions, the confirmation here weighs the fp32 plan against
+    TF32 steps (the case: results/2026-11-28-nvidia-h100-resnet50-tune)."""
     strict_fp32()
     run = Workload.parse(net).prepare(batch, device)
     try:
@@ -279,7 +278,7 @@ def compare(load: Workload, batch: int, device: str, *, budget_s: float = STEP_B
     NumPy algorithm) is slowed by that pool's spinning threads (`threads`).
 
     `deadline` (`time.monotonic()` seconds; None: none): a lent GPU's command ends at its limit,
-    and a model's tuning there took minutes (an H100, 2026-11-28), so at the deadline the tuning
+    and a real model's tuning there takes minutes, so at the deadline the tuning
     process gets Ctrl-C (it keeps its measurements in the store) and OutOfTime is raised, as it
     is where too little is left to time every configuration (`CONFIG_START_S` each, and its
     share of `budget_s`)."""
@@ -296,10 +295,10 @@ def compare(load: Workload, batch: int, device: str, *, budget_s: float = STEP_B
         tuning_s = time.monotonic() - started
         plan = Plan.load(plan_file)
         count = len(configs or configs_of(load))
-        if deadline is not None and time.monotonic() + count * CONFIG_START_S + budget_s > deadline:
+        need = count * CONFIG_START_S + budget_s
+        if deadline is not None and time.monotonic() + need > deadline:
             raise OutOfTime(f"tuned in {tuning_s:.0f} s, then {deadline - time.monotonic():.0f} "
-                            f"s were left, under the {count * CONFIG_START_S + budget_s:.0f} s "
-                            f"{count} configurations need")
+                            f"s were left, under the {need:.0f} s {count} configurations need")
         rows = time_configs(load, batch, device, budget_s, plan_file, log, mode, configs)
     return rows, plan, tuning_s
 

@@ -141,8 +141,7 @@ def phase_plot(plt, df: pd.DataFrame, folder: Path) -> list[str]:
 
 #: How a bar plot draws a time measured on a busy machine, and a noisy one (with their legend
 #: labels): the plots' `#` and `~`. No dashed edges: a bar on a log axis has its foot at minus
-#: infinity, and matplotlib laid dashes along that whole edge, about 0.4 s a bar (a report of 40
-#: noisy rows spent 40 s drawing its time plot; 0.2 s with solid edges).
+#: infinity, and matplotlib lays dashes along that whole edge, a fraction of a second a bar.
 BUSY_BAR = ({"hatch": "///", "edgecolor": "black", "linewidth": 0.5},
             f"hatched: measured on a busy machine ({BUSY})")
 NOISY_BAR = ({"alpha": 0.4, "edgecolor": "black", "linewidth": 0.5},
