@@ -289,3 +289,79 @@ def test_strided_fp32_is_computed_in_fp32(pass_, monkeypatch):
     # bwd_data's tiles are the phase planes', channels last: its inverse is nhwc's, 2 GEMMs
     assert len(seen) == (5 if pass_ == "fwd" else 6)
     assert {d for ds in seen for d in ds} == {np.dtype(np.float32)}
+
+
+# --- filters transformed by blocks of output channels ------------------------------------------
+def _blocking_everywhere(monkeypatch):
+    """Every fwd and bwd_data pass of F(4x4)-F(6x6) blocks, in blocks of 16 channels."""
+    monkeypatch.setattr(winograd_module, "FILTER_BLOCK_BYTES", 1)
+    monkeypatch.setattr(winograd_module, "FILTER_BLOCK_RATIO", 0)
+
+
+@pytest.mark.parametrize("library", ["torch", "numpy"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", ["fwd", "bwd_data"])
+@pytest.mark.parametrize("algo", ["winograd-4x4", "winograd-5x5", "winograd-6x6"])
+def test_blocked_filters_match_reference(algo, pass_, layout, library, monkeypatch):
+    """Filters transformed a block of output channels at a time, each block's products next:
+    37 and 21 channels make blocks of 16, 16 and 5 either way round (a short last block), both
+    precisions on either library, against float64; fp32 really computed in fp32; the phases
+    are the data's transform, `fused` and the inverse, and replay the pass."""
+    _blocking_everywhere(monkeypatch)
+    monkeypatch.setenv(products.GEMM_ENV, library)
+    problem = ConvProblem(n=2, c=21, h=11, w=9, k=37, r=3, s=3, pad=1)
+    impl = _impl(algo)
+    assert winograd_module.filter_block(problem, pass_, impl.m, np.float32) == 16
+    a, _, out = ("x", "w", "y") if pass_ == "fwd" else ("dy", "w", "dx")
+    assert impl.phases(problem, pass_, layout, "fp32") == [f"transform {a}", "fused",
+                                                           f"inverse {out}"]
+    for precision in PRECISIONS:
+        chk = run_and_check(impl, problem, pass_, layout, precision, seed=3)
+        assert chk.ok, f"{algo} {pass_} {layout} {precision}: {chk.reason}"
+        if precision == "fp32":
+            assert chk.rel_error > 1e-8
+    assert_phases_replay(impl, problem, pass_, layout)
+    assert "filters transformed 16 output channels at a time" in impl.describe(
+        problem, pass_, layout, "fp32")
+
+
+@pytest.mark.parametrize("pass_", ["fwd", "bwd_data"])
+def test_checker_bites_on_a_sign_error_in_g_of_a_blocked_pass(pass_, monkeypatch):
+    """Negating G's last row in the blocked filter transform is caught in both layouts."""
+    _blocking_everywhere(monkeypatch)
+
+    def wrong(m, r, points=None):
+        t = winograd_matrices(m, r, points)
+        g = t.G.copy()
+        g[-1] = -g[-1]
+        return WinogradTransform(t.AT, g, t.BT)
+
+    monkeypatch.setattr(winograd_module, "winograd_matrices", wrong)
+    problem = ConvProblem(n=1, c=5, h=8, w=7, k=20, r=3, s=3, pad=1)
+    for layout in LAYOUTS:
+        assert winograd_module.filter_block(problem, pass_, 4, np.float64)
+        assert not run_and_check(_impl("winograd-4x4"), problem, pass_, layout, "fp64").ok
+
+
+def test_which_passes_block_their_filters():
+    """The rule of `filter_block`: blocks where the transformed filters are past the budget,
+    at least 32 times the transformed tiles and 4 times the filters; blocks of a multiple of
+    16 channels, as few as hold the budget each, split evenly."""
+    block = winograd_module.filter_block
+    f32 = np.float32
+    conv3 = _alexnet("conv3")  # 256 -> 384 channels, 13x13
+    assert block(conv3.with_batch(8), "fwd", 4, f32) is None  # 384 < 32 x 128 tiles
+    assert block(conv3, "fwd", 4, f32) is None  # batch 1: 16 tiles, 384 < 32 x 16
+    assert block(conv3, "fwd", 6, f32) == 64  # 9 tiles; 64² x 256 x 4 bytes a channel
+    big = ConvProblem(n=1, c=2048, h=15, w=15, k=2048, r=3, s=3, pad=1)
+    assert block(big, "fwd", 4, f32) == block(big, "bwd_data", 4, f32) == 16  # at least 16
+    assert block(big, "fwd", 4, np.float64) == 16
+    assert block(big, "bwd_filter", 4, f32) is None  # its "filter" is dy
+    assert block(big, "fwd", 2, f32) is None  # alpha² = 16 < 4 x 9
+    assert block(dataclasses.replace(big, r=5, s=5, pad=2), "fwd", 4, f32) is None  # 64 < 100
+    assert block(dataclasses.replace(big, stride=2, r=6, s=6, pad=2), "fwd", 4, f32) is None
+    small = ConvProblem(n=1, c=64, h=7, w=7, k=64, r=3, s=3, pad=1)  # 576 KiB transformed
+    assert block(small, "fwd", 4, f32) is None
+    # blocking holds one block of transformed filters, not all of them
+    whole = 36 * 2048 * 2048 * 4
+    assert _impl("winograd-4x4").workspace_bytes(big, "fwd", "nhwc", "fp32") < whole / 10

@@ -37,7 +37,8 @@ OPERAND_NAMES = {"fwd": ("x", "w", "y"), "bwd_data": ("dy", "w", "dx"),
 #: A library's whole convolution as one call (torch's, into a result it allocates).
 CONVOLUTION = "convolution"
 #: The phase of a kernel that fuses the transforms with the product (`winograd-fused-*`), or of
-#: a pass that alternates them block by block (`gemm` in nhwc on large images).
+#: a pass that alternates them block by block (`gemm` in nhwc on large images, Winograd's
+#: filters by blocks of output channels on the CPU).
 FUSED = "fused"
 #: The copy of a library's own result into the harness's output buffer (torch's convolution
 #: allocates its result; the harness hands every pass a buffer to write): timed as a phase and

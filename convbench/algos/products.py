@@ -217,6 +217,15 @@ class Route:
         BACKENDS[name].matmul(a, b, out)
         self.ran.setdefault(name)
 
+    def library(self, a, b, out) -> str:
+        """The library the product out = a·b runs on (`choose`, probing it on first use,
+        which writes into `out`), counted as run: for work that must run on the same thread
+        pool as the product (two pools taking turns on the same cores each wake the other's
+        threads, which spin)."""
+        name = choose(a, b, out)
+        self.ran.setdefault(name)
+        return name
+
     def addmm(self, out, a, b) -> None:
         """out += a·b (batched over a leading axis where the operands have one), on torch:
         NumPy's matmul only overwrites its output, and adding a product made apart would cost

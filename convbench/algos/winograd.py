@@ -22,6 +22,11 @@ docs/pages/cpu-algorithms.md, Winograd):
   (`_lowering.workspace`): other work evicts them between calls, and a cold call walks the page
   tables once per page.
 
+Where the transformed filters are large and the tiles few (wide layers at batch 1), fwd and
+bwd_data transform the filters a block of output channels at a time, each block's products
+right after, so the transformed filters never go out to memory: one phase, `fused`, between
+the data's transform and the inverse (`filter_block` says where, and why not elsewhere).
+
 bwd_data is the same machinery (`_TiledOutput`); bwd_filter is the weight-gradient form
 F(3x3, m×m) (`_WeightGradient`).
 """
@@ -36,8 +41,8 @@ from ..core.problem import FILTER_LAYOUT, ConvProblem, pair_text
 from ..machine import threads
 from ._lowering import pages_note, tensor, workspace
 from .counts import WinogradCount
-from .phases import Phased, phase_names
-from .products import Route, note
+from .phases import FUSED, Phased, phase_names
+from .products import BACKENDS, Route, note
 from .reference import DTYPES
 from .registry import Implementation, register
 from .traits import Algorithm
@@ -304,6 +309,105 @@ class _FilterTransform:
         return self.out.transpose(1, 2) if self.ck else self.out
 
 
+#: The most bytes of transformed filters a blocked pass holds at a time (`filter_block`).
+FILTER_BLOCK_BYTES = 4 << 20
+#: How many times the transformed tiles the transformed filters must be for a pass to block.
+FILTER_BLOCK_RATIO = 32
+#: How many times the filters their transform must be (alpha² / r²) for a pass to block.
+FILTER_BLOCK_EXPANSION = 4
+
+
+def filter_block(problem: ConvProblem, pass_: str, m: int, dtype) -> int | None:
+    """Output channels per block of a pass whose filters are transformed block by block, just
+    before that block's products (`_BlockedFilter`); None where the pass transforms them whole:
+    bwd_filter (its "filter" is dy), a strided problem's phase split, and any pass whose
+    transformed filters (alpha² × K × C) fit in `FILTER_BLOCK_BYTES`, are less than
+    `FILTER_BLOCK_RATIO` times its transformed tiles (output channels < ratio × tiles) or less
+    than `FILTER_BLOCK_EXPANSION` times the filters (alpha² < 4 r²: F(2x2, 3x3) and every
+    5x5 filter's tiles).
+
+    Why: transformed whole, the filters are alpha² / r² times the filter's size, written out
+    and read back by the products (604 MB a call for 2048 x 2048 3x3 filters in F(4x4)), which
+    made the transform most of the pass on layers with large filters and few tiles (batch 1).
+    A block's transformed filters stay in cache until its products read them. But each block's
+    products read all the transformed tiles again, in products a block wide, which BLAS runs
+    slower than one product over every channel: where the tiles are many (AlexNet at batch 8,
+    ratio 3) blocking made the pass up to 1.7x slower; and each block's taps are gathered by a
+    copy, which F(2x2)'s transform, only 16/9 the filters' size, did not repay (up to 1.6x
+    slower on 1024- and 2048-channel layers at batch 1). The channels are split into as few
+    blocks as hold at most `FILTER_BLOCK_BYTES` each (but at least 16 channels), evenly, each
+    rounded up to a multiple of 16. Measured side by side in docs/pages/cpu-algorithms.md
+    (Winograd)."""
+    p = problem
+    if pass_ == "bwd_filter" or p.stride != 1:
+        return None
+    alpha = m + p.r - 1
+    cout, cin = (p.k, p.c) if pass_ == "fwd" else (p.c, p.k)
+    extent = (p.p, p.q) if pass_ == "fwd" else (p.h, p.w)
+    tiles = p.n * int(np.prod(_tile_counts(extent, m)))
+    per_channel = alpha * alpha * cin * np.dtype(dtype).itemsize
+    if (per_channel * cout <= FILTER_BLOCK_BYTES or cout < FILTER_BLOCK_RATIO * tiles
+            or alpha * alpha < FILTER_BLOCK_EXPANSION * p.r * p.s):
+        return None
+    most = max(16, FILTER_BLOCK_BYTES // per_channel // 16 * 16)
+    blocks = -(-cout // most)
+    per_block = -(-cout // blocks)
+    return min(cout, (per_block + 15) // 16 * 16)
+
+
+class _BlockedFilter:
+    """G g Gᵀ for a block of output channels' filters: the block's taps gathered by one copy —
+    fwd's block is filters lo:hi, as (r², channels, C); bwd_data's (whose output channels are
+    the filters' C) is channels lo:hi of every filter, as (r², K, channels), so each filter's
+    run of channels is copied whole — then one GEMM with G⊗G, both on the library the block's
+    products run on (`Route.library`). Both buffers hold one block, made once; a shorter last
+    block uses their first part, contiguous."""
+
+    def __init__(self, g: np.ndarray, layout: str, pass_: str, block: int, cin: int, dtype):
+        torch = _torch()
+        self.kron = torch.from_numpy(np.ascontiguousarray(np.kron(g, g)))
+        self.layout, self.pass_, self.cin = layout, pass_, cin
+        alpha2, taps = self.kron.shape
+        self.taps = torch.from_numpy(workspace((taps * block * cin,), dtype))
+        self.out = torch.from_numpy(workspace((alpha2 * block * cin,), dtype))
+
+    @property
+    def nbytes(self) -> int:
+        return (self.taps.numel() + self.out.numel()) * self.out.element_size()
+
+    def view(self, lo: int, hi: int):
+        """Where `__call__` puts the transformed filters of output channels lo:hi: (alpha²,
+        hi - lo, input channels), a view of the buffer."""
+        alpha2 = len(self.kron)
+        out = self.out[:alpha2 * (hi - lo) * self.cin]
+        if self.pass_ == "fwd":
+            return out.view(alpha2, hi - lo, self.cin)
+        return out.view(alpha2, self.cin, hi - lo).transpose(1, 2)
+
+    def __call__(self, w, lo: int, hi: int, library: str = "torch"):
+        """The transformed filters of output channels lo:hi (`view`), computed on `library`
+        ("torch" or "numpy": its copy and its GEMM)."""
+        alpha2, taps = self.kron.shape
+        size = (hi - lo) * self.cin
+        if self.pass_ == "fwd" and self.layout == "nchw":  # kcrs: (n·C, r²), transposed
+            src = w[lo:hi].reshape(size, taps).t()
+        else:
+            krsc = w.permute(_order(FILTER_LAYOUT[self.layout], "krsc"))
+            if self.pass_ == "fwd":  # filters lo:hi: (n, r, s, C) -> (r, s, n, C)
+                block = krsc[lo:hi].permute(1, 2, 0, 3)
+            else:  # channels lo:hi of every filter: (K, r, s, n) -> (r, s, K, n), runs of n
+                block = krsc[..., lo:hi].permute(1, 2, 0, 3)
+            src = self.taps[:taps * size]
+            if library == "numpy":
+                np.copyto(src.numpy().reshape(block.shape), block.numpy())
+            else:
+                src.view(block.shape).copy_(block)
+            src = src.view(taps, size)
+        out = self.out[:alpha2 * size].view(alpha2, size)
+        BACKENDS[library].matmul(self.kron, src, out)
+        return self.view(lo, hi)
+
+
 class _Placement:
     """Output tiles into an activation in `layout`, cropped: the whole tiles as one rectangle
     copy, the partial tiles of the last tile row and column as up to three more. The tiles'
@@ -377,11 +481,16 @@ class _TiledOutput:
             self.pad = _Padding(in_shape, layout, r - 1 - eq.pad, sizes, dtype)
             self.data = _TileTransform(self.pad.shape, "nhwc", "nhwc", t.BT, m, counts, dtype)
         g = t.G if pass_ == "fwd" else t.G[:, ::-1]
-        # the nhwc forward product (T×C)·(C×K) reads the filters as (C, K) rows
-        self.filter = _FilterTransform(g, problem.w_shape(layout), layout, dtype, stride,
-                                       ck=pass_ == "fwd" and layout == "nhwc")
         channels = {"fwd": (eq.c, eq.k), "bwd_data": (eq.k, eq.c)}[pass_]
         self.cin, self.cout = channels
+        #: Output channels per block of `fused`'s filter transforms and products, or None
+        #: where the filters are transformed whole (`transform_w`, then `product`).
+        self.block = filter_block(problem, pass_, m, dtype)
+        if self.block:
+            self.filter = _BlockedFilter(g, layout, pass_, self.block, self.cin, dtype)
+        else:  # the nhwc forward product (T×C)·(C×K) reads the filters as (C, K) rows
+            self.filter = _FilterTransform(g, problem.w_shape(layout), layout, dtype, stride,
+                                           ck=pass_ == "fwd" and layout == "nhwc")
         self.tiles = eq.n * counts[0] * counts[1]
         self.alpha2 = t.alpha ** 2
         # bwd_data at a stride: the phase planes' gradient, channels last, then dx from it
@@ -427,6 +536,26 @@ class _TiledOutput:
             self.route.matmul(self.u, self.v, prod)
         else:  # (T×C)·(C×K): in (tiles, channel) order
             self.route.matmul(self.v.transpose(1, 2), self.u.transpose(1, 2), prod)
+
+    def fused(self, a, w, out) -> None:
+        """The filters transformed a block of output channels at a time, each block's products
+        right after, while its transformed filters are in cache: the block's rows of the
+        product (nchw) or its columns (nhwc)."""
+        w = tensor(w)
+        if self.tile_layout == "nchw":
+            prod = self.prod.view(self.alpha2, self.cout, self.tiles)
+        else:
+            prod = self.prod.view(self.alpha2, self.tiles, self.cout)
+            v = self.v.transpose(1, 2)  # (alpha², T, in ch)
+        for lo in range(0, self.cout, self.block):
+            hi = min(self.cout, lo + self.block)
+            u = self.filter.view(lo, hi)  # (alpha², channels, in ch)
+            a, b, c = ((u, self.v, prod[:, lo:hi]) if self.tile_layout == "nchw" else
+                       (v, u.transpose(1, 2), prod[:, :, lo:hi]))
+            # the block's filters on the product's library: one thread pool, not two in turn
+            library = self.route.library(a, b, c)
+            self.filter(w, lo, hi, library)
+            BACKENDS[library].matmul(a, b, c)
 
     def inverse(self, a, b, out) -> None:
         if self.planes is None:
@@ -579,6 +708,10 @@ class WinogradCPU(Winograd):
         how = "" if split is None else (
             f"; stride {problem.stride} as {problem.stride ** 2} stride-1 phases: {split.c} "
             f"channels, {problem.r}x{problem.s} filters as {split.r}x{split.s}")
+        block = getattr(run, "block", None)
+        if block:
+            how += (f"; filters transformed {block} output channels at a time, each block's "
+                    "products next")
         return (f"{super().describe(split or problem, pass_, layout, precision)} "
                 f"({rows}x{depth})·({depth}x{cols}), "
                 f"{note((self.algo, problem, pass_, layout, precision))}, "
@@ -592,13 +725,22 @@ class WinogradCPU(Winograd):
         return self._pass(problem, pass_, layout, precision).workspace_bytes
 
     def phases(self, problem, pass_, layout, precision) -> list[str]:
-        return phase_names(pass_)
+        """The four of `phase_names`; where the filters are transformed by blocks
+        (`filter_block`), their transform and the product alternate block by block: one
+        phase, `FUSED`, between the transform of the data and the inverse."""
+        names = phase_names(pass_)
+        if filter_block(problem, pass_, self.m, DTYPES[precision]):
+            return [names[0], FUSED, names[3]]
+        return names
 
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         route = Route((self.algo, problem, pass_, layout, precision))
         run = self._pass(problem, pass_, layout, precision, route)
-        steps = (run.transform_a, run.transform_w, run.product, run.inverse)
-        return Phased(dict(zip(phase_names(pass_), steps)))
+        if getattr(run, "block", None):
+            steps = (run.transform_a, run.fused, run.inverse)
+        else:
+            steps = (run.transform_a, run.transform_w, run.product, run.inverse)
+        return Phased(dict(zip(self.phases(problem, pass_, layout, precision), steps)))
 
 
 def winograd(m: int, tolerance: str, name: str = "winograd", fused: bool = False) -> Algorithm:
