@@ -550,12 +550,12 @@ class _TiledOutput:
         for lo in range(0, self.cout, self.block):
             hi = min(self.cout, lo + self.block)
             u = self.filter.view(lo, hi)  # (alpha², channels, in ch)
-            a, b, c = ((u, self.v, prod[:, lo:hi]) if self.tile_layout == "nchw" else
-                       (v, u.transpose(1, 2), prod[:, :, lo:hi]))
+            left, right, dest = ((u, self.v, prod[:, lo:hi]) if self.tile_layout == "nchw"
+                                 else (v, u.transpose(1, 2), prod[:, :, lo:hi]))
             # the block's filters on the product's library: one thread pool, not two in turn
-            library = self.route.library(a, b, c)
+            library = self.route.library(left, right, dest)
             self.filter(w, lo, hi, library)
-            BACKENDS[library].matmul(a, b, c)
+            BACKENDS[library].matmul(left, right, dest)
 
     def inverse(self, a, b, out) -> None:
         if self.planes is None:
