@@ -240,10 +240,8 @@ def transpose(kind: str, src: np.ndarray, dst: np.ndarray) -> None:
     The harness's timing then sees one way only."""
     key = (kind, src.shape, src.dtype.str)
     way = _TRANSPOSE_CHOICE.get(key)
-    if way is None:
-        ways = {name: functools.partial(lambda fn, s, d, _: fn(kind, s, d), fn)
-                for name, fn in TRANSPOSERS.items()}
-        way = _TRANSPOSE_CHOICE[key] = products.probe(ways, src, dst, None)
+    if way is None:  # the probe calls each way as way(kind, src, dst)
+        way = _TRANSPOSE_CHOICE[key] = products.probe(TRANSPOSERS, kind, src, dst)
     TRANSPOSERS[way](kind, src, dst)
 
 

@@ -327,14 +327,13 @@ def filter_block(problem: ConvProblem, pass_: str, m: int, dtype) -> int | None:
     5x5 filter's tiles).
 
     Why: transformed whole, the filters are alpha² / r² times the filter's size, written out
-    and read back by the products (604 MB a call for 2048 x 2048 3x3 filters in F(4x4)), which
-    made the transform most of the pass on layers with large filters and few tiles (batch 1).
-    A block's transformed filters stay in cache until its products read them. But each block's
-    products read all the transformed tiles again, in products a block wide, which BLAS runs
-    slower than one product over every channel: where the tiles are many (AlexNet at batch 8,
-    ratio 3) blocking made the pass up to 1.7x slower; and each block's taps are gathered by a
-    copy, which F(2x2)'s transform, only 16/9 the filters' size, did not repay (up to 1.6x
-    slower on 1024- and 2048-channel layers at batch 1). The channels are split into as few
+    and read back by the products, which made the transform most of the pass on layers with
+    large filters and few tiles (batch 1). A block's transformed filters stay in cache until
+    its products read them. But each block's products read all the transformed tiles again,
+    in products a block wide, which BLAS runs slower than one product over every channel, so
+    where the tiles are many blocking loses; and each block's taps are gathered by a copy,
+    which a transform little larger than the filters (F(2x2)'s 16/9) does not repay. The
+    channels are split into as few
     blocks as hold at most `FILTER_BLOCK_BYTES` each (but at least 16 channels), evenly, each
     rounded up to a multiple of 16. Measured side by side in docs/pages/cpu-algorithms.md
     (Winograd)."""
@@ -576,6 +575,9 @@ class _WeightGradient:
     planes (`_TileTransform`'s `split`), the GEMM gives the split filter's gradient, and each
     phase's taps are copied into dw's taps s·a + b (the padding taps past the filter dropped)."""
 
+    #: Never transformed by blocks (`filter_block`): its "filter" is dy.
+    block = None
+
     def __init__(self, problem: ConvProblem, layout: str, m: int, dtype,
                  split: ConvProblem | None = None, route: Route | None = None):
         torch = _torch()
@@ -708,10 +710,9 @@ class WinogradCPU(Winograd):
         how = "" if split is None else (
             f"; stride {problem.stride} as {problem.stride ** 2} stride-1 phases: {split.c} "
             f"channels, {problem.r}x{problem.s} filters as {split.r}x{split.s}")
-        block = getattr(run, "block", None)
-        if block:
-            how += (f"; filters transformed {block} output channels at a time, each block's "
-                    "products next")
+        if run.block:
+            how += (f"; filters transformed {run.block} output channels at a time, each "
+                    "block's products next")
         return (f"{super().describe(split or problem, pass_, layout, precision)} "
                 f"({rows}x{depth})·({depth}x{cols}), "
                 f"{note((self.algo, problem, pass_, layout, precision))}, "
@@ -736,10 +737,8 @@ class WinogradCPU(Winograd):
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         route = Route((self.algo, problem, pass_, layout, precision))
         run = self._pass(problem, pass_, layout, precision, route)
-        if getattr(run, "block", None):
-            steps = (run.transform_a, run.fused, run.inverse)
-        else:
-            steps = (run.transform_a, run.transform_w, run.product, run.inverse)
+        steps = ((run.transform_a, run.fused, run.inverse) if run.block else
+                 (run.transform_a, run.transform_w, run.product, run.inverse))
         return Phased(dict(zip(self.phases(problem, pass_, layout, precision), steps)))
 
 
