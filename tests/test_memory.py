@@ -123,7 +123,10 @@ SLACK = 512 << 10
 def test_prediction_and_measurement_agree_for_the_numpy_algorithms():
     """Every NumPy buffer is seen by tracemalloc and numpy.fft/pyFFTW buffers are NumPy
     arrays, so on the host measured = declared, within SLACK: in both layouts, whose buffers
-    differ (direct packs kcrs filters, gemm sums nchw images through a buffer)."""
+    differ (direct packs kcrs filters, gemm sums nchw images through a buffer). torch is
+    loaded first, as in every run (`threads.use` sets its threads): an nhwc pass's probe may
+    try torch's transpose, and its import is not the pass's memory."""
+    import torch  # noqa: F401
     rows = traced_rows(NUMPY_ALGOS, layouts=LAYOUTS)
     rows += traced_rows(("direct", "gemm"), problem=WIDE, layouts=LAYOUTS)
     for r in rows:

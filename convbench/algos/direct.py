@@ -348,6 +348,9 @@ class DirectCPU(Implementation):
         if path in _COMPILED:
             return _MODULES[path].describe(problem, pass_, layout)
         if path is _Path.DENSE:
+            if grouped_jit.blocks_dense(problem, pass_):
+                return "dense: " + grouped_jit.blocked_note(problem, pass_, layout,
+                                                            DTYPES[precision], "the tap products")
             return ""
         blocks = len(depthwise.blocks(problem, DTYPES[precision]))
         return (f"depthwise (Numba unavailable: {jit.available()}): "
@@ -356,27 +359,33 @@ class DirectCPU(Implementation):
                 f"{'s' * (blocks > 1)} of output rows")
 
     def compile(self, problem, pass_, layout, precision) -> None:
-        """The compiled depthwise and grouped kernels, compiled (or loaded from the disk
-        cache), nothing allocated."""
+        """The compiled depthwise and grouped kernels, and the blocked ones a dense pass
+        probes, compiled (or loaded from the disk cache), nothing allocated."""
         path = _path(problem)
         if path in _COMPILED:
             _MODULES[path].kernel(problem, pass_, layout, DTYPES[precision])
+        elif path is _Path.DENSE and grouped_jit.blocks_dense(problem, pass_):
+            grouped_jit.compile_blocked(problem, pass_, layout, DTYPES[precision])
 
     def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,
                         precision: str) -> int:
         """Bytes of the buffers `_buffers` lists, computed without allocating them: about the
         padded input and y, plus a filter-sized packed copy (fwd, bwd_data in nchw) and a block
-        of products; a depthwise or grouped layer's, its path's."""
+        of products, and the blocked kernels' where the pass probes them
+        (`grouped_jit.dense_workspace_bytes`); a depthwise or grouped layer's, its path's."""
         path, dtype = _path(problem), DTYPES[precision]
         if path is _Path.DEPTHWISE:  # the only one that also reads the precision's name
             return depthwise.workspace_bytes(problem, pass_, layout, precision, dtype)
         if path is not _Path.DENSE:
             return _MODULES[path].workspace_bytes(problem, pass_, layout, dtype)
         shapes = _buffers(problem, pass_, layout, dtype)[2].values()
-        return nbytes(sum(math.prod(s) for s in shapes), precision)
+        return grouped_jit.dense_workspace_bytes(
+            problem, pass_, layout, dtype, nbytes(sum(math.prod(s) for s in shapes), precision))
 
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         path, dtype = _path(problem), DTYPES[precision]
         if path is not _Path.DENSE:
             return _MODULES[path].prepare(problem, pass_, layout, dtype)
-        return getattr(_Dense(problem, pass_, layout, dtype), pass_)()
+        return grouped_jit.blocked_pass(
+            problem, pass_, layout, dtype,
+            lambda: getattr(_Dense(problem, pass_, layout, dtype), pass_)())

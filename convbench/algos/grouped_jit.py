@@ -38,7 +38,7 @@ import numpy as np
 
 from ..core.problem import ConvProblem
 from ..machine import threads
-from . import jit, products
+from . import blocked_llvm, jit, products
 
 #: The largest C/G this path takes: beyond it a group's products are large enough for BLAS
 #: (the measurement: docs/pages/cpu-algorithms.md).
@@ -180,8 +180,22 @@ def workspace_bytes(p: ConvProblem, pass_: str, layout: str, dtype) -> int:
     held = sum(math.prod(shape) * size[kind] for shape, kind in buffers(p, pass_, layout).values())
     per = images_per_task(p, pass_, dtype)
     tasks = p.groups if pass_ == "bwd_filter" else -(-p.n // per) * p.groups
-    return (held + min(threads.count(), tasks) * scratch_elements(p, pass_, per)
-            * np.dtype(dtype).itemsize)
+    numba = min(threads.count(), tasks) * scratch_elements(p, pass_, per) * np.dtype(dtype).itemsize
+    if not blocked_llvm.applies(p, pass_) or jit.available() is not None:
+        return held + numba
+    return held + _kept_bytes(p, pass_, layout, dtype, "numba", numba, 0)
+
+
+def _kept_bytes(p: ConvProblem, pass_: str, layout: str, dtype, incumbent: str, own: int,
+                copies: int) -> int:
+    """What a probed pass holds: until its first call has probed, the incumbent's `own` bytes
+    and every blocked kernel's (the probe runs them all: the peak the runner must make room
+    for); then the kept way's alone (the others are dropped)."""
+    kept = _KERNEL_CHOICE.get((p, pass_, layout, np.dtype(dtype).str))
+    if kept == incumbent:
+        return own
+    blocked = blocked_llvm.scratch_bytes(p, pass_, dtype, kept) + copies
+    return blocked if kept is not None else own + blocked
 
 
 def describe(p: ConvProblem, pass_: str, layout: str, dtype) -> str:
@@ -191,7 +205,10 @@ def describe(p: ConvProblem, pass_: str, layout: str, dtype) -> str:
            "bwd_filter": "a task per group, dot products over the planes summed in float64"}
     copies = (f", nhwc copied to nchw and back {transposes_note(p, pass_, dtype)}"
               if layout == "nhwc" else "")
-    return (f"grouped: compiled kernel (Numba), {p.c // p.groups} channels a group, wide rows "
+    kernel_ = "compiled kernel (Numba)"
+    if blocked_llvm.applies(p, pass_) and jit.available() is None:
+        kernel_ = "compiled kernels, " + blocked_note(p, pass_, layout, dtype, "Numba's")
+    return (f"grouped: {kernel_}, {p.c // p.groups} channels a group, wide rows "
             f"over stride-phase planes vectorised over the pixels, {how[pass_]}{copies}, "
             f"{threads.count()} threads")
 
@@ -284,6 +301,7 @@ def kernel(p: ConvProblem, pass_: str, layout: str, dtype):
         if pass_ == "bwd_filter":
             ranks = (("w", 4), ("w", 4), ("d", 5))
     jit.compile_empty(fn, dtype, *ranks, ints=len(args))
+    compile_blocked(p, pass_, layout, dtype)
     if layout == "nhwc":
         for transpose in (_transposes().to_nchw, _transposes().to_nhwc):
             jit.compile_empty(transpose, dtype, ("w", 4), ("w", 4), ints=0)
@@ -310,12 +328,150 @@ def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
     flip = pass_ == "bwd_data" and _flipped(p)
     a_buf, out_buf = ((bufs.get("x_nchw"), bufs.get("y_nchw")) if pass_ == "fwd"
                       else (bufs.get("dy_nchw"), bufs.get("dx_nchw")))
+    key = (p, pass_, layout, np.dtype(dtype).str)
+    kept = _KERNEL_CHOICE.get(key)  # probed before in this process: that way alone
+    ways = {name: _contiguous(k) for name, k in blocked_kernels(p, pass_, dtype, kept).items()}
+    if kept in (None, "numba"):
+        ways = {"numba": lambda a, w, out: fn(a, w, out, *args), **ways}
+    kernel_ = _probed(ways, key)
 
     def run(a, w, out):
         jit.set_threads()
         grouped = _group_filter(w, p, layout)
         taps[...] = grouped[:, :, :, ::-1, ::-1].transpose(0, 2, 1, 3, 4) if flip else grouped
-        fn(_to_nchw(a, a_buf), taps, out if out_buf is None else out_buf, *args)
+        kernel_(_to_nchw(a, a_buf), taps, out if out_buf is None else out_buf)
         if out_buf is not None:
             transpose("to_nhwc", out_buf, out)
     return run
+
+
+def _contiguous(kernel):
+    """`kernel(a, w, out)` (a `blocked_llvm.Kernel`) on operands that may be views: a strided
+    one copied in (a or w) or out (out)."""
+    def run(a, w, out):
+        if out.flags.c_contiguous:
+            kernel(np.ascontiguousarray(a), np.ascontiguousarray(w), out)
+        else:
+            dense = np.empty(out.shape, out.dtype)
+            kernel(np.ascontiguousarray(a), np.ascontiguousarray(w), dense)
+            out[...] = dense
+    return run
+
+
+def _probed(ways: dict, key: tuple):
+    """`run(a, w, out)` by the way of `ways` (name -> run, the incumbent first) its first call
+    probes (`probe_kernels`; the harness's first call is the verifying one, so the way kept is
+    the way verified), the others then dropped with their scratch; the choice kept under `key`
+    for the row's note."""
+    chosen: list[str] = []
+
+    def run(a, w, out):
+        if not chosen:
+            chosen.append(probe_kernels(ways, a, w, out) if len(ways) > 1 else next(iter(ways)))
+            _KERNEL_CHOICE[key] = chosen[0]
+            for name in [n for n in ways if n != chosen[0]]:
+                del ways[name]
+        ways[chosen[0]](a, w, out)
+    return run
+
+
+#: The way each prepared (problem, pass, layout, dtype) probed: its row's note (`describe`) and
+#: what it holds (`workspace_bytes`).
+_KERNEL_CHOICE: dict[tuple, str] = {}
+
+
+def probe_kernels(ways: dict, a: np.ndarray, w: np.ndarray, out: np.ndarray) -> str:
+    """The kernel a pass keeps: the products' rule (`products.probe`), Numba's the incumbent."""
+    return products.probe(ways, a, w, out)
+
+
+def blocked_kernels(p: ConvProblem, pass_: str, dtype, kept: str | None = None) -> dict:
+    """The register-blocked kernels (`blocked_llvm`) a forward or flipped bwd_data pass probes
+    besides its own, compiled; none where they do not apply or llvmlite does not load. `kept`:
+    the way an earlier probe of this pass kept in this process, the only one then built."""
+    if not blocked_llvm.applies(p, pass_) or jit.available() is not None:
+        return {}
+    return blocked_llvm.kernels(p, pass_, dtype, kept)
+
+
+#: The fewest FLOPs of a pass for which `direct`'s dense path (dense layers, and grouped ones
+#: of more than MAX_GROUP_CHANNELS a group) also probes the blocked kernels: below it both
+#: take microseconds, and two compiles (0.05-0.5 s) would cost more than they could save.
+BLOCKED_MIN_FLOPS = 20_000_000
+
+
+def compile_blocked(p: ConvProblem, pass_: str, layout: str, dtype) -> None:
+    """The blocked kernels a pass probes compiled (kept for the process), and nhwc's
+    transposes: `direct`'s `compile` hook calls it, outside any timed or traced call (the
+    compilers' own memory is not the pass's)."""
+    if blocked_llvm.applies(p, pass_) and jit.available() is None:
+        bits = blocked_llvm.vector_bits()
+        for block in blocked_llvm.BLOCKS[bits]:
+            blocked_llvm.compiled(blocked_llvm.geometry(p, pass_, dtype, block, bits,
+                                                        threads_=threads.count()))
+        if layout == "nhwc":
+            for move in (_transposes().to_nchw, _transposes().to_nhwc):
+                jit.compile_empty(move, dtype, ("w", 4), ("w", 4), ints=0)
+
+
+def blocks_dense(p: ConvProblem, pass_: str) -> bool:
+    """Whether `direct`'s dense pass of `p` probes the blocked kernels (`blocked_pass`)."""
+    return (p.flops >= BLOCKED_MIN_FLOPS and blocked_llvm.applies(p, pass_)
+            and jit.available() is None)
+
+
+def blocked_pass(p: ConvProblem, pass_: str, layout: str, dtype, products):
+    """`direct`'s dense pass, its tap products (`products()` makes it), or where `blocks_dense`
+    the faster of them and the blocked kernels as its first call probes them (an earlier probe
+    of the pass in this process: its way alone). The kernels run in nchw on the filter as
+    (G, K/G, C/G, R, S) (bwd_data: flipped, (G, C/G, K/G, R, S)); an nhwc pass's operands are
+    copied to nchw and its result back (`transpose`), inside the time the probe and the
+    harness see."""
+    key = (p, pass_, layout, np.dtype(dtype).str)
+    kept = _KERNEL_CHOICE.get(key)
+    if not blocks_dense(p, pass_) or kept == "products":
+        return products()
+    g, kg, cg = p.groups, p.k // p.groups, p.c // p.groups
+    flip = pass_ == "bwd_data"
+    taps = np.empty((g, cg, kg, p.r, p.s) if flip else (g, kg, cg, p.r, p.s), dtype)
+    a_buf = out_buf = None
+    if layout == "nhwc":
+        x, y = np.empty(p.x_shape("nchw"), dtype), np.empty(p.y_shape("nchw"), dtype)
+        a_buf, out_buf = (x, y) if pass_ == "fwd" else (y, x)
+        compile_blocked(p, pass_, layout, dtype)  # where `compile` did not
+
+    def way(kernel):
+        def run(a, w, out):
+            grouped = _group_filter(w, p, layout)
+            taps[...] = grouped[:, :, :, ::-1, ::-1].transpose(0, 2, 1, 3, 4) if flip else grouped
+            kernel(_to_nchw(a, a_buf), taps, out if out_buf is None else out_buf)
+            if out_buf is not None:
+                transpose("to_nhwc", out_buf, out)
+        return run
+    ways = {name: way(_contiguous(k))
+            for name, k in blocked_kernels(p, pass_, dtype, kept).items()}
+    if kept is None:
+        ways = {"products": products(), **ways}
+    return _probed(ways, key)
+
+
+def dense_workspace_bytes(p: ConvProblem, pass_: str, layout: str, dtype, products: int) -> int:
+    """Bytes `blocked_pass` holds beside `direct`'s dense products (`products` bytes): the
+    blocked kernels' scratch, the filter's copy and nhwc's operands in nchw, as `_kept_bytes`
+    counts them."""
+    if not blocks_dense(p, pass_):
+        return products
+    copies = p.k * (p.c // p.groups) * p.r * p.s
+    if layout == "nhwc":
+        copies += math.prod(p.x_shape("nchw")) + math.prod(p.y_shape("nchw"))
+    return _kept_bytes(p, pass_, layout, dtype, "products", products,
+                       copies * np.dtype(dtype).itemsize)
+
+
+def blocked_note(p: ConvProblem, pass_: str, layout: str, dtype, incumbent: str) -> str:
+    """What a probed pass runs: `incumbent` or the blocked kernels, as probed or to be."""
+    way = _KERNEL_CHOICE.get((p, pass_, layout, np.dtype(dtype).str))
+    blocks = " or ".join(f"{kb}x{pb}" for kb, pb in blocked_llvm.BLOCKS[blocked_llvm.vector_bits()])
+    probed = f"[probed: {way}]" if way else "[probed on first call]"
+    return (f"the faster of {incumbent} and register-blocked LLVM kernels ({blocks} output "
+            f"channels x vectors of pixels) {probed}")

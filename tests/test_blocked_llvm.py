@@ -1,0 +1,195 @@
+"""The register-blocked kernels (`blocked_llvm`): every geometry against the float64
+reference, on the host's vectors and on AVX2's, each block shape and its tails; the pass keeps
+the kernel it probed and its output is that kernel's; the hot loop is what the module promises."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from convbench import testing
+from convbench.algos import blocked_llvm, grouped_jit, jit, reference, registry
+from convbench.core.problem import ConvProblem
+
+pytestmark = pytest.mark.skipif(jit.available() is not None, reason="Numba/llvmlite not here")
+
+
+def _host_features() -> dict:
+    import llvmlite.binding as llvm
+
+    return dict(llvm.get_host_cpu_features())
+
+
+#: (vector bits, cpu name) the kernels are checked on: the host's, and AVX2's where it runs here.
+TARGETS = [(blocked_llvm.vector_bits(), "")]
+if blocked_llvm.vector_bits() == 512 and all(_host_features().get(f) for f in ("avx2", "fma")):
+    TARGETS.append((256, "haswell"))
+
+
+def _run(problem: ConvProblem, pass_: str, dtype, block, bits, cpu, threads=2) -> None:
+    """The kernel's output of pass_ on random operands against the float64 reference."""
+    a, b = reference.random_operands(problem, pass_, "nchw", dtype=dtype, seed=3)
+    g = problem.groups
+    if pass_ == "fwd":
+        w = np.ascontiguousarray(b)
+        out = np.full(problem.y_shape("nchw"), np.nan, dtype)
+    else:  # the forward kernel on dy: the filter flipped and transposed (G, C/G, K/G, R, S)
+        grouped = b.reshape(g, problem.k // g, problem.c // g, problem.r, problem.s)
+        w = np.ascontiguousarray(grouped[:, :, :, ::-1, ::-1].transpose(0, 2, 1, 3, 4))
+        out = np.full(problem.x_shape("nchw"), np.nan, dtype)
+    gm = blocked_llvm.geometry(problem, pass_, dtype, block, bits, cpu, threads_=threads)
+    blocked_llvm.Kernel(gm, threads)(np.ascontiguousarray(a), w, out)
+    want = reference.reference(problem, pass_, "nchw", a, b)
+    scale = reference.magnitudes(problem, pass_, "nchw", a, b)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    assert np.all(np.isfinite(out)), "a pixel was never written"
+    assert np.max(np.abs(out - want) / (scale + 1e-30)) < tol
+
+
+@settings(max_examples=30, deadline=None)
+@given(groups=st.integers(2, 3), cg=st.integers(1, 9), kg=st.integers(1, 11),
+       n=st.integers(1, 2), h=st.integers(3, 21), w=st.integers(3, 40), r=st.integers(1, 4),
+       s=st.integers(1, 4), stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+       dilation=st.tuples(st.integers(1, 2), st.integers(1, 2)),
+       pad=st.tuples(st.integers(0, 2), st.integers(0, 2)),
+       pass_=st.sampled_from(["fwd", "bwd_data"]), fp64=st.booleans(),
+       block=st.integers(0, 1), target=st.sampled_from(TARGETS), threads=st.integers(1, 4))
+def test_blocked_kernels_match_reference(groups, cg, kg, n, h, w, r, s, stride, dilation, pad,
+                                         pass_, fp64, block, target, threads):
+    """Any geometry: strides 1-3 (2 across: the shuffled fill), dilation, pads, every kb tail
+    (kg up to 11), planes narrower and wider than a register block, both precisions, up to
+    4 threads (an image and group split into parts of its output channels)."""
+    if (h + 2 * pad[0] - (r - 1) * dilation[0]) < 1 or (w + 2 * pad[1] - (s - 1) * dilation[1]) < 1:
+        return
+    problem = ConvProblem(n=n, c=groups * cg, h=h, w=w, k=groups * kg, r=r, s=s, stride=stride,
+                          pad=pad, dilation=dilation, groups=groups)
+    if not blocked_llvm.applies(problem, pass_):
+        pass_ = "fwd"
+    bits, cpu = target
+    _run(problem, pass_, np.float64 if fp64 else np.float32, blocked_llvm.BLOCKS[bits][block],
+         bits, cpu, threads)
+
+
+@pytest.mark.parametrize("bits, cpu", TARGETS)
+def test_wide_rows_past_a_vector_and_the_shuffled_fill(bits, cpu):
+    """Rows of 70 columns at stride 2 (the fill's vector loop and its scalar tail) and a plane
+    of several register blocks, both block shapes."""
+    for problem in (ConvProblem(n=2, c=16, h=33, w=70, k=24, r=3, s=3, stride=2, pad=1, groups=2),
+                    ConvProblem(n=1, c=12, h=20, w=45, k=30, r=3, s=5, pad=(1, 2), groups=3)):
+        for pass_ in ("fwd", "bwd_data"):
+            if blocked_llvm.applies(problem, pass_):
+                for block in blocked_llvm.BLOCKS[bits]:
+                    _run(problem, pass_, np.float32, block, bits, cpu)
+
+
+def test_which_passes_the_blocked_kernels_take():
+    """fwd at any stride; bwd_data at stride 1 where the flipped pads are not negative."""
+    p = ConvProblem(n=1, c=8, h=8, w=8, k=8, r=3, s=3, pad=1, groups=2)
+    assert blocked_llvm.applies(p, "fwd") and blocked_llvm.applies(p, "bwd_data")
+    assert not blocked_llvm.applies(p, "bwd_filter")
+    assert not blocked_llvm.applies(ConvProblem(n=1, c=8, h=8, w=8, k=8, r=3, s=3, stride=2,
+                                                pad=1, groups=2), "bwd_data")
+    assert not blocked_llvm.applies(ConvProblem(n=1, c=8, h=8, w=8, k=8, r=3, s=3, pad=3,
+                                                groups=2), "bwd_data")
+
+
+PROBLEM = ConvProblem(n=2, c=32, h=9, w=10, k=48, r=3, s=3, stride=(2, 1), pad=1, groups=8)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("pass_", ["fwd", "bwd_data"])
+def test_the_pass_runs_the_kernel_it_probed(pass_, layout, monkeypatch):
+    """Whichever kernel the probe keeps, the pass's output is that kernel's and matches the
+    reference, and the row's note names it."""
+    problem = PROBLEM if pass_ == "fwd" else ConvProblem(n=2, c=32, h=9, w=10, k=48, r=3, s=3,
+                                                         pad=1, groups=8)
+    direct = registry.get("direct", "numpy")
+    names = ["numba"] + list(grouped_jit.blocked_kernels(problem, pass_, np.float32))
+    assert len(names) == 3
+    for name in names:
+        calls = []
+
+        def fixed(ways, a, w, out, name=name, calls=calls):
+            calls.append(sorted(ways))
+            return name
+        monkeypatch.setattr(grouped_jit, "probe_kernels", fixed)
+        monkeypatch.setattr(grouped_jit, "_KERNEL_CHOICE", {})  # probed afresh
+        testing.assert_matches_reference("direct", "numpy", problem, pass_, layout, "fp32")
+        assert calls and calls[0] == sorted(names)
+        assert f"[probed: {name}]" in direct.describe(problem, pass_, layout, "fp32")
+
+
+@pytest.mark.parametrize("bits, cpu", TARGETS)
+def test_the_hot_loop_keeps_its_sums_in_registers(bits, cpu):
+    """Per input channel: kb x pb x taps FMAs on full-width vectors, nothing on the stack, at
+    most one load (input vector or weight broadcast) per two FMAs with AVX-512 (3 per 4 on AVX2)."""
+    problem = ConvProblem(n=1, c=64, h=28, w=28, k=64, r=3, s=3, pad=1, groups=8)
+    register = {512: "zmm", 256: "ymm", 128: "xmm"}[bits]
+    for kb, pb in blocked_llvm.BLOCKS[bits]:
+        gm = blocked_llvm.geometry(problem, "fwd", np.float32, (kb, pb), bits, cpu)
+        loop = blocked_llvm.hot_loop(blocked_llvm.assembly(gm))
+        assert loop.fmas == kb * pb * 9 and loop.register == register
+        assert loop.stack_refs == 0
+        inputs = {gm.offset(r, s) + i * gm.lanes for r in range(3) for s in range(3)
+                  for i in range(pb)}  # a load each, shared where two taps' vectors coincide
+        assert loop.broadcasts == kb * 9 and loop.vector_loads == len(inputs)
+        assert loop.loads_per_fma <= (0.5 if bits == 512 else 0.75)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("pass_", ["fwd", "bwd_data", "bwd_filter"])
+@pytest.mark.parametrize("problem", [
+    ConvProblem(n=2, c=6, h=13, w=11, k=40, r=3, s=3, stride=(1, 2), pad=1),  # dense
+    ConvProblem(n=1, c=80, h=9, w=12, k=12, r=3, s=1, pad=(1, 0), groups=2),  # 40 a group
+], ids=["dense", "grouped-40"])
+def test_the_dense_path_runs_the_kernel_it_probed(problem, pass_, layout, monkeypatch):
+    """direct's dense path (dense layers; groups beyond MAX_GROUP_CHANNELS) probes the blocked
+    kernels beside its tap products above BLOCKED_MIN_FLOPS (set to 0 here): whichever it
+    keeps, the pass matches the reference and its note names it; bwd_filter, and bwd_data of
+    stride 2, stay with the products and say nothing."""
+    monkeypatch.setattr(grouped_jit, "BLOCKED_MIN_FLOPS", 0)
+    direct = registry.get("direct", "numpy")
+    blocked = blocked_llvm.applies(problem, pass_)
+    names = ["products"] + (list(grouped_jit.blocked_kernels(problem, pass_, np.float32))
+                            if blocked else [])
+    assert len(names) == (3 if blocked else 1)
+    assert blocked == (pass_ == "fwd" or (pass_ == "bwd_data" and problem.stride_w == 1))
+    for name in names:
+        def fixed(ways, a, w, out, name=name):
+            assert sorted(ways) == sorted(names)
+            return name
+        monkeypatch.setattr(grouped_jit, "probe_kernels", fixed)
+        monkeypatch.setattr(grouped_jit, "_KERNEL_CHOICE", {})  # probed afresh
+        testing.assert_matches_reference("direct", "numpy", problem, pass_, layout, "fp32")
+        note = direct.describe(problem, pass_, layout, "fp32")
+        assert (f"[probed: {name}]" in note) if blocked else note == ""
+
+
+def test_small_dense_passes_do_not_compile_the_blocked_kernels():
+    """Below BLOCKED_MIN_FLOPS the dense path is its products alone, nothing compiled."""
+    small = ConvProblem(n=1, c=8, h=8, w=8, k=8, r=3, s=3, pad=1)
+    assert small.flops < grouped_jit.BLOCKED_MIN_FLOPS
+    assert not grouped_jit.blocks_dense(small, "fwd")
+    assert registry.get("direct", "numpy").describe(small, "fwd", "nchw", "fp32") == ""
+
+
+def test_a_later_prepare_of_a_probed_pass_builds_its_way_alone(monkeypatch):
+    """The probe's choice is kept for the process: a pass prepared again runs that way without
+    probing and holds that way's buffers alone (its workspace says so)."""
+    problem = ConvProblem(n=2, c=6, h=13, w=11, k=40, r=3, s=3, pad=1)
+    monkeypatch.setattr(grouped_jit, "BLOCKED_MIN_FLOPS", 0)
+    monkeypatch.setattr(grouped_jit, "_KERNEL_CHOICE", {})
+    direct = registry.get("direct", "numpy")
+    probing = direct.workspace_bytes(problem, "fwd", "nhwc", "fp32")
+    kept = blocked_llvm.name(blocked_llvm.BLOCKS[blocked_llvm.vector_bits()][1])
+    monkeypatch.setattr(grouped_jit, "probe_kernels", lambda ways, a, w, out: kept)
+    testing.assert_matches_reference("direct", "numpy", problem, "fwd", "nhwc", "fp32")
+
+    def never(*args):
+        raise AssertionError("probed again")
+    monkeypatch.setattr(grouped_jit, "probe_kernels", never)
+    testing.assert_matches_reference("direct", "numpy", problem, "fwd", "nhwc", "fp32")
+    assert f"[probed: {kept}]" in direct.describe(problem, "fwd", "nhwc", "fp32")
+    assert direct.workspace_bytes(problem, "fwd", "nhwc", "fp32") < probing
