@@ -515,7 +515,8 @@ _pool_lock = threading.Lock()
 
 
 def _executor(n: int) -> ThreadPoolExecutor:
-    """The threads the tasks run on (a ctypes call releases the GIL), `n` of them."""
+    """The threads the tasks run on besides the caller's (a ctypes call releases the GIL), `n`
+    of them."""
     global _pool, _pool_size
     with _pool_lock:
         if _pool is None or _pool_size != n:
@@ -544,13 +545,13 @@ class Kernel:
                 raise ValueError("blocked_llvm: operands must be contiguous "
                                  f"{self.gm.dtype} arrays")
         ptrs = (a.ctypes.data, w.ctypes.data, out.ctypes.data)
-        call = self.call
-        if self.threads == 1:
-            call(*ptrs, self.planes[0].ctypes.data, self.wides[0].ctypes.data, *self.ranges[0])
-            return
-        pool = _executor(self.threads)
-        futures = [pool.submit(call, *ptrs, pl.ctypes.data, wd.ctypes.data, t0, t1)
-                   for pl, wd, (t0, t1) in zip(self.planes, self.wides, self.ranges)]
+        work = [(pl.ctypes.data, wd.ctypes.data, t0, t1)
+                for pl, wd, (t0, t1) in zip(self.planes, self.wides, self.ranges)]
+        # the calling thread takes the first share itself: a third runnable thread on two
+        # cores would wait for one (and read as contention in the timing's scheduler share)
+        futures = ([_executor(self.threads - 1).submit(self.call, *ptrs, *job)
+                    for job in work[1:]] if len(work) > 1 else [])
+        self.call(*ptrs, *work[0])
         for f in futures:
             f.result()
 
