@@ -149,9 +149,11 @@ def vector_bits(features: dict | None = None) -> int:
 #: The register blocks (kb output channels x pb vectors of pixels) a pass probes, by vector
 #: width: kb·pb sums, pb inputs and a broadcast weight fit the register file (32 vectors with
 #: AVX-512, 16 below), and LLVM spills none of them on 3x3 filters (it did on 4x6 and 6x4).
-#: Two shapes because neither wins everywhere: 8x3 wastes fewer pixels on small planes, 5x4
-#: loads fewer weights a multiply-add (docs/pages/cpu-algorithms.md).
-BLOCKS = {512: ((8, 3), (5, 4)), 256: ((3, 3), (4, 2)), 128: ((3, 3), (4, 2))}
+#: Three shapes because none wins everywhere: 5x4 loads the fewest weights a multiply-add
+#: (AlexNet's conv1), 16x1 wastes the fewest pixels of a small plane's last block (13x13 and
+#: 14x14 layers), 8x3 sits between (docs/pages/cpu-algorithms.md).
+BLOCKS = {512: ((8, 3), (5, 4), (16, 1)), 256: ((3, 3), (4, 2), (8, 1)),
+          128: ((3, 3), (4, 2), (8, 1))}
 
 
 def applies(p: ConvProblem, pass_: str) -> bool:
@@ -481,7 +483,8 @@ def assembly(gm: Geometry) -> str:
 @dataclass(frozen=True)
 class HotLoop:
     """The loop body with the most FMAs, read from the assembly: what the kernel promises.
-    vector_loads counts the input vectors, loaded alone or as an FMA's memory operand."""
+    broadcasts counts the weights, broadcast alone or as an FMA's {1toN} operand; vector_loads
+    the input vectors, loaded alone or as an FMA's memory operand."""
 
     fmas: int
     broadcasts: int
@@ -502,10 +505,12 @@ def hot_loop(asm: str) -> HotLoop:
         if len(fmas) > best.fmas:
             loads = re.findall(r"\bvmov[ua]p[sd]\s+-?\d*\(%r\w+(?:,%r\w+(?:,\d)?)?\), %[xyz]mm",
                                body)
-            folded = re.findall(r"\bvfn?madd\d+[ps][sd]\s+-?\d*\(%r(?!sp)[^\n]*%[xyz]mm", body)
-            best = HotLoop(len(fmas), len(re.findall(r"\bvbroadcasts[sd]\b", body)),
-                           len(loads) + len(folded), len(re.findall(r"\(%rsp\)", body)),
-                           fmas[0])
+            folded = re.findall(r"\bvfn?madd\d+[ps][sd]\s+-?\d*\(%r(?!sp)\w*\)(\{1to\d+\})?",
+                                body)  # an FMA's memory operand: a vector, or {1toN} a broadcast
+            embedded = sum(1 for b in folded if b)
+            best = HotLoop(len(fmas), len(re.findall(r"\bvbroadcasts[sd]\b", body)) + embedded,
+                           len(loads) + len(folded) - embedded,
+                           len(re.findall(r"\(%rsp\)", body)), fmas[0])
     return best
 
 
