@@ -32,7 +32,10 @@ def _run(problem: ConvProblem, pass_: str, dtype, block, bits, cpu, threads=2) -
     """The kernel's output of pass_ on random operands against the float64 reference."""
     a, b = reference.random_operands(problem, pass_, "nchw", dtype=dtype, seed=3)
     g = problem.groups
-    if pass_ == "fwd":
+    if pass_ == "bwd_filter":  # (x, dy) -> float64 sums, added into
+        w = np.ascontiguousarray(b)
+        out = np.zeros((g, problem.k // g, problem.c // g, problem.r, problem.s), np.float64)
+    elif pass_ == "fwd":
         w = np.ascontiguousarray(b)
         out = np.full(problem.y_shape("nchw"), np.nan, dtype)
     else:  # the forward kernel on dy: the filter flipped and transposed (G, C/G, K/G, R, S)
@@ -41,6 +44,7 @@ def _run(problem: ConvProblem, pass_: str, dtype, block, bits, cpu, threads=2) -
         out = np.full(problem.x_shape("nchw"), np.nan, dtype)
     gm = blocked_llvm.geometry(problem, pass_, dtype, block, bits, cpu, threads_=threads)
     blocked_llvm.Kernel(gm, threads)(np.ascontiguousarray(a), w, out)
+    out = out.reshape(problem.w_shape("nchw")) if pass_ == "bwd_filter" else out
     want = reference.reference(problem, pass_, "nchw", a, b)
     scale = reference.magnitudes(problem, pass_, "nchw", a, b)
     tol = 1e-5 if dtype == np.float32 else 1e-12
@@ -54,13 +58,14 @@ def _run(problem: ConvProblem, pass_: str, dtype, block, bits, cpu, threads=2) -
        s=st.integers(1, 4), stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
        dilation=st.tuples(st.integers(1, 2), st.integers(1, 2)),
        pad=st.tuples(st.integers(0, 2), st.integers(0, 2)),
-       pass_=st.sampled_from(["fwd", "bwd_data"]), fp64=st.booleans(),
+       pass_=st.sampled_from(["fwd", "bwd_data", "bwd_filter"]), fp64=st.booleans(),
        block=st.integers(0, 2), target=st.sampled_from(TARGETS), threads=st.integers(1, 4))
 def test_blocked_kernels_match_reference(groups, cg, kg, n, h, w, r, s, stride, dilation, pad,
                                          pass_, fp64, block, target, threads):
     """Any geometry: strides 1-3 (2 across: the shuffled fill), dilation, pads, every kb tail
-    (kg up to 11), planes narrower and wider than a register block, both precisions, up to
-    4 threads (an image and group split into parts of its output channels)."""
+    (kg up to 11), planes narrower and wider than a register block, filters of more taps than a
+    bwd_filter block sums at once, both precisions, up to 4 threads (an image and group split
+    into parts of its output channels)."""
     if (h + 2 * pad[0] - (r - 1) * dilation[0]) < 1 or (w + 2 * pad[1] - (s - 1) * dilation[1]) < 1:
         return
     problem = ConvProblem(n=n, c=groups * cg, h=h, w=w, k=groups * kg, r=r, s=s, stride=stride,
@@ -68,7 +73,8 @@ def test_blocked_kernels_match_reference(groups, cg, kg, n, h, w, r, s, stride, 
     if not blocked_llvm.applies(problem, pass_):
         pass_ = "fwd"
     bits, cpu = target
-    _run(problem, pass_, np.float64 if fp64 else np.float32, blocked_llvm.BLOCKS[bits][block],
+    shapes = blocked_llvm.blocks(pass_, bits)
+    _run(problem, pass_, np.float64 if fp64 else np.float32, shapes[block % len(shapes)],
          bits, cpu, threads)
 
 
@@ -78,17 +84,17 @@ def test_wide_rows_past_a_vector_and_the_shuffled_fill(bits, cpu):
     of several register blocks, both block shapes."""
     for problem in (ConvProblem(n=2, c=16, h=33, w=70, k=24, r=3, s=3, stride=2, pad=1, groups=2),
                     ConvProblem(n=1, c=12, h=20, w=45, k=30, r=3, s=5, pad=(1, 2), groups=3)):
-        for pass_ in ("fwd", "bwd_data"):
+        for pass_ in ("fwd", "bwd_data", "bwd_filter"):
             if blocked_llvm.applies(problem, pass_):
-                for block in blocked_llvm.BLOCKS[bits]:
+                for block in blocked_llvm.blocks(pass_, bits):
                     _run(problem, pass_, np.float32, block, bits, cpu)
 
 
 def test_which_passes_the_blocked_kernels_take():
-    """fwd at any stride; bwd_data at stride 1 where the flipped pads are not negative."""
+    """fwd and bwd_filter at any stride; bwd_data at stride 1 where the flipped pads are not
+    negative."""
     p = ConvProblem(n=1, c=8, h=8, w=8, k=8, r=3, s=3, pad=1, groups=2)
-    assert blocked_llvm.applies(p, "fwd") and blocked_llvm.applies(p, "bwd_data")
-    assert not blocked_llvm.applies(p, "bwd_filter")
+    assert all(blocked_llvm.applies(p, pass_) for pass_ in ("fwd", "bwd_data", "bwd_filter"))
     assert not blocked_llvm.applies(ConvProblem(n=1, c=8, h=8, w=8, k=8, r=3, s=3, stride=2,
                                                 pad=1, groups=2), "bwd_data")
     assert not blocked_llvm.applies(ConvProblem(n=1, c=8, h=8, w=8, k=8, r=3, s=3, pad=3,
@@ -99,15 +105,15 @@ PROBLEM = ConvProblem(n=2, c=32, h=9, w=10, k=48, r=3, s=3, stride=(2, 1), pad=1
 
 
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
-@pytest.mark.parametrize("pass_", ["fwd", "bwd_data"])
+@pytest.mark.parametrize("pass_", ["fwd", "bwd_data", "bwd_filter"])
 def test_the_pass_runs_the_kernel_it_probed(pass_, layout, monkeypatch):
     """Whichever kernel the probe keeps, the pass's output is that kernel's and matches the
     reference, and the row's note names it."""
-    problem = PROBLEM if pass_ == "fwd" else ConvProblem(n=2, c=32, h=9, w=10, k=48, r=3, s=3,
-                                                         pad=1, groups=8)
+    problem = PROBLEM if pass_ != "bwd_data" else ConvProblem(n=2, c=32, h=9, w=10, k=48, r=3,
+                                                              s=3, pad=1, groups=8)
     direct = registry.get("direct", "numpy")
     names = ["numba"] + list(grouped_jit.blocked_kernels(problem, pass_, np.float32))
-    assert len(names) == 1 + len(blocked_llvm.BLOCKS[blocked_llvm.vector_bits()])
+    assert len(names) == 1 + len(blocked_llvm.blocks(pass_, blocked_llvm.vector_bits()))
     for name in names:
         calls = []
 
@@ -148,16 +154,16 @@ def test_the_hot_loop_keeps_its_sums_in_registers(bits, cpu):
 def test_the_dense_path_runs_the_kernel_it_probed(problem, pass_, layout, monkeypatch):
     """direct's dense path (dense layers; groups beyond MAX_GROUP_CHANNELS) probes the blocked
     kernels beside its tap products above BLOCKED_MIN_FLOPS (set to 0 here): whichever it
-    keeps, the pass matches the reference and its note names it; bwd_filter, and bwd_data of
-    stride 2, stay with the products and say nothing."""
+    keeps, the pass matches the reference and its note names it; bwd_data of stride 2 stays
+    with the products and says nothing."""
     monkeypatch.setattr(grouped_jit, "BLOCKED_MIN_FLOPS", 0)
     direct = registry.get("direct", "numpy")
     blocked = blocked_llvm.applies(problem, pass_)
     names = ["products"] + (list(grouped_jit.blocked_kernels(problem, pass_, np.float32))
                             if blocked else [])
-    assert len(names) == (1 + len(blocked_llvm.BLOCKS[blocked_llvm.vector_bits()])
+    assert len(names) == (1 + len(blocked_llvm.blocks(pass_, blocked_llvm.vector_bits()))
                           if blocked else 1)
-    assert blocked == (pass_ == "fwd" or (pass_ == "bwd_data" and problem.stride_w == 1))
+    assert blocked == (pass_ != "bwd_data" or problem.stride_w == 1)
     for name in names:
         def fixed(ways, a, w, out, name=name):
             assert sorted(ways) == sorted(names)
@@ -195,3 +201,58 @@ def test_a_later_prepare_of_a_probed_pass_builds_its_way_alone(monkeypatch):
     testing.assert_matches_reference("direct", "numpy", problem, "fwd", "nhwc", "fp32")
     assert f"[probed: {kept}]" in direct.describe(problem, "fwd", "nhwc", "fp32")
     assert direct.workspace_bytes(problem, "fwd", "nhwc", "fp32") < probing
+
+
+@pytest.mark.parametrize("bits, cpu", TARGETS)
+def test_the_filter_gradients_hot_loop_keeps_its_sums_in_registers(bits, cpu):
+    """bwd_filter, per vector of pixels: kb x taps FMAs (LLVM may unroll the loop a few times),
+    nothing on the stack, kb dy loads and an input vector a tap at most."""
+    problem = ConvProblem(n=1, c=64, h=28, w=28, k=64, r=3, s=3, pad=1, groups=2)
+    register = {512: "zmm", 256: "ymm", 128: "xmm"}[bits]
+    for kb, taps in blocked_llvm.FILTER_BLOCKS[bits]:
+        gm = blocked_llvm.geometry(problem, "bwd_filter", np.float32, (kb, taps), bits, cpu)
+        loop = blocked_llvm.hot_loop(blocked_llvm.assembly(gm))
+        per_vector = kb * min(taps, 9)
+        unrolled = loop.fmas // per_vector
+        assert loop.fmas == unrolled * per_vector and unrolled >= 1
+        assert loop.register == register and loop.stack_refs == 0
+        assert loop.vector_loads <= unrolled * (kb + min(taps, 9))
+
+
+def test_machine_code_is_cached_on_disk_and_loaded_back(tmp_path, monkeypatch):
+    """A kernel compiled once is written under the user cache; a fresh process (the lru cache
+    cleared) loads it instead of compiling, and the loaded kernel is still right."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    problem = ConvProblem(n=1, c=6, h=9, w=9, k=10, r=3, s=3, pad=1, groups=2)
+    bits = blocked_llvm.vector_bits()
+    block = blocked_llvm.BLOCKS[bits][0]
+    gm = blocked_llvm.geometry(problem, "fwd", np.float32, block, bits, threads_=1)
+    blocked_llvm.compiled.cache_clear()
+    blocked_llvm.compiled(gm)
+    path = blocked_llvm.object_path(gm, blocked_llvm.kernel_ir(gm))
+    assert path.parent == tmp_path / "convbench" / "llvm" and path.stat().st_size > 0
+    blocked_llvm.compiled.cache_clear()
+    monkeypatch.setattr(blocked_llvm, "_optimised", _never_optimised(blocked_llvm._optimised))
+    _run(problem, "fwd", np.float32, block, bits, "", threads=1)
+    blocked_llvm.compiled.cache_clear()
+
+
+def _never_optimised(real):
+    def parse_only(gm, text=None, optimise=True):
+        assert not optimise, "compiled again, the cache not read"
+        return real(gm, text, optimise)
+    return parse_only
+
+
+@pytest.mark.parametrize("pass_", ["fwd", "bwd_filter"])
+def test_many_stride_phases_fill_by_scatter(pass_):
+    """Past MAX_UNROLLED_PHASES the planes are filled by one scatter loop: patchify layers
+    (stride = filter, 8x8 and 5x6 across 4x7 phases) and a strided 1x1, against the reference."""
+    for problem in (ConvProblem(n=1, c=3, h=32, w=40, k=20, r=8, s=8, stride=8),
+                    ConvProblem(n=2, c=4, h=23, w=30, k=6, r=5, s=6, stride=(4, 7), pad=(1, 2),
+                                groups=2),
+                    ConvProblem(n=1, c=5, h=17, w=17, k=7, r=1, s=1, stride=5)):
+        gm = blocked_llvm.geometry(problem, pass_, np.float32, (5, 4), 512)
+        assert gm.sh * gm.sw > blocked_llvm.MAX_UNROLLED_PHASES
+        bits = blocked_llvm.vector_bits()
+        _run(problem, pass_, np.float32, blocked_llvm.blocks(pass_, bits)[0], bits, "")

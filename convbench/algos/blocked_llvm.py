@@ -36,15 +36,18 @@ import ctypes
 import dataclasses
 import functools
 import gc
+import hashlib
+import os
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from ..core.problem import ConvProblem
-from ..machine import threads
+from ..machine import host, threads
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,16 @@ class Geometry:
     dtype: str = "float32"
     cpu: str = ""  # the CPU name it compiles for ("" the host's)
     part: int = 0  # output channels a task (0: all kg): split so that threads have work
+    #: "fwd" (also bwd_data's flipped forward) or "bwf" (bwd_filter: kb output channels x
+    #: `taps` taps of the filter gradient summed in registers over the pixels)
+    mode: str = "fwd"
+    taps: int = 0  # bwf: taps a pass over the pixels sums at most (0: all R·S)
+
+    @property
+    def tasks(self) -> int:
+        """Tasks of the pass: an image, group and part (bwf: a group and part, the images in
+        turn, so no two tasks add into one filter gradient)."""
+        return (1 if self.mode == "bwf" else self.n) * self.g * self.chunks
 
     @property
     def chunk(self) -> int:
@@ -154,12 +167,21 @@ def vector_bits(features: dict | None = None) -> int:
 #: 14x14 layers), 8x3 sits between (docs/pages/cpu-algorithms.md).
 BLOCKS = {512: ((8, 3), (5, 4), (16, 1)), 256: ((3, 3), (4, 2), (8, 1)),
           128: ((3, 3), (4, 2), (8, 1))}
+#: bwd_filter's blocks: kb output channels x up to `taps` taps, a vector sum each (kb·taps of
+#: them, and kb dy vectors and an input vector, in the registers); a filter of more taps takes
+#: several passes over the pixels.
+FILTER_BLOCKS = {512: ((2, 9), (4, 6)), 256: ((1, 9), (2, 6)), 128: ((1, 9), (2, 6))}
+
+
+def blocks(pass_: str, bits: int) -> tuple[tuple[int, int], ...]:
+    """The blocks a pass probes on vectors of `bits`."""
+    return (FILTER_BLOCKS if pass_ == "bwd_filter" else BLOCKS)[bits]
 
 
 def applies(p: ConvProblem, pass_: str) -> bool:
-    """fwd, and bwd_data of stride 1 (the forward kernel on dy, its pads the filter's reach less
-    the pass's, which must not be negative), on grouped layers (`grouped_jit.applies`)."""
-    if pass_ == "fwd":
+    """fwd and bwd_filter, and bwd_data of stride 1 (the forward kernel on dy, its pads the
+    filter's reach less the pass's, which must not be negative)."""
+    if pass_ in ("fwd", "bwd_filter"):
         return True
     if pass_ == "bwd_data" and p.stride_h == p.stride_w == 1:
         return ((p.r - 1) * p.dil_h >= p.pad_top and (p.s - 1) * p.dil_w >= p.pad_left)
@@ -175,7 +197,11 @@ def geometry(p: ConvProblem, pass_: str, dtype, block: tuple[int, int], bits: in
     lanes = bits // (8 * np.dtype(dtype).itemsize)
     g = p.groups
     kb, pb = block
-    if pass_ == "fwd":
+    if pass_ == "bwd_filter":  # the forward's planes; kb x taps sums, a vector of pixels a step
+        gm = Geometry(p.n, g, p.c // g, p.k // g, p.h, p.w, p.r, p.s, p.stride_h, p.stride_w,
+                      p.dil_h, p.dil_w, p.pad_top, p.pad_left, p.p, p.q, kb, 1, lanes,
+                      np.dtype(dtype).name, cpu, mode="bwf", taps=pb)
+    elif pass_ == "fwd":
         gm = Geometry(p.n, g, p.c // g, p.k // g, p.h, p.w, p.r, p.s, p.stride_h, p.stride_w,
                       p.dil_h, p.dil_w, p.pad_top, p.pad_left, p.p, p.q, kb, pb, lanes,
                       np.dtype(dtype).name, cpu)
@@ -183,7 +209,8 @@ def geometry(p: ConvProblem, pass_: str, dtype, block: tuple[int, int], bits: in
         gm = Geometry(p.n, g, p.k // g, p.c // g, p.p, p.q, p.r, p.s, 1, 1, p.dil_h, p.dil_w,
                       (p.r - 1) * p.dil_h - p.pad_top, (p.s - 1) * p.dil_w - p.pad_left,
                       p.h, p.w, kb, pb, lanes, np.dtype(dtype).name, cpu)
-    wanted = max(1, min(-(-2 * threads_ // (p.n * g)), -(-gm.kg // kb)))
+    images = 1 if pass_ == "bwd_filter" else p.n
+    wanted = max(1, min(-(-2 * threads_ // (images * g)), -(-gm.kg // kb)))
     if wanted == 1:
         return gm
     part = -(-gm.kg // wanted)
@@ -246,11 +273,13 @@ def kernel_ir(gm: Geometry) -> str:
     vec = ir.VectorType(ft, L)
     vptr = vec.as_pointer()
     module = ir.Module(name="blocked")
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ft.as_pointer()] * 5
-                                             + [ir.IntType(64)] * 2), name="blocked_fwd")
+    third = ir.DoubleType() if gm.mode == "bwf" else ft  # bwf: the float64 filter sums
+    fn = ir.Function(module, ir.FunctionType(
+        ir.VoidType(), [ft.as_pointer()] * 2 + [third.as_pointer()] + [ft.as_pointer()] * 2
+        + [ir.IntType(64)] * 2), name=ENTRY[gm.mode])
     for arg in fn.args[:5]:
         arg.add_attribute("noalias")
-    x, w, y, planes, wide, t0, t1 = fn.args
+    x, w, y, planes, wide, t0, t1 = fn.args  # bwf: x, dy, the sums, planes, dy's wide rows
     e = _Emitter(fn)
     C = e.const
     zeros = ir.Constant(vec, [0.0] * L)
@@ -271,14 +300,19 @@ def kernel_ir(gm: Geometry) -> str:
         """The plane indices i of phase a whose source a + stride*i - pad lies in [0, size)."""
         return max(0, -(-(pad - a) // stride)), min(extent, (size - 1 + pad - a) // stride + 1)
 
+    def smaller(a, b):
+        return e.b.select(e.b.icmp_signed("<", a, b), a, b)
+
     def task(t):
         part, t = e.b.urem(t, C(gm.chunks)), e.b.udiv(t, C(gm.chunks))
-        g, n = e.b.urem(t, C(gm.g)), e.b.udiv(t, C(gm.g))
         k_lo = mul(part, gm.chunk)  # this task's output channels: k_lo up to k_hi
-
-        def smaller(a, b):
-            return e.b.select(e.b.icmp_signed("<", a, b), a, b)
         k_hi = smaller(add(k_lo, C(gm.chunk)), C(gm.kg))
+        if gm.mode == "bwf":  # a group, the images in turn
+            e.loop(C(0), C(gm.n), 1, lambda n: image(n, t, k_lo, k_hi), "images")
+        else:
+            image(e.b.udiv(t, C(gm.g)), e.b.urem(t, C(gm.g)), k_lo, k_hi)
+
+    def image(n, g, k_lo, k_hi):
         xg = e.b.gep(x, [mul(add(mul(n, channels_in), mul(g, gm.cg)), gm.h * gm.w)])
         wg = e.b.gep(w, [mul(g, gm.kg * gm.cg * taps)])
         yg = e.b.gep(y, [mul(add(mul(n, channels_out), mul(g, gm.kg)), gm.p * gm.q)])
@@ -341,7 +375,33 @@ def kernel_ir(gm: Geometry) -> str:
                         e.b.store(e.b.load(e.b.gep(src, [C(u)])), e.b.gep(dst[phase], [C(col)]))
                 e.loop(C(r_lo), C(r_hi), 1, row, "prow")
 
-        e.loop(C(0), C(gm.cg), 1, fill_pairs if gm.sw == 2 else fill_any, "fill")
+        def fill_scatter(c):  # many phases: each source element to its phase, one loop nest
+            def row(u):
+                a, rr = e.b.urem(add(u, C(gm.pt)), C(gm.sh)), e.b.udiv(add(u, C(gm.pt)), C(gm.sh))
+                inside, after = e.block("srow"), e.block("srow_end")
+                e.b.cbranch(e.b.icmp_unsigned("<", rr, C(gm.rows)), inside, after)
+                e.b = ir.IRBuilder(inside)
+                src = e.b.gep(xg, [add(mul(c, gm.h * gm.w), mul(u, gm.w))])
+                base = add(mul(c, gm.cstride), mul(mul(a, gm.sw), gm.plane), mul(rr, gm.wq))
+
+                def col(v):
+                    b = e.b.urem(add(v, C(gm.pl)), C(gm.sw))
+                    cc = e.b.udiv(add(v, C(gm.pl)), C(gm.sw))
+                    at = e.b.gep(planes, [add(base, mul(b, gm.plane), cc)])
+                    e.b.store(e.b.load(e.b.gep(src, [v])), at)
+                last = min(gm.w, gm.sw * gm.wq - gm.pl)  # source columns with a plane column
+                if last > 0:
+                    e.loop(C(0), C(last), 1, col, "scol")
+                e.b.branch(after)
+                e.b = ir.IRBuilder(after)
+            e.loop(C(0), C(gm.h), 1, row, "srows")
+
+        fill = (fill_scatter if gm.sh * gm.sw > MAX_UNROLLED_PHASES
+                else fill_pairs if gm.sw == 2 else fill_any)
+        e.loop(C(0), C(gm.cg), 1, fill, "fill")
+        if gm.mode == "bwf":
+            filter_sums(n, g, k_lo, k_hi)
+            return
 
         def pixels(j):
             def block(k0, kb: int, name: str):
@@ -407,6 +467,87 @@ def kernel_ir(gm: Geometry) -> str:
             e.loop(C(0), C(gm.p), 1, out_row, "orow")
         e.loop(k_lo, k_hi, 1, out_channel, "out")
 
+    def filter_sums(n, g, k_lo, k_hi):
+        """bwf: image n's dy rows of channels k_lo..k_hi into the wide rows (their extra
+        columns stay zero), then per block of kb channels, input channel and group of taps,
+        the sums over the pixels in registers, each reduced and added into the float64 sums."""
+        dyg = e.b.gep(w, [mul(add(mul(n, channels_out), mul(g, gm.kg)), gm.p * gm.q)])
+
+        def dy_channel(k):
+            def dy_row(pp):
+                src = e.b.gep(dyg, [add(mul(k, gm.p * gm.q), mul(pp, gm.q))])
+                dst = e.b.gep(wide, [add(mul(e.b.sub(k, k_lo), gm.wide), mul(pp, gm.wq))])
+
+                def col(cc):
+                    e.b.store(e.b.load(e.b.gep(src, [cc])), e.b.gep(dst, [cc]))
+                e.loop(C(0), C(gm.q), 1, col, "dcol")
+            e.loop(C(0), C(gm.p), 1, dy_row, "drow")
+        e.loop(k_lo, k_hi, 1, dy_channel, "dy")
+        all_taps = [(r, s) for r in range(gm.r) for s in range(gm.s)]
+        per = gm.taps or len(all_taps)
+        groups = [all_taps[i:i + per] for i in range(0, len(all_taps), per)]
+        sums_g = e.b.gep(y, [mul(g, gm.kg * gm.cg * taps)])
+
+        def reduce(v):
+            width = L
+            while width > 1:
+                half = width // 2
+                lo = e.b.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, half),
+                                                          list(range(half))))
+                hi = e.b.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, half),
+                                                          list(range(half, width))))
+                v, width = e.b.fadd(lo, hi), half
+            total = e.b.extract_element(v, ir.Constant(i32, 0))
+            return total if gm.dtype == "float64" else e.b.fpext(total, ir.DoubleType())
+
+        def block(k0, kb: int, name: str):
+            def channel(c):
+                for gi, group in enumerate(groups):
+                    pre = e.b.block
+                    body = e.block(f"dw{name}{gi}")
+                    e.b.branch(body)
+                    b = e.b = ir.IRBuilder(body)
+                    j = b.phi(e.i64)
+                    j.add_incoming(C(0), pre)
+                    acc = [[b.phi(vec) for _ in group] for _ in range(kb)]
+                    for a in (a for row in acc for a in row):
+                        a.add_incoming(zeros, pre)
+                    dys = [b.load(b.bitcast(b.gep(wide, [add(mul(add(e.b.sub(k0, k_lo), C(k)),
+                                                                 gm.wide), j)]), vptr), align=4)
+                           for k in range(kb)]
+                    xj = b.gep(planes, [add(mul(c, gm.cstride), j)])
+                    now = [list(row) for row in acc]
+                    for ti, (r, s) in enumerate(group):
+                        xv = b.load(b.bitcast(b.gep(xj, [C(gm.offset(r, s))]), vptr), align=4)
+                        for k in range(kb):
+                            now[k][ti] = b.fadd(b.fmul(dys[k], xv, flags=["contract"]),
+                                                now[k][ti], flags=["contract"])
+                    nxt = b.add(j, C(L))
+                    j.add_incoming(nxt, body)
+                    for k in range(kb):
+                        for ti in range(len(group)):
+                            acc[k][ti].add_incoming(now[k][ti], body)
+                    done_ = e.block(f"dwsum{name}{gi}")
+                    b.cbranch(b.icmp_signed("<", nxt, C(gm.wide)), body, done_)
+                    e.b = ir.IRBuilder(done_)
+                    for k in range(kb):
+                        for ti, (r, s) in enumerate(group):
+                            at = e.b.gep(sums_g, [add(mul(add(k0, C(k)), gm.cg * taps),
+                                                      mul(c, taps), C(r * gm.s + s))])
+                            e.b.store(e.b.fadd(e.b.load(at), reduce(now[k][ti])), at)
+            e.loop(C(0), C(gm.cg), 1, channel, "dwc" + name)
+        whole = gm.kg - gm.kg % gm.kb
+        if whole:
+            e.loop(k_lo, smaller(k_hi, C(whole)), gm.kb,
+                   lambda k0: block(k0, gm.kb, "_kb"), "dwblocks", guard=True)
+        if gm.kg % gm.kb:
+            tail, after = e.block("dwtail"), e.block("dwtail_end")
+            e.b.cbranch(e.b.icmp_signed("==", k_hi, C(gm.kg)), tail, after)
+            e.b = ir.IRBuilder(tail)
+            block(C(whole), gm.kg % gm.kb, "_tail")
+            e.b.branch(after)
+            e.b = ir.IRBuilder(after)
+
     tasks, done = e.block("tasks"), e.block("done")
     e.b.cbranch(e.b.icmp_signed("<", t0, t1), tasks, done)
     e.b = ir.IRBuilder(tasks)
@@ -418,6 +559,12 @@ def kernel_ir(gm: Geometry) -> str:
 
 # --- compiled -------------------------------------------------------------------------------------
 
+#: The most stride phases whose fill loops are generated one by one: with 64 (stride 8 both
+#: ways) LLVM took 50-120 s to compile the kernel, so beyond it one loop nest sends each source
+#: element to its phase (scalar, a division by a constant each).
+MAX_UNROLLED_PHASES = 16
+#: The kernel's function name, by mode.
+ENTRY = {"fwd": "blocked_fwd", "bwf": "blocked_bwf"}
 _PTR = ctypes.c_void_p
 _FN = ctypes.CFUNCTYPE(None, _PTR, _PTR, _PTR, _PTR, _PTR, ctypes.c_int64, ctypes.c_int64)
 
@@ -440,13 +587,16 @@ def _target_machine(cpu: str):
                                         features=llvm.get_host_cpu_features().flatten(), opt=3)
 
 
-def _optimised(gm: Geometry):
-    """`kernel_ir(gm)` parsed and optimised at O3 for its CPU: (module, target machine)."""
+def _optimised(gm: Geometry, text: str | None = None, optimise: bool = True):
+    """`kernel_ir(gm)` (or its `text`) parsed, and optimised at O3 for its CPU: (module,
+    target machine)."""
     import llvmlite.binding as llvm
 
     machine = _target_machine(gm.cpu)
-    module = llvm.parse_assembly(kernel_ir(gm))
+    module = llvm.parse_assembly(text or kernel_ir(gm))
     module.verify()
+    if not optimise:
+        return module, machine
     try:  # llvmlite 0.45+: the new pass manager
         builder = llvm.create_pass_builder(machine, llvm.create_pipeline_tuning_options(3))
         builder.getModulePassManager().run(module, builder)
@@ -459,16 +609,49 @@ def _optimised(gm: Geometry):
     return module, machine
 
 
-@functools.lru_cache(maxsize=64)
-def compiled(gm: Geometry):
-    """The kernel of `gm` compiled (about 0.05-0.5 s), once per process and geometry (no disk
-    cache: compiling is cheaper than Numba's); the callable holds its engine."""
+def object_path(gm: Geometry, text: str) -> Path:
+    """Where the machine code of IR `text` for `gm`'s CPU is cached: named by a hash of the IR,
+    the CPU's name and features and llvmlite's version, so another CPU or LLVM never meets it."""
+    import llvmlite
     import llvmlite.binding as llvm
 
-    module, machine = _optimised(gm)
+    cpu = gm.cpu or llvm.get_host_cpu_name()
+    features = "" if gm.cpu else llvm.get_host_cpu_features().flatten()
+    key = hashlib.sha256(f"{text}\n{cpu}\n{features}\n{llvmlite.__version__}".encode())
+    return host.user_cache() / "llvm" / f"{key.hexdigest()[:32]}.o"
+
+
+def _store(path: Path, buffer: bytes) -> None:
+    """`buffer` written to `path` whole or not at all (a temporary file renamed); a cache that
+    cannot be written is no error."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(buffer)
+        tmp.replace(path)
+    except OSError:
+        pass
+
+
+@functools.lru_cache(maxsize=64)
+def compiled(gm: Geometry):
+    """The kernel of `gm` compiled, once per process and geometry; its machine code kept on
+    disk (`object_path`), so another process loads it instead of optimising and compiling
+    again (0.1-0.5 s a kernel, three kernels a pass probed). The callable holds its engine."""
+    import llvmlite.binding as llvm
+
+    text = kernel_ir(gm)
+    path = object_path(gm, text)
+    try:
+        cached = path.read_bytes()
+    except OSError:
+        cached = None
+    module, machine = _optimised(gm, text, optimise=cached is None)
     engine = llvm.create_mcjit_compiler(module, machine)
+    engine.set_object_cache(lambda _module, buffer: cached is None and _store(path, buffer),
+                            lambda _module: cached)
     engine.finalize_object()
-    call = _FN(engine.get_function_address("blocked_fwd"))
+    call = _FN(engine.get_function_address(ENTRY[gm.mode]))
     call._engine = engine  # the code lives as long as the engine
     gc.collect()  # llvmlite's IR objects are cycles: MBs of garbage otherwise held a while
     return call
@@ -533,22 +716,23 @@ def _executor(n: int) -> ThreadPoolExecutor:
 
 class Kernel:
     """A pass of geometry `gm` on `threads` threads: `kernel(a, w, out)` on contiguous nchw
-    arrays of its dtype (a: n x C x h x w, w: K x cg x r x s, out: n x K x p x q)."""
+    arrays of its dtype (a: n x C x h x w, w: K x cg x r x s, out: n x K x p x q); bwf:
+    `kernel(x, dy, sums)`, sums float64 (G, K/G, C/G, R, S), added into."""
 
-    def __init__(self, gm: Geometry, threads_: int):
+    def __init__(self, gm: Geometry, threads_: int, scratch: tuple[list, list] | None = None):
         self.gm, self.call = gm, compiled(gm)
-        self.threads = max(1, min(threads_, gm.n * gm.g * gm.chunks))
-        self.planes = [np.zeros(gm.planes_elements, gm.dtype) for _ in range(self.threads)]
-        self.wides = [np.empty(gm.wide_elements, gm.dtype) for _ in range(self.threads)]
-        tasks = gm.n * gm.g * gm.chunks
+        self.threads = max(1, min(threads_, gm.tasks))
+        self.planes, self.wides = scratch or _scratch([gm], self.threads)
+        tasks = gm.tasks
         per = -(-tasks // self.threads)
         self.ranges = [(i * per, min((i + 1) * per, tasks)) for i in range(self.threads)]
 
     def __call__(self, a: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
-        for arr in (a, w, out):
-            if not arr.flags.c_contiguous or arr.dtype != self.gm.dtype:
-                raise ValueError("blocked_llvm: operands must be contiguous "
-                                 f"{self.gm.dtype} arrays")
+        last = np.float64 if self.gm.mode == "bwf" else self.gm.dtype
+        for arr, dtype in ((a, self.gm.dtype), (w, self.gm.dtype), (out, last)):
+            if not arr.flags.c_contiguous or arr.dtype != dtype:
+                raise ValueError("blocked_llvm: operands must be contiguous arrays of "
+                                 f"{self.gm.dtype} (bwd_filter's sums: float64)")
         ptrs = (a.ctypes.data, w.ctypes.data, out.ctypes.data)
         work = [(pl.ctypes.data, wd.ctypes.data, t0, t1)
                 for pl, wd, (t0, t1) in zip(self.planes, self.wides, self.ranges)]
@@ -566,27 +750,36 @@ def name(block: tuple[int, int]) -> str:
     return f"llvm {block[0]}x{block[1]}"
 
 
+def _scratch(gms: list[Geometry], count: int) -> tuple[list, list]:
+    """Each thread's planes (zeroed: their borders stay zero) and wide rows (bwf: zeroed, dy's
+    extra columns stay zero), large enough for every geometry of `gms`, which share them: the
+    planes' layout does not depend on the block, and the probe runs one kernel at a time."""
+    planes = max(gm.planes_elements for gm in gms)
+    wide = max(gm.wide_elements for gm in gms)
+    make = np.zeros if gms[0].mode == "bwf" else np.empty
+    return ([np.zeros(planes, gms[0].dtype) for _ in range(count)],
+            [make(wide, gms[0].dtype) for _ in range(count)])
+
+
 def scratch_bytes(p: ConvProblem, pass_: str, dtype, kept: str | None = None) -> int:
-    """Bytes the blocked kernels of a pass hold, all threads' scratch: of every kernel of
-    `BLOCKS` (`kernels` compiles them all for the probe), or of the one `kept`."""
+    """Bytes the blocked kernels of a pass hold, all threads' scratch: shared by every kernel of
+    `blocks` (`kernels` makes them all for the probe), or the one `kept`'s."""
     bits, count = vector_bits(), threads.count()
-    total = 0
-    for block in BLOCKS[bits]:
-        if kept is None or kept == name(block):
-            gm = geometry(p, pass_, dtype, block, bits, threads_=count)
-            total += ((gm.planes_elements + gm.wide_elements)
-                      * min(count, gm.n * gm.g * gm.chunks))
-    return total * np.dtype(dtype).itemsize
+    gms = [geometry(p, pass_, dtype, block, bits, threads_=count) for block in blocks(pass_, bits)
+           if kept is None or kept == name(block)]
+    if not gms:
+        return 0
+    size = (max(gm.planes_elements for gm in gms) + max(gm.wide_elements for gm in gms))
+    return size * max(min(count, gm.tasks) for gm in gms) * np.dtype(dtype).itemsize
 
 
 def kernels(p: ConvProblem, pass_: str, dtype, only: str | None = None) -> dict[str, Kernel]:
     """The blocked kernels a pass probes, by name ("llvm 8x3": kb x pb), compiled and their
     scratch allocated; `only`: that one alone (a name not among them: none)."""
-    bits = vector_bits()
-    out = {}
-    for block in BLOCKS[bits]:
-        if only is not None and only != name(block):
-            continue
-        gm = geometry(p, pass_, dtype, block, bits, threads_=threads.count())
-        out[name(block)] = Kernel(gm, threads.count())
-    return out
+    bits, count = vector_bits(), threads.count()
+    gms = {name(block): geometry(p, pass_, dtype, block, bits, threads_=count)
+           for block in blocks(pass_, bits) if only is None or only == name(block)}
+    if not gms:
+        return {}
+    shared = _scratch(list(gms.values()), max(min(count, gm.tasks) for gm in gms.values()))
+    return {key: Kernel(gm, count, shared) for key, gm in gms.items()}

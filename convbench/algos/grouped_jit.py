@@ -314,26 +314,27 @@ def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
             for name, (shape, kind) in buffers(p, pass_, layout).items()}
     fn, args = kernel(p, pass_, layout, dtype)
 
-    if pass_ == "bwd_filter":
+    key = (p, pass_, layout, np.dtype(dtype).str)
+    kept = _KERNEL_CHOICE.get(key)  # probed before in this process: that way alone
+    ways = {name: _contiguous(k) for name, k in blocked_kernels(p, pass_, dtype, kept).items()}
+    if kept in (None, "numba"):
+        ways = {"numba": lambda a, b, out: fn(a, b, out, *args), **ways}
+
+    if pass_ == "bwd_filter":  # the kernels add into the sums: each way's call starts at zero
         sums = bufs["sums"]
+        kernel_ = _probed({name: _from_zero(way) for name, way in ways.items()}, key)
 
         def run(x, dy, out):
             jit.set_threads()
-            sums.fill(0)
-            fn(_to_nchw(x, bufs.get("x_nchw")), _to_nchw(dy, bufs.get("dy_nchw")), sums, *args)
+            kernel_(_to_nchw(x, bufs.get("x_nchw")), _to_nchw(dy, bufs.get("dy_nchw")), sums)
             _group_filter(out, p, layout)[...] = sums
         return run
+    kernel_ = _probed(ways, key)
 
     taps = bufs["taps"]
     flip = pass_ == "bwd_data" and _flipped(p)
     a_buf, out_buf = ((bufs.get("x_nchw"), bufs.get("y_nchw")) if pass_ == "fwd"
                       else (bufs.get("dy_nchw"), bufs.get("dx_nchw")))
-    key = (p, pass_, layout, np.dtype(dtype).str)
-    kept = _KERNEL_CHOICE.get(key)  # probed before in this process: that way alone
-    ways = {name: _contiguous(k) for name, k in blocked_kernels(p, pass_, dtype, kept).items()}
-    if kept in (None, "numba"):
-        ways = {"numba": lambda a, w, out: fn(a, w, out, *args), **ways}
-    kernel_ = _probed(ways, key)
 
     def run(a, w, out):
         jit.set_threads()
@@ -342,6 +343,15 @@ def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
         kernel_(_to_nchw(a, a_buf), taps, out if out_buf is None else out_buf)
         if out_buf is not None:
             transpose("to_nhwc", out_buf, out)
+    return run
+
+
+def _from_zero(way):
+    """`way(a, b, sums)` that adds into `sums`, as a call that zeroes them first: the probe
+    calls each way several times into the same sums."""
+    def run(a, b, sums):
+        sums.fill(0)
+        way(a, b, sums)
     return run
 
 
@@ -406,7 +416,7 @@ def compile_blocked(p: ConvProblem, pass_: str, layout: str, dtype) -> None:
     compilers' own memory is not the pass's)."""
     if blocked_llvm.applies(p, pass_) and jit.available() is None:
         bits = blocked_llvm.vector_bits()
-        for block in blocked_llvm.BLOCKS[bits]:
+        for block in blocked_llvm.blocks(pass_, bits):
             blocked_llvm.compiled(blocked_llvm.geometry(p, pass_, dtype, block, bits,
                                                         threads_=threads.count()))
         if layout == "nhwc":
@@ -424,23 +434,33 @@ def blocked_pass(p: ConvProblem, pass_: str, layout: str, dtype, products):
     """`direct`'s dense pass, its tap products (`products()` makes it), or where `blocks_dense`
     the faster of them and the blocked kernels as its first call probes them (an earlier probe
     of the pass in this process: its way alone). The kernels run in nchw on the filter as
-    (G, K/G, C/G, R, S) (bwd_data: flipped, (G, C/G, K/G, R, S)); an nhwc pass's operands are
-    copied to nchw and its result back (`transpose`), inside the time the probe and the
-    harness see."""
+    (G, K/G, C/G, R, S) (bwd_data: flipped, (G, C/G, K/G, R, S); bwd_filter: summed into it
+    in float64); an nhwc pass's operands are copied to nchw and its result back (`transpose`),
+    inside the time the probe and the harness see."""
     key = (p, pass_, layout, np.dtype(dtype).str)
     kept = _KERNEL_CHOICE.get(key)
     if not blocks_dense(p, pass_) or kept == "products":
         return products()
     g, kg, cg = p.groups, p.k // p.groups, p.c // p.groups
     flip = pass_ == "bwd_data"
-    taps = np.empty((g, cg, kg, p.r, p.s) if flip else (g, kg, cg, p.r, p.s), dtype)
-    a_buf = out_buf = None
+    taps = np.empty((g, cg, kg, p.r, p.s) if flip else (g, kg, cg, p.r, p.s),
+                    np.float64 if pass_ == "bwd_filter" else dtype)
+    a_buf = out_buf = b_buf = None
     if layout == "nhwc":
         x, y = np.empty(p.x_shape("nchw"), dtype), np.empty(p.y_shape("nchw"), dtype)
         a_buf, out_buf = (x, y) if pass_ == "fwd" else (y, x)
+        if pass_ == "bwd_filter":
+            a_buf, b_buf, out_buf = x, y, None
         compile_blocked(p, pass_, layout, dtype)  # where `compile` did not
 
     def way(kernel):
+        if pass_ == "bwd_filter":
+            def run_filter(x, dy, out):
+                taps.fill(0)
+                kernel(_to_nchw(x, a_buf), _to_nchw(dy, b_buf), taps)
+                _group_filter(out, p, layout)[...] = taps
+            return run_filter
+
         def run(a, w, out):
             grouped = _group_filter(w, p, layout)
             taps[...] = grouped[:, :, :, ::-1, ::-1].transpose(0, 2, 1, 3, 4) if flip else grouped
@@ -461,7 +481,9 @@ def dense_workspace_bytes(p: ConvProblem, pass_: str, layout: str, dtype, produc
     counts them."""
     if not blocks_dense(p, pass_):
         return products
-    copies = p.k * (p.c // p.groups) * p.r * p.s
+    copies = p.k * (p.c // p.groups) * p.r * p.s  # the filter (bwd_filter: its float64 sums)
+    if pass_ == "bwd_filter":
+        copies *= 8 // np.dtype(dtype).itemsize
     if layout == "nhwc":
         copies += math.prod(p.x_shape("nchw")) + math.prod(p.y_shape("nchw"))
     return _kept_bytes(p, pass_, layout, dtype, "products", products,
@@ -471,7 +493,9 @@ def dense_workspace_bytes(p: ConvProblem, pass_: str, layout: str, dtype, produc
 def blocked_note(p: ConvProblem, pass_: str, layout: str, dtype, incumbent: str) -> str:
     """What a probed pass runs: `incumbent` or the blocked kernels, as probed or to be."""
     way = _KERNEL_CHOICE.get((p, pass_, layout, np.dtype(dtype).str))
-    blocks = " or ".join(f"{kb}x{pb}" for kb, pb in blocked_llvm.BLOCKS[blocked_llvm.vector_bits()])
+    bits = blocked_llvm.vector_bits()
+    blocks = " or ".join(f"{kb}x{pb}" for kb, pb in blocked_llvm.blocks(pass_, bits))
+    what = "taps" if pass_ == "bwd_filter" else "vectors of pixels"
     probed = f"[probed: {way}]" if way else "[probed on first call]"
     return (f"the faster of {incumbent} and register-blocked LLVM kernels ({blocks} output "
-            f"channels x vectors of pixels) {probed}")
+            f"channels x {what}) {probed}")
