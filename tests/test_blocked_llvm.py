@@ -99,6 +99,9 @@ def test_which_passes_the_blocked_kernels_take():
                                                 pad=1, groups=2), "bwd_data")
     assert not blocked_llvm.applies(ConvProblem(n=1, c=8, h=8, w=8, k=8, r=3, s=3, pad=3,
                                                 groups=2), "bwd_data")
+    patchify = ConvProblem(n=1, c=3, h=64, w=64, k=8, r=32, s=32, stride=32)  # 1,024 taps
+    assert not any(blocked_llvm.applies(patchify, pass_)
+                   for pass_ in ("fwd", "bwd_data", "bwd_filter"))
 
 
 PROBLEM = ConvProblem(n=2, c=32, h=9, w=10, k=48, r=3, s=3, stride=(2, 1), pad=1, groups=8)

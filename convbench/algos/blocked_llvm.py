@@ -178,9 +178,16 @@ def blocks(pass_: str, bits: int) -> tuple[tuple[int, int], ...]:
     return (FILTER_BLOCKS if pass_ == "bwd_filter" else BLOCKS)[bits]
 
 
+#: The most filter taps a kernel unrolls: 16x16 (256 taps) compiles in about 2 s, 32x32
+#: patchify layers (1,024) took LLVM minutes; larger filters keep the other ways.
+MAX_TAPS = 256
+
+
 def applies(p: ConvProblem, pass_: str) -> bool:
     """fwd and bwd_filter, and bwd_data of stride 1 (the forward kernel on dy, its pads the
-    filter's reach less the pass's, which must not be negative)."""
+    filter's reach less the pass's, which must not be negative), of at most MAX_TAPS taps."""
+    if p.r * p.s > MAX_TAPS:
+        return False
     if pass_ in ("fwd", "bwd_filter"):
         return True
     if pass_ == "bwd_data" and p.stride_h == p.stride_w == 1:
