@@ -48,6 +48,7 @@ import numpy as np
 
 from ..core.problem import ConvProblem
 from ..machine import host, threads
+from ..machine import llvm as llvm_machine
 
 
 @dataclass(frozen=True)
@@ -310,6 +311,21 @@ def kernel_ir(gm: Geometry) -> str:
     def smaller(a, b):
         return e.b.select(e.b.icmp_signed("<", a, b), a, b)
 
+    def output_blocks(k_lo, k_hi, block, name: str):
+        """block(k0, kb, name) over a task's output channels k_lo..k_hi: whole blocks of kb,
+        then the kg % kb left in the task that ends at kg."""
+        whole = gm.kg - gm.kg % gm.kb
+        if whole:
+            e.loop(k_lo, smaller(k_hi, C(whole)), gm.kb,
+                   lambda k0: block(k0, gm.kb, "_kb"), name + "blocks", guard=True)
+        if gm.kg % gm.kb:
+            tail, after = e.block(name + "tail"), e.block(name + "tail_end")
+            e.b.cbranch(e.b.icmp_signed("==", k_hi, C(gm.kg)), tail, after)
+            e.b = ir.IRBuilder(tail)
+            block(C(whole), gm.kg % gm.kb, "_tail")
+            e.b.branch(after)
+            e.b = ir.IRBuilder(after)
+
     def task(t):
         part, t = e.b.urem(t, C(gm.chunks)), e.b.udiv(t, C(gm.chunks))
         k_lo = mul(part, gm.chunk)  # this task's output channels: k_lo up to k_hi
@@ -450,17 +466,7 @@ def kernel_ir(gm: Geometry) -> str:
                     row = b.gep(wide, [add(mul(add(e.b.sub(k0, k_lo), C(k)), gm.wide), j)])
                     for i in range(gm.pb):
                         b.store(now[k][i], b.bitcast(b.gep(row, [C(i * L)]), vptr), align=4)
-            whole = gm.kg - gm.kg % gm.kb  # the blocks of kb; the tail in the last task
-            if whole:
-                e.loop(k_lo, smaller(k_hi, C(whole)), gm.kb,
-                       lambda k0: block(k0, gm.kb, "_kb"), "kblocks", guard=True)
-            if gm.kg % gm.kb:
-                tail, after = e.block("tail"), e.block("tail_end")
-                e.b.cbranch(e.b.icmp_signed("==", k_hi, C(gm.kg)), tail, after)
-                e.b = ir.IRBuilder(tail)
-                block(C(whole), gm.kg % gm.kb, "_tail")
-                e.b.branch(after)
-                e.b = ir.IRBuilder(after)
+            output_blocks(k_lo, k_hi, block, "k")
         e.loop(C(0), C(gm.wide), gm.step, pixels, "pixels")
 
         def out_channel(k):
@@ -543,17 +549,7 @@ def kernel_ir(gm: Geometry) -> str:
                                                       mul(c, taps), C(r * gm.s + s))])
                             e.b.store(e.b.fadd(e.b.load(at), reduce(now[k][ti])), at)
             e.loop(C(0), C(gm.cg), 1, channel, "dwc" + name)
-        whole = gm.kg - gm.kg % gm.kb
-        if whole:
-            e.loop(k_lo, smaller(k_hi, C(whole)), gm.kb,
-                   lambda k0: block(k0, gm.kb, "_kb"), "dwblocks", guard=True)
-        if gm.kg % gm.kb:
-            tail, after = e.block("dwtail"), e.block("dwtail_end")
-            e.b.cbranch(e.b.icmp_signed("==", k_hi, C(gm.kg)), tail, after)
-            e.b = ir.IRBuilder(tail)
-            block(C(whole), gm.kg % gm.kb, "_tail")
-            e.b.branch(after)
-            e.b = ir.IRBuilder(after)
+        output_blocks(k_lo, k_hi, block, "dw")
 
     tasks, done = e.block("tasks"), e.block("done")
     e.b.cbranch(e.b.icmp_signed("<", t0, t1), tasks, done)
@@ -576,30 +572,12 @@ _PTR = ctypes.c_void_p
 _FN = ctypes.CFUNCTYPE(None, _PTR, _PTR, _PTR, _PTR, _PTR, ctypes.c_int64, ctypes.c_int64)
 
 
-def _target_machine(cpu: str):
-    """A target machine for `cpu` ("" the host, with its features): one per engine, which owns
-    it (an engine freed with a shared one freed it under the others)."""
-    import llvmlite.binding as llvm
-
-    try:
-        llvm.initialize()  # llvmlite before 0.45 needs it; later ones raise: they do it alone
-    except RuntimeError:
-        pass
-    llvm.initialize_native_target()
-    llvm.initialize_native_asmprinter()
-    target = llvm.Target.from_default_triple()
-    if cpu:
-        return target.create_target_machine(cpu=cpu, opt=3)
-    return target.create_target_machine(cpu=llvm.get_host_cpu_name(),
-                                        features=llvm.get_host_cpu_features().flatten(), opt=3)
-
-
 def _optimised(gm: Geometry, text: str | None = None, optimise: bool = True):
     """`kernel_ir(gm)` (or its `text`) parsed, and optimised at O3 for its CPU: (module,
     target machine)."""
     import llvmlite.binding as llvm
 
-    machine = _target_machine(gm.cpu)
+    machine = llvm_machine.target_machine(gm.cpu)
     module = llvm.parse_assembly(text or kernel_ir(gm))
     module.verify()
     if not optimise:

@@ -25,6 +25,8 @@ from functools import cache
 
 import numpy as np
 
+from ...machine import llvm as llvm_machine
+
 #: Independent accumulator chains per thread: FMA latency (4-5 cycles) x 2 units needs 8-10;
 #: 12 vectors and the two operands fit in 16 registers (AVX2) and leave 32 (AVX-512) free.
 ACCUMULATORS = 12
@@ -101,22 +103,6 @@ class Kernel:
         return 2 * self.width * self.accumulators * UNROLL
 
 
-@cache
-def _target_machine():
-    import llvmlite.binding as llvm
-
-    try:
-        llvm.initialize()  # llvmlite before 0.45 needs it; later ones raise: they do it alone
-    except RuntimeError:
-        pass
-    llvm.initialize_native_target()
-    llvm.initialize_native_asmprinter()
-    target = llvm.Target.from_default_triple()
-    return target.create_target_machine(cpu=llvm.get_host_cpu_name(),
-                                        features=llvm.get_host_cpu_features().flatten(),
-                                        opt=2)
-
-
 def _instruction(asm: str) -> str:
     """The loop's arithmetic instruction and register class, read from its assembly."""
     m = re.search(r"\b(v?fn?madd\w*)\s+%?([xyz]mm|[vq]\d+)", asm)
@@ -133,7 +119,7 @@ def kernel(width: int, accumulators: int = ACCUMULATORS) -> Kernel:
     process and shape."""
     import llvmlite.binding as llvm
 
-    machine = _target_machine()
+    machine = llvm_machine.target_machine(opt=2)
     module = llvm.parse_assembly(fma_loop_ir(width, accumulators))
     module.verify()
     asm = machine.emit_assembly(module)  # before the engine owns the module
