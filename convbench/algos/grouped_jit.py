@@ -181,7 +181,7 @@ def workspace_bytes(p: ConvProblem, pass_: str, layout: str, dtype) -> int:
     per = images_per_task(p, pass_, dtype)
     tasks = p.groups if pass_ == "bwd_filter" else -(-p.n // per) * p.groups
     numba = min(threads.count(), tasks) * scratch_elements(p, pass_, per) * np.dtype(dtype).itemsize
-    if not blocked_llvm.applies(p, pass_) or jit.available() is not None:
+    if not blocked(p, pass_):
         return held + numba
     return held + _kept_bytes(p, pass_, layout, dtype, "numba", numba, 0)
 
@@ -206,7 +206,7 @@ def describe(p: ConvProblem, pass_: str, layout: str, dtype) -> str:
     copies = (f", nhwc copied to nchw and back {transposes_note(p, pass_, dtype)}"
               if layout == "nhwc" else "")
     kernel_ = "compiled kernel (Numba)"
-    if blocked_llvm.applies(p, pass_) and jit.available() is None:
+    if blocked(p, pass_):
         kernel_ = "compiled kernels, " + blocked_note(p, pass_, layout, dtype, "Numba's")
     return (f"grouped: {kernel_}, {p.c // p.groups} channels a group, wide rows "
             f"over stride-phase planes vectorised over the pixels, {how[pass_]}{copies}, "
@@ -301,10 +301,9 @@ def kernel(p: ConvProblem, pass_: str, layout: str, dtype):
         if pass_ == "bwd_filter":
             ranks = (("w", 4), ("w", 4), ("d", 5))
     jit.compile_empty(fn, dtype, *ranks, ints=len(args))
-    compile_blocked(p, pass_, layout, dtype)
+    compile_blocked(p, pass_, "nchw", dtype)
     if layout == "nhwc":
-        for transpose in (_transposes().to_nchw, _transposes().to_nhwc):
-            jit.compile_empty(transpose, dtype, ("w", 4), ("w", 4), ints=0)
+        _compile_transposes(dtype)
     return fn, args
 
 
@@ -399,9 +398,13 @@ def blocked_kernels(p: ConvProblem, pass_: str, dtype, kept: str | None = None) 
     """The register-blocked kernels (`blocked_llvm`) a forward or flipped bwd_data pass probes
     besides its own, compiled; none where they do not apply or llvmlite does not load. `kept`:
     the way an earlier probe of this pass kept in this process, the only one then built."""
-    if not blocked_llvm.applies(p, pass_) or jit.available() is not None:
-        return {}
-    return blocked_llvm.kernels(p, pass_, dtype, kept)
+    return blocked_llvm.kernels(p, pass_, dtype, kept) if blocked(p, pass_) else {}
+
+
+def blocked(p: ConvProblem, pass_: str) -> bool:
+    """Whether a pass may run the blocked kernels: they take it (`blocked_llvm.applies`) and
+    llvmlite, which comes with Numba, loads (`jit.available`)."""
+    return blocked_llvm.applies(p, pass_) and jit.available() is None
 
 
 #: The fewest FLOPs of a pass for which `direct`'s dense path (dense layers, and grouped ones
@@ -414,20 +417,24 @@ def compile_blocked(p: ConvProblem, pass_: str, layout: str, dtype) -> None:
     """The blocked kernels a pass probes compiled (kept for the process), and nhwc's
     transposes: `direct`'s `compile` hook calls it, outside any timed or traced call (the
     compilers' own memory is not the pass's)."""
-    if blocked_llvm.applies(p, pass_) and jit.available() is None:
+    if blocked(p, pass_):
         bits = blocked_llvm.vector_bits()
         for block in blocked_llvm.blocks(pass_, bits):
             blocked_llvm.compiled(blocked_llvm.geometry(p, pass_, dtype, block, bits,
                                                         threads_=threads.count()))
         if layout == "nhwc":
-            for move in (_transposes().to_nchw, _transposes().to_nhwc):
-                jit.compile_empty(move, dtype, ("w", 4), ("w", 4), ints=0)
+            _compile_transposes(dtype)
+
+
+def _compile_transposes(dtype) -> None:
+    """nhwc's transposes to nchw and back compiled for `dtype` (`jit.compile_empty`)."""
+    for move in (_transposes().to_nchw, _transposes().to_nhwc):
+        jit.compile_empty(move, dtype, ("w", 4), ("w", 4), ints=0)
 
 
 def blocks_dense(p: ConvProblem, pass_: str) -> bool:
     """Whether `direct`'s dense pass of `p` probes the blocked kernels (`blocked_pass`)."""
-    return (p.flops >= BLOCKED_MIN_FLOPS and blocked_llvm.applies(p, pass_)
-            and jit.available() is None)
+    return p.flops >= BLOCKED_MIN_FLOPS and blocked(p, pass_)
 
 
 def blocked_pass(p: ConvProblem, pass_: str, layout: str, dtype, products):
@@ -451,7 +458,7 @@ def blocked_pass(p: ConvProblem, pass_: str, layout: str, dtype, products):
         a_buf, out_buf = (x, y) if pass_ == "fwd" else (y, x)
         if pass_ == "bwd_filter":
             a_buf, b_buf, out_buf = x, y, None
-        compile_blocked(p, pass_, layout, dtype)  # where `compile` did not
+        _compile_transposes(dtype)  # where `compile` did not (the kernels: `blocked_kernels`)
 
     def way(kernel):
         if pass_ == "bwd_filter":
