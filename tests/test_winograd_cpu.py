@@ -9,7 +9,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import convbench.algos.winograd as winograd_module
-from convbench.algos import products, reference, registry
+from convbench.algos import products, reference, registry, winograd_jit
 from convbench.algos.transforms import WinogradTransform, winograd_matrices
 from convbench.catalogs.layers import net_layers
 from convbench.core.problem import LAYOUTS, PASSES, ConvProblem
@@ -23,7 +23,7 @@ from convbench.testing import (
 )
 
 ALGOS = ("winograd-2x2", "winograd-4x4", "winograd-5x5", "winograd-6x6")
-TILES = dict(zip(ALGOS, (2, 4, 6)))
+TILES = dict(zip(ALGOS, (2, 4, 5, 6)))
 PRECISIONS = ("fp64", "fp32")
 
 
@@ -365,3 +365,65 @@ def test_which_passes_block_their_filters():
     # blocking holds one block of transformed filters, not all of them
     whole = 36 * 2048 * 2048 * 4
     assert _impl("winograd-4x4").workspace_bytes(big, "fwd", "nhwc", "fp32") < whole / 10
+
+
+# --- the compiled transforms (winograd_jit) ---------------------------------------------------
+def _compiled_everywhere(monkeypatch):
+    """Every stride-1 pass's filter and data transforms compiled, however small."""
+    monkeypatch.setattr(winograd_jit, "MIN_BYTES", 0)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+@settings(max_examples=12, deadline=None)
+@given(problem=problems_square(sizes=(3,)), precision=st.sampled_from(PRECISIONS),
+       seed=st.integers(0, 99))
+def test_compiled_transforms_match_reference(pass_, layout, problem, precision, seed):
+    """F(4x4, 3x3) with its filters and tiles transformed by the compiled kernels (odd sizes,
+    partial tiles, padding 0 to 3, fewer channels than a vector), against float64; the kernels
+    are the ones that ran (not the GEMMs')."""
+    with pytest.MonkeyPatch.context() as mp:
+        _compiled_everywhere(mp)
+        impl = _impl("winograd-4x4")
+        run = impl._pass(problem, pass_, layout, precision)
+        parts = (run.x, run.dy) if pass_ == "bwd_filter" else (run.data, run.filter)
+        assert all(getattr(part, "kernel", None) is not None for part in parts)
+        chk = run_and_check(impl, problem, pass_, layout, precision, seed)
+        assert chk.ok, f"{pass_} {layout} {precision} {problem}: {chk.reason}"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("pass_", PASSES)
+def test_compiled_transforms_of_5x5_filters_and_2x2_tiles(pass_, layout, monkeypatch):
+    """The other shapes the kernels are generated for: F(2x2, 3x3) (alpha 4; bwd_filter's dy
+    tiles 4x2) and F(2x2, 5x5) (alpha 6, 25 taps), in fp32, on 70 channels (a block of 64 and
+    a short one) and a reused prepared pass; the phases replay the pass."""
+    _compiled_everywhere(monkeypatch)
+    impl = _impl("winograd-2x2")
+    for r in (3, 5):
+        problem = ConvProblem(n=2, c=70, h=9, w=11, k=19, r=r, s=r, pad=r // 2)
+        for seed in (1, 2):
+            chk = run_and_check(impl, problem, pass_, layout, "fp32", seed)
+            assert chk.ok and chk.rel_error > 1e-8, (r, chk.reason)
+        assert_phases_replay(impl, problem, pass_, layout)
+
+
+def test_compiled_transforms_compile_in_prepare_only(monkeypatch):
+    """Describing or sizing a pass compiles nothing (a report sizes every algorithm); below
+    MIN_BYTES the GEMMs' transforms run and nothing compiles either."""
+    def refuse(self):
+        raise AssertionError("compiled outside prepare")
+
+    monkeypatch.setattr(winograd_jit._Kernel, "compile", refuse)
+    conv3 = _alexnet("conv3").with_batch(8)
+    impl = _impl("winograd-4x4")
+    for pass_ in PASSES:
+        impl.describe(conv3, pass_, "nhwc", "fp32")
+        impl.workspace_bytes(conv3, pass_, "nchw", "fp32")
+        run = impl._pass(conv3, pass_, "nchw", "fp32")
+        parts = (run.x, run.dy) if pass_ == "bwd_filter" else (run.data, run.filter)
+        assert all(getattr(part, "kernel", None) is not None for part in parts)
+    small = ConvProblem(n=1, c=8, h=9, w=9, k=8, r=3, s=3, pad=1)
+    impl.prepare(small, "fwd", "nchw", "fp32")
+    with pytest.raises(AssertionError, match="outside prepare"):
+        impl.prepare(conv3, "fwd", "nchw", "fp32")

@@ -39,8 +39,6 @@ import gc
 import hashlib
 import os
 import re
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -682,23 +680,6 @@ def hot_loop(asm: str) -> HotLoop:
     return best
 
 
-_pool: ThreadPoolExecutor | None = None
-_pool_size = 0
-_pool_lock = threading.Lock()
-
-
-def _executor(n: int) -> ThreadPoolExecutor:
-    """The threads the tasks run on besides the caller's (a ctypes call releases the GIL), `n`
-    of them."""
-    global _pool, _pool_size
-    with _pool_lock:
-        if _pool is None or _pool_size != n:
-            if _pool is not None:
-                _pool.shutdown(wait=True)
-            _pool, _pool_size = ThreadPoolExecutor(n, thread_name_prefix="convbench-blocked"), n
-        return _pool
-
-
 class Kernel:
     """A pass of geometry `gm` on `threads` threads: `kernel(a, w, out)` on contiguous nchw
     arrays of its dtype (a: n x C x h x w, w: K x cg x r x s, out: n x K x p x q); bwf:
@@ -706,11 +687,9 @@ class Kernel:
 
     def __init__(self, gm: Geometry, threads_: int, scratch: tuple[list, list] | None = None):
         self.gm, self.call = gm, compiled(gm)
-        self.threads = max(1, min(threads_, gm.tasks))
+        self.ranges = threads.shares(gm.tasks, threads_)
+        self.threads = len(self.ranges)
         self.planes, self.wides = scratch or _scratch([gm], self.threads)
-        tasks = gm.tasks
-        per = -(-tasks // self.threads)
-        self.ranges = [(i * per, min((i + 1) * per, tasks)) for i in range(self.threads)]
 
     def __call__(self, a: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
         last = np.float64 if self.gm.mode == "bwf" else self.gm.dtype
@@ -719,15 +698,9 @@ class Kernel:
                 raise ValueError("blocked_llvm: operands must be contiguous arrays of "
                                  f"{self.gm.dtype} (bwd_filter's sums: float64)")
         ptrs = (a.ctypes.data, w.ctypes.data, out.ctypes.data)
-        work = [(pl.ctypes.data, wd.ctypes.data, t0, t1)
-                for pl, wd, (t0, t1) in zip(self.planes, self.wides, self.ranges)]
-        # the calling thread takes the first share itself: a third runnable thread on two
-        # cores would wait for one (and read as contention in the timing's scheduler share)
-        futures = ([_executor(self.threads - 1).submit(self.call, *ptrs, *job)
-                    for job in work[1:]] if len(work) > 1 else [])
-        self.call(*ptrs, *work[0])
-        for f in futures:
-            f.result()
+        threads.run_shares(self.call, [(*ptrs, pl.ctypes.data, wd.ctypes.data, t0, t1)
+                                       for pl, wd, (t0, t1) in zip(self.planes, self.wides,
+                                                                   self.ranges)])
 
 
 def name(block: tuple[int, int]) -> str:

@@ -12,10 +12,12 @@ docs/pages/cpu-algorithms.md, Winograd):
 
 - Arrays are torch tensors sharing the NumPy buffers (zero-copy), so copies and GEMMs use the
   run's threads (`threads.count()`); only BLAS and strided copies are borrowed, no convolution.
-- Transforms are GEMMs: data tiles gathered by one copy, then two GEMMs with the small Bᵀ
-  (`_Sandwich`); filters one GEMM with G⊗G, one pass over the transformed filters that dominate
-  its traffic (`_FilterTransform`); the inverse two GEMMs with Aᵀ in nhwc, one with Aᵀ⊗Aᵀ
-  writing the tiles transposed in nchw (`_Kron`).
+- Stride-1 data tiles and filters are transformed by compiled kernels (`winograd_jit`) where
+  the transformed operand is at least `winograd_jit.MIN_BYTES`: each window or filter read
+  once, its alpha² values written once (`_CompiledTiles`, `_FilterTransform`'s kernel). Else
+  transforms are GEMMs: data tiles gathered by one copy, then two GEMMs with the small Bᵀ
+  (`_Sandwich`); filters one GEMM with G⊗G (`_FilterTransform`). The inverse is two GEMMs
+  with Aᵀ in nhwc, one with Aᵀ⊗Aᵀ writing the tiles transposed in nchw (`_Kron`).
 - Tiles are gathered channels last in both layouts, and products ordered to land in the output's
   order, (K×C)·(C×T) for nchw and (T×C)·(C×K) for nhwc; transposes reach BLAS as flags.
 - Buffers are made once, on 2 MiB huge pages where the kernel offers them
@@ -39,6 +41,7 @@ import numpy as np
 
 from ..core.problem import FILTER_LAYOUT, ConvProblem, pair_text
 from ..machine import threads
+from . import winograd_jit
 from ._lowering import pages_note, tensor, workspace
 from .counts import WinogradCount
 from .phases import FUSED, Phased, phase_names
@@ -222,6 +225,41 @@ class _TileTransform:
         return _torch().from_numpy(planes).view(n, h // s, w // s, -1)
 
 
+class _CompiledTiles:
+    """`_TileTransform` of an nhwc activation by the compiled kernel (`winograd_jit.TileKernel`):
+    each window read once and its rows² values written once, where the gathering copy and two
+    GEMMs wrote and read them three times. The result is the same (rows, rows, n, tile rows,
+    tile columns, C)."""
+
+    def __init__(self, shape, mat: np.ndarray, step: int, counts: tuple[int, int], dtype):
+        n, _, _, c = shape
+        rows = mat.shape[0]
+        self.kernel = winograd_jit.TileKernel(mat, step, counts, dtype)
+        self.out = _torch().from_numpy(workspace((rows, rows, n, *counts, c), dtype))
+
+    @property
+    def nbytes(self) -> int:
+        return self.out.numel() * self.out.element_size()
+
+    def __call__(self, a):
+        x = a.numpy()
+        if not x.flags.c_contiguous:  # a cropped view (padding past r - 1): made whole
+            x = np.ascontiguousarray(x)
+        rows = self.out.shape[0]
+        self.kernel(x, self.out.numpy().reshape(rows * rows, -1, self.out.shape[-1]))
+        return self.out
+
+
+def _tiles(shape, mat: np.ndarray, step: int, counts: tuple[int, int], dtype, split: int = 1):
+    """The transform of the tiles of an nhwc activation of `shape`: compiled where
+    `winograd_jit.tiles_apply` (no phase split), else `_TileTransform`'s copy and GEMMs."""
+    n, _, _, c = shape
+    if split == 1 and winograd_jit.tiles_apply(mat.shape[0] ** 2 * n * counts[0] * counts[1]
+                                               * c, dtype):
+        return _CompiledTiles(shape, mat, step, counts, dtype)
+    return _TileTransform(shape, "nhwc", "nhwc", mat, step, counts, dtype, split=split)
+
+
 class _PhaseScatter:
     """The inverse of the phase split for bwd_data: dx from the gradient of the phase planes,
     (n, i, j, s, s, C) channels last, where dx[h] is plane row i, phase b with
@@ -255,7 +293,10 @@ class _PhaseScatter:
 
 
 class _FilterTransform:
-    """G g Gᵀ for every r×r filter, as one GEMM with G⊗G (alpha² × r²): the transformed filters
+    """G g Gᵀ for every r×r filter: at stride 1, where `winograd_jit.applies`, by the compiled
+    kernel into (alpha², K, C) from either layout (`ck` is then ignored: the product reads the
+    filters transposed, within a few % of (C, K) rows, where the GEMM path's (C, K) took a
+    second copy). Else as one GEMM with G⊗G (alpha² × r²): the transformed filters
     as (alpha², K, C), a view. kcrs filters are read in place (a transposed operand); krsc ones
     are first gathered as (r·s, K, C). With `ck` they are kept as (alpha², C, K) in memory
     (gathered as (r·s, C, K) from either layout, a copy of the small filter): the nhwc forward
@@ -272,13 +313,19 @@ class _FilterTransform:
         self.kron = torch.from_numpy(np.ascontiguousarray(np.kron(g, g)))
         size = dict(zip(FILTER_LAYOUT[layout], shape))
         k, c = size["k"], size["c"]
+        self.kernel = None
+        if stride == 1 and winograd_jit.applies(g, k, c, dtype):
+            # compiled (`winograd_jit`): (alpha², K, C) from either layout in one pass; the
+            # nhwc product reads it transposed, as fast as (C, K) rows
+            self.kernel = winograd_jit.FilterKernel(g, shape, layout, dtype)
+            ck = False
         self.layout, self.k, self.c, self.stride, self.ck = layout, k, c, stride, ck
         channels = (c * stride ** 2, k) if ck else (k, c * stride ** 2)
         self.out = torch.from_numpy(workspace((len(self.kron), *channels), dtype))
         taps = g.shape[1]
         self.r2 = taps ** 2
         phases = (stride, stride, c, k) if ck else (k, stride, stride, c)
-        self.taps = None if layout == "nchw" and stride == 1 and not ck else \
+        self.taps = None if self.kernel or layout == "nchw" and stride == 1 and not ck else \
             torch.from_numpy(workspace((taps, taps, *phases), dtype))
         self.padded = None if stride == 1 else \
             torch.from_numpy(workspace((k, stride * taps, stride * taps, c), dtype))
@@ -291,6 +338,9 @@ class _FilterTransform:
 
     def __call__(self, w):
         torch = _torch()
+        if self.kernel is not None:
+            self.kernel(w.numpy(), self.out.numpy())
+            return self.out
         krsc = w.permute(_order(FILTER_LAYOUT[self.layout], "krsc"))
         if self.taps is None:  # kcrs: (K·C, r²), transposed
             src = w.reshape(self.k * self.c, self.r2).t()
@@ -355,7 +405,9 @@ def filter_block(problem: ConvProblem, pass_: str, m: int, dtype) -> int | None:
 
 
 class _BlockedFilter:
-    """G g Gᵀ for a block of output channels' filters: the block's taps gathered by one copy —
+    """G g Gᵀ for a block of output channels' filters: fwd's by the compiled kernel where it
+    applies (`winograd_jit`: the block's filters are a slice of whole filters); else the
+    block's taps gathered by one copy —
     fwd's block is filters lo:hi, as (r², channels, C); bwd_data's (whose output channels are
     the filters' C) is channels lo:hi of every filter, as (r², K, channels), so each filter's
     run of channels is copied whole — then one GEMM with G⊗G, both on the library the block's
@@ -369,6 +421,11 @@ class _BlockedFilter:
         alpha2, taps = self.kron.shape
         self.taps = torch.from_numpy(workspace((taps * block * cin,), dtype))
         self.out = torch.from_numpy(workspace((alpha2 * block * cin,), dtype))
+        self.kernel = None
+        if pass_ == "fwd" and winograd_jit.applies(g, block, cin, dtype):
+            r = g.shape[1]
+            shape = (block, cin, r, r) if layout == "nchw" else (block, r, r, cin)
+            self.kernel = winograd_jit.FilterKernel(g, shape, layout, dtype)
 
     @property
     def nbytes(self) -> int:
@@ -388,6 +445,10 @@ class _BlockedFilter:
         ("torch" or "numpy": its copy and its GEMM)."""
         alpha2, taps = self.kron.shape
         size = (hi - lo) * self.cin
+        if self.kernel is not None:
+            self.kernel(w[lo:hi].numpy(), self.out[:alpha2 * size].view(alpha2, hi - lo,
+                                                                           self.cin).numpy())
+            return self.view(lo, hi)
         if self.pass_ == "fwd" and self.layout == "nchw":  # kcrs: (n·C, r²), transposed
             src = w[lo:hi].reshape(size, taps).t()
         else:
@@ -474,11 +535,10 @@ class _TiledOutput:
         if pass_ == "fwd":  # x padded by pad, to whole tiles of the phase planes
             self.pad = _Padding(in_shape, layout, problem.pad, tuple(stride * e for e in sizes),
                                 dtype)
-            self.data = _TileTransform(self.pad.shape, "nhwc", "nhwc", t.BT, m, counts, dtype,
-                                       split=stride)
+            self.data = _tiles(self.pad.shape, t.BT, m, counts, dtype, split=stride)
         else:
             self.pad = _Padding(in_shape, layout, r - 1 - eq.pad, sizes, dtype)
-            self.data = _TileTransform(self.pad.shape, "nhwc", "nhwc", t.BT, m, counts, dtype)
+            self.data = _tiles(self.pad.shape, t.BT, m, counts, dtype)
         g = t.G if pass_ == "fwd" else t.G[:, ::-1]
         channels = {"fwd": (eq.c, eq.k), "bwd_data": (eq.k, eq.c)}[pass_]
         self.cin, self.cout = channels
@@ -515,6 +575,10 @@ class _TiledOutput:
         planes = 0 if self.planes is None else self.planes.numel() * self.planes.element_size()
         return (self.pad.nbytes + self.data.nbytes + self.filter.nbytes + planes
                 + self.prod.numel() * self.prod.element_size() + self.untransform.nbytes)
+
+    def compile(self) -> None:
+        """The compiled transforms' machine code, before any timed call."""
+        winograd_jit.compile_all(self.data, self.filter)
 
     def gemm_shape(self) -> tuple[int, int, int]:
         """(rows, depth, columns) of each per-frequency GEMM."""
@@ -589,9 +653,8 @@ class _WeightGradient:
         self.x_pad = _Padding(p.x_shape(layout), layout, p.pad,
                               tuple(stride * (c * m + eq.r - 1) for c in counts), dtype)
         self.dy_pad = _Padding(p.y_shape(layout), layout, 0, tuple(c * m for c in counts), dtype)
-        self.x = _TileTransform(self.x_pad.shape, "nhwc", "nhwc", t.BT, m, counts, dtype,
-                                split=stride)
-        self.dy = _TileTransform(self.dy_pad.shape, "nhwc", "nhwc", t.G, m, counts, dtype)
+        self.x = _tiles(self.x_pad.shape, t.BT, m, counts, dtype, split=stride)
+        self.dy = _tiles(self.dy_pad.shape, t.G, m, counts, dtype)
         self.alpha2 = t.alpha ** 2
         self.prod = torch.from_numpy(workspace((self.alpha2, eq.k, eq.c), dtype))
         # kcrs: the untransform's transposed form is (K, C, r, s), the filters' own order
@@ -612,6 +675,9 @@ class _WeightGradient:
         padded = 0 if self.padded is None else self.padded.numel() * self.padded.element_size()
         return (self.x_pad.nbytes + self.dy_pad.nbytes + self.x.nbytes + self.dy.nbytes + padded
                 + self.prod.numel() * self.prod.element_size() + self.untransform.nbytes)
+
+    def compile(self) -> None:
+        winograd_jit.compile_all(self.x, self.dy)
 
     def gemm_shape(self) -> tuple[int, int, int]:
         return (self.k, self.tiles, self.c)
@@ -737,6 +803,7 @@ class WinogradCPU(Winograd):
     def prepare(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         route = Route((self.algo, problem, pass_, layout, precision))
         run = self._pass(problem, pass_, layout, precision, route)
+        run.compile()
         steps = ((run.transform_a, run.fused, run.inverse) if run.block else
                  (run.transform_a, run.transform_w, run.product, run.inverse))
         return Phased(dict(zip(self.phases(problem, pass_, layout, precision), steps)))

@@ -24,6 +24,7 @@ is imported, and never overridden. This module imports nothing heavy at import t
 from __future__ import annotations
 
 import os
+import threading
 
 CPU_THREAD_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "OPENBLAS_THREAD_TIMEOUT": "4",
                   "GOMP_SPINCOUNT": "10000"}
@@ -134,3 +135,43 @@ def policy() -> dict:
     except ImportError:
         pass
     return out
+
+
+_pool = None
+_pool_size = 0
+_pool_lock = threading.Lock()
+
+
+def _executor(n: int):
+    """The `n` threads that compiled kernels' shares run on besides the caller's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    global _pool, _pool_size
+    with _pool_lock:
+        if _pool is None or _pool_size != n:
+            if _pool is not None:
+                _pool.shutdown(wait=True)
+            _pool, _pool_size = ThreadPoolExecutor(n, thread_name_prefix="convbench-share"), n
+        return _pool
+
+
+def shares(tasks: int, n: int | None = None) -> list[tuple[int, int]]:
+    """Tasks 0..tasks-1 split evenly into at most `n` (default `count()`) ranges (t0, t1)."""
+    n = max(1, min(n or count(), tasks))
+    per = -(-tasks // n)
+    return [(i * per, min((i + 1) * per, tasks)) for i in range(n) if i * per < tasks]
+
+
+def run_shares(call, jobs: list[tuple]) -> None:
+    """call(*job) for every job at once, each on its own thread, the calling thread taking the
+    first itself: a third runnable thread on two cores would wait for one (and read as
+    contention in the timing's scheduler share). `call` must release the GIL (a ctypes call, a
+    Numba `nogil` function)."""
+    futures = ([_executor(len(jobs) - 1).submit(call, *job) for job in jobs[1:]]
+               if len(jobs) > 1 else [])
+    try:
+        if jobs:
+            call(*jobs[0])
+    finally:
+        for f in futures:
+            f.result()

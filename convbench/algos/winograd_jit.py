@@ -1,0 +1,151 @@
+"""Winograd's transforms compiled (`algos.winograd`): the filters' G g Gᵀ and the data tiles'
+Bᵀ d B (and bwd_filter's dy tiles, G d Gᵀ), each operand read once and its alpha² values
+written once, vectorised over the channels.
+
+As GEMMs the transforms made several passes over memory: the filters one product with G⊗G,
+of depth r² = 9 over K·C columns (BLAS runs it far below its peak), after a copy gathering
+krsc taps (and another for the nhwc product's (C, K) order); the data tiles a gathering copy
+and two GEMMs with Bᵀ, three passes over alpha²/m² times the input. On AlexNet's conv3-conv5
+at batch 8 those were 30-40% of a pass (docs/pages/cpu-algorithms.md, Winograd). Here a
+filter's r² taps (a window's alpha², from the padded nhwc activation) are loaded once, the two
+small matrix products computed from registers (the matrices' entries scalars), and the values
+stored into a block buffer of the task's, then copied out by rows.
+
+The kernels are Python in `templates/winograd_filter.py.tmpl` (per alpha, r and filter layout)
+and `templates/winograd_tiles.py.tmpl` (per matrix shape), rendered by `jit.source`, compiled
+serial (a third of a parallel kernel's compile: 1-4 s a shape, then cached on disk) and run on
+the run's threads by `threads.run_shares`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ..core.problem import FILTER_LAYOUT
+from ..machine import threads
+from . import jit
+
+
+def _source(alpha: int, R: int, krsc: bool) -> str:
+    tap = "w[k, {t}, c]" if krsc else "tb[{t}, j]"
+    fill = [] if krsc else ["for j in range(u0, c1 - c0):",
+                            f"    for t in range({R * R}):",
+                            "        tb[t, j] = w[k, c0 + j, t]"]
+    taps = [f"g{r}_{s} = " + tap.format(t=r * R + s) for r in range(R) for s in range(R)]
+    constants = [f"G{a}_{r} = gm[{a}, {r}]" for a in range(alpha) for r in range(R)]
+    rows = [f"t{a}_{s} = " + " + ".join(f"G{a}_{r} * g{r}_{s}" for r in range(R))
+            for a in range(alpha) for s in range(R)]
+    values = [f"loc[{a * alpha + b}, i, j] = " +
+              " + ".join(f"t{a}_{s} * G{b}_{s}" for s in range(R))
+              for a in range(alpha) for b in range(alpha)]
+    layout = "krsc" if krsc else "kcrs"
+    return jit.source(["winograd_filter"], f"F(m, {R}x{R}) on {layout} filters, alpha {alpha}",
+                      lines={"constants": constants, "taps": taps, "rows": rows,
+                             "values": values, "fill": fill},
+                      A2=alpha * alpha, T=R * R)
+
+
+@functools.cache
+def _tiles_module(rows: int, width: int):
+    """`tiles` for an M of rows × width."""
+    lines = {
+        "mconstants": [f"M{a}_{u} = mm[{a}, {u}]" for a in range(rows) for u in range(width)],
+        "window": [f"d{u}_{v} = x[n, h0 + {u}, w0 + {v}, c]"
+                   for u in range(width) for v in range(width)],
+        "mrows": [f"e{a}_{v} = " + " + ".join(f"M{a}_{u} * d{u}_{v}" for u in range(width))
+                  for a in range(rows) for v in range(width)],
+        "mvalues": [f"loc[{a * rows + b}, jj] = " +
+                    " + ".join(f"e{a}_{v} * M{b}_{v}" for v in range(width))
+                    for a in range(rows) for b in range(rows)]}
+    return jit.load(f"convbench_wino_tiles_{rows}x{width}",
+                    jit.source(["winograd_tiles"], f"{rows}x{width} windows", lines=lines,
+                               ROWS=rows, WIDTH=width, R2=rows * rows))
+
+
+@functools.cache
+def _module(alpha: int, R: int, krsc: bool):
+    layout = "krsc" if krsc else "kcrs"
+    return jit.load(f"convbench_wino_filter_a{alpha}_r{R}_{layout}", _source(alpha, R, krsc))
+
+
+#: The fewest bytes of transformed filters (alpha² × K × C) the kernel takes: below it the
+#: GEMM's transform is as quick, and a layer's first call would wait seconds for a compile
+#: (once per machine: Numba caches it).
+MIN_BYTES = 1 << 20
+
+
+def applies(g: np.ndarray, k: int, c: int, dtype) -> bool:
+    """Whether the compiled transform takes these filters: Numba here, MIN_BYTES transformed."""
+    return (jit.available() is None and
+            g.shape[0] ** 2 * k * c * np.dtype(dtype).itemsize >= MIN_BYTES)
+
+
+def tiles_apply(values: int, dtype) -> bool:
+    """Whether the compiled data tiles' transform takes a pass of this many values out."""
+    return jit.available() is None and values * np.dtype(dtype).itemsize >= MIN_BYTES
+
+
+class _Kernel:
+    """A compiled transform of one shape: `compile` (in `prepare`, never in a timed call; a
+    pass that is only described or sized compiles nothing), then calls."""
+
+    fn = None
+
+    def _empty(self) -> tuple:
+        raise NotImplementedError
+
+    def compile(self) -> None:
+        self.fn(*self._empty(), 0, 0)
+
+    def _run(self, tasks: int, *args) -> None:
+        """The tasks split over the run's threads (`threads.run_shares`: the kernels are serial
+        and release the GIL; compiled serial they take a third of a parallel one's compile)."""
+        threads.run_shares(self.fn, [(*args, t0, t1) for t0, t1 in threads.shares(tasks)])
+
+
+class FilterKernel(_Kernel):
+    """The transform of `layout`'s filters (K, C, r×r) by G (alpha × r) into (alpha², K, C)."""
+
+    def __init__(self, g: np.ndarray, shape, layout: str, dtype):
+        size = dict(zip(FILTER_LAYOUT[layout], shape))
+        k, c, r = size["k"], size["c"], size["r"]
+        self.g = np.ascontiguousarray(g, dtype=dtype)
+        krsc = FILTER_LAYOUT[layout] == "krsc"
+        self.view = (k, r * r, c) if krsc else (k, c, r * r)
+        self.fn = _module(g.shape[0], r, krsc).transform
+
+    def _empty(self) -> tuple:
+        dtype, alpha = self.g.dtype, self.g.shape[0]
+        return np.zeros((0, 0, 0), dtype), self.g, np.zeros((alpha * alpha, 0, 0), dtype)
+
+    def __call__(self, w: np.ndarray, out: np.ndarray) -> None:
+        """out (alpha², K', C) from the filters w of K' output channels (the first axis)."""
+        self._run(-(-len(w) // 16), w.reshape(len(w), *self.view[1:]), self.g, out)
+
+
+class TileKernel(_Kernel):
+    """M·d·Mᵀ of every `width`-wide window every `step` of an nhwc activation (N, H, W, C),
+    `counts` tiles down and across, into (rows², tiles, C)."""
+
+    def __init__(self, mat: np.ndarray, step: int, counts: tuple[int, int], dtype):
+        self.m = np.ascontiguousarray(mat, dtype=dtype)
+        self.step, self.counts = step, counts
+        self.fn = _tiles_module(*mat.shape).tiles
+
+    def _empty(self) -> tuple:
+        rows, dtype = self.m.shape[0], self.m.dtype
+        return (np.zeros((0, 0, 0, 0), dtype), self.m, np.zeros((rows * rows, 0, 0), dtype),
+                self.step, 0, 0)
+
+    def __call__(self, x: np.ndarray, out: np.ndarray) -> None:
+        self._run(len(x) * self.counts[0], x, self.m, out, self.step, *self.counts)
+
+
+def compile_all(*parts) -> None:
+    """Compile the kernels of a pass's parts (those with a `kernel`)."""
+    for part in parts:
+        kernel = getattr(part, "kernel", None)
+        if kernel is not None:
+            kernel.compile()
