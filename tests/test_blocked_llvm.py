@@ -42,8 +42,8 @@ def _run(problem: ConvProblem, pass_: str, dtype, block, bits, cpu, threads=2) -
         grouped = b.reshape(g, problem.k // g, problem.c // g, problem.r, problem.s)
         w = np.ascontiguousarray(grouped[:, :, :, ::-1, ::-1].transpose(0, 2, 1, 3, 4))
         out = np.full(problem.x_shape("nchw"), np.nan, dtype)
-    gm = blocked_llvm.geometry(problem, pass_, dtype, block, bits, cpu, threads_=threads)
-    blocked_llvm.Kernel(gm, threads)(np.ascontiguousarray(a), w, out)
+    blocked_llvm.make(problem, pass_, dtype, block, bits, cpu, threads)(
+        np.ascontiguousarray(a), w, out)
     out = out.reshape(problem.w_shape("nchw")) if pass_ == "bwd_filter" else out
     want = reference.reference(problem, pass_, "nchw", a, b)
     scale = reference.magnitudes(problem, pass_, "nchw", a, b)
@@ -91,20 +91,43 @@ def test_wide_rows_past_a_vector_and_the_shuffled_fill(bits, cpu):
 
 
 def test_which_passes_the_blocked_kernels_take():
-    """fwd and bwd_filter at any stride; bwd_data at stride 1 where the flipped pads are not
-    negative."""
+    """fwd and bwd_filter at any stride; bwd_data where the flipped pads are not negative: at
+    stride 1, and per phase at strides of at most 4 phases, of dilation 1."""
     p = ConvProblem(n=1, c=8, h=8, w=8, k=8, r=3, s=3, pad=1, groups=2)
     assert all(blocked_llvm.applies(p, pass_) for pass_ in ("fwd", "bwd_data", "bwd_filter"))
+    strided = ConvProblem(n=1, c=8, h=8, w=8, k=8, r=3, s=3, stride=2, pad=1, groups=2)
+    assert blocked_llvm.applies(strided, "bwd_data")
     assert not blocked_llvm.applies(ConvProblem(n=1, c=8, h=8, w=8, k=8, r=3, s=3, stride=2,
-                                                pad=1, groups=2), "bwd_data")
+                                                pad=1, dilation=2, groups=2), "bwd_data")
+    assert not blocked_llvm.applies(ConvProblem(n=1, c=8, h=9, w=9, k=8, r=3, s=3, stride=3,
+                                                pad=1, groups=2), "bwd_data")  # 9 phases
     assert not blocked_llvm.applies(ConvProblem(n=1, c=8, h=8, w=8, k=8, r=3, s=3, pad=3,
                                                 groups=2), "bwd_data")
+    assert not blocked_llvm.applies(ConvProblem(n=1, c=8, h=8, w=8, k=8, r=3, s=3, stride=2,
+                                                pad=3, groups=2), "bwd_data")
     patchify = ConvProblem(n=1, c=3, h=64, w=64, k=8, r=32, s=32, stride=32)  # 1,024 taps
     assert not any(blocked_llvm.applies(patchify, pass_)
                    for pass_ in ("fwd", "bwd_data", "bwd_filter"))
 
 
 PROBLEM = ConvProblem(n=2, c=32, h=9, w=10, k=48, r=3, s=3, stride=(2, 1), pad=1, groups=8)
+
+
+def test_strided_bwd_data_runs_as_its_phases():
+    """3x3 at stride 2 padded 1: four phases of 1x1, 1x2, 2x1 and 2x2 taps, each writing its
+    pixels of dx (odd and even sizes: phases of unequal counts); a 1x1 filter at stride 2
+    reaches one phase, the other three are zeroed (over the NaN dx starts as)."""
+    p = ConvProblem(n=2, c=12, h=9, w=10, k=8, r=3, s=3, stride=2, pad=1, groups=4)
+    bits = blocked_llvm.vector_bits()
+    gms = blocked_llvm.geometries(p, "bwd_data", np.float32, (8, 3), bits)
+    assert [(gm.r, gm.s, gm.p, gm.q, gm.oa, gm.ob) for gm in gms] == [
+        (1, 1, 5, 5, 0, 0), (1, 2, 5, 5, 0, 1), (2, 1, 4, 5, 1, 0), (2, 2, 4, 5, 1, 1)]
+    for problem in (p, ConvProblem(n=1, c=6, h=7, w=8, k=4, r=1, s=1, stride=2, groups=2)):
+        for block in blocked_llvm.blocks("bwd_data", bits):
+            _run(problem, "bwd_data", np.float32, block, bits, "")
+    ones = blocked_llvm.geometries(ConvProblem(n=1, c=6, h=7, w=8, k=4, r=1, s=1, stride=2,
+                                               groups=2), "bwd_data", np.float32, (8, 3), bits)
+    assert [gm is None for gm in ones] == [False, True, True, True]
 
 
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
@@ -157,8 +180,8 @@ def test_the_hot_loop_keeps_its_sums_in_registers(bits, cpu):
 def test_the_dense_path_runs_the_kernel_it_probed(problem, pass_, layout, monkeypatch):
     """direct's dense path (dense layers; groups beyond MAX_GROUP_CHANNELS) probes the blocked
     kernels beside its tap products above BLOCKED_MIN_FLOPS (set to 0 here): whichever it
-    keeps, the pass matches the reference and its note names it; bwd_data of stride 2 stays
-    with the products and says nothing."""
+    keeps, the pass matches the reference and its note names it (bwd_data of stride (1, 2)
+    too: the blocked kernels run it as two phases)."""
     monkeypatch.setattr(grouped_jit, "BLOCKED_MIN_FLOPS", 0)
     direct = registry.get("direct", "numpy")
     blocked = blocked_llvm.applies(problem, pass_)
@@ -166,7 +189,7 @@ def test_the_dense_path_runs_the_kernel_it_probed(problem, pass_, layout, monkey
                             if blocked else [])
     assert len(names) == (1 + len(blocked_llvm.blocks(pass_, blocked_llvm.vector_bits()))
                           if blocked else 1)
-    assert blocked == (pass_ != "bwd_data" or problem.stride_w == 1)
+    assert blocked  # bwd_data of stride (1, 2) too, as its two phases
     for name in names:
         def fixed(ways, a, w, out, name=name):
             assert sorted(ways) == sorted(names)

@@ -379,14 +379,16 @@ def _compiled_everywhere(monkeypatch):
 @given(problem=problems_square(sizes=(3,)), precision=st.sampled_from(PRECISIONS),
        seed=st.integers(0, 99))
 def test_compiled_transforms_match_reference(pass_, layout, problem, precision, seed):
-    """F(4x4, 3x3) with its filters and tiles transformed by the compiled kernels (odd sizes,
-    partial tiles, padding 0 to 3, fewer channels than a vector), against float64; the kernels
-    are the ones that ran (not the GEMMs')."""
+    """F(4x4, 3x3) with its filters, tiles and (nhwc) outputs transformed by the compiled
+    kernels (odd sizes, partial tiles cropped, padding 0 to 3, fewer channels than a vector),
+    against float64; the kernels are the ones that ran (not the GEMMs')."""
     with pytest.MonkeyPatch.context() as mp:
         _compiled_everywhere(mp)
         impl = _impl("winograd-4x4")
         run = impl._pass(problem, pass_, layout, precision)
         parts = (run.x, run.dy) if pass_ == "bwd_filter" else (run.data, run.filter)
+        if pass_ != "bwd_filter" and layout == "nhwc":
+            parts += (run,)  # the inverse
         assert all(getattr(part, "kernel", None) is not None for part in parts)
         chk = run_and_check(impl, problem, pass_, layout, precision, seed)
         assert chk.ok, f"{pass_} {layout} {precision} {problem}: {chk.reason}"

@@ -1,4 +1,4 @@
-"""`direct`'s forward (and bwd_data of stride 1), register-blocked: LLVM IR generated per
+"""`direct`'s passes register-blocked: LLVM IR generated per
 geometry (llvmlite), for grouped and dense layers alike (a dense layer is one group).
 
 `grouped_jit`'s Numba loops add each tap's products into an output row in memory: a load and a
@@ -22,7 +22,12 @@ threads (a ctypes call releases the GIL). A task:
    `pb` vectors of pixels by `kb` output channels at a time, into the thread's wide rows;
 3. copies the wide rows' valid columns into y.
 bwd_data of stride 1 is the same kernel on dy with the filter flipped and transposed, as in
-`grouped_jit`. bwd_filter is not done here.
+`grouped_jit`; of a larger stride (at most 4 phases) it is one such kernel per phase of dx
+(`PhasedKernel`): the pixels phase + stride·i of each axis take the taps of the flipped filter
+from `PhaseAxis.first` every stride, a stride-1 forward over dy that stores its outputs every
+stride (`Geometry.osh`, `osw`), so no phase plane of dx is merged afterwards. bwd_filter sums
+kb output channels x up to 9 taps of the gradient in registers over the pixels
+(`filter_sums`).
 
 Who runs it: `grouped_jit` (groups of up to 32 channels) and `direct`'s dense path (the rest,
 above `grouped_jit.BLOCKED_MIN_FLOPS`) probe these kernels beside their own on a pass's first
@@ -37,6 +42,7 @@ import dataclasses
 import functools
 import gc
 import hashlib
+import itertools
 import os
 import re
 from dataclasses import dataclass
@@ -81,6 +87,14 @@ class Geometry:
     #: `taps` taps of the filter gradient summed in registers over the pixels)
     mode: str = "fwd"
     taps: int = 0  # bwf: taps a pass over the pixels sums at most (0: all R·S)
+    #: Where the p x q outputs go in y's planes of oh x ow (0: p x q): output (i, j) at
+    #: (i·osh + oa, j·osw + ob), so a strided bwd_data's phase writes its pixels of dx.
+    oh: int = 0
+    ow: int = 0
+    osh: int = 1
+    osw: int = 1
+    oa: int = 0
+    ob: int = 0
 
     @property
     def tasks(self) -> int:
@@ -137,6 +151,11 @@ class Geometry:
     def wide_elements(self) -> int:
         return self.chunk * self.wide
 
+    @property
+    def out_plane(self) -> tuple[int, int]:
+        """y's planes: (oh, ow), or (p, q)."""
+        return (self.oh or self.p, self.ow or self.q)
+
     def offset(self, r: int, s: int) -> int:
         """Where tap (r, s) reads, from the pixel's own position in a channel's planes."""
         a, b = (r * self.dh) % self.sh, (s * self.dw) % self.sw
@@ -183,23 +202,94 @@ MAX_TAPS = 256
 
 
 def applies(p: ConvProblem, pass_: str) -> bool:
-    """fwd and bwd_filter, and bwd_data of stride 1 (the forward kernel on dy, its pads the
-    filter's reach less the pass's, which must not be negative), of at most MAX_TAPS taps."""
+    """fwd and bwd_filter, and bwd_data (the forward kernel on dy, its pads the filter's reach
+    less the pass's, which must not be negative; at a stride, of dilation 1, per phase:
+    `phases`), of at most MAX_TAPS taps."""
     if p.r * p.s > MAX_TAPS:
         return False
     if pass_ in ("fwd", "bwd_filter"):
         return True
-    if pass_ == "bwd_data" and p.stride_h == p.stride_w == 1:
+    if pass_ != "bwd_data":
+        return False
+    if p.stride_h == p.stride_w == 1:
         return ((p.r - 1) * p.dil_h >= p.pad_top and (p.s - 1) * p.dil_w >= p.pad_left)
-    return False
+    return (p.dil_h == p.dil_w == 1 and p.stride_h * p.stride_w <= MAX_DATA_PHASES and
+            all(axis is None or axis.pad >= 0
+                for a, b in _phase_pairs(p) for axis in (a, b)))
+
+
+#: The most phases a strided bwd_data runs as (stride 2 both ways): each is a kernel of its own
+#: per block probed, compiled on the pass's first call.
+MAX_DATA_PHASES = 4
+
+
+@dataclass(frozen=True)
+class PhaseAxis:
+    """One axis of one phase of a strided bwd_data: dx's pixels phase, phase + stride, ...
+    (`count` of them) take `taps` taps of the flipped filter, from `first` every stride, as a
+    stride-1 forward over dy padded by `pad`."""
+
+    phase: int
+    count: int
+    taps: int
+    first: int
+    pad: int
+
+
+def phase_axis(size: int, taps: int, stride: int, pad: int, phase: int) -> PhaseAxis | None:
+    """The phase's axis (dx of `size`, a filter of `taps`, padding `pad`), or None where no tap
+    reaches it (its dx is zero). dx[phase + stride·i] sums w[r]·dy[i + (phase + pad - r)/stride]
+    over the taps r ≡ phase + pad (mod stride): as a correlation over dy, the taps from the
+    largest such r down, which are the flipped filter's taps from taps - 1 - r every stride."""
+    reach = [r for r in range(taps) if (phase + pad - r) % stride == 0]
+    if not reach:
+        return None
+    last = reach[-1]
+    return PhaseAxis(phase, len(range(phase, size, stride)), len(reach), taps - 1 - last,
+                     (last - phase - pad) // stride)
+
+
+def _phase_pairs(p: ConvProblem) -> list[tuple[PhaseAxis | None, PhaseAxis | None]]:
+    """(row axis, column axis) of each of bwd_data's sh·sw phases, rows first."""
+    rows = [phase_axis(p.h, p.r, p.stride_h, p.pad_top, a) for a in range(p.stride_h)]
+    cols = [phase_axis(p.w, p.s, p.stride_w, p.pad_left, b) for b in range(p.stride_w)]
+    return [(a, b) for a in rows for b in cols]
+
+
+def _split(gm: Geometry, images: int, threads_: int) -> Geometry:
+    """`gm` with its output channels split into parts where the images x groups are fewer than
+    two tasks a thread (each part fills the planes again: cheap beside its products)."""
+    wanted = max(1, min(-(-2 * threads_ // (images * gm.g)), -(-gm.kg // gm.kb)))
+    if wanted == 1:
+        return gm
+    part = -(-gm.kg // wanted)
+    return dataclasses.replace(gm, part=-(-part // gm.kb) * gm.kb)  # whole blocks of kb
+
+
+def geometries(p: ConvProblem, pass_: str, dtype, block: tuple[int, int], bits: int,
+               cpu: str = "", threads_: int = 1) -> list[Geometry | None]:
+    """The kernels of a pass: `geometry`'s one, or a strided bwd_data's per phase (None where
+    the phase's dx is zero), rows first."""
+    if pass_ != "bwd_data" or p.stride_h == p.stride_w == 1:
+        return [geometry(p, pass_, dtype, block, bits, cpu, threads_)]
+    lanes = bits // (8 * np.dtype(dtype).itemsize)
+    g = p.groups
+    out = []
+    for a, b in _phase_pairs(p):
+        if a is None or b is None:
+            out.append(None)
+            continue
+        gm = Geometry(p.n, g, p.k // g, p.c // g, p.p, p.q, a.taps, b.taps, 1, 1, 1, 1, a.pad,
+                      b.pad, a.count, b.count, *block, lanes, np.dtype(dtype).name, cpu,
+                      oh=p.h, ow=p.w, osh=p.stride_h, osw=p.stride_w, oa=a.phase, ob=b.phase)
+        out.append(_split(gm, p.n, threads_))
+    return out
 
 
 def geometry(p: ConvProblem, pass_: str, dtype, block: tuple[int, int], bits: int,
              cpu: str = "", threads_: int = 1) -> Geometry:
-    """The kernel's constants for pass `pass_` of `p` (`applies`) with register block `block`,
-    for `threads_` threads: where the images x groups are fewer than two tasks a thread, each
-    one's output channels are split into parts (each part fills the planes again: cheap beside
-    its products)."""
+    """The kernel's constants for pass `pass_` of `p` (`applies`; bwd_data of stride 1) with
+    register block `block`, for `threads_` threads (`_split`)."""
     lanes = bits // (8 * np.dtype(dtype).itemsize)
     g = p.groups
     kb, pb = block
@@ -215,12 +305,7 @@ def geometry(p: ConvProblem, pass_: str, dtype, block: tuple[int, int], bits: in
         gm = Geometry(p.n, g, p.k // g, p.c // g, p.p, p.q, p.r, p.s, 1, 1, p.dil_h, p.dil_w,
                       (p.r - 1) * p.dil_h - p.pad_top, (p.s - 1) * p.dil_w - p.pad_left,
                       p.h, p.w, kb, pb, lanes, np.dtype(dtype).name, cpu)
-    images = 1 if pass_ == "bwd_filter" else p.n
-    wanted = max(1, min(-(-2 * threads_ // (images * g)), -(-gm.kg // kb)))
-    if wanted == 1:
-        return gm
-    part = -(-gm.kg // wanted)
-    return dataclasses.replace(gm, part=-(-part // kb) * kb)  # whole blocks of kb
+    return _split(gm, 1 if pass_ == "bwd_filter" else p.n, threads_)
 
 
 # --- the IR ---------------------------------------------------------------------------------------
@@ -336,7 +421,8 @@ def kernel_ir(gm: Geometry) -> str:
     def image(n, g, k_lo, k_hi):
         xg = e.b.gep(x, [mul(add(mul(n, channels_in), mul(g, gm.cg)), gm.h * gm.w)])
         wg = e.b.gep(w, [mul(g, gm.kg * gm.cg * taps)])
-        yg = e.b.gep(y, [mul(add(mul(n, channels_out), mul(g, gm.kg)), gm.p * gm.q)])
+        out_h, out_w = gm.out_plane
+        yg = e.b.gep(y, [mul(add(mul(n, channels_out), mul(g, gm.kg)), out_h * out_w)])
 
         def source_row(c, a, rr):
             return e.b.gep(xg, [add(mul(c, gm.h * gm.w),
@@ -470,10 +556,11 @@ def kernel_ir(gm: Geometry) -> str:
         def out_channel(k):
             def out_row(pp):
                 src = e.b.gep(wide, [add(mul(e.b.sub(k, k_lo), gm.wide), mul(pp, gm.wq))])
-                dst = e.b.gep(yg, [add(mul(k, gm.p * gm.q), mul(pp, gm.q))])
+                dst = e.b.gep(yg, [add(mul(k, out_h * out_w),
+                                       mul(add(mul(pp, gm.osh), C(gm.oa)), out_w), C(gm.ob))])
 
                 def col(cc):
-                    e.b.store(e.b.load(e.b.gep(src, [cc])), e.b.gep(dst, [cc]))
+                    e.b.store(e.b.load(e.b.gep(src, [cc])), e.b.gep(dst, [mul(cc, gm.osw)]))
                 e.loop(C(0), C(gm.q), 1, col, "ocol")
             e.loop(C(0), C(gm.p), 1, out_row, "orow")
         e.loop(k_lo, k_hi, 1, out_channel, "out")
@@ -719,25 +806,106 @@ def _scratch(gms: list[Geometry], count: int) -> tuple[list, list]:
             [make(wide, gms[0].dtype) for _ in range(count)])
 
 
+def _kernel_geometries(p: ConvProblem, pass_: str, dtype, kept: str | None = None
+                       ) -> dict[str, list[Geometry | None]]:
+    """By name, the geometries of the blocked kernels a pass probes (`geometries`: one, or a
+    strided bwd_data's phases), or the one `kept`'s."""
+    bits, count = vector_bits(), threads.count()
+    return {name(block): geometries(p, pass_, dtype, block, bits, threads_=count)
+            for block in blocks(pass_, bits) if kept is None or kept == name(block)}
+
+
+def _by_phase(ways: dict[str, list[Geometry | None]]) -> list[list[Geometry]]:
+    """Each phase's geometries across the ways: they share scratch (the planes' layout does not
+    depend on the block; a phase's does on its taps and pads, so phases do not share)."""
+    phases = len(next(iter(ways.values())))
+    return [[way[i] for way in ways.values() if way[i]] for i in range(phases)]
+
+
 def scratch_bytes(p: ConvProblem, pass_: str, dtype, kept: str | None = None) -> int:
     """Bytes the blocked kernels of a pass hold, all threads' scratch: shared by every kernel of
-    `blocks` (`kernels` makes them all for the probe), or the one `kept`'s."""
-    bits, count = vector_bits(), threads.count()
-    gms = [geometry(p, pass_, dtype, block, bits, threads_=count) for block in blocks(pass_, bits)
-           if kept is None or kept == name(block)]
-    if not gms:
+    `blocks` (`kernels` makes them all for the probe), a strided bwd_data's per phase; or the
+    one `kept`'s."""
+    ways = _kernel_geometries(p, pass_, dtype, kept)
+    if not ways:
         return 0
-    size = (max(gm.planes_elements for gm in gms) + max(gm.wide_elements for gm in gms))
-    return size * max(min(count, gm.tasks) for gm in gms) * np.dtype(dtype).itemsize
+    count, total = threads.count(), 0
+    for gms in _by_phase(ways):
+        if gms:
+            size = max(gm.planes_elements for gm in gms) + max(gm.wide_elements for gm in gms)
+            total += size * max(min(count, gm.tasks) for gm in gms)
+    return total * np.dtype(dtype).itemsize + len(ways) * filter_bytes(p, pass_, dtype)
 
 
-def kernels(p: ConvProblem, pass_: str, dtype, only: str | None = None) -> dict[str, Kernel]:
+class PhasedKernel:
+    """A strided bwd_data as its phases' kernels (`geometries`), each a stride-1 forward over
+    dy with its taps of the flipped filter, writing its pixels of dx; a phase no tap reaches is
+    zeroed. `kernel(dy, w, dx)` as `Kernel`'s, w the filter flipped and transposed (G, C/G,
+    K/G, R, S), or with `flipped` False the filter's own (G, K/G, C/G, R, S) (`grouped_jit`'s,
+    whose kernel takes that). Each phase's taps are copied into a buffer of its own, made once
+    (`filter_bytes`)."""
+
+    def __init__(self, p: ConvProblem, kernels_: list, flipped: bool = True):
+        self.stride, self.flipped, self.size = (p.stride_h, p.stride_w), flipped, (p.r, p.s)
+        self.parts = []
+        for kernel, (rows, cols), (ph, pw) in zip(
+                kernels_, _phase_pairs(p), itertools.product(range(p.stride_h),
+                                                             range(p.stride_w))):
+            taps = None if kernel is None else np.empty(
+                (p.groups, p.c // p.groups, p.k // p.groups, rows.taps, cols.taps),
+                kernel.gm.dtype)
+            self.parts.append((kernel, rows, cols, ph, pw, taps))
+
+    def _taps(self, w: np.ndarray, rows: PhaseAxis, cols: PhaseAxis):
+        """The phase's taps of w, a view: from the flipped filter's `first` every stride."""
+        sh, sw = self.stride
+        if self.flipped:
+            return w[..., rows.first::sh, cols.first::sw]
+        r, s = self.size  # the same taps counted from the filter's end, and transposed
+        return w[:, :, :, r - 1 - rows.first::-sh, s - 1 - cols.first::-sw].transpose(
+            0, 2, 1, 3, 4)
+
+    def __call__(self, a: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+        sh, sw = self.stride
+        for kernel, rows, cols, ph, pw, taps in self.parts:
+            if kernel is None:
+                out[:, :, ph::sh, pw::sw] = 0
+            else:
+                np.copyto(taps, self._taps(w, rows, cols))
+                kernel(a, taps, out)
+
+
+def filter_bytes(p: ConvProblem, pass_: str, dtype) -> int:
+    """Bytes of a `PhasedKernel`'s phase taps (0 for any other pass): the filter's taps that
+    reach some phase, about the filter."""
+    if pass_ != "bwd_data" or p.stride_h == p.stride_w == 1:
+        return 0
+    taps = sum(a.taps * b.taps for a, b in _phase_pairs(p) if a and b)
+    return p.k * (p.c // p.groups) * taps * np.dtype(dtype).itemsize
+
+
+def make(p: ConvProblem, pass_: str, dtype, block: tuple[int, int], bits: int, cpu: str = "",
+         threads_: int = 1, flipped: bool = True):
+    """One way of a pass on its own scratch: a `Kernel`, or a strided bwd_data's
+    `PhasedKernel` (`flipped`: which filter it takes)."""
+    made = [gm and Kernel(gm, threads_)
+            for gm in geometries(p, pass_, dtype, block, bits, cpu, threads_)]
+    return made[0] if len(made) == 1 else PhasedKernel(p, made, flipped)
+
+
+def kernels(p: ConvProblem, pass_: str, dtype, only: str | None = None,
+            flipped: bool = True) -> dict:
     """The blocked kernels a pass probes, by name ("llvm 8x3": kb x pb), compiled and their
-    scratch allocated; `only`: that one alone (a name not among them: none)."""
-    bits, count = vector_bits(), threads.count()
-    gms = {name(block): geometry(p, pass_, dtype, block, bits, threads_=count)
-           for block in blocks(pass_, bits) if only is None or only == name(block)}
-    if not gms:
+    scratch allocated (a `Kernel`, or a strided bwd_data's `PhasedKernel`, `flipped` saying
+    which filter it takes); `only`: that one alone (a name not among them: none)."""
+    ways = _kernel_geometries(p, pass_, dtype, only)
+    if not ways:
         return {}
-    shared = _scratch(list(gms.values()), max(min(count, gm.tasks) for gm in gms.values()))
-    return {key: Kernel(gm, count, shared) for key, gm in gms.items()}
+    count = threads.count()
+    shared = [gms and _scratch(gms, max(min(count, gm.tasks) for gm in gms))
+              for gms in _by_phase(ways)]
+    out = {}
+    for key, way in ways.items():
+        made = [gm and Kernel(gm, count, scratch) for gm, scratch in zip(way, shared)]
+        out[key] = made[0] if len(made) == 1 else PhasedKernel(p, made, flipped)
+    return out

@@ -315,7 +315,9 @@ def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
 
     key = (p, pass_, layout, np.dtype(dtype).str)
     kept = _KERNEL_CHOICE.get(key)  # probed before in this process: that way alone
-    ways = {name: _contiguous(k) for name, k in blocked_kernels(p, pass_, dtype, kept).items()}
+    # a strided bwd_data's phases take the filter as Numba's kernel does (`_flipped`)
+    ways = {name: _contiguous(k)
+            for name, k in blocked_kernels(p, pass_, dtype, kept, _flipped(p)).items()}
     if kept in (None, "numba"):
         ways = {"numba": lambda a, b, out: fn(a, b, out, *args), **ways}
 
@@ -394,11 +396,13 @@ def probe_kernels(ways: dict, a: np.ndarray, w: np.ndarray, out: np.ndarray) -> 
     return products.probe(ways, a, w, out)
 
 
-def blocked_kernels(p: ConvProblem, pass_: str, dtype, kept: str | None = None) -> dict:
-    """The register-blocked kernels (`blocked_llvm`) a forward or flipped bwd_data pass probes
-    besides its own, compiled; none where they do not apply or llvmlite does not load. `kept`:
-    the way an earlier probe of this pass kept in this process, the only one then built."""
-    return blocked_llvm.kernels(p, pass_, dtype, kept) if blocked(p, pass_) else {}
+def blocked_kernels(p: ConvProblem, pass_: str, dtype, kept: str | None = None,
+                    flipped: bool = True) -> dict:
+    """The register-blocked kernels (`blocked_llvm`) a pass probes besides its own, compiled;
+    none where they do not apply or llvmlite does not load. `kept`: the way an earlier probe of
+    this pass kept in this process, the only one then built; `flipped`: whether a strided
+    bwd_data's phases take the filter flipped (the dense path's) or as it is (`prepare`'s)."""
+    return blocked_llvm.kernels(p, pass_, dtype, kept, flipped) if blocked(p, pass_) else {}
 
 
 def blocked(p: ConvProblem, pass_: str) -> bool:
@@ -420,8 +424,10 @@ def compile_blocked(p: ConvProblem, pass_: str, layout: str, dtype) -> None:
     if blocked(p, pass_):
         bits = blocked_llvm.vector_bits()
         for block in blocked_llvm.blocks(pass_, bits):
-            blocked_llvm.compiled(blocked_llvm.geometry(p, pass_, dtype, block, bits,
-                                                        threads_=threads.count()))
+            for gm in blocked_llvm.geometries(p, pass_, dtype, block, bits,
+                                              threads_=threads.count()):
+                if gm is not None:
+                    blocked_llvm.compiled(gm)
         if layout == "nhwc":
             _compile_transposes(dtype)
 
@@ -503,6 +509,8 @@ def blocked_note(p: ConvProblem, pass_: str, layout: str, dtype, incumbent: str)
     bits = blocked_llvm.vector_bits()
     blocks = " or ".join(f"{kb}x{pb}" for kb, pb in blocked_llvm.blocks(pass_, bits))
     what = "taps" if pass_ == "bwd_filter" else "vectors of pixels"
+    if pass_ == "bwd_data" and (p.stride_h, p.stride_w) != (1, 1):
+        what += f", as {p.stride_h * p.stride_w} stride-1 phases"
     probed = f"[probed: {way}]" if way else "[probed on first call]"
     return (f"the faster of {incumbent} and register-blocked LLVM kernels ({blocks} output "
             f"channels x {what}) {probed}")

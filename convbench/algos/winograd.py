@@ -564,21 +564,29 @@ class _TiledOutput:
         order = _TILE_ORDER[tiled]
         self.prod = torch.from_numpy(workspace((self.alpha2, *(size[a] for a in order)), dtype))
         nchw = tiled == "nchw"
-        # nchw: one GEMM writing the tiles transposed; nhwc: two with Aᵀ (`_Kron`'s note)
-        self.untransform = (_Kron(t.AT, tuple(size[a] for a in order), dtype, last=nchw) if nchw
-                            else _Sandwich(t.AT, tuple(size[a] for a in order), dtype))
+        # nhwc: compiled where the products are large (`winograd_jit.InverseKernel`), else two
+        # GEMMs with Aᵀ; nchw: one GEMM writing the tiles transposed (`_Kron`'s note)
+        self.kernel = None
+        if not nchw and winograd_jit.tiles_apply(self.alpha2 * self.tiles * self.cout, dtype):
+            self.kernel = winograd_jit.InverseKernel(t.AT, counts, dtype)
+            self.untransform = None
+        else:
+            self.untransform = (_Kron(t.AT, tuple(size[a] for a in order), dtype, last=nchw)
+                                if nchw else _Sandwich(t.AT, tuple(size[a] for a in order),
+                                                       dtype))
         self.place = _Placement((order + "ij") if nchw else ("ij" + order), tiled, m, extent)
         self.v = self.u = None
 
     @property
     def workspace_bytes(self) -> int:
         planes = 0 if self.planes is None else self.planes.numel() * self.planes.element_size()
+        untransform = 0 if self.untransform is None else self.untransform.nbytes
         return (self.pad.nbytes + self.data.nbytes + self.filter.nbytes + planes
-                + self.prod.numel() * self.prod.element_size() + self.untransform.nbytes)
+                + self.prod.numel() * self.prod.element_size() + untransform)
 
     def compile(self) -> None:
         """The compiled transforms' machine code, before any timed call."""
-        winograd_jit.compile_all(self.data, self.filter)
+        winograd_jit.compile_all(self.data, self.filter, self)
 
     def gemm_shape(self) -> tuple[int, int, int]:
         """(rows, depth, columns) of each per-frequency GEMM."""
@@ -621,10 +629,14 @@ class _TiledOutput:
             BACKENDS[library].matmul(left, right, dest)
 
     def inverse(self, a, b, out) -> None:
+        target = tensor(out) if self.planes is None else self.planes
+        if self.kernel is not None:  # nhwc: (alpha², tiles, K) into the nhwc target
+            self.kernel(self.prod.view(self.alpha2, self.tiles, self.cout).numpy(),
+                        target.numpy())
+        else:
+            self.place(self.untransform(self.prod), target)
         if self.planes is None:
-            self.place(self.untransform(self.prod), tensor(out))
             return
-        self.place(self.untransform(self.prod), self.planes)
         s = self.scatter.stride
         n, h, w, c = self.planes.shape
         self.scatter(self.planes.view(n, h, w, s, s, c // (s * s)), tensor(out))

@@ -65,6 +65,23 @@ def _tiles_module(rows: int, width: int):
 
 
 @functools.cache
+def _inverse_module(m: int, alpha: int):
+    """`inverse` for an Aᵀ of m × alpha."""
+    lines = {
+        "aconstants": [f"A{a}_{u} = am[{a}, {u}]" for a in range(m) for u in range(alpha)],
+        "products": [f"d{u}_{v} = prod[{u * alpha + v}, tile, c]"
+                     for u in range(alpha) for v in range(alpha)],
+        "arows": [f"e{a}_{v} = " + " + ".join(f"A{a}_{u} * d{u}_{v}" for u in range(alpha))
+                  for a in range(m) for v in range(alpha)],
+        "avalues": [f"loc[{a * m + b}, jj] = " +
+                    " + ".join(f"e{a}_{v} * A{b}_{v}" for v in range(alpha))
+                    for a in range(m) for b in range(m)]}
+    return jit.load(f"convbench_wino_inverse_{m}x{alpha}",
+                    jit.source(["winograd_inverse"], f"{m}x{alpha} inverse", lines=lines,
+                               M=m, M2=m * m))
+
+
+@functools.cache
 def _module(alpha: int, R: int, krsc: bool):
     layout = "krsc" if krsc else "kcrs"
     return jit.load(f"convbench_wino_filter_a{alpha}_r{R}_{layout}", _source(alpha, R, krsc))
@@ -141,6 +158,24 @@ class TileKernel(_Kernel):
 
     def __call__(self, x: np.ndarray, out: np.ndarray) -> None:
         self._run(len(x) * self.counts[0], x, self.m, out, self.step, *self.counts)
+
+
+class InverseKernel(_Kernel):
+    """Aᵀ·M·A of every tile's products (alpha², tiles, K) into an nhwc output (N, P, Q, K),
+    `counts` tiles down and across, cropped at its edges."""
+
+    def __init__(self, at: np.ndarray, counts: tuple[int, int], dtype):
+        self.a = np.ascontiguousarray(at, dtype=dtype)
+        self.counts = counts
+        self.fn = _inverse_module(*at.shape).inverse
+
+    def _empty(self) -> tuple:
+        alpha, dtype = self.a.shape[1], self.a.dtype
+        return (np.zeros((alpha * alpha, 0, 0), dtype), self.a, np.zeros((0, 0, 0, 0), dtype),
+                0, 0)
+
+    def __call__(self, prod: np.ndarray, y: np.ndarray) -> None:
+        self._run(len(y) * self.counts[0], prod, self.a, y, *self.counts)
 
 
 def compile_all(*parts) -> None:
