@@ -28,63 +28,53 @@ from ..machine import threads
 from . import jit
 
 
-def _source(alpha: int, R: int, krsc: bool) -> str:
-    tap = "w[k, {t}, c]" if krsc else "tb[{t}, j]"
+def _sandwich(mat: str, rows: int, width: int, load: str, store: str) -> dict[str, list[str]]:
+    """The lines of M·D·Mᵀ (M `rows` × `width`, the kernel's argument `mat`) for a D whose value
+    (u, v) is `load` (formatted with u, v and x = u·width + v), each result (a, b) stored by
+    `store` (formatted with x = a·rows + b): M's entries named before the loops
+    (`constants`), D loaded (`loads`), M·D (`rows`), (M·D)·Mᵀ (`values`)."""
+    return {
+        "constants": [f"M{a}_{u} = {mat}[{a}, {u}]" for a in range(rows) for u in range(width)],
+        "loads": [f"d{u}_{v} = " + load.format(u=u, v=v, x=u * width + v)
+                  for u in range(width) for v in range(width)],
+        "rows": [f"e{a}_{v} = " + " + ".join(f"M{a}_{u} * d{u}_{v}" for u in range(width))
+                 for a in range(rows) for v in range(width)],
+        "values": [store.format(x=a * rows + b) + " = " +
+                   " + ".join(f"e{a}_{v} * M{b}_{v}" for v in range(width))
+                   for a in range(rows) for b in range(rows)]}
+
+
+@functools.cache
+def _filter_module(alpha: int, R: int, krsc: bool):
+    """`transform` of r×r filters by a G of alpha × r, from krsc or kcrs filters."""
     fill = [] if krsc else ["for j in range(u0, c1 - c0):",
                             f"    for t in range({R * R}):",
                             "        tb[t, j] = w[k, c0 + j, t]"]
-    taps = [f"g{r}_{s} = " + tap.format(t=r * R + s) for r in range(R) for s in range(R)]
-    constants = [f"G{a}_{r} = gm[{a}, {r}]" for a in range(alpha) for r in range(R)]
-    rows = [f"t{a}_{s} = " + " + ".join(f"G{a}_{r} * g{r}_{s}" for r in range(R))
-            for a in range(alpha) for s in range(R)]
-    values = [f"loc[{a * alpha + b}, i, j] = " +
-              " + ".join(f"t{a}_{s} * G{b}_{s}" for s in range(R))
-              for a in range(alpha) for b in range(alpha)]
+    lines = _sandwich("gm", alpha, R, "w[k, {x}, c]" if krsc else "tb[{x}, j]",
+                      "loc[{x}, i, j]")
     layout = "krsc" if krsc else "kcrs"
-    return jit.source(["winograd_filter"], f"F(m, {R}x{R}) on {layout} filters, alpha {alpha}",
-                      lines={"constants": constants, "taps": taps, "rows": rows,
-                             "values": values, "fill": fill},
-                      A2=alpha * alpha, T=R * R)
+    return jit.load(f"convbench_wino_filter_a{alpha}_r{R}_{layout}",
+                    jit.source(["winograd_filter"],
+                               f"F(m, {R}x{R}) on {layout} filters, alpha {alpha}",
+                               lines={**lines, "fill": fill}, A2=alpha * alpha, T=R * R))
 
 
 @functools.cache
 def _tiles_module(rows: int, width: int):
     """`tiles` for an M of rows × width."""
-    lines = {
-        "mconstants": [f"M{a}_{u} = mm[{a}, {u}]" for a in range(rows) for u in range(width)],
-        "window": [f"d{u}_{v} = x[n, h0 + {u}, w0 + {v}, c]"
-                   for u in range(width) for v in range(width)],
-        "mrows": [f"e{a}_{v} = " + " + ".join(f"M{a}_{u} * d{u}_{v}" for u in range(width))
-                  for a in range(rows) for v in range(width)],
-        "mvalues": [f"loc[{a * rows + b}, jj] = " +
-                    " + ".join(f"e{a}_{v} * M{b}_{v}" for v in range(width))
-                    for a in range(rows) for b in range(rows)]}
+    lines = _sandwich("mm", rows, width, "x[n, h0 + {u}, w0 + {v}, c]", "loc[{x}, jj]")
     return jit.load(f"convbench_wino_tiles_{rows}x{width}",
                     jit.source(["winograd_tiles"], f"{rows}x{width} windows", lines=lines,
-                               ROWS=rows, WIDTH=width, R2=rows * rows))
+                               R2=rows * rows))
 
 
 @functools.cache
 def _inverse_module(m: int, alpha: int):
     """`inverse` for an Aᵀ of m × alpha."""
-    lines = {
-        "aconstants": [f"A{a}_{u} = am[{a}, {u}]" for a in range(m) for u in range(alpha)],
-        "products": [f"d{u}_{v} = prod[{u * alpha + v}, tile, c]"
-                     for u in range(alpha) for v in range(alpha)],
-        "arows": [f"e{a}_{v} = " + " + ".join(f"A{a}_{u} * d{u}_{v}" for u in range(alpha))
-                  for a in range(m) for v in range(alpha)],
-        "avalues": [f"loc[{a * m + b}, jj] = " +
-                    " + ".join(f"e{a}_{v} * A{b}_{v}" for v in range(alpha))
-                    for a in range(m) for b in range(m)]}
+    lines = _sandwich("am", m, alpha, "prod[{x}, tile, c]", "loc[{x}, jj]")
     return jit.load(f"convbench_wino_inverse_{m}x{alpha}",
                     jit.source(["winograd_inverse"], f"{m}x{alpha} inverse", lines=lines,
                                M=m, M2=m * m))
-
-
-@functools.cache
-def _module(alpha: int, R: int, krsc: bool):
-    layout = "krsc" if krsc else "kcrs"
-    return jit.load(f"convbench_wino_filter_a{alpha}_r{R}_{layout}", _source(alpha, R, krsc))
 
 
 #: The fewest bytes of transformed filters (alpha² × K × C) the kernel takes: below it the
@@ -131,7 +121,7 @@ class FilterKernel(_Kernel):
         self.g = np.ascontiguousarray(g, dtype=dtype)
         krsc = FILTER_LAYOUT[layout] == "krsc"
         self.view = (k, r * r, c) if krsc else (k, c, r * r)
-        self.fn = _module(g.shape[0], r, krsc).transform
+        self.fn = _filter_module(g.shape[0], r, krsc).transform
 
     def _empty(self) -> tuple:
         dtype, alpha = self.g.dtype, self.g.shape[0]
