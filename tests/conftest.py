@@ -3,7 +3,8 @@ store of each test's own; Ctrl-C in the middle of a run; without hypothesis, its
 skip and every other test of their modules still runs; the device's ceilings faked (a run's
 env.json measures them: seconds each on a machine whose cache misses), unless a test asks for
 the real `ceilings.measure` (`real_ceilings`), and for runs in subprocesses a cache of the
-session's own that holds the fake."""
+session's own that holds the fake; Winograd's compiled transforms only in the tests that ask
+for them (`compiled_winograd`)."""
 
 import sys
 import types
@@ -173,3 +174,24 @@ def _fake_ceilings(request, monkeypatch):
     from convbench.measure import ceilings
 
     monkeypatch.setattr(ceilings, "measure", fake_ceilings)
+
+
+@pytest.fixture
+def compiled_winograd():
+    """Winograd's compiled transforms (`winograd_jit`) where they apply in a real run, for this
+    test (every other test runs the GEMM transforms: each new shape's compile costs seconds,
+    and on a clean machine they took CI past its 10 minutes; the kernels' own tests set
+    `MIN_BYTES` themselves)."""
+    from convbench.algos import winograd_jit
+
+    return winograd_jit.MIN_BYTES
+
+
+@pytest.fixture(autouse=True)
+def _gemm_winograd(request, monkeypatch):
+    """The GEMM transforms unless the test uses `compiled_winograd`."""
+    if "compiled_winograd" in request.fixturenames:
+        return
+    from convbench.algos import winograd_jit
+
+    monkeypatch.setattr(winograd_jit, "MIN_BYTES", 1 << 62)

@@ -128,13 +128,15 @@ def _alexnet(layer: str) -> ConvProblem:
 @pytest.mark.parametrize("pass_", PASSES)
 @pytest.mark.parametrize("layer", ["conv3", "conv4"])
 def test_fp32_error_on_alexnet_inside_the_tolerance_on_either_library(layer, pass_, library,
-                                                                      monkeypatch):
+                                                                      monkeypatch,
+                                                                      compiled_winograd):
     """Each tile's fp32 error on AlexNet lies inside its tolerance and above float64 rounding
     (fp32 really is fp32), whichever library runs the products: the probe picks one per shape
     and per run (`algos.products`), so both are forced here. Which tile's error is the larger
     is not asserted: an order of rounding errors on random data holds on one CPU and BLAS and
     not on another (issue #45: F(6x6) 1.16x F(4x4) with their products on two libraries; the
-    measurements are in docs/pages/measurement.md)."""
+    measurements are in docs/pages/measurement.md). The filters are transformed by the
+    compiled kernel, as in a real run (`compiled_winograd`)."""
     monkeypatch.setenv(products.GEMM_ENV, library)
     problem = _alexnet(layer)
     for algo in ("winograd-2x2", "winograd-4x4", "winograd-6x6"):
@@ -410,7 +412,22 @@ def test_compiled_transforms_of_5x5_filters_and_2x2_tiles(pass_, layout, monkeyp
         assert_phases_replay(impl, problem, pass_, layout)
 
 
-def test_compiled_transforms_compile_in_prepare_only(monkeypatch):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_compiled_filters_by_blocks(layout, monkeypatch):
+    """fwd's filters transformed a block of output channels at a time by the compiled kernel
+    (blocks of 16, 16 and 5: a slice of whole filters each), against float64 in fp32, the
+    kernel the one that ran, and the phases replay the pass."""
+    _blocking_everywhere(monkeypatch)
+    _compiled_everywhere(monkeypatch)
+    problem = ConvProblem(n=2, c=21, h=11, w=9, k=37, r=3, s=3, pad=1)
+    impl = _impl("winograd-4x4")
+    assert impl._pass(problem, "fwd", layout, "fp32").filter.kernel is not None
+    chk = run_and_check(impl, problem, "fwd", layout, "fp32", seed=5)
+    assert chk.ok and chk.rel_error > 1e-8, chk.reason
+    assert_phases_replay(impl, problem, "fwd", layout)
+
+
+def test_compiled_transforms_compile_in_prepare_only(monkeypatch, compiled_winograd):
     """Describing or sizing a pass compiles nothing (a report sizes every algorithm); below
     MIN_BYTES the GEMMs' transforms run and nothing compiles either."""
     def refuse(self):

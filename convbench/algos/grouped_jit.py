@@ -407,8 +407,11 @@ def blocked_kernels(p: ConvProblem, pass_: str, dtype, kept: str | None = None,
 
 def blocked(p: ConvProblem, pass_: str) -> bool:
     """Whether a pass may run the blocked kernels: they take it (`blocked_llvm.applies`) and
-    llvmlite, which comes with Numba, loads (`jit.available`)."""
-    return blocked_llvm.applies(p, pass_) and jit.available() is None
+    llvmlite, which comes with Numba, loads (`jit.available`); a strided bwd_data (a kernel
+    per phase and block probed: up to 12 compiles) only from BLOCKED_MIN_FLOPS."""
+    strided_data = pass_ == "bwd_data" and (p.stride_h, p.stride_w) != (1, 1)
+    return (blocked_llvm.applies(p, pass_) and jit.available() is None
+            and (not strided_data or p.flops >= BLOCKED_MIN_FLOPS))
 
 
 #: The fewest FLOPs of a pass for which `direct`'s dense path (dense layers, and grouped ones

@@ -419,17 +419,19 @@ class _BlockedFilter:
         self.kron = torch.from_numpy(np.ascontiguousarray(np.kron(g, g)))
         self.layout, self.pass_, self.cin = layout, pass_, cin
         alpha2, taps = self.kron.shape
-        self.taps = torch.from_numpy(workspace((taps * block * cin,), dtype))
-        self.out = torch.from_numpy(workspace((alpha2 * block * cin,), dtype))
-        self.kernel = None
+        self.kernel = self.taps = None
         if pass_ == "fwd" and winograd_jit.applies(g, block, cin, dtype):
             r = g.shape[1]
             shape = (block, cin, r, r) if layout == "nchw" else (block, r, r, cin)
             self.kernel = winograd_jit.FilterKernel(g, shape, layout, dtype)
+        else:  # the taps gathered for the GEMM
+            self.taps = torch.from_numpy(workspace((taps * block * cin,), dtype))
+        self.out = torch.from_numpy(workspace((alpha2 * block * cin,), dtype))
 
     @property
     def nbytes(self) -> int:
-        return (self.taps.numel() + self.out.numel()) * self.out.element_size()
+        taps = 0 if self.taps is None else self.taps.numel()
+        return (taps + self.out.numel()) * self.out.element_size()
 
     def view(self, lo: int, hi: int):
         """Where `__call__` puts the transformed filters of output channels lo:hi: (alpha²,
