@@ -445,7 +445,10 @@ def test_a_model_s_tuning_ends_at_the_deadline():
     from convbench.studies import trainstep
 
     started = time.monotonic()
-    slow = [sys.executable, "-c", "import time; time.sleep(60)"]
+    # as `launch.module_command`'s children: Ctrl-C taken even where this worker ignores it
+    slow = [sys.executable, "-c", ("import signal, time; "
+                                   "signal.signal(signal.SIGINT, signal.default_int_handler); "
+                                   "time.sleep(60)")]
     with pytest.raises(trainstep.OutOfTime, match="tuning interrupted at the deadline"):
         trainstep._tuned(slow, None, started + 1.0, started)
     assert time.monotonic() - started < 15

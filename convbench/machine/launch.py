@@ -27,8 +27,11 @@ def module_command(module: str, *args: str) -> list[str]:
     was imported from a checkout that is not installed (`python3 -m convbench` in a clone, as on
     a GPU machine without a package registry), that checkout's folder goes first on the child's
     path, since without the current directory the child would not find it (the first GPU
-    train-step's tuning process died so: No module named 'convbench')."""
-    run = (f"import runpy, sys; root = {ROOT!r}; "
+    train-step's tuning process died so: No module named 'convbench'). The child takes Ctrl-C
+    as KeyboardInterrupt even where this process ignores SIGINT (a script's background job, a
+    test worker) and it inherits that: `wait_or_interrupt` stops it so."""
+    run = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+           f"import runpy, sys; root = {ROOT!r}; "
            "root in sys.path or sys.path.insert(0, root); "
            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
     if sys.version_info >= (3, 11):
