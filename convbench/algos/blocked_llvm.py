@@ -211,7 +211,7 @@ def applies(p: ConvProblem, pass_: str) -> bool:
         return True
     if pass_ != "bwd_data":
         return False
-    if p.stride_h == p.stride_w == 1:
+    if not phased(p, pass_):
         return ((p.r - 1) * p.dil_h >= p.pad_top and (p.s - 1) * p.dil_w >= p.pad_left)
     return (p.dil_h == p.dil_w == 1 and p.stride_h * p.stride_w <= MAX_DATA_PHASES and
             all(axis is None or axis.pad >= 0
@@ -221,6 +221,11 @@ def applies(p: ConvProblem, pass_: str) -> bool:
 #: The most phases a strided bwd_data runs as (stride 2 both ways): each is a kernel of its own
 #: per block probed, compiled on the pass's first call.
 MAX_DATA_PHASES = 4
+
+
+def phased(p: ConvProblem, pass_: str) -> bool:
+    """Whether the pass runs as phases (`PhasedKernel`): bwd_data at a stride."""
+    return pass_ == "bwd_data" and (p.stride_h, p.stride_w) != (1, 1)
 
 
 @dataclass(frozen=True)
@@ -270,7 +275,7 @@ def geometries(p: ConvProblem, pass_: str, dtype, block: tuple[int, int], bits: 
                cpu: str = "", threads_: int = 1) -> list[Geometry | None]:
     """The kernels of a pass: `geometry`'s one, or a strided bwd_data's per phase (None where
     the phase's dx is zero), rows first."""
-    if pass_ != "bwd_data" or p.stride_h == p.stride_w == 1:
+    if not phased(p, pass_):
         return [geometry(p, pass_, dtype, block, bits, cpu, threads_)]
     lanes = bits // (8 * np.dtype(dtype).itemsize)
     g = p.groups
@@ -878,7 +883,7 @@ class PhasedKernel:
 def filter_bytes(p: ConvProblem, pass_: str, dtype) -> int:
     """Bytes of a `PhasedKernel`'s phase taps (0 for any other pass): the filter's taps that
     reach some phase, about the filter."""
-    if pass_ != "bwd_data" or p.stride_h == p.stride_w == 1:
+    if not phased(p, pass_):
         return 0
     taps = sum(a.taps * b.taps for a, b in _phase_pairs(p) if a and b)
     return p.k * (p.c // p.groups) * taps * np.dtype(dtype).itemsize

@@ -409,9 +409,8 @@ def blocked(p: ConvProblem, pass_: str) -> bool:
     """Whether a pass may run the blocked kernels: they take it (`blocked_llvm.applies`) and
     llvmlite, which comes with Numba, loads (`jit.available`); a strided bwd_data (a kernel
     per phase and block probed: up to 12 compiles) only from BLOCKED_MIN_FLOPS."""
-    strided_data = pass_ == "bwd_data" and (p.stride_h, p.stride_w) != (1, 1)
     return (blocked_llvm.applies(p, pass_) and jit.available() is None
-            and (not strided_data or p.flops >= BLOCKED_MIN_FLOPS))
+            and (not blocked_llvm.phased(p, pass_) or p.flops >= BLOCKED_MIN_FLOPS))
 
 
 #: The fewest FLOPs of a pass for which `direct`'s dense path (dense layers, and grouped ones
@@ -512,7 +511,7 @@ def blocked_note(p: ConvProblem, pass_: str, layout: str, dtype, incumbent: str)
     bits = blocked_llvm.vector_bits()
     blocks = " or ".join(f"{kb}x{pb}" for kb, pb in blocked_llvm.blocks(pass_, bits))
     what = "taps" if pass_ == "bwd_filter" else "vectors of pixels"
-    if pass_ == "bwd_data" and (p.stride_h, p.stride_w) != (1, 1):
+    if blocked_llvm.phased(p, pass_):
         what += f", as {p.stride_h * p.stride_w} stride-1 phases"
     probed = f"[probed: {way}]" if way else "[probed on first call]"
     return (f"the faster of {incumbent} and register-blocked LLVM kernels ({blocks} output "

@@ -148,13 +148,7 @@ def compile_empty(kernel, dtype, *arrays, ints: int) -> None:
     empty = [np.zeros((0,) * rank, dtype if kind == "w" else np.float64) for kind, rank in arrays]
     set_threads()
     kernel(*empty, *([1] * ints))
-    pool_started()
-
-
-def pool_started() -> None:
-    """After a parallel kernel's first call in the process: every thread pool put back on the
-    run's count (`compile_empty` says why)."""
     global _pool_started
-    if not _pool_started:
+    if not _pool_started:  # that call started Numba's pool: see above
         _pool_started = True
         threads.reapply()

@@ -252,10 +252,10 @@ class _CompiledTiles:
 
 def _tiles(shape, mat: np.ndarray, step: int, counts: tuple[int, int], dtype, split: int = 1):
     """The transform of the tiles of an nhwc activation of `shape`: compiled where
-    `winograd_jit.tiles_apply` (no phase split), else `_TileTransform`'s copy and GEMMs."""
+    `winograd_jit.applies` (no phase split), else `_TileTransform`'s copy and GEMMs."""
     n, _, _, c = shape
-    if split == 1 and winograd_jit.tiles_apply(mat.shape[0] ** 2 * n * counts[0] * counts[1]
-                                               * c, dtype):
+    if split == 1 and winograd_jit.applies(mat.shape[0] ** 2 * n * counts[0] * counts[1] * c,
+                                           dtype):
         return _CompiledTiles(shape, mat, step, counts, dtype)
     return _TileTransform(shape, "nhwc", "nhwc", mat, step, counts, dtype, split=split)
 
@@ -314,7 +314,7 @@ class _FilterTransform:
         size = dict(zip(FILTER_LAYOUT[layout], shape))
         k, c = size["k"], size["c"]
         self.kernel = None
-        if stride == 1 and winograd_jit.applies(g, k, c, dtype):
+        if stride == 1 and winograd_jit.applies(g.shape[0] ** 2 * k * c, dtype):
             # compiled (`winograd_jit`): (alpha², K, C) from either layout in one pass; the
             # nhwc product reads it transposed, as fast as (C, K) rows
             self.kernel = winograd_jit.FilterKernel(g, shape, layout, dtype)
@@ -420,7 +420,7 @@ class _BlockedFilter:
         self.layout, self.pass_, self.cin = layout, pass_, cin
         alpha2, taps = self.kron.shape
         self.kernel = self.taps = None
-        if pass_ == "fwd" and winograd_jit.applies(g, block, cin, dtype):
+        if pass_ == "fwd" and winograd_jit.applies(g.shape[0] ** 2 * block * cin, dtype):
             r = g.shape[1]
             shape = (block, cin, r, r) if layout == "nchw" else (block, r, r, cin)
             self.kernel = winograd_jit.FilterKernel(g, shape, layout, dtype)
@@ -569,7 +569,7 @@ class _TiledOutput:
         # nhwc: compiled where the products are large (`winograd_jit.InverseKernel`), else two
         # GEMMs with Aᵀ; nchw: one GEMM writing the tiles transposed (`_Kron`'s note)
         self.kernel = None
-        if not nchw and winograd_jit.tiles_apply(self.alpha2 * self.tiles * self.cout, dtype):
+        if not nchw and winograd_jit.applies(self.alpha2 * self.tiles * self.cout, dtype):
             self.kernel = winograd_jit.InverseKernel(t.AT, counts, dtype)
             self.untransform = None
         else:

@@ -77,28 +77,26 @@ def _inverse_module(m: int, alpha: int):
                                M=m, M2=m * m))
 
 
-#: The fewest bytes of transformed filters (alpha² × K × C) the kernel takes: below it the
-#: GEMM's transform is as quick, and a layer's first call would wait seconds for a compile
-#: (once per machine: Numba caches it).
+#: The fewest bytes of a transformed operand (filters, tiles, products) the kernels take:
+#: below it the GEMM's transform is as quick, and a layer's first call would wait seconds for a
+#: compile (once per machine: Numba caches it).
 MIN_BYTES = 1 << 20
 
 
-def applies(g: np.ndarray, k: int, c: int, dtype) -> bool:
-    """Whether the compiled transform takes these filters: Numba here, MIN_BYTES transformed."""
-    return (jit.available() is None and
-            g.shape[0] ** 2 * k * c * np.dtype(dtype).itemsize >= MIN_BYTES)
-
-
-def tiles_apply(values: int, dtype) -> bool:
-    """Whether the compiled data tiles' transform takes a pass of this many values out."""
+def applies(values: int, dtype) -> bool:
+    """Whether the compiled transforms take an operand transformed into this many values:
+    Numba here, MIN_BYTES of them."""
     return jit.available() is None and values * np.dtype(dtype).itemsize >= MIN_BYTES
 
 
 class _Kernel:
     """A compiled transform of one shape: `compile` (in `prepare`, never in a timed call; a
-    pass that is only described or sized compiles nothing), then calls."""
+    pass that is only described or sized neither loads its module nor compiles), then calls."""
 
-    fn = None
+    @property
+    def fn(self):
+        """The Numba function (its module generated and loaded on first use)."""
+        raise NotImplementedError
 
     def _empty(self) -> tuple:
         raise NotImplementedError
@@ -117,11 +115,14 @@ class FilterKernel(_Kernel):
 
     def __init__(self, g: np.ndarray, shape, layout: str, dtype):
         size = dict(zip(FILTER_LAYOUT[layout], shape))
-        k, c, r = size["k"], size["c"], size["r"]
+        c, self.r = size["c"], size["r"]
         self.g = np.ascontiguousarray(g, dtype=dtype)
-        krsc = FILTER_LAYOUT[layout] == "krsc"
-        self.view = (k, r * r, c) if krsc else (k, c, r * r)
-        self.fn = _filter_module(g.shape[0], r, krsc).transform
+        self.krsc = FILTER_LAYOUT[layout] == "krsc"
+        self.taps = (self.r ** 2, c) if self.krsc else (c, self.r ** 2)  # a filter's, in order
+
+    @functools.cached_property
+    def fn(self):
+        return _filter_module(self.g.shape[0], self.r, self.krsc).transform
 
     def _empty(self) -> tuple:
         dtype, alpha = self.g.dtype, self.g.shape[0]
@@ -129,7 +130,7 @@ class FilterKernel(_Kernel):
 
     def __call__(self, w: np.ndarray, out: np.ndarray) -> None:
         """out (alpha², K', C) from the filters w of K' output channels (the first axis)."""
-        self._run(-(-len(w) // 16), w.reshape(len(w), *self.view[1:]), self.g, out)
+        self._run(-(-len(w) // 16), w.reshape(len(w), *self.taps), self.g, out)
 
 
 class TileKernel(_Kernel):
@@ -139,7 +140,10 @@ class TileKernel(_Kernel):
     def __init__(self, mat: np.ndarray, step: int, counts: tuple[int, int], dtype):
         self.m = np.ascontiguousarray(mat, dtype=dtype)
         self.step, self.counts = step, counts
-        self.fn = _tiles_module(*mat.shape).tiles
+
+    @functools.cached_property
+    def fn(self):
+        return _tiles_module(*self.m.shape).tiles
 
     def _empty(self) -> tuple:
         rows, dtype = self.m.shape[0], self.m.dtype
@@ -157,7 +161,10 @@ class InverseKernel(_Kernel):
     def __init__(self, at: np.ndarray, counts: tuple[int, int], dtype):
         self.a = np.ascontiguousarray(at, dtype=dtype)
         self.counts = counts
-        self.fn = _inverse_module(*at.shape).inverse
+
+    @functools.cached_property
+    def fn(self):
+        return _inverse_module(*self.a.shape).inverse
 
     def _empty(self) -> tuple:
         alpha, dtype = self.a.shape[1], self.a.dtype
