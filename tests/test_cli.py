@@ -495,6 +495,20 @@ def test_a_reader_that_leaves_the_pipe_ends_the_command_quietly(tmp_path):
     assert proc.wait(timeout=60) == 141 and "Traceback" not in err, err
 
 
+def test_ctrl_c_outside_a_run_is_one_line_and_130(monkeypatch, capsys):
+    """Ctrl-C before a run's own handling (the machine's ceilings measured for a new folder,
+    seen so): one line and exit 130, no traceback."""
+    from convbench import cli
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.measure, "cmd_layer", interrupted)
+    assert cli.main(["layer", "conv3", "--algos", "gemm"]) == 130
+    err = capsys.readouterr().err
+    assert err == "convbench: interrupted\n"
+
+
 @pytest.mark.parametrize("command, option, value, needs", [
     ("layer", "--time-budget", "0.5", []), ("bench", "--time-budget", "0.5", []),
     ("sweep", "--time-budget", "0.5", []), ("gpu-check", "--time-budget", "0.5", []),

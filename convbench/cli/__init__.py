@@ -52,7 +52,7 @@ from . import (
     trainstep,
     tune,
 )
-from .common import EXIT_PIPE, EXIT_USAGE, Parser, Progress, UsageError
+from .common import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_USAGE, Parser, Progress, UsageError
 
 __all__ = ["Progress", "UsageError", "build_parser", "main"]
 
@@ -85,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"convbench: error: {first_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # Ctrl-C outside a run's own handling (its rows are kept there)
+        print("convbench: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # `convbench ... | head`: the reader left; so do we, quietly
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit must not fail again
