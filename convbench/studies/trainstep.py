@@ -14,7 +14,10 @@ shape for the life of a process (per thread); every process seeds the same weigh
 their first-step losses agree. fp32 is fp32: TF32 is off. Steps are timed as every other time
 (`convbench.measure.timing`) after one untimed step (cuDNN's autotuning), the three processes
 taking turns a few rounds each, so drifting load slows all three alike. On the CPU every
-process, the tuning one included, runs with idle threads sleeping (`threads.CPU_THREAD_ENV`).
+process, the tuning one included, runs with idle threads sleeping (`threads.CPU_THREAD_ENV`),
+and every process with glibc's malloc held to one rule (`workload.MALLOC_ENV`): left to its
+thresholds, a step's page faults depended on what its process had run before, so a plan that
+replaced nothing read faster than `eager`. Each row says its page faults per step.
 
 Each speed-up over `defaults` has its 95% interval (a bootstrap of both configurations' steps)
 and a verdict (`with_speedups`): on the CPU two processes running the same step differ by more
@@ -33,6 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from ..algos import registry
@@ -47,7 +51,7 @@ from ..measure import timing
 from ..planning import tune
 from ..planning.plan import Plan
 from .folder import write_study
-from .workload import Workload, worker_environment
+from .workload import MALLOC_ENV, Workload, worker_environment
 
 CONFIGS = ("defaults", "cudnn.benchmark", "plan")
 #: A user's model (`--model`): torch eager as installed, the control (`cudnn.benchmark`: on
@@ -93,8 +97,30 @@ class ConfigTrainer:
         self.first_loss = self.step().item()
         self.first_step_s = time.perf_counter() - started
 
-    def time(self, budget_s: float) -> list[float]:
-        return list(timing.timer_for(self.backend)(self.step, budget_s).times_ms)
+    def time(self, budget_s: float) -> tuple[list[float], list[int]]:
+        """The step times of `budget_s` seconds of steps, and the minor page faults the process
+        took in each step run (the timer's warm-up steps included; counting costs a
+        microsecond a step)."""
+        faults = []
+
+        def step():
+            before = minor_faults()
+            loss = self.step()
+            faults.append(minor_faults() - before)
+            return loss
+
+        times = list(timing.timer_for(self.backend)(step, budget_s).times_ms)
+        return times, faults
+
+
+def minor_faults() -> int:
+    """This process's minor page faults so far (pages the kernel mapped, and zeroed, on first
+    touch); 0 where the platform does not count them."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return 0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 class Worker:
@@ -121,10 +147,11 @@ class Worker:
                                f"{self.proc.returncode}: {tail}")
         return json.loads(line)
 
-    def time(self, budget_s: float) -> list[float]:
+    def time(self, budget_s: float) -> dict:
+        """One round: {"times_ms", "faults"} (`ConfigTrainer.time`)."""
         self.proc.stdin.write(f"{budget_s}\n")
         self.proc.stdin.flush()
-        return self._answer()["times_ms"]
+        return self._answer()
 
     def __enter__(self):
         return self
@@ -150,7 +177,8 @@ def serve(net: str, **job) -> None:
     print(json.dumps({"first_loss": trainer.first_loss, "applied": trainer.applied,
                       "first_step_s": trainer.first_step_s}), flush=True)
     for line in sys.stdin:
-        print(json.dumps({"times_ms": trainer.time(float(line))}), flush=True)
+        times, faults = trainer.time(float(line))
+        print(json.dumps({"times_ms": times, "faults": faults}), flush=True)
 
 
 def configs_of(load: Workload) -> tuple[str, ...]:
@@ -183,19 +211,25 @@ def time_configs(load: Workload, batch: int, device: str, budget_s: float, plan_
                 continue
             workers.append(w)
         times: dict[str, list[float]] = {w.config: [] for w in workers}
+        faults: dict[str, list[int]] = {w.config: [] for w in workers}  # a count a step
         for _ in range(ROUNDS):
             for w in workers:
-                times[w.config] += w.time(budget_s / ROUNDS)
+                answer = w.time(budget_s / ROUNDS)
+                times[w.config] += answer["times_ms"]
+                faults[w.config] += answer["faults"]
     rows = []
     for w in workers:
         m = Measurement(tuple(times[w.config]))
         rows.append({"config": w.config, "median_ms": m.median, "iqr_ms": m.iqr,
-                     "reps": m.reps, "noisy": m.noisy, **w.ready, "times_ms": list(m.times_ms)})
+                     "reps": m.reps, "noisy": m.noisy, **w.ready,
+                     "faults_per_step": float(np.median(faults[w.config] or [0])),
+                     "times_ms": list(m.times_ms)})
     control = "cudnn.benchmark" if backend_of(device) == "numpy" else None
     out = with_speedups(rows, control)
     order = {c: i for i, c in enumerate(configs)}
     out += [{"config": c, "failed": why, "median_ms": None, "iqr_ms": None, "reps": 0,
-             "noisy": False, "first_loss": None, "applied": "", "times_ms": [],
+             "noisy": False, "first_loss": None, "applied": "", "faults_per_step": None,
+             "times_ms": [],
              "speedup": None, "speedup_low": None, "speedup_high": None,
              "verdict": f"failed: {why}"} for c, why in failed.items()]
     return sorted(out, key=lambda r: order[r["config"]])
@@ -332,11 +366,16 @@ def table(rows: list[dict], backend: str) -> str:
              if r["median_ms"] is not None else "", fmt_ms(r["iqr_ms"])
              if r["iqr_ms"] is not None else "", r["reps"], _speedup_text(r), r["verdict"],
              f"{r['first_loss']:.7g}" if r["first_loss"] is not None else "",
-             notes.get(r["config"], "torch as installed")]
+             _faults_text(r.get("faults_per_step")), notes.get(r["config"], "torch as installed")]
             for r in rows]
     return tabulate(body, headers=["configuration", "ms/step", "IQR ms", "steps", "speed-up",
-                                   "verdict", "first step", "note"],
+                                   "verdict", "first step", "page faults/step", "note"],
                     tablefmt="github", disable_numparse=True)
+
+
+def _faults_text(per_step: float | None) -> str:
+    """A step's minor page faults (the median step's), whole; blank where not measured."""
+    return "" if per_step is None else f"{per_step:,.0f}"
 
 
 def _speedup_text(row: dict) -> str:
@@ -364,6 +403,11 @@ def markdown(rows: list[dict], plan: Plan, load: Workload, batch: int, device_na
         facts.append("every process runs with " + " ".join(
             f"{k}={os.environ.get(k, v)}" for k, v in CPU_THREAD_ENV.items())
             + " (idle threads sleep: NumPy's BLAS threads and torch's share the cores)")
+    facts.append("every process runs with " + " ".join(
+        f"{k}={os.environ.get(k, v)}" for k, v in MALLOC_ENV.items())
+        + " (glibc's malloc serves every block from a heap it keeps: left to its own "
+        "thresholds, whether a step's tensors take fresh pages, page faults and all, depends "
+        "on what each process ran before)")
     facts.append(f"tuning took {tuning_s:.0f} s; the plan rests on {len(plan.measurements)} "
                  "measurements (plan-store hits included)")
     facts += [f"tune measured on the whole {c.text()}" for c in plan.checks]
