@@ -176,16 +176,20 @@ def test_the_hot_loop_keeps_its_sums_in_registers(bits, cpu):
 @pytest.mark.parametrize("problem", [
     ConvProblem(n=2, c=6, h=13, w=11, k=40, r=3, s=3, stride=(1, 2), pad=1),  # dense
     ConvProblem(n=1, c=80, h=9, w=12, k=12, r=3, s=1, pad=(1, 0), groups=2),  # 40 a group
-], ids=["dense", "grouped-40"])
+    ConvProblem(n=2, c=6, h=11, w=13, k=40, r=2, s=5, stride=(1, 2), pad=((1, 0), (2, 2))),
+], ids=["dense", "grouped-40", "wide"])
 def test_the_dense_path_runs_the_kernel_it_probed(problem, pass_, layout, monkeypatch):
     """direct's dense path (dense layers; groups beyond MAX_GROUP_CHANNELS) probes the blocked
     kernels beside its tap products above BLOCKED_MIN_FLOPS (set to 0 here): whichever it
     keeps, the pass matches the reference and its note names it (bwd_data of stride (1, 2)
-    too: the blocked kernels run it as two phases)."""
+    too: the blocked kernels run it as two phases; a filter wider than tall, with its axes
+    swapped, each axis's stride and padding its own)."""
     monkeypatch.setattr(grouped_jit, "BLOCKED_MIN_FLOPS", 0)
     direct = registry.get("direct", "numpy")
-    blocked = blocked_llvm.applies(problem, pass_)
-    names = ["products"] + (list(grouped_jit.blocked_kernels(problem, pass_, np.float32))
+    kernels_run = grouped_jit.kernel_problem(problem)
+    assert (kernels_run != problem) == (problem.s > problem.r)
+    blocked = blocked_llvm.applies(kernels_run, pass_)
+    names = ["products"] + (list(grouped_jit.blocked_kernels(kernels_run, pass_, np.float32))
                             if blocked else [])
     assert len(names) == (1 + len(blocked_llvm.blocks(pass_, blocked_llvm.vector_bits()))
                           if blocked else 1)
@@ -199,6 +203,7 @@ def test_the_dense_path_runs_the_kernel_it_probed(problem, pass_, layout, monkey
         testing.assert_matches_reference("direct", "numpy", problem, pass_, layout, "fp32")
         note = direct.describe(problem, pass_, layout, "fp32")
         assert (f"[probed: {name}]" in note) if blocked else note == ""
+        assert ("on planes transposed" in note) == (kernels_run != problem)
 
 
 def test_small_dense_passes_do_not_compile_the_blocked_kernels():

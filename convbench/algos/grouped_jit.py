@@ -194,7 +194,8 @@ def _kept_bytes(p: ConvProblem, pass_: str, layout: str, dtype, incumbent: str, 
     kept = _KERNEL_CHOICE.get((p, pass_, layout, np.dtype(dtype).str))
     if kept == incumbent:
         return own
-    blocked = blocked_llvm.scratch_bytes(p, pass_, dtype, kept) + copies
+    blocked = blocked_llvm.scratch_bytes(kernel_problem(p, incumbent == "products"), pass_,
+                                         dtype, kept) + copies
     return blocked if kept is not None else own + blocked
 
 
@@ -207,7 +208,8 @@ def describe(p: ConvProblem, pass_: str, layout: str, dtype) -> str:
               if layout == "nhwc" else "")
     kernel_ = "compiled kernel (Numba)"
     if blocked(p, pass_):
-        kernel_ = "compiled kernels, " + blocked_note(p, pass_, layout, dtype, "Numba's")
+        kernel_ = "compiled kernels, " + blocked_note(p, pass_, layout, dtype, "Numba's",
+                                                   dense=False)
     return (f"grouped: {kernel_}, {p.c // p.groups} channels a group, wide rows "
             f"over stride-phase planes vectorised over the pixels, {how[pass_]}{copies}, "
             f"{threads.count()} threads")
@@ -281,6 +283,39 @@ def _to_nchw(a: np.ndarray, buf: np.ndarray | None) -> np.ndarray:
         return a
     transpose("to_nchw", a, buf)
     return buf
+
+
+def wide_filter(p: ConvProblem) -> bool:
+    """Whether `direct`'s dense path runs the blocked kernels on `p` transposed (`swapped`): its
+    filter spans more columns than rows. The kernels compute each output row as wide as its
+    padded input row and drop the last (S-1)·dil_w columns: a 1x7 filter on 17x17 planes wastes
+    6 of every 23, its transpose, 7x1, none."""
+    return (p.s - 1) * p.dil_w > (p.r - 1) * p.dil_h
+
+
+def swapped(p: ConvProblem) -> ConvProblem:
+    """`p` with its two spatial axes swapped (rows for columns, in every field)."""
+    return ConvProblem(p.n, p.c, p.w, p.h, p.k, p.s, p.r, stride=(p.stride_w, p.stride_h),
+                       pad=((p.pad_left, p.pad_right), (p.pad_top, p.pad_bottom)),
+                       dilation=(p.dil_w, p.dil_h), groups=p.groups)
+
+
+def kernel_problem(p: ConvProblem, dense: bool = True) -> ConvProblem:
+    """The problem a pass's blocked kernels run: `direct`'s dense path swaps a wide filter's
+    axes (`wide_filter`); this module's grouped pass runs `p` as it is."""
+    return swapped(p) if dense and wide_filter(p) else p
+
+
+#: The axes a swapped pass's copies read their source in, per layout: nchw's planes
+#: transposed, nhwc's moved to nchw with them transposed; each its own inverse.
+SWAPS = {"nchw": (0, 1, 3, 2), "nhwc": (0, 3, 2, 1)}
+
+
+def _swap(layout: str, src: np.ndarray, dst: np.ndarray) -> None:
+    """`dst` = `src` with its axes moved by SWAPS[layout] (torch's permuted copy, its threads)."""
+    import torch
+
+    torch.from_numpy(dst).copy_(torch.from_numpy(src).permute(SWAPS[layout]))
 
 
 def kernel(p: ConvProblem, pass_: str, layout: str, dtype):
@@ -423,10 +458,11 @@ def compile_blocked(p: ConvProblem, pass_: str, layout: str, dtype) -> None:
     """The blocked kernels a pass probes compiled (kept for the process), and nhwc's
     transposes: `direct`'s `compile` hook calls it, outside any timed or traced call (the
     compilers' own memory is not the pass's)."""
-    if blocked(p, pass_):
+    q = kernel_problem(p)
+    if blocked(q, pass_):
         bits = blocked_llvm.vector_bits()
         for block in blocked_llvm.blocks(pass_, bits):
-            for gm in blocked_llvm.geometries(p, pass_, dtype, block, bits,
+            for gm in blocked_llvm.geometries(q, pass_, dtype, block, bits,
                                               threads_=threads.count()):
                 if gm is not None:
                     blocked_llvm.compiled(gm)
@@ -442,7 +478,7 @@ def _compile_transposes(dtype) -> None:
 
 def blocks_dense(p: ConvProblem, pass_: str) -> bool:
     """Whether `direct`'s dense pass of `p` probes the blocked kernels (`blocked_pass`)."""
-    return p.flops >= BLOCKED_MIN_FLOPS and blocked(p, pass_)
+    return p.flops >= BLOCKED_MIN_FLOPS and blocked(kernel_problem(p), pass_)
 
 
 def blocked_pass(p: ConvProblem, pass_: str, layout: str, dtype, products):
@@ -451,40 +487,61 @@ def blocked_pass(p: ConvProblem, pass_: str, layout: str, dtype, products):
     of the pass in this process: its way alone). The kernels run in nchw on the filter as
     (G, K/G, C/G, R, S) (bwd_data: flipped, (G, C/G, K/G, R, S); bwd_filter: summed into it
     in float64); an nhwc pass's operands are copied to nchw and its result back (`transpose`),
-    inside the time the probe and the harness see."""
+    and a wide filter's pass runs with its axes swapped (`wide_filter`: operands and result
+    copied with their planes transposed, in either layout), inside the time the probe and the
+    harness see."""
     key = (p, pass_, layout, np.dtype(dtype).str)
     kept = _KERNEL_CHOICE.get(key)
     if not blocks_dense(p, pass_) or kept == "products":
         return products()
+    q = kernel_problem(p)
+    swap = q is not p
     g, kg, cg = p.groups, p.k // p.groups, p.c // p.groups
     flip = pass_ == "bwd_data"
-    taps = np.empty((g, cg, kg, p.r, p.s) if flip else (g, kg, cg, p.r, p.s),
+    taps = np.empty((g, cg, kg, q.r, q.s) if flip else (g, kg, cg, q.r, q.s),
                     np.float64 if pass_ == "bwd_filter" else dtype)
     a_buf = out_buf = b_buf = None
-    if layout == "nhwc":
-        x, y = np.empty(p.x_shape("nchw"), dtype), np.empty(p.y_shape("nchw"), dtype)
+    if layout == "nhwc" or swap:
+        x, y = np.empty(q.x_shape("nchw"), dtype), np.empty(q.y_shape("nchw"), dtype)
         a_buf, out_buf = (x, y) if pass_ == "fwd" else (y, x)
         if pass_ == "bwd_filter":
             a_buf, b_buf, out_buf = x, y, None
-        _compile_transposes(dtype)  # where `compile` did not (the kernels: `blocked_kernels`)
+        if not swap:
+            _compile_transposes(dtype)  # where `compile` did not (the kernels: `blocked_kernels`)
+
+    def operand(a, buf):
+        if not swap:
+            return _to_nchw(a, buf)
+        _swap(layout, a, buf)
+        return buf
+
+    def result(buf, out):
+        if swap:
+            _swap(layout, buf, out)
+        else:
+            transpose("to_nhwc", buf, out)
+
+    def filter_(w):  # (G, K/G, C/G, R, S), or its transpose where swapped
+        grouped = _group_filter(w, p, layout)
+        return grouped.swapaxes(-1, -2) if swap else grouped
 
     def way(kernel):
         if pass_ == "bwd_filter":
             def run_filter(x, dy, out):
                 taps.fill(0)
-                kernel(_to_nchw(x, a_buf), _to_nchw(dy, b_buf), taps)
-                _group_filter(out, p, layout)[...] = taps
+                kernel(operand(x, a_buf), operand(dy, b_buf), taps)
+                filter_(out)[...] = taps
             return run_filter
 
         def run(a, w, out):
-            grouped = _group_filter(w, p, layout)
+            grouped = filter_(w)
             taps[...] = grouped[:, :, :, ::-1, ::-1].transpose(0, 2, 1, 3, 4) if flip else grouped
-            kernel(_to_nchw(a, a_buf), taps, out if out_buf is None else out_buf)
+            kernel(operand(a, a_buf), taps, out if out_buf is None else out_buf)
             if out_buf is not None:
-                transpose("to_nhwc", out_buf, out)
+                result(out_buf, out)
         return run
     ways = {name: way(_contiguous(k))
-            for name, k in blocked_kernels(p, pass_, dtype, kept).items()}
+            for name, k in blocked_kernels(q, pass_, dtype, kept).items()}
     if kept is None:
         ways = {"products": products(), **ways}
     return _probed(ways, key)
@@ -499,20 +556,24 @@ def dense_workspace_bytes(p: ConvProblem, pass_: str, layout: str, dtype, produc
     copies = p.k * (p.c // p.groups) * p.r * p.s  # the filter (bwd_filter: its float64 sums)
     if pass_ == "bwd_filter":
         copies *= 8 // np.dtype(dtype).itemsize
-    if layout == "nhwc":
+    if layout == "nhwc" or wide_filter(p):
         copies += math.prod(p.x_shape("nchw")) + math.prod(p.y_shape("nchw"))
     return _kept_bytes(p, pass_, layout, dtype, "products", products,
                        copies * np.dtype(dtype).itemsize)
 
 
-def blocked_note(p: ConvProblem, pass_: str, layout: str, dtype, incumbent: str) -> str:
+def blocked_note(p: ConvProblem, pass_: str, layout: str, dtype, incumbent: str,
+                 dense: bool = True) -> str:
     """What a probed pass runs: `incumbent` or the blocked kernels, as probed or to be."""
     way = _KERNEL_CHOICE.get((p, pass_, layout, np.dtype(dtype).str))
     bits = blocked_llvm.vector_bits()
     blocks = " or ".join(f"{kb}x{pb}" for kb, pb in blocked_llvm.blocks(pass_, bits))
     what = "taps" if pass_ == "bwd_filter" else "vectors of pixels"
-    if blocked_llvm.phased(p, pass_):
-        what += f", as {p.stride_h * p.stride_w} stride-1 phases"
+    q = kernel_problem(p, dense)
+    if blocked_llvm.phased(q, pass_):
+        what += f", as {q.stride_h * q.stride_w} stride-1 phases"
+    if q is not p:
+        what += ", on planes transposed (the filter wider than tall)"
     probed = f"[probed: {way}]" if way else "[probed on first call]"
     return (f"the faster of {incumbent} and register-blocked LLVM kernels ({blocks} output "
             f"channels x {what}) {probed}")
