@@ -116,7 +116,13 @@ _TRACED_PER_AXIS = ConvProblem(n=3, c=128, h=15, w=17, k=256, r=3, s=3, stride=(
                                pad=(1, 2), dilation=(1, 2), groups=2)
 
 
-@pytest.mark.parametrize("problem", [_TRACED, _TRACED_PER_AXIS], ids=["square", "per-axis"])
+#: A filter wider than tall: `direct`'s blocked kernels run it with its axes swapped, its
+#: operands and result copied (`grouped_jit.wide_filter`).
+_TRACED_WIDE = ConvProblem(n=3, c=128, h=15, w=15, k=256, r=1, s=5, pad=(0, 2), groups=2)
+
+
+@pytest.mark.parametrize("problem", [_TRACED, _TRACED_PER_AXIS, _TRACED_WIDE],
+                         ids=["square", "per-axis", "wide"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("pass_", PASSES)
 @pytest.mark.parametrize("algo", ALGOS)

@@ -286,11 +286,25 @@ def _to_nchw(a: np.ndarray, buf: np.ndarray | None) -> np.ndarray:
 
 
 def wide_filter(p: ConvProblem) -> bool:
-    """Whether `direct`'s dense path runs the blocked kernels on `p` transposed (`swapped`): its
-    filter spans more columns than rows. The kernels compute each output row as wide as its
-    padded input row and drop the last (S-1)·dil_w columns: a 1x7 filter on 17x17 planes wastes
-    6 of every 23, its transpose, 7x1, none."""
-    return (p.s - 1) * p.dil_w > (p.r - 1) * p.dil_h
+    """Whether `direct`'s dense path runs the blocked kernels on `p` transposed (`swapped`):
+    where that wastes at least WIDE_WASTE less of the work. The kernels compute each output row
+    as wide as its phase plane, Q + (S-1)·dil_w // stride_w columns, and drop the extra ones: a
+    1x7 filter on 17x17 planes wastes 6 of every 23, its 7x1 transpose none. The two copies
+    with their planes transposed cost more than a small waste saves (1x7 on 73x73 planes, 6 of
+    79: 1.25x slower swapped)."""
+    return _waste(p.q, p.s, p.dil_w, p.stride_w) - _waste(p.p, p.r, p.dil_h, p.stride_h) \
+        >= WIDE_WASTE
+
+
+#: The least share of a pass's work swapping its axes must save (`wide_filter`): 1x7 filters
+#: on 17x17 planes (26%) and 1x3 on 8x8 (20%) ran faster swapped, 1x7 on 73x73 (8%) slower.
+WIDE_WASTE = 0.15
+
+
+def _waste(out: int, taps: int, dilation: int, stride: int) -> float:
+    """The share of an axis's computed outputs the blocked kernels drop (see `wide_filter`)."""
+    extra = (taps - 1) * dilation // stride
+    return extra / (out + extra)
 
 
 def swapped(p: ConvProblem) -> ConvProblem:
