@@ -44,15 +44,18 @@ def _workload(args) -> tuple[Workload, int | None]:
     return Workload.of_model(args.model, tuple(chw)), n
 
 
-def _configs(text: str | None, load: Workload) -> tuple[str, ...] | None:
+def _configs(text: str | None, load: Workload, backend: str = "numpy") -> tuple[str, ...] | None:
     """The configurations of --configs, in the workload's order, its baseline (the first)
-    always among them, since every speed-up is read against it; None: all of them."""
+    always among them, since every speed-up is read against it, and on the CPU the control
+    (`cudnn.benchmark`), since a win is read against it too: there two processes running the
+    same step differ by up to a fifth (`trainstep.with_speedups`); None: all of them."""
     if text is None:
         return None
     valid = trainstep.configs_of(load)
     with usage_errors():
         chosen = set(choices(text, "configuration", valid))
-    return tuple(c for i, c in enumerate(valid) if i == 0 or c in chosen)
+    control = trainstep.CONTROL if backend == "numpy" else None
+    return tuple(c for i, c in enumerate(valid) if i == 0 or c in chosen or c == control)
 
 
 def cmd_train_step(args) -> int:
@@ -66,7 +69,7 @@ def cmd_train_step(args) -> int:
     default_batch = not batch
     batch = batch or load.default_batch(backend)
     tune_budget = args.tune_budget or (CPU_TUNE_BUDGET_S if backend == "numpy" else None)
-    configs = _configs(args.configs, load)
+    configs = _configs(args.configs, load, backend)
     try:
         with usage_errors():
             rows, plan, tuning_s = trainstep.compare(
@@ -116,7 +119,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--configs", help="comma list of the configurations to time (a catalog "
                    f"net's: {', '.join(trainstep.CONFIGS)}; a model's: "
                    f"{', '.join(trainstep.MODEL_CONFIGS)}); the first, the baseline, always "
-                   "runs (default: all)")
+                   f"runs, and on the CPU the control, {trainstep.CONTROL} (default: all)")
     p.add_argument("--store", help="plan store folder (default $CONVBENCH_PLAN_DIR, else "
                    "~/.cache/convbench/plans)")
     study_output_options(p, "trainstep", "trainstep.json, plan.json")

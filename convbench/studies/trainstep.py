@@ -54,6 +54,9 @@ from .folder import write_study
 from .workload import MALLOC_ENV, Workload, worker_environment
 
 CONFIGS = ("defaults", "cudnn.benchmark", "plan")
+#: The configuration that changes nothing on the CPU (torch's CPU convolutions never read
+#: cudnn.benchmark): its distance from the baseline is the noise between two processes.
+CONTROL = "cudnn.benchmark"
 #: A user's model (`--model`): torch eager as installed, the control (`cudnn.benchmark`: on
 #: the CPU it changes nothing), channels_last (the layout change a user would try first),
 #: `torch.compile` (what a user would pick instead) and the plan.
@@ -224,7 +227,7 @@ def time_configs(load: Workload, batch: int, device: str, budget_s: float, plan_
                      "reps": m.reps, "noisy": m.noisy, **w.ready,
                      "faults_per_step": float(np.median(faults[w.config] or [0])),
                      "times_ms": list(m.times_ms)})
-    control = "cudnn.benchmark" if backend_of(device) == "numpy" else None
+    control = CONTROL if backend_of(device) == "numpy" else None
     out = with_speedups(rows, control)
     order = {c: i for i, c in enumerate(configs)}
     out += [{"config": c, "failed": why, "median_ms": None, "iqr_ms": None, "reps": 0,
