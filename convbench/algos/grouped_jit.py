@@ -230,8 +230,11 @@ def _transposes():
     return jit.load("convbench_transposes", jit.source(["transposes"], "any shape"))
 
 
-#: The axes each transpose reads its source in: nhwc -> nchw, and back.
-PERMUTATIONS = {"to_nchw": (0, 3, 1, 2), "to_nhwc": (0, 2, 3, 1)}
+#: The axes each transpose reads its source in: nhwc -> nchw, and back; and a swapped pass's
+#: copies (`wide_filter`, torch's alone), each its own inverse: nchw's planes transposed, nhwc
+#: moved to nchw with its planes transposed.
+PERMUTATIONS = {"to_nchw": (0, 3, 1, 2), "to_nhwc": (0, 2, 3, 1),
+                "swap_nchw": (0, 1, 3, 2), "swap_nhwc": (0, 3, 2, 1)}
 #: Each probed (direction, shape, dtype)'s way, kept for the process.
 _TRANSPOSE_CHOICE: dict[tuple, str] = {}
 
@@ -289,15 +292,15 @@ def wide_filter(p: ConvProblem) -> bool:
     """Whether `direct`'s dense path runs the blocked kernels on `p` transposed (`swapped`):
     where that wastes at least WIDE_WASTE less of the work. The kernels compute each output row
     as wide as its phase plane, Q + (S-1)·dil_w // stride_w columns, and drop the extra ones: a
-    1x7 filter on 17x17 planes wastes 6 of every 23, its 7x1 transpose none. The two copies
-    with their planes transposed cost more than a small waste saves (1x7 on 73x73 planes, 6 of
-    79: 1.25x slower swapped)."""
+    1x7 filter on 17x17 planes wastes 6 of every 23, its 7x1 transpose none. Below the
+    threshold the two copies with their planes transposed cost more than the waste they save
+    (the measurement: docs/pages/cpu-algorithms.md, wide filters)."""
     return _waste(p.q, p.s, p.dil_w, p.stride_w) - _waste(p.p, p.r, p.dil_h, p.stride_h) \
         >= WIDE_WASTE
 
 
-#: The least share of a pass's work swapping its axes must save (`wide_filter`): 1x7 filters
-#: on 17x17 planes (26%) and 1x3 on 8x8 (20%) ran faster swapped, 1x7 on 73x73 (8%) slower.
+#: The least share of a pass's work swapping its axes must save (`wide_filter`): between the
+#: shares of the layers measured faster swapped and of those measured slower.
 WIDE_WASTE = 0.15
 
 
@@ -318,18 +321,6 @@ def kernel_problem(p: ConvProblem, dense: bool = True) -> ConvProblem:
     """The problem a pass's blocked kernels run: `direct`'s dense path swaps a wide filter's
     axes (`wide_filter`); this module's grouped pass runs `p` as it is."""
     return swapped(p) if dense and wide_filter(p) else p
-
-
-#: The axes a swapped pass's copies read their source in, per layout: nchw's planes
-#: transposed, nhwc's moved to nchw with them transposed; each its own inverse.
-SWAPS = {"nchw": (0, 1, 3, 2), "nhwc": (0, 3, 2, 1)}
-
-
-def _swap(layout: str, src: np.ndarray, dst: np.ndarray) -> None:
-    """`dst` = `src` with its axes moved by SWAPS[layout] (torch's permuted copy, its threads)."""
-    import torch
-
-    torch.from_numpy(dst).copy_(torch.from_numpy(src).permute(SWAPS[layout]))
 
 
 def kernel(p: ConvProblem, pass_: str, layout: str, dtype):
@@ -480,7 +471,7 @@ def compile_blocked(p: ConvProblem, pass_: str, layout: str, dtype) -> None:
                                               threads_=threads.count()):
                 if gm is not None:
                     blocked_llvm.compiled(gm)
-        if layout == "nhwc":
+        if layout == "nhwc" and q is p:  # a swapped pass copies by torch's permute
             _compile_transposes(dtype)
 
 
@@ -526,12 +517,12 @@ def blocked_pass(p: ConvProblem, pass_: str, layout: str, dtype, products):
     def operand(a, buf):
         if not swap:
             return _to_nchw(a, buf)
-        _swap(layout, a, buf)
+        _torch_transpose(f"swap_{layout}", a, buf)
         return buf
 
     def result(buf, out):
         if swap:
-            _swap(layout, buf, out)
+            _torch_transpose(f"swap_{layout}", buf, out)
         else:
             transpose("to_nhwc", buf, out)
 

@@ -403,14 +403,12 @@ def markdown(rows: list[dict], plan: Plan, load: Workload, batch: int, device_na
              (f"{step}; each configuration in its own process, with the same weights and "
               "data")]
     if backend == "numpy":
-        facts.append("every process runs with " + " ".join(
-            f"{k}={os.environ.get(k, v)}" for k, v in CPU_THREAD_ENV.items())
-            + " (idle threads sleep: NumPy's BLAS threads and torch's share the cores)")
-    facts.append("every process runs with " + " ".join(
-        f"{k}={os.environ.get(k, v)}" for k, v in MALLOC_ENV.items())
-        + " (glibc's malloc serves every block from a heap it keeps: left to its own "
-        "thresholds, whether a step's tensors take fresh pages, page faults and all, depends "
-        "on what each process ran before)")
+        facts.append(_env_fact(CPU_THREAD_ENV, "idle threads sleep: NumPy's BLAS threads and "
+                                               "torch's share the cores"))
+    facts.append(_env_fact(MALLOC_ENV, "glibc's malloc serves every block from a heap it keeps: "
+                                       "left to its own thresholds, whether a step's tensors "
+                                       "take fresh pages, page faults and all, depends on what "
+                                       "each process ran before"))
     facts.append(f"tuning took {tuning_s:.0f} s; the plan rests on {len(plan.measurements)} "
                  "measurements (plan-store hits included)")
     facts += [f"tune measured on the whole {c.text()}" for c in plan.checks]
@@ -419,6 +417,12 @@ def markdown(rows: list[dict], plan: Plan, load: Workload, batch: int, device_na
                       *[f"- {f}" for f in facts], "", table(rows, backend), "",
                       f"![ms per {mode} step, each configuration]({PLOT})", "",
                       "## The plan as applied", "", applied or "(the plan did not run)"])
+
+
+def _env_fact(env: dict[str, str], why: str) -> str:
+    """The report's line for variables every process runs with (as set here, else ours)."""
+    return ("every process runs with "
+            + " ".join(f"{k}={os.environ.get(k, v)}" for k, v in env.items()) + f" ({why})")
 
 
 PLOT = "trainstep.png"
