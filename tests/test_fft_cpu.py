@@ -99,7 +99,7 @@ def test_buffers_are_reused_across_calls(pass_):
     assert verify.check(out, ref, "fft", "fp64", p, pass_).ok
 
 
-@pytest.mark.parametrize("field", ["stride", "dilation", "groups"])
+@pytest.mark.parametrize("field", ["stride", "groups"])  # dilation: tests/test_dilation.py
 def test_unsupported_combinations_give_a_reason(field):
     p = ConvProblem(n=1, c=4, h=9, w=9, k=4, r=3, s=3, **{field: 2})
     reason = registry.supports(IMPL, p, "fwd", "nchw", "fp32")
@@ -107,7 +107,8 @@ def test_unsupported_combinations_give_a_reason(field):
     testing.assert_matches_reference("fft", "numpy", p, "fwd", "nchw")  # skips, never raises
 
 
-#: Per-axis padding is zeros on the grid, so FFT runs it; per-axis stride or dilation it refuses.
+#: Per-axis padding is zeros on the grid, so FFT runs it; per-axis stride it refuses (dilation
+#: runs as undilated phases, tests/test_dilation.py).
 PER_AXIS_PAD = [p for p in testing.PER_AXIS_PROBLEMS if p.stride == p.dilation == p.groups == 1]
 
 
@@ -123,10 +124,11 @@ def test_per_axis_padding_matches_reference(problem):
 @pytest.mark.parametrize("change, reason", [
     ({"stride": (2, 1)}, "stride 2x1: fft supports stride 1 only, like cuDNN's FFT"),
     ({"stride": (1, 3)}, "stride 1x3: fft supports stride 1 only, like cuDNN's FFT"),
-    ({"dilation": (1, 2), "pad": (1, 2)},
-     "dilation 1x2: fft supports dilation 1 only, like cuDNN's FFT"),
+    # a dilation whose stride does not divide it has no undilated phases
+    ({"dilation": (1, 3), "stride": (1, 2), "pad": (1, 2)},
+     "stride 1x2: fft supports stride 1 only, like cuDNN's FFT"),
 ])
-def test_per_axis_stride_and_dilation_are_refused(change, reason):
+def test_per_axis_stride_is_refused(change, reason):
     p = dataclasses.replace(ConvProblem(n=1, c=4, h=9, w=9, k=4, r=3, s=3, pad=1), **change)
     for pass_ in PASSES:
         assert registry.supports(IMPL, p, pass_, "nhwc", "fp32") == reason

@@ -59,7 +59,9 @@ def test_winograd_has_no_count_where_it_does_not_apply():
     assert opcount.op_count("winograd-4x4", strided, "fwd") is None
     assert opcount.theoretical_workspace("winograd-4x4", strided, "fwd") is None
     grouped = ConvProblem(n=1, c=4, h=8, w=8, k=4, r=3, s=3, pad=1, groups=2)
-    dilated = ConvProblem(n=1, c=1, h=8, w=8, k=1, r=3, s=3, pad=2, dilation=2)
+    # a dilation its stride does not divide: no undilated phases (those are counted as the
+    # phases' problem, tests/test_dilation.py)
+    dilated = ConvProblem(n=1, c=1, h=9, w=9, k=1, r=3, s=3, pad=3, stride=2, dilation=3)
     for p in (grouped, dilated):
         for algo in ("winograd-2x2", "winograd-4x4"):
             # the implementations refuse these, so there is nothing to count

@@ -13,7 +13,8 @@ padding for both axes, and on the CPU a strided layer counted as its phase split
 `transforms.phase_split`). FFT's count follows the transform grid the implementation actually
 runs (`registry.TransformGrid`: FFTW's sizes on the CPU, cuFFT's on the GPU, fft-tiled's tiles),
 asked of it rather than restated here. FFT and Winograd run a padding that differs before and
-after as their symmetric part after an explicit pad (`registry.ExplicitPad`), counted so.
+after as their symmetric part after an explicit pad (`registry.ExplicitPad`), and on the CPU
+a dilated problem as its undilated phases (`registry.DilationSplit`), counted so.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import math
 from dataclasses import dataclass
 
 from ..core.problem import ELEMENT_BYTES, ConvProblem
-from . import padding, registry
+from . import dilation, padding, registry
 from .traits import Count
 from .transforms import phase_split
 
@@ -54,15 +55,21 @@ def _impl(algo: str, backend: str) -> registry.Implementation | None:
 
 
 def _route(algo: str, p: ConvProblem, pass_: str, precision: str, backend: str
-           ) -> tuple[ConvProblem, tuple[int, int, int, int]]:
+           ) -> tuple[ConvProblem, tuple[int, int, int, int], int]:
     """(the problem the implementation of `algo` runs for `p`, the explicit pad (left, right,
-    top, bottom) before it): `p` padded alike after an explicit pad where `p` is padded unequally
-    and the implementation pads both sides alike (`registry.ExplicitPad.route`), else `p`."""
-    impl = _impl(algo, backend)
+    top, bottom) before it, the bytes of the copies leading there): a dilated `p` as its
+    undilated phases where the implementation splits dilation (`registry.DilationSplit`);
+    `p` padded alike after an explicit pad where `p` is padded unequally and the implementation
+    pads both sides alike (`registry.ExplicitPad.route`); else `p`."""
+    impl, spent = _impl(algo, backend), 0
+    if isinstance(impl, registry.DilationSplit):
+        p, split = impl.undilated(p)
+        impl = impl.inner
+        spent = 0 if split is None else dilation.workspace_bytes(split, precision)
     if not p.asymmetric or not isinstance(impl, registry.ExplicitPad):
-        return p, (0, 0, 0, 0)
+        return p, (0, 0, 0, 0), spent
     padded, explicit, _ = impl.route(p, pass_, "nchw", precision)
-    return padded, explicit
+    return padded, explicit, spent + padding.explicit_bytes(p, precision, explicit)
 
 
 def _column_elements(p: ConvProblem) -> int:
@@ -97,21 +104,19 @@ class GemmCount(Count):
 
 
 class _PadsAlike(Count):
-    """The count of an implementation that pads both sides alike: a problem padded unequally
-    is counted as the problem it runs after its explicit pad (`registry.ExplicitPad.route`), and
-    the padded buffer (x or dx) adds to its workspace. Subclasses count problems padded alike
-    (`symmetric_ops`, `symmetric_workspace`)."""
+    """The count of an implementation that pads both sides alike (and splits dilation): a
+    problem is counted as the problem it runs (`_route`: its undilated phases, after an
+    explicit pad), and the copies leading there add to its workspace. Subclasses count
+    undilated problems padded alike (`symmetric_ops`, `symmetric_workspace`)."""
 
     def ops(self, algo, problem, pass_, precision, backend) -> OpCount | None:
         padded = _route(algo, problem, pass_, precision, backend)[0]
         return self.symmetric_ops(algo, padded, pass_, precision, backend)
 
     def workspace(self, algo, problem, pass_, precision, backend) -> int | None:
-        padded, explicit = _route(algo, problem, pass_, precision, backend)
+        padded, _, copies = _route(algo, problem, pass_, precision, backend)
         spent = self.symmetric_workspace(algo, padded, pass_, precision, backend)
-        if padded is problem or spent is None:
-            return spent
-        return spent + padding.explicit_bytes(problem, precision, explicit)
+        return spent if spent is None else spent + copies
 
     @abc.abstractmethod
     def symmetric_ops(self, algo: str, p: ConvProblem, pass_: str, precision: str,

@@ -392,9 +392,10 @@ FFT = Algorithm("fft", family="fft", origin="ours", tolerance="fft", reduction="
 @register(FFT, "numpy")
 class FFTConv(Implementation):
     """FFT convolution, stride 1, any padding (per axis too), all three passes, both layouts
-    natively."""
+    natively; dilation as undilated phases (`registry.DilationSplit`)."""
 
     precisions = ("fp64", "fp32")
+    split_dilation = True
 
     def supports(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
         return fft_refusal(self.algo, problem)

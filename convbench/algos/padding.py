@@ -74,7 +74,7 @@ def explicit_bytes(problem: ConvProblem, precision: str, explicit: Explicit) -> 
     return math.prod(padded_shape(problem, "nchw", explicit)) * ELEMENT_BYTES[precision]
 
 
-class _Buffer:
+class Buffer:
     """x (or dx) padded, in `layout`, allocated at the first call, where the array module
     (NumPy or CuPy) and dtype are known: that call is the harness's untimed check, whose
     memory is the prepared pass's."""
@@ -95,7 +95,7 @@ class PadInput:
     rows copied in each call."""
 
     def __init__(self, problem: ConvProblem, layout: str, explicit: Explicit):
-        self.buffer = _Buffer(padded_shape(problem, layout, explicit), zeros=True)
+        self.buffer = Buffer(padded_shape(problem, layout, explicit), zeros=True)
         self.dst, self.src = regions(problem, layout, explicit)
 
     def __call__(self, x):
@@ -109,7 +109,7 @@ class CropOutput:
     step (read by no output) get zeros, every call, since the output is the caller's."""
 
     def __init__(self, problem: ConvProblem, layout: str, explicit: Explicit):
-        self.buffer = _Buffer(padded_shape(problem, layout, explicit), zeros=False)
+        self.buffer = Buffer(padded_shape(problem, layout, explicit), zeros=False)
         self.inner, self.outer = regions(problem, layout, explicit)
         shape = problem.x_shape(layout)
         self.whole = all(self.outer[a].stop - self.outer[a].start == shape[a]

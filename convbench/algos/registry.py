@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from ..core.problem import LAYOUTS, PASSES, PRECISIONS, ConvProblem, check_choice, pair_text
 from ..machine import backends
-from . import padding
+from . import dilation, padding
 from .phases import CONVOLUTION, CROP, EXPLICIT_PAD, Phased
 from .traits import Algorithm
 
@@ -73,6 +73,10 @@ class Implementation(abc.ABC):
     #: itself. If not, `register` files it behind `ExplicitPad`, and every hook sees only
     #: problems padded alike on both sides.
     asymmetric_pad: ClassVar[bool] = False
+    #: Whether a dilated problem it refuses runs as its undilated phases (`dilation.split`):
+    #: `register` then files it behind `DilationSplit`. For implementations whose tiles take
+    #: no dilation (Winograd, FFT); one that runs dilation itself leaves it False.
+    split_dilation: ClassVar[bool] = False
     algo: str
     backend: str
 
@@ -232,6 +236,126 @@ class ExplicitPad(Implementation):
         return phased
 
 
+class DilationSplit(Implementation):
+    """An implementation that runs no dilation, running a dilated problem as its undilated
+    phases (`dilation.split`: space to batch, the batch times the phases): x (or dy) copied
+    into the phases, the undilated problem run, its result copied back out, both copies timed
+    as phases of the pass (`dilation.SPLIT`, `dilation.MERGE`). Undilated problems, and those
+    with no split (a stride that does not divide the dilation), reach the implementation
+    untouched; its own attributes are read through."""
+
+    def __init__(self, inner: Implementation):
+        self.inner = inner
+        self.precisions = inner.precisions
+        if hasattr(inner, "transform_grid"):  # as in ExplicitPad: the protocol's method here
+            self.transform_grid = lambda problem, pass_: inner.transform_grid(
+                self.undilated(problem)[0], pass_)
+
+    def __getattr__(self, name: str):
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    @staticmethod
+    def undilated(problem: ConvProblem) -> tuple[ConvProblem, dilation.Split | None]:
+        """(the problem the implementation runs, the split that leads there, or None)."""
+        s = dilation.split(problem)
+        return (problem, None) if s is None else (s.problem, s)
+
+    def supports(self, problem, pass_, layout, precision):
+        sub, s = self.undilated(problem)
+        reason = self.inner.supports(sub, pass_, layout, precision)
+        if reason and s is not None:
+            return f"{reason} (dilation {pair_text(problem.dilation)} runs as {s.phases} " \
+                   "undilated phases)"
+        return reason
+
+    def available(self):
+        return self.inner.available()
+
+    def describe(self, problem, pass_, layout, precision):
+        sub, s = self.undilated(problem)
+        note = self.inner.describe(sub, pass_, layout, precision)
+        return note if s is None else f"{note}{'; ' if note else ''}{dilation.text(s)}"
+
+    def compile(self, problem, pass_, layout, precision):
+        self.inner.compile(self.undilated(problem)[0], pass_, layout, precision)
+
+    def judged_as(self, problem, pass_, layout, precision):
+        return self.inner.judged_as(self.undilated(problem)[0], pass_, layout, precision)
+
+    def workspace_bytes(self, problem, pass_, layout, precision):
+        sub, s = self.undilated(problem)
+        inner = self.inner.workspace_bytes(sub, pass_, layout, precision)
+        if inner is None or s is None:
+            return inner
+        return inner + dilation.workspace_bytes(s, precision)
+
+    def phases(self, problem, pass_, layout, precision):
+        sub, s = self.undilated(problem)
+        inner = self.inner.phases(sub, pass_, layout, precision)
+        if s is None:
+            return inner
+        merge = [] if pass_ == "bwd_filter" else [dilation.MERGE]  # dw is the phases' own
+        return [dilation.SPLIT, *(inner or [CONVOLUTION]), *merge]
+
+    def prepare(self, problem, pass_, layout, precision):
+        sub, s = self.undilated(problem)
+        run = self.inner.prepare(sub, pass_, layout, precision)
+        if s is None:
+            return run
+        ph = dilation.Phases(problem, s, layout)
+        box: dict = {}  # the undilated call's operands, from the split to the merge
+        if pass_ == "fwd":
+            def split(x, w, y):
+                box["call"] = (ph.split_x(x), w, ph.y_target(x))
+
+            def merge(x, w, y):
+                ph.merge_y(y)
+        elif pass_ == "bwd_data":
+            def split(dy, w, dx):
+                box["call"] = (ph.split_y(dy), w, ph.x_target(dy))
+
+            def merge(dy, w, dx):
+                ph.merge_x(dx)
+        else:
+            def split(x, dy, dw):
+                box["call"] = (ph.split_x(x), ph.split_y(dy), dw)
+
+            merge = None
+        steps = {dilation.SPLIT: split, CONVOLUTION: lambda a, b, out: run(*box["call"])}
+        if merge is not None:
+            steps[dilation.MERGE] = merge
+
+        def forget():
+            box.clear()
+            if hasattr(run, "forget"):
+                run.forget()
+
+        phased = Phased(steps, on_forget=forget)
+        inner = getattr(run, "phase_fns", None)
+        if inner:  # the inner pass's own phases, replaying the call `phased` made
+            mine = phased.phase_fns
+            phased.phase_fns = {dilation.SPLIT: mine[dilation.SPLIT], **inner,
+                                **({dilation.MERGE: mine[dilation.MERGE]}
+                                   if dilation.MERGE in mine else {})}
+        return phased
+
+
+def wrap(cls: type, algo: str, backend: str) -> Implementation:
+    """The one instance of a registered class, as the registry files it: behind `ExplicitPad`
+    where it pads both sides alike, behind `DilationSplit` where it splits dilation."""
+    inst = cls()
+    inst.algo, inst.backend = algo, backend
+    if not cls.asymmetric_pad:
+        inst = ExplicitPad(inst)
+        inst.algo, inst.backend = algo, backend
+    if getattr(cls, "split_dilation", False):  # a baseline's class from before it
+        inst = DilationSplit(inst)
+        inst.algo, inst.backend = algo, backend
+    return inst
+
+
 _IMPLS: dict[tuple[str, str], Implementation] = {}
 _ALGORITHMS: dict[str, Algorithm] = {}
 _loaded = False
@@ -268,12 +392,7 @@ def register(algorithm: Algorithm, backend: str) -> Callable[[type], type]:
             raise RuntimeError(f"{algo} on {backend} registered twice")
         _check_contract(cls, f"{algo} on {backend}")
         declare(algorithm)
-        inst = cls()
-        inst.algo, inst.backend = algo, backend
-        if not cls.asymmetric_pad:
-            inst = ExplicitPad(inst)
-            inst.algo, inst.backend = algo, backend
-        _IMPLS[key] = inst
+        _IMPLS[key] = wrap(cls, algo, backend)
         return cls
 
     return deco

@@ -769,6 +769,7 @@ class WinogradCPU(Winograd):
 
     filter_sizes = CPU_FILTER_SIZES
     strided = True
+    split_dilation = True  # a dilated filter's phases are undilated tiles' problems
 
     def _split(self, problem: ConvProblem) -> ConvProblem | None:
         """The stride-1 problem a strided one runs as, None at stride 1."""

@@ -60,7 +60,7 @@ def baseline_tree(rev: str, dest: Path, repo: Path) -> Path:
 @contextmanager
 def _collecting(into: dict):
     """`registry.register` files classes into `into` instead of the registry, wrapped as
-    `register` wraps them (`ExplicitPad` where the class pads both sides alike). A baseline
+    `register` wraps them (`registry.wrap`). A baseline
     registers an algorithm by its traits (`traits.Algorithm`), or from before those by its
     name; its traits are this tree's, read by name."""
     from ..algos import registry
@@ -71,12 +71,7 @@ def _collecting(into: dict):
         algo = getattr(declared, "name", declared)
 
         def deco(cls):
-            inst = cls()
-            inst.algo, inst.backend = algo, backend
-            if not cls.asymmetric_pad:
-                inst = registry.ExplicitPad(inst)
-                inst.algo, inst.backend = algo, backend
-            into[(algo, backend)] = inst
+            into[(algo, backend)] = registry.wrap(cls, algo, backend)
             return cls
         return deco
 
