@@ -6,6 +6,10 @@
 - Links are written as they work in the repository (a page in docs/pages/ links a run as
   `../../results/...`, the README a page as `docs/pages/...`); on the site the pages sit at the
   top, beside results/, so those prefixes are rewritten as each page is read.
+- A run's report longer than `LONG_REPORT` characters (a whole catalog's: 20 MB, thousands of
+  rows and columns a table) shows each table's first `SHOWN_ROWS` rows and `SHOWN_COLUMNS`
+  columns on the site, saying how much more the report in the repository holds: the whole page took a minute of every build and is more than a
+  browser shows usefully; its headings, and so every link into it, stay.
 - What the code knows is not written by hand: a page's `<!-- convbench:NAME -->` line is
   replaced by the list `GENERATED[NAME]` makes from this tree's code (the algorithms and their
   traits, the tolerance columns), so the site cannot drift from the registry.
@@ -29,6 +33,11 @@ REWRITES = {
     "results/README.md": [("](../docs/pages/", "](../")],
 }
 PAGE_REWRITES = [("](../../results/", "](results/")]
+#: A run's report longer than this many characters has its tables shortened on the site.
+LONG_REPORT = 1_000_000
+#: The rows and columns of each table a shortened report shows.
+SHOWN_ROWS = 50
+SHOWN_COLUMNS = 30
 
 
 def _file(path: Path, config) -> File:
@@ -49,7 +58,42 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     rewrites = REWRITES.get(src) or (PAGE_REWRITES if not src.startswith("results/") else [])
     for repo, site in rewrites:
         markdown = markdown.replace(repo, site)
+    if src.startswith("results/") and len(markdown) > LONG_REPORT:
+        markdown = shortened(markdown)
     return MARKER.sub(lambda m: generated(m.group(1), src), markdown)
+
+
+def shortened(markdown: str) -> str:
+    """`markdown` with each table cut to its header and first `SHOWN_ROWS` rows and its first
+    `SHOWN_COLUMNS` columns (a table per layer has one column a layer), and a line after a cut
+    table saying how much more the report in the repository holds."""
+    out, table = [], []
+    for line in [*markdown.split("\n"), ""]:
+        if line.startswith("|"):
+            table.append(line)
+            continue
+        if table:
+            out.extend(_cut(table))
+            table = []
+        out.append(line)
+    return "\n".join(out[:-1])
+
+
+def _cut(table: list[str]) -> list[str]:
+    rows = len(table) - 2  # past the header and its separator
+    cells = table[0].strip().strip("|").split("|")
+    cut_rows, cut_cols = max(0, rows - SHOWN_ROWS), max(0, len(cells) - SHOWN_COLUMNS)
+    if not (cut_rows or cut_cols):
+        return table
+    kept = []
+    for line in table[:SHOWN_ROWS + 2]:
+        parts = line.strip().strip("|").split("|")
+        kept.append("|" + "|".join(parts[:SHOWN_COLUMNS]) + "|")
+    more = " and ".join(f"{n:,} more {what}" for n, what in ((cut_rows, "rows"),
+                                                             (cut_cols, "columns")) if n)
+    note = (f"*{more}: the whole table is in this report in the repository (the site shows the "
+            f"first {SHOWN_ROWS} rows and {SHOWN_COLUMNS} columns of a long report's tables).*")
+    return [*kept, "", note]
 
 
 # --- the lists the code knows -------------------------------------------------------------------

@@ -322,6 +322,30 @@ def test_the_generated_lists_are_the_registry_s():
     assert columns[0].startswith("| `exact` | 1e-12 | 1e-5 | 5e-3 | 1e-2 | 5e-2 | `direct`")
 
 
+def test_a_long_report_shows_its_tables_cut_and_says_so():
+    """A whole catalog's report (20 MB, a column per layer) took a minute of every docs build:
+    the site shows each table's first rows and columns, says how much more the report holds,
+    and keeps every heading (so links into the page still land) and every line between
+    tables."""
+    hooks = _hooks()
+    rows, cols = hooks.SHOWN_ROWS + 7, hooks.SHOWN_COLUMNS + 3
+    wide = ["| " + " | ".join(f"h{j}" for j in range(cols)) + " |",
+            "|" + "---|" * cols,
+            *("| " + " | ".join(f"{i}.{j}" for j in range(cols)) + " |" for i in range(rows))]
+    small = ["| a | b |", "|---|---|", "| 1 | 2 |"]
+    text = "\n".join(["# Report", "", "## Time per layer", "", *wide, "", "## Small", "",
+                      *small, "text after"])
+    out = hooks.shortened(text).splitlines()
+    assert [line for line in out if line.startswith("#")] == ["# Report", "## Time per layer",
+                                                             "## Small"]
+    table = [line for line in out if re.match(r"\| (h0|\d+\.0) ", line)]
+    assert len(table) == 1 + hooks.SHOWN_ROWS and table[-1].startswith(
+        f"| {hooks.SHOWN_ROWS - 1}.")
+    assert all(line.count("|") == hooks.SHOWN_COLUMNS + 1 for line in table)
+    assert "*7 more rows and 3 more columns: the whole table is in this report" in "\n".join(out)
+    assert out[-4:] == [*small, "text after"]  # a table within the limits is kept whole
+
+
 def test_the_findings_link_to_what_is_there():
     assert RESULTS_INDEX.exists()
     assert broken_links(RESULTS_INDEX) == []
