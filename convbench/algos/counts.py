@@ -193,7 +193,8 @@ def _winograd_tiles(p: ConvProblem, pass_: str, m: int) -> int:
     return math.ceil(h / m) * math.ceil(w / m)
 
 
-def _winograd(p: ConvProblem, pass_: str, m: int) -> OpCount:
+def _winograd(p: ConvProblem, pass_: str, m: int, filters: bool = True) -> OpCount:
+    """`filters`: the fwd or bwd_data filter transform counted (not where it is done once)."""
     r, a = p.r, m + p.r - 1
     tiles = _winograd_tiles(p, pass_, m)
     if pass_ == "bwd_filter":
@@ -202,7 +203,8 @@ def _winograd(p: ConvProblem, pass_: str, m: int) -> OpCount:
                       + p.k * p.cg * _sandwich(r, a))
     else:
         src, dst = (p.c, p.k) if pass_ == "fwd" else (p.k, p.c)
-        transforms = (p.n * src * tiles * _sandwich(a, a) + p.k * p.cg * _sandwich(a, r)
+        transforms = (p.n * src * tiles * _sandwich(a, a)
+                      + filters * p.k * p.cg * _sandwich(a, r)
                       + p.n * dst * tiles * _sandwich(m, a))
     mults = a * a * p.n * p.k * p.cg * tiles
     return OpCount(products=2 * mults, multiplications=mults, transforms=transforms)
@@ -217,12 +219,15 @@ class WinogradCount(_PadsAlike):
 
     m: int
     fused: bool = False
+    #: the filters transformed once for every call (an inference variant): not counted
+    filters_once: bool = False
 
     def symmetric_ops(self, algo, p, pass_, precision, backend) -> OpCount | None:
         if self.fused and pass_ == "bwd_filter":
             return None  # no fused weight gradient
         tiled = _winograd_problem(algo, p, backend)
-        return None if tiled is None else _winograd(tiled, pass_, self.m)
+        return None if tiled is None else _winograd(tiled, pass_, self.m,
+                                                    filters=not self.filters_once)
 
     def symmetric_workspace(self, algo, p, pass_, precision, backend) -> int | None:
         elem = ELEMENT_BYTES[precision]

@@ -31,7 +31,10 @@ from .traits import Algorithm
 #: algorithm registered under another name (a test's, a plugin's) follows these, in the order it
 #: registered (`names`).
 ALGOS = ("direct", "gemm", "gemm-cublas", "fft", "fft-tiled", "winograd-2x2", "winograd-4x4",
-         "winograd-5x5", "winograd-6x6", "winograd-fused-2x2", "winograd-fused-4x4", "cudnn",
+         "winograd-5x5", "winograd-6x6", "winograd-fused-2x2", "winograd-fused-4x4",
+         # Winograd with the filters transformed once (inference, `traits.weights_once`)
+         "winograd-2x2-inference", "winograd-4x4-inference", "winograd-5x5-inference",
+         "winograd-6x6-inference", "cudnn",
          "cudnn-autotune", "torch-cpu",
          # cuDNN's algorithms one by one, through its find API (`algos.cudnn_find`)
          "cudnn-find-implicit-gemm", "cudnn-find-implicit-precomp-gemm", "cudnn-find-gemm",
@@ -44,10 +47,12 @@ TORCH_DEFAULT = "torch default"
 #: What `winograd` and `all` mean on the command line.
 ALIASES = {"winograd": ("winograd-2x2", "winograd-4x4"),
            "winograd-fused": ("winograd-fused-2x2", "winograd-fused-4x4"),
-           "cudnn-find": tuple(a for a in ALGOS if a.startswith("cudnn-find-"))}
+           "cudnn-find": tuple(a for a in ALGOS if a.startswith("cudnn-find-")),
+           "winograd-inference": tuple(a for a in ALGOS if a.endswith("-inference"))}
 #: Algos that `all` leaves out, asked for by name (their alias): cuDNN's algorithms one by one
-#: are eleven cases more per pass, for the study of cuDNN, not for choosing a plan.
-OPT_IN = ALIASES["cudnn-find"]
+#: are eleven cases more per pass, for the study of cuDNN, not for choosing a plan; Winograd's
+#: inference variants are rows reported apart, for inference, not for a training plan.
+OPT_IN = ALIASES["cudnn-find"] + ALIASES["winograd-inference"]
 
 class UnsupportedError(ValueError):
     """The implementation cannot run this problem; the message is its one-line reason."""

@@ -104,7 +104,12 @@ class Algorithm:
     - `tile`: Winograd's output tile m, where its error follows the transform's size alpha =
       m + r - 1 with the filter r (`tolerance_column`);
     - `torch_benchmark`: for torch's own convolution, the `cudnn.benchmark` it runs with (None:
-      whatever is set).
+      whatever is set);
+    - `weights_once`: an inference variant, whose filter is transformed at a pass's first call
+      and kept while the weights stay the same (as inference engines transform weights once).
+      Its rows are reported apart from the others, never in the best of ours, and no plan
+      takes it: a per-call algorithm pays that transform in every call, and a training step
+      changes the weights.
     """
 
     name: str
@@ -116,6 +121,7 @@ class Algorithm:
     deterministic: bool
     tile: int | None = None
     torch_benchmark: bool | None = None
+    weights_once: bool = False
 
     def __post_init__(self):
         if not (isinstance(self.name, str) and self.name and self.name == self.name.strip()
@@ -137,6 +143,9 @@ class Algorithm:
             raise ValueError(f"{self.name}: a `counted` reduction needs a count (counts=None)")
         if self.tile is not None and not (isinstance(self.tile, int) and self.tile > 0):
             raise ValueError(f"{self.name}: tile must be a positive int, not {self.tile!r}")
+        if not isinstance(self.weights_once, bool):
+            raise TypeError(f"{self.name}: weights_once must be True or False, not "
+                            f"{self.weights_once!r}")
         if self.torch_benchmark is not None and self.origin != "torch":
             raise ValueError(f"{self.name}: torch_benchmark is for torch's own convolution "
                              f"(origin 'torch'), not origin {self.origin!r}")

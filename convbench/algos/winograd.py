@@ -35,11 +35,13 @@ F(3x3, m×m) (`_WeightGradient`).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import math
 
 import numpy as np
 
-from ..core.problem import FILTER_LAYOUT, ConvProblem, pair_text
+from ..core.problem import ELEMENT_BYTES, FILTER_LAYOUT, ConvProblem, pair_text
 from ..machine import threads
 from . import winograd_jit
 from ._lowering import pages_note, tensor, workspace
@@ -523,7 +525,8 @@ class _TiledOutput:
     """
 
     def __init__(self, problem: ConvProblem, pass_: str, layout: str, m: int, dtype,
-                 split: ConvProblem | None = None, route: Route | None = None):
+                 split: ConvProblem | None = None, route: Route | None = None,
+                 whole_filter: bool = False):
         torch = _torch()
         eq = split or problem  # the stride-1 problem the tiles run
         stride = problem.stride
@@ -546,7 +549,7 @@ class _TiledOutput:
         self.cin, self.cout = channels
         #: Output channels per block of `fused`'s filter transforms and products, or None
         #: where the filters are transformed whole (`transform_w`, then `product`).
-        self.block = filter_block(problem, pass_, m, dtype)
+        self.block = None if whole_filter else filter_block(problem, pass_, m, dtype)
         if self.block:
             self.filter = _BlockedFilter(g, layout, pass_, self.block, self.cin, dtype)
         else:  # the nhwc forward product (T×C)·(C×K) reads the filters as (C, K) rows
@@ -860,5 +863,105 @@ class Winograd5x5(WinogradCPU):
 
 @register(WINOGRAD[6], "numpy")
 class Winograd6x6(WinogradCPU):
+    m = 6
+    filter_sizes = (3,)
+
+
+#: The phase of an inference variant that compares w with the copy its transform was made
+#: from, transforming it again only where it differs.
+CHECK_W = "check w"
+
+
+class _KeptFilter:
+    """The filters of a `_TiledOutput` transformed once: each call compares w with the copy
+    of the weights the transform was made from, and transforms again only where they differ
+    (the first call, new weights), so a changed filter is never run with a stale transform."""
+
+    def __init__(self, run: _TiledOutput):
+        self.run, self.copy = run, None
+
+    def check(self, a, w, out) -> None:
+        now = tensor(w)
+        if self.copy is not None and self.copy.dtype == now.dtype and \
+                _torch().equal(self.copy, now):
+            return
+        self.run.transform_w(a, w, out)
+        self.copy = now.clone()
+
+    def forget(self) -> None:
+        """Drop the kept weights (the pass forgets its last call's arrays)."""
+        self.copy = None
+
+
+class WinogradInference(WinogradCPU):
+    """Winograd's forward pass as an inference engine runs it (NNPACK's, TVM's and oneDNN's
+    inference formats): the filters transformed at the first call and kept (whole: never by
+    blocks) while the weights stay the same, so a call transforms the input, multiplies and
+    transforms back. Each call compares w with the weights the transform was made from (a phase
+    of its own, `CHECK_W`, timed): new weights are transformed again, never run stale. Its
+    traits say `weights_once`: its rows are reported apart and no plan takes it."""
+
+    def supports(self, problem, pass_, layout, precision):
+        if pass_ != "fwd":
+            return f"{self.algo} is an inference variant: fwd only"
+        return super().supports(problem, pass_, layout, precision)
+
+    def _pass(self, problem, pass_, layout, precision, route: Route | None = None):
+        return _TiledOutput(problem, pass_, layout, self.m, DTYPES[precision],
+                            self._split(problem), route, whole_filter=True)
+
+    def describe(self, problem, pass_, layout, precision) -> str:
+        return (f"{super().describe(problem, pass_, layout, precision)}; filters transformed "
+                "once and kept while w is unchanged (inference: each call compares w with its "
+                "copy)")
+
+    def workspace_bytes(self, problem, pass_, layout, precision) -> int:
+        """The per-call variant's, the filters transformed whole, and the copy of w."""
+        w = math.prod(problem.w_shape()) * ELEMENT_BYTES[precision]
+        return super().workspace_bytes(problem, pass_, layout, precision) + w
+
+    def phases(self, problem, pass_, layout, precision) -> list[str]:
+        names = phase_names(pass_)
+        return [CHECK_W, names[0], names[2], names[3]]
+
+    def prepare(self, problem, pass_, layout, precision):
+        route = Route((self.algo, problem, pass_, layout, precision))
+        run = self._pass(problem, pass_, layout, precision, route)
+        run.compile()
+        kept = _KeptFilter(run)
+        steps = (kept.check, run.transform_a, run.product, run.inverse)
+        return Phased(dict(zip(self.phases(problem, pass_, layout, precision), steps)),
+                      on_forget=kept.forget)
+
+
+def inference(m: int) -> Algorithm:
+    """The traits of tile m's inference variant: its per-call twin's, but `weights_once` and
+    counted without the filter transform."""
+    base = WINOGRAD[m]
+    return dataclasses.replace(base, name=f"{base.name}-inference",
+                               counts=WinogradCount(m, filters_once=True), weights_once=True)
+
+
+WINOGRAD_INFERENCE = {m: inference(m) for m in WINOGRAD}
+
+
+@register(WINOGRAD_INFERENCE[2], "numpy")
+class Winograd2x2Inference(WinogradInference):
+    m = 2
+
+
+@register(WINOGRAD_INFERENCE[4], "numpy")
+class Winograd4x4Inference(WinogradInference):
+    m = 4
+
+
+@register(WINOGRAD_INFERENCE[5], "numpy")
+class Winograd5x5Inference(WinogradInference):
+    m = 5
+    filter_sizes = (3,)
+
+
+@register(WINOGRAD_INFERENCE[6], "numpy")
+class Winograd6x6Inference(WinogradInference):
     m = 6
     filter_sizes = (3,)

@@ -48,8 +48,16 @@ BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED = 2000, 0
 def is_ours(algo: str) -> bool:
     """Our own algorithms (origin `ours` in their traits): not a library's convolution
     (torch-cpu, cudnn, cudnn-find-*), nor our lowering around a library's product
-    (gemm-cublas)."""
-    return registry.algorithm(algo).origin == "ours"
+    (gemm-cublas), nor an inference variant (`weights_once`), whose time leaves out the filter
+    transform the others pay in every call."""
+    a = registry.algorithm(algo)
+    return a.origin == "ours" and not a.weights_once
+
+
+def weights_once(algo: str) -> bool:
+    """An inference variant, whose filter is transformed once (`traits.Algorithm`): its rows
+    are reported apart (`report.inference`)."""
+    return registry.algorithm(algo).weights_once
 
 
 def default_baseline(backend: str | None) -> str:

@@ -107,10 +107,10 @@ def sgemm_vs_cublas(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def transform_algos() -> list[str]:
-    """Our FFT and Winograd kernels (`TRANSFORM_FAMILIES`, origin `ours`), in the registry's
+    """Our FFT and Winograd kernels (`TRANSFORM_FAMILIES`, `is_ours`), in the registry's
     order."""
     return [a.name for a in registry.algorithms()
-            if a.origin == "ours" and a.family in TRANSFORM_FAMILIES]
+            if is_ours(a.name) and a.family in TRANSFORM_FAMILIES]
 
 
 def own_vs_autotune(df: pd.DataFrame) -> pd.DataFrame:

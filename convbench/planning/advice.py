@@ -90,6 +90,10 @@ class Advice:
 def _exclusions(ok: pd.DataFrame, c: Constraints) -> list[tuple[str, pd.Series]]:
     """(why, which `ok` rows it rules out), in the order the rules apply."""
     rules = [("above their tolerance", ~(ok["rel_error"] <= ok["tolerance"]))]
+    once = [registry.algorithm(a).weights_once for a in ok["algo"]]
+    if any(once):  # their filter transformed once: a training step changes the weights
+        rules.append(("inference variants (weights transformed once)",
+                      pd.Series(once, index=ok.index, dtype=bool)))
     if c.max_error is not None:
         rules.append((f"above --max-error {c.max_error:g}", ~(ok["rel_error"] <= c.max_error)))
     if c.workspace_budget is not None:

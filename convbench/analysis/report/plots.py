@@ -19,6 +19,7 @@ from ...core.fmt import NO_MATPLOTLIB, fmt_ms, legend_entry, plain_log, pyplot, 
 from ...core.measurement import NOISE_THRESHOLD
 from ...measure.ceilings.record import from_env
 from .. import ranking, speedup
+from . import inference
 from .cells import BUSY, NOISY, algo_order, flag, layer_order, order
 from .roof import ROOF_PRECISION, roof_frame
 from .tables import baseline_of, many_problems, phase_frame
@@ -52,6 +53,7 @@ def plot(df: pd.DataFrame, folder: str | Path, env: dict | None = None,
     phases, and the roofline where env.json has the device's ceilings (`roofline_plot`).
     Returns the file names (none for a run without rows: one interrupted before its first),
     or a note when matplotlib is missing."""
+    df = inference.split(df)[0]  # inference variants compete in no plot (`inference`)
     if df.empty:
         return []
     plt = pyplot()

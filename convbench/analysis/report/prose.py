@@ -36,6 +36,7 @@ from ...machine.devices import DEVICES
 from ...measure import memory
 from ...measure.ceilings.record import Ceilings, from_env
 from .. import speedup
+from . import inference
 from .cells import (
     BEST,
     BUSY,
@@ -432,7 +433,7 @@ def speedup_section(df: pd.DataFrame, env: dict, baseline: str | None = None) ->
 class _Run:
     """What report.md's sections read: the results, env.json, the plots (file names, or the
     note saying why there are none), the speed-up's baseline, and the busy and host-bound
-    tables several sections mention."""
+    tables several sections mention, and the inference variants' rows."""
 
     df: pd.DataFrame
     env: dict
@@ -440,6 +441,8 @@ class _Run:
     baseline: str | None
     busy: pd.DataFrame
     host_bound: pd.DataFrame
+    #: the inference variants' rows (`inference`), apart from `df`
+    once: pd.DataFrame
 
 
 #: The prose above each precision's winner table; `{share}` says what the bracketed share is of.
@@ -585,6 +588,7 @@ SECTIONS: tuple[Callable[[_Run], list[str]], ...] = (
     lambda run: speedup_section(run.df, run.env, run.baseline),
     _winners,
     _times,
+    lambda run: inference.section(run.once, run.df),
     lambda run: network_section(run.df, run.env),
     lambda run: roof_section(run.df, run.env),
     _op_counts,
@@ -607,5 +611,6 @@ def markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = (),
     layout, op counts, workspace, accuracy, the phase breakdown, what was not measured and why,
     noisy measurements, and the plots (`plots`: file names, or the note saying why there are
     none): `SECTIONS`, in order."""
-    run = _Run(df, env, plots, baseline, busy_table(df), host_bound_table(df))
+    df, once = inference.split(df)  # inference variants: a section of their own, nothing else
+    run = _Run(df, env, plots, baseline, busy_table(df), host_bound_table(df), once)
     return "\n".join(line for section in SECTIONS for line in section(run)) + "\n"
