@@ -61,7 +61,7 @@ def test_drawn_problems_match_reference(problem):
 @pytest.mark.parametrize("problem", [
     ConvProblem(n=1, c=2, h=1, w=3, k=2, r=3, s=1, pad=1),  # filter covers all of the padded input
     ConvProblem(n=2, c=3, h=4, w=5, k=2, r=2, s=3, pad=3),  # padding larger than the filter
-    ConvProblem(n=1, c=1, h=6, w=1, k=1, r=1, s=1),  # single channel, 1-wide
+    ConvProblem(n=1, c=1, h=6, w=1, k=1, r=2, s=1),  # single channel, 1-wide
 ])
 def test_edge_shapes_match_reference(problem):
     for pass_ in PASSES:
@@ -97,6 +97,16 @@ def test_buffers_are_reused_across_calls(pass_):
         run(a, b, out)
     ref = reference.reference(p, pass_, "nhwc", a, b)
     assert verify.check(out, ref, "fft", "fp64", p, pass_).ok
+
+
+def test_a_1x1_filter_is_refused_with_its_reason():
+    p = ConvProblem(n=1, c=8, h=7, w=7, k=8, r=1, s=1)
+    for pass_ in PASSES:
+        assert registry.supports(IMPL, p, pass_, "nhwc", "fp32") == (
+            "1x1 filter: fft would repeat the GEMM's product at every frequency (the filter's "
+            "spectrum is constant) after transforming K·C whole planes")
+    wide = dataclasses.replace(p, s=2)  # a filter of two taps on one axis runs
+    assert registry.supports(IMPL, wide, "fwd", "nhwc", "fp32") is None
 
 
 @pytest.mark.parametrize("field", ["stride", "groups"])  # dilation: tests/test_dilation.py

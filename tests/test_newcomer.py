@@ -2,6 +2,7 @@
 
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -115,8 +116,8 @@ def test_list_of_a_large_catalog_is_by_class(capsys):
     code, out, _ = run_cli(capsys, "list", "--net", "convset")
     assert code == 0
     assert "The 15 most frequent of 8498 problems" in out
-    assert "| algo         | precisions     | runs here   | pointwise" in out
-    assert len(out.splitlines()) < 250
+    assert re.search(r"\| algo +\| precisions +\| runs here +\| pointwise", out)
+    assert len(out.splitlines()) < 300  # by class: not a line per problem of 8,498
 
 
 def test_version(capsys):

@@ -392,12 +392,19 @@ FFT = Algorithm("fft", family="fft", origin="ours", tolerance="fft", reduction="
 @register(FFT, "numpy")
 class FFTConv(Implementation):
     """FFT convolution, stride 1, any padding (per axis too), all three passes, both layouts
-    natively; dilation as undilated phases (`registry.DilationSplit`)."""
+    natively; dilation as undilated phases (`registry.DilationSplit`). It refuses a 1x1
+    filter, as Winograd refuses tiles that save nothing: that filter's spectrum is the same at
+    every frequency, so the products repeat the GEMM's C×K product at each frequency, after a
+    filter transform of K·C whole planes (measured: docs, cpu-algorithms.md, `fft`)."""
 
     precisions = ("fp64", "fp32")
     split_dilation = True
 
     def supports(self, problem: ConvProblem, pass_: str, layout: str, precision: str):
+        if problem.r == problem.s == 1:
+            return (f"1x1 filter: {self.algo} would repeat the GEMM's product at every "
+                    "frequency (the filter's spectrum is constant) after transforming K·C "
+                    "whole planes")
         return fft_refusal(self.algo, problem)
 
     def describe(self, problem, pass_, layout, precision) -> str:
