@@ -945,23 +945,14 @@ def inference(m: int) -> Algorithm:
 WINOGRAD_INFERENCE = {m: inference(m) for m in WINOGRAD}
 
 
-@register(WINOGRAD_INFERENCE[2], "numpy")
-class Winograd2x2Inference(WinogradInference):
-    m = 2
+def _register_inference() -> None:
+    """Each tile's inference variant, a subclass taking its per-call twin's tile and filter
+    sizes, registered under its traits."""
+    for twin in (Winograd2x2, Winograd4x4, Winograd5x5, Winograd6x6):
+        cls = type(f"{twin.__name__}Inference", (WinogradInference,),
+                   {"m": twin.m, "filter_sizes": twin.filter_sizes, "__module__": __name__,
+                    "__doc__": f"{WinogradInference.__name__} of {twin.__name__}."})
+        register(WINOGRAD_INFERENCE[twin.m], "numpy")(cls)
 
 
-@register(WINOGRAD_INFERENCE[4], "numpy")
-class Winograd4x4Inference(WinogradInference):
-    m = 4
-
-
-@register(WINOGRAD_INFERENCE[5], "numpy")
-class Winograd5x5Inference(WinogradInference):
-    m = 5
-    filter_sizes = (3,)
-
-
-@register(WINOGRAD_INFERENCE[6], "numpy")
-class Winograd6x6Inference(WinogradInference):
-    m = 6
-    filter_sizes = (3,)
+_register_inference()
