@@ -6,10 +6,10 @@
 - Links are written as they work in the repository (a page in docs/pages/ links a run as
   `../../results/...`, the README a page as `docs/pages/...`); on the site the pages sit at the
   top, beside results/, so those prefixes are rewritten as each page is read.
-- A run's report longer than `LONG_REPORT` characters (a whole catalog's: 20 MB, thousands of
-  rows and columns a table) shows each table's first `SHOWN_ROWS` rows and `SHOWN_COLUMNS`
-  columns on the site, saying how much more the report in the repository holds: the whole page took a minute of every build and is more than a
-  browser shows usefully; its headings, and so every link into it, stay.
+- A run's report longer than `LONG_REPORT` characters (a whole catalog's, a column per layer)
+  shows each table's first `SHOWN_ROWS` rows and `SHOWN_COLUMNS` columns on the site, saying
+  how much more the report in the repository holds: rendered whole it dominates every build and
+  is more than a browser shows usefully; its headings, and so every link into it, stay.
 - What the code knows is not written by hand: a page's `<!-- convbench:NAME -->` line is
   replaced by the list `GENERATED[NAME]` makes from this tree's code (the algorithms and their
   traits, the tolerance columns), so the site cannot drift from the registry.

@@ -21,8 +21,7 @@ from .. import speedup
 
 def split(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(the rows of per-call algorithms, the rows of inference variants)."""
-    once = df["algo"].map(speedup.weights_once).astype(bool) if len(df) else \
-        pd.Series(False, index=df.index)
+    once = df["algo"].map(speedup.weights_once).astype(bool)
     return df[~once], df[once]
 
 
