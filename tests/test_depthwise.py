@@ -29,7 +29,8 @@ from convbench.measure import memory
 
 #: Depthwise: 3x3 and 5x5, stride 2 with odd sizes (tails), per-axis stride, padding (before
 #: and after apart) and dilation, a multiplier of 2, a 1x1 without padding (read in place),
-#: 1x7 and 7x1 (Inception's), and a bwd_filter reduction split in slices (N·P·Q = 2048).
+#: 1x7 and 7x1 (Inception's), a bwd_filter reduction split in slices (N·P·Q = 2048), and a
+#: column stride of 3 (the kernels' form for any stride).
 DEPTHWISE = [
     ConvProblem(n=2, c=8, h=9, w=7, k=8, r=3, s=3, pad=1, groups=8),
     ConvProblem(n=1, c=6, h=11, w=10, k=12, r=5, s=3, stride=(2, 1), pad=(2, 1),
@@ -40,6 +41,7 @@ DEPTHWISE = [
     ConvProblem(n=1, c=4, h=9, w=9, k=4, r=1, s=7, pad=(0, 3), groups=4),
     ConvProblem(n=1, c=4, h=9, w=9, k=4, r=7, s=1, pad=((3, 2), 0), groups=4),
     ConvProblem(n=2, c=16, h=32, w=32, k=16, r=3, s=3, pad=1, groups=16),
+    ConvProblem(n=1, c=3, h=7, w=13, k=3, r=2, s=3, stride=(1, 3), groups=3),
 ]
 #: Grouped and pointwise, for gemm's batched and in-place products (and direct's grouped path).
 GROUPED = [
@@ -49,6 +51,27 @@ GROUPED = [
     ConvProblem(n=2, c=8, h=5, w=7, k=6, r=1, s=1, groups=2),
     ConvProblem(n=2, c=4, h=8, w=9, k=6, r=1, s=1, stride=2),
 ]
+
+
+#: The compiled kernels are specialised per filter width and, for depthwise, per column stride
+#: (1, 2, any: `depthwise_jit.CONSTANT_STRIDES`), a module each, compiled per precision in
+#: seconds and in every test process anew where the disk cache is cold (CI). So fp64, the
+#: same generated code in another type, is checked on a problem of each kind of kernel rather
+#: than all of them; and the random problems draw their widths and column strides from those
+#: the lists above compile, while their geometry (sizes, strides down, pads, dilation,
+#: channels, batch) is anything.
+DEPTHWISE_FP64 = [DEPTHWISE[0], DEPTHWISE[2], DEPTHWISE[4], DEPTHWISE[8]]
+GROUPED_FP64 = [GROUPED[0], GROUPED[3]]
+#: (S, column stride) pairs the depthwise list compiles.
+DEPTHWISE_WIDTHS = sorted({(p.s, p.stride_w if p.stride_w in depthwise_jit.CONSTANT_STRIDES
+                            else 3) for p in DEPTHWISE})
+#: Filter widths the grouped list compiles.
+GROUPED_WIDTHS = sorted({p.s for p in GROUPED})
+
+
+def _problems(problems, fp64_problems, algo: str, precision: str):
+    """The problems a case runs: in fp64 on direct's compiled kernels, `fp64_problems`."""
+    return fp64_problems if (algo, precision) == ("direct-jit", "fp64") else problems
 
 
 def _ids(problems):
@@ -75,10 +98,11 @@ def path(request, monkeypatch):
 @pytest.mark.parametrize("pass_", PASSES)
 @pytest.mark.parametrize("algo", ["direct-jit", "direct-taps", "gemm"])
 def test_cpu_depthwise_matches_reference(algo, pass_, layout, precision, monkeypatch):
+    problems = _problems(DEPTHWISE, DEPTHWISE_FP64, algo, precision)
     if algo == "direct-taps":
         monkeypatch.setattr(jit, "available", lambda: "a test asks for the taps")
     algo = algo.split("-")[0]
-    for problem in DEPTHWISE:
+    for problem in problems:
         assert registry.supports(registry.get(algo, "numpy"), problem, pass_, layout,
                                  precision) is None
         testing.assert_matches_reference(algo, "numpy", problem, pass_, layout, precision)
@@ -89,22 +113,24 @@ def test_cpu_depthwise_matches_reference(algo, pass_, layout, precision, monkeyp
 @pytest.mark.parametrize("pass_", PASSES)
 @pytest.mark.parametrize("algo", ["direct-jit", "direct-products", "gemm"])
 def test_cpu_grouped_and_pointwise_match_reference(algo, pass_, layout, precision, monkeypatch):
+    problems = _problems(GROUPED, GROUPED_FP64, algo, precision)
     if algo == "direct-products":
         monkeypatch.setattr(jit, "available", lambda: "a test asks for the products")
     algo = algo.split("-")[0]
-    for problem in GROUPED:
+    for problem in problems:
         testing.assert_matches_reference(algo, "numpy", problem, pass_, layout, precision)
 
 
 @settings(max_examples=25, deadline=None)
 @given(c=st.integers(2, 9), m=st.integers(1, 2), n=st.integers(1, 2), h=st.integers(3, 12),
-       w=st.integers(3, 12), r=st.integers(1, 5), s=st.integers(1, 5),
-       stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
-       dilation=st.tuples(st.integers(1, 2), st.integers(1, 2)),
+       w=st.integers(3, 12), r=st.integers(1, 5), width=st.sampled_from(DEPTHWISE_WIDTHS),
+       stride_h=st.integers(1, 3), dilation=st.tuples(st.integers(1, 2), st.integers(1, 2)),
        pad=st.tuples(st.integers(0, 2), st.integers(0, 2)),
        pass_=st.sampled_from(PASSES), layout=st.sampled_from(LAYOUTS))
-def test_random_depthwise_problems_match_reference(c, m, n, h, w, r, s, stride, dilation, pad,
-                                                    pass_, layout):
+def test_random_depthwise_problems_match_reference(c, m, n, h, w, r, width, stride_h, dilation,
+                                                    pad, pass_, layout):
+    """Any geometry, of the widths and column strides `DEPTHWISE` compiles (see there)."""
+    s, stride = width[0], (stride_h, width[1])
     if (h + 2 * pad[0] - (r - 1) * dilation[0]) < 1 or (w + 2 * pad[1] - (s - 1) * dilation[1]) < 1:
         return
     problem = ConvProblem(n=n, c=c, h=h, w=w, k=c * m, r=r, s=s, stride=stride, pad=pad,
@@ -115,15 +141,17 @@ def test_random_depthwise_problems_match_reference(c, m, n, h, w, r, s, stride, 
 
 @settings(max_examples=25, deadline=None)
 @given(groups=st.integers(2, 3), cg=st.integers(1, 4), kg=st.integers(1, 5), n=st.integers(1, 2),
-       h=st.integers(3, 11), w=st.integers(3, 11), r=st.integers(1, 4), s=st.integers(1, 4),
+       h=st.integers(3, 11), w=st.integers(3, 11), r=st.integers(1, 4),
+       s=st.sampled_from(GROUPED_WIDTHS),
        stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
        dilation=st.tuples(st.integers(1, 2), st.integers(1, 2)),
        pad=st.tuples(st.integers(0, 2), st.integers(0, 2)),
        pass_=st.sampled_from(PASSES), layout=st.sampled_from(LAYOUTS))
 def test_random_grouped_problems_match_reference(groups, cg, kg, n, h, w, r, s, stride,
                                                   dilation, pad, pass_, layout):
-    """direct's compiled grouped kernels (cg <= MAX_GROUP_CHANNELS), any geometry; kg > 4
-    takes the KB-wide loops and their remainder."""
+    """direct's compiled grouped kernels (cg <= MAX_GROUP_CHANNELS), any geometry of the
+    filter widths `GROUPED` compiles (see `DEPTHWISE_FP64`); kg > 4 takes the KB-wide loops
+    and their remainder."""
     if (h + 2 * pad[0] - (r - 1) * dilation[0]) < 1 or (w + 2 * pad[1] - (s - 1) * dilation[1]) < 1:
         return
     if cg == 1:  # depthwise, not grouped: the grouped kernels take one channel a group too

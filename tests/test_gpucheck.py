@@ -17,6 +17,7 @@ from test_cli import run_cli
 
 from convbench import cli
 from convbench.algos import registry
+from convbench.analysis.report import plots
 from convbench.catalogs.layers import net_layers
 from convbench.core import results
 from convbench.machine.devices import DEVICES
@@ -32,14 +33,29 @@ TESTS = ["--pytest-args",
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _no_plots(monkeypatch) -> None:
+    """The run reports draw no plots, as without matplotlib: the plots took a third of each
+    check here, and the reports' plots are tested with the report (test_report) and, from a
+    gpu-first run, by `test_gpu_first_dry_form_finishes_and_packs_at_most_eight_files`."""
+    monkeypatch.setattr(plots, "pyplot", lambda: None)
+
+
+@pytest.fixture(autouse=True)
+def no_plots(request, monkeypatch):
+    if "plots" not in request.keywords:
+        _no_plots(monkeypatch)
+
+
 @pytest.fixture(scope="module")
 def dry_check(tmp_path_factory):
     """One dry check (`DRY`) into a folder of its own: (folder, exit code, stdout, stderr).
     The tests that read, resume or extend a finished check copy it rather than measure again
-    (each dry check takes 20-30 s here, most of it the report's plots)."""
+    (a dry check takes 20-30 s here)."""
     folder = tmp_path_factory.mktemp("dry") / "check"
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with pytest.MonkeyPatch.context() as monkeypatch, contextlib.redirect_stdout(out), \
+            contextlib.redirect_stderr(err):
+        _no_plots(monkeypatch)
         code = cli.main([*DRY, "--out", str(folder)])
     return folder, code, out.getvalue(), err.getvalue()
 
@@ -212,6 +228,7 @@ FIRST = ["gpu-first", "--device", "cpu", "--batch", "1", "--time-budget", "0.002
          "conv3", "--algos", "direct,gemm", "--models", "none"]
 
 
+@pytest.mark.plots
 def test_gpu_first_dry_form_finishes_and_packs_at_most_eight_files(tmp_path, capsys):
     """The CI form of a first GPU visit: tests, env and ceilings, the check, the summary, all
     within its wall time, and the folder given holds what comes back from a lent machine."""
@@ -227,7 +244,7 @@ def test_gpu_first_dry_form_finishes_and_packs_at_most_eight_files(tmp_path, cap
     with tarfile.open(out / "gpu-first.tar.gz") as tar:
         names = set(tar.getnames())
     assert {"work/env.json", "work/run/measurements.csv", "work/summary.md",
-            "work/tests.log"} <= names
+            "work/tests.log", "work/run/time_fwd.png"} <= names
     text = (out / "summary.md").read_text()
     assert text.rstrip("\n") == stdout.rstrip("\n")
     assert "- gpu-first: 300 s of wall time" in text and "1 skipped" in text

@@ -147,11 +147,19 @@ def test_train_step_command(tmp_path, capsys, monkeypatch):
             for i, c in enumerate(configs)])
 
     monkeypatch.setattr(trainstep, "time_configs", fake_times)
+    real_tuned = trainstep._tuned
+
+    def tuned(command, *args):
+        seen["tune_job"] = json.loads(command[-1])
+        return real_tuned(command, *args)
+
+    monkeypatch.setattr(trainstep, "_tuned", tuned)
     parser = argparse.ArgumentParser()
     cli_trainstep.add_parsers(parser.add_subparsers())
     out = tmp_path / "out"
     args = parser.parse_args(["train-step", "--device", "cpu", "--batch", "1", "--algos",
                               "torch-cpu", "--tune-budget", "0.001", "--budget", "0.5",
+                              "--step-budget", "0.2",
                               "--store", str(tmp_path / "store"), "--out", str(out),
                               "--configs", "plan,cudnn.benchmark"])
     assert args.func(args) == 0
@@ -162,6 +170,7 @@ def test_train_step_command(tmp_path, capsys, monkeypatch):
     assert "| defaults " in text and "| 0.50x [0.50, 0.50] | slower " in text
     assert "| the plan |" in text
     assert seen["batch"] == 1 and seen["budget_s"] == 0.5
+    assert seen["tune_job"]["step_budget_s"] == 0.2  # tuning's whole-step comparisons
     assert [layer["layer"] for layer in seen["plan"]["layers"]] == [
         "conv1", "conv2", "conv3", "conv4", "conv5"]
     assert sorted(p.name for p in out.iterdir()) == [

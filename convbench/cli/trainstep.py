@@ -7,7 +7,7 @@ import sys
 from ..machine.backends import available
 from ..machine.devices import DEVICES, default_device
 from ..measure import envinfo
-from ..planning import models
+from ..planning import confirm, models
 from ..studies import trainstep
 from ..studies.workload import CPU_STEP_BATCH, CPU_TUNE_BUDGET_S, Workload
 from .common import (
@@ -74,7 +74,7 @@ def cmd_train_step(args) -> int:
         with usage_errors():
             rows, plan, tuning_s = trainstep.compare(
                 load, batch, device, budget_s=args.time_budget, tune_budget_s=tune_budget,
-                algos=args.algos, store=args.store,
+                algos=args.algos, store=args.store, step_budget_s=args.step_budget,
                 log=lambda line: print(f"convbench: {line}", file=sys.stderr), mode=mode,
                 configs=configs)
     except KeyboardInterrupt:
@@ -116,6 +116,10 @@ def add_parsers(sub) -> None:
                    help=f"seconds of timed repetitions per tuning measurement (default "
                         f"{CPU_TUNE_BUDGET_S} on cpu, the device's default on cuda)")
     p.add_argument("--algos", default="all", help="algorithms the advisor may choose from")
+    p.add_argument("--step-budget", type=positive(float), default=confirm.STEP_BUDGET_S,
+                   metavar="S", help="seconds of timed steps per side of each of tuning's "
+                                     "whole-step comparisons, which confirm the plan "
+                                     "(default %(default)s, as convbench tune)")
     p.add_argument("--configs", help="comma list of the configurations to time (a catalog "
                    f"net's: {', '.join(trainstep.CONFIGS)}; a model's: "
                    f"{', '.join(trainstep.MODEL_CONFIGS)}); the first, the baseline, always "

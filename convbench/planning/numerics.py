@@ -46,8 +46,11 @@ class Error:
 
 
 def _run(model, x, train: bool, seed: int = 0):
-    """(output, input gradient, weight gradients as one vector) of one forward and backward
-    of `model` on a copy of `x`, from `seed`'s random state (dropout draws the same masks)."""
+    """(output, input gradient, weight gradients: a list of tensors) of one forward and
+    backward of `model` on a copy of `x`, from `seed`'s random state (dropout draws the same
+    masks); each on the CPU in the dtype it was computed in. The weight gradients stay apart:
+    joined into one float64 vector they cost a copy of every parameter per run (AlexNet's
+    61 M, half a gigabyte each), and the errors read them tensor by tensor (`_errors`)."""
     import torch
 
     model.train(train)
@@ -59,39 +62,57 @@ def _run(model, x, train: bool, seed: int = 0):
                      dtype=torch.float64).to(out.dtype).to(out.device)
     params = [p for p in model.parameters() if p.requires_grad]
     grads = torch.autograd.grad(out, [xi, *params], dy, allow_unused=True)
-    flat = torch.cat([g.detach().flatten().double().cpu() for g in grads[1:] if g is not None])
-    return (out.detach().double().cpu().numpy(), grads[0].detach().double().cpu().numpy(),
-            flat.numpy())
+    return ([out.detach().cpu()], [grads[0].detach().cpu()],
+            [g.detach().cpu() for g in grads[1:] if g is not None])
 
 
-def _errors(a: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
-    diff = a - ref
-    norm, top = float(np.linalg.norm(ref)), float(np.max(np.abs(ref))) if ref.size else 0.0
-    rel = float(np.linalg.norm(diff)) / norm if norm else float(np.linalg.norm(diff))
-    return rel, (float(np.max(np.abs(diff))) / top if top else 0.0)
+def _norms(tensors) -> tuple[float, float]:
+    """(‖t‖, max |t|) of `tensors` (an iterable: one tensor at a time in memory) taken as one
+    vector, in float64."""
+    import torch
+
+    sq = top = 0.0
+    for t in tensors:
+        if t.numel():
+            t = t.double()
+            sq += float(torch.linalg.vector_norm(t)) ** 2
+            top = max(top, float(torch.linalg.vector_norm(t, float("inf"))))
+    return float(np.sqrt(sq)), top
+
+
+def _errors(a: list, ref: list, ref_norms: tuple[float, float]) -> tuple[float, float]:
+    """(‖a − ref‖ / ‖ref‖, max |a − ref| / max |ref|) over the tensors of `a` and `ref` taken
+    as one vector, each difference formed in float64; `ref_norms` is `_norms(ref)`."""
+    diff, diff_top = _norms(ai.double() - ri.double() for ai, ri in zip(a, ref, strict=True))
+    norm, top = ref_norms
+    return (diff / norm if norm else diff), (diff_top / top if top else 0.0)
 
 
 def whole_model(original, applied, x) -> list[Error]:
     """The errors of `torch`, `channels_last` and `plan` (the model `applied`) against the
     float64 original, in train and eval mode (see the module docstring). Neither model is
-    changed (each run is on a deep copy), nor torch's random state (a training run after it
-    draws the dropout masks it would have drawn)."""
+    changed (each run is on a deep copy, made afresh per mode: a train run moves batch norm's
+    running statistics), nor torch's random state (a training run after it draws the dropout
+    masks it would have drawn)."""
     import torch
 
-    runs = {"float64": (copy.deepcopy(original).double(), x.double()),
-            "torch": (copy.deepcopy(original), x),
-            "channels_last": (copy.deepcopy(original).to(memory_format=torch.channels_last),
-                              x.contiguous(memory_format=torch.channels_last)),
-            "plan": (copy.deepcopy(applied), x)}
+    def runs():
+        yield "float64", copy.deepcopy(original).double(), x.double()
+        yield "torch", copy.deepcopy(original), x
+        yield ("channels_last", copy.deepcopy(original).to(memory_format=torch.channels_last),
+               x.contiguous(memory_format=torch.channels_last))
+        yield "plan", copy.deepcopy(applied), x
+
     out = []
     devices = [x.device] if x.is_cuda else []
     for mode in MODES:
         with torch.random.fork_rng(devices=devices):  # the caller's random state untouched
-            got = {name: _run(copy.deepcopy(m), xi, mode == "train") for name, (m, xi)
-                   in runs.items()}
+            got = {name: _run(m, xi, mode == "train") for name, m, xi in runs()}
         for i, quantity in enumerate(QUANTITIES):
+            ref = got["float64"][i]
+            ref_norms = _norms(ref)
             for name in RUNS[1:]:
-                rel, max_rel = _errors(got[name][i], got["float64"][i])
+                rel, max_rel = _errors(got[name][i], ref, ref_norms)
                 out.append(Error(mode, quantity, name, rel, max_rel))
     return out
 

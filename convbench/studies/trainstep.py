@@ -48,7 +48,7 @@ from ..machine import launch
 from ..machine.devices import backend_of
 from ..machine.threads import CPU_THREAD_ENV
 from ..measure import timing
-from ..planning import tune
+from ..planning import confirm, tune
 from ..planning.plan import Plan
 from .folder import write_study
 from .workload import MALLOC_ENV, Workload, worker_environment
@@ -275,7 +275,8 @@ def _verdict(ratio: stats.Ratio) -> str:
 
 
 def tune_here(net: str, batch: int, device: str, plan_file: str, budget_s: float | None,
-              algos: str, store: str | None, mode: str = "train") -> None:
+              algos: str, store: str | None, mode: str = "train",
+              step_budget_s: float = confirm.STEP_BUDGET_S) -> None:
     """`tune.tune` on the workload's model (`net`: its text form), confirmed on its step in
     `mode`, the plan saved to `plan_file`; progress on stderr. Ctrl-C: one line, exit 130 (the
     measurements made are in the plan store). TF32 is off here as in the timed processes: left
@@ -286,7 +287,7 @@ def tune_here(net: str, batch: int, device: str, plan_file: str, budget_s: float
     try:
         plan = tune.tune(run.model, run.x, algos=algos, budget_s=budget_s, store=store,
                          log=lambda line: print(f"convbench: {line}", file=sys.stderr),
-                         step=mode)
+                         step=mode, step_budget_s=step_budget_s)
     except tune.TuneInterrupted as stop:
         print(f"convbench: tuning interrupted: {tune.interrupted_text(stop)}", file=sys.stderr)
         sys.exit(130)
@@ -308,7 +309,8 @@ class OutOfTime(RuntimeError):
 def compare(load: Workload, batch: int, device: str, *, budget_s: float = STEP_BUDGET_S,
             tune_budget_s: float | None = None, algos: str = "all", store=None,
             log=None, mode: str = "train", configs: tuple[str, ...] | None = None,
-            deadline: float | None = None) -> tuple[list[dict], Plan, float]:
+            deadline: float | None = None, step_budget_s: float = confirm.STEP_BUDGET_S,
+            ) -> tuple[list[dict], Plan, float]:
     """Tune the model, then time the configurations; (their rows, the plan, seconds the
     tuning took). Tuning runs in a process of its own too, with the workers' environment: with
     spinning threads, a measurement just after another thread pool's work (torch-cpu after a
@@ -325,7 +327,8 @@ def compare(load: Workload, batch: int, device: str, *, budget_s: float = STEP_B
         started = time.monotonic()
         job = {"net": load.name, "batch": batch, "device": device, "plan_file": plan_file,
                "budget_s": tune_budget_s, "algos": algos,
-               "store": None if store is None else str(store), "mode": mode}
+               "store": None if store is None else str(store), "mode": mode,
+               "step_budget_s": step_budget_s}
         code = _tuned(_command("tune", job), worker_environment(device), deadline, started)
         if code:
             raise RuntimeError(f"train-step: tuning exited with {code} (its error is above)")
