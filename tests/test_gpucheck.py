@@ -53,12 +53,18 @@ def no_plots(request, monkeypatch):
 def dry_check(tmp_path_factory):
     """One dry check (`DRY`) into a folder of its own: (folder, exit code, stdout, stderr).
     The tests that read, resume or extend a finished check copy it rather than measure again
-    (a dry check takes 20-30 s here)."""
+    (a dry check takes 20-30 s here). Made before any test's own fixtures, it takes two of
+    theirs itself: no plots, and Winograd's GEMM transforms (conftest's `_gemm_winograd`:
+    compiled, its transforms for conv3's three passes and two tiles took 100 s of a clean
+    machine's dry check)."""
+    from convbench.algos import winograd_jit
+
     folder = tmp_path_factory.mktemp("dry") / "check"
     out, err = io.StringIO(), io.StringIO()
     with pytest.MonkeyPatch.context() as monkeypatch, contextlib.redirect_stdout(out), \
             contextlib.redirect_stderr(err):
         _no_plots(monkeypatch)
+        monkeypatch.setattr(winograd_jit, "MIN_BYTES", 1 << 62)
         code = cli.main([*DRY, "--out", str(folder)])
     return folder, code, out.getvalue(), err.getvalue()
 
