@@ -11,6 +11,15 @@ import types
 
 import pytest
 
+from convbench.machine import threads
+
+# The thread policy a run has (`convbench.cli` sets it first thing): idle OpenBLAS and OpenMP
+# threads sleep after a short spin. Read when those libraries load, so set here, before any
+# test module imports NumPy or torch; without it OpenBLAS's idle threads spun beside torch's
+# for up to 2^28 cycles after each NumPy product, and a quiet serial test's rows read as
+# contended (2/3 of the cores: three threads on two).
+threads.sleep_idle_threads()
+
 
 class _Anything:
     """What hypothesis's strategies are to a module that only builds them at import: any call,
