@@ -17,7 +17,7 @@ from test_cli import run_cli
 
 from convbench import cli
 from convbench.algos import registry
-from convbench.analysis.report import plots
+from convbench.analysis.report import plots as report_plots
 from convbench.catalogs.layers import net_layers
 from convbench.core import results
 from convbench.machine.devices import DEVICES
@@ -40,12 +40,18 @@ def _no_plots(monkeypatch) -> None:
     """The run reports draw no plots, as without matplotlib: the plots took a third of each
     check here, and the reports' plots are tested with the report (test_report) and, from a
     gpu-first run, by `test_gpu_first_dry_form_finishes_and_packs_at_most_eight_files`."""
-    monkeypatch.setattr(plots, "pyplot", lambda: None)
+    monkeypatch.setattr(report_plots, "pyplot", lambda: None)
+
+
+@pytest.fixture
+def plots():
+    """The run reports draw their plots, for this test (`_no_plots`)."""
 
 
 @pytest.fixture(autouse=True)
-def no_plots(request, monkeypatch):
-    if "plots" not in request.keywords:
+def _plots_off(request, monkeypatch):
+    """No plots unless the test uses `plots`."""
+    if "plots" not in request.fixturenames:
         _no_plots(monkeypatch)
 
 
@@ -237,8 +243,7 @@ FIRST = ["gpu-first", "--device", "cpu", "--batch", "1", "--time-budget", "0.002
          "conv3", "--algos", "direct,gemm", "--models", "none"]
 
 
-@pytest.mark.plots
-def test_gpu_first_dry_form_finishes_and_packs_at_most_eight_files(tmp_path, capsys):
+def test_gpu_first_dry_form_finishes_and_packs_at_most_eight_files(tmp_path, capsys, plots):
     """The CI form of a first GPU visit: tests, env and ceilings, the check, the summary, all
     within its wall time, and the folder given holds what comes back from a lent machine."""
     out, work = tmp_path / "out", tmp_path / "work"

@@ -736,11 +736,10 @@ def compiled(gm: Geometry):
 @contextlib.contextmanager
 def _young_garbage():
     """The block's garbage freed as it ends, at the cost of a youngest-generation collection:
-    llvmlite's IR objects are cycles (some 8,500 objects a kernel, MBs otherwise held until a
-    full collection). With the collector paused they stay in generation 0, where collecting
-    scans them alone; left to run, it promotes them while the IR is built, and a full
-    collection then scans the whole process (0.14 s a kernel in the test suite's process, 30 s
-    of its blocked kernels' 39)."""
+    llvmlite's IR objects are cycles, MBs a kernel otherwise held until a full collection. With
+    the collector paused they stay in generation 0, where a collection scans them alone; left
+    to run, it promotes them while the IR is built, and only a full collection, which scans
+    the whole process (costly in a large one), would then free them (docs: changes)."""
     was = gc.isenabled()
     gc.disable()
     try:

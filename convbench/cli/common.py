@@ -138,6 +138,17 @@ def time_budget_option(p, help: str, default: float | None = None,
                        default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
+def step_budget_option(p, what: str = "each comparison") -> None:
+    """--step-budget S (dest `step_budget`): seconds of timed steps per side of `what`, the
+    whole-step comparisons that confirm a plan (`planning.confirm`); one spelling and default
+    for every command that tunes."""
+    from ..planning import confirm
+
+    p.add_argument("--step-budget", type=positive(float), default=confirm.STEP_BUDGET_S,
+                   metavar="S", help=f"seconds of timed steps per side of {what} "
+                                     "(default %(default)s)")
+
+
 def memory_budget_option(p, help: str) -> None:
     """--memory-budget SIZE (dest `memory_budget`): bytes, or 512MiB, 2GiB; also the unlisted
     --budget it was called before."""

@@ -7,7 +7,7 @@ import sys
 from ..machine.backends import available
 from ..machine.devices import DEVICES, default_device
 from ..measure import envinfo
-from ..planning import confirm, models
+from ..planning import models
 from ..studies import trainstep
 from ..studies.workload import CPU_STEP_BATCH, CPU_TUNE_BUDGET_S, Workload
 from .common import (
@@ -18,6 +18,7 @@ from .common import (
     emit,
     model_options,
     positive,
+    step_budget_option,
     step_options,
     study_output_options,
     time_budget_option,
@@ -116,10 +117,7 @@ def add_parsers(sub) -> None:
                    help=f"seconds of timed repetitions per tuning measurement (default "
                         f"{CPU_TUNE_BUDGET_S} on cpu, the device's default on cuda)")
     p.add_argument("--algos", default="all", help="algorithms the advisor may choose from")
-    p.add_argument("--step-budget", type=positive(float), default=confirm.STEP_BUDGET_S,
-                   metavar="S", help="seconds of timed steps per side of each of tuning's "
-                                     "whole-step comparisons, which confirm the plan "
-                                     "(default %(default)s, as convbench tune)")
+    step_budget_option(p, "each of tuning's whole-step comparisons, which confirm the plan")
     p.add_argument("--configs", help="comma list of the configurations to time (a catalog "
                    f"net's: {', '.join(trainstep.CONFIGS)}; a model's: "
                    f"{', '.join(trainstep.MODEL_CONFIGS)}); the first, the baseline, always "

@@ -26,6 +26,7 @@ from .common import (
     model_options,
     positive,
     resolve_device,
+    step_budget_option,
     tie_options,
     time_budget_option,
     usage_errors,
@@ -90,9 +91,7 @@ def add_parsers(sub) -> None:
                    help="confirm the plan on the model's whole step (train: forward and "
                         "backward; inference): a change stays only where the step is faster "
                         "with it beyond noise (default %(default)s; none: per-layer times only)")
-    p.add_argument("--step-budget", type=positive(float), default=confirm.STEP_BUDGET_S,
-                   metavar="S", help="seconds of timed steps per side of each comparison "
-                                     "(default %(default)s)")
+    step_budget_option(p)
     p.add_argument("--cold", action="store_true",
                    help="time each CPU repetition from cold caches (a buffer twice the last "
                         "level cache rewritten before it), as a layer finds them in a model")

@@ -49,8 +49,8 @@ def _run(model, x, train: bool, seed: int = 0):
     """(output, input gradient, weight gradients: a list of tensors) of one forward and
     backward of `model` on a copy of `x`, from `seed`'s random state (dropout draws the same
     masks); each on the CPU in the dtype it was computed in. The weight gradients stay apart:
-    joined into one float64 vector they cost a copy of every parameter per run (AlexNet's
-    61 M, half a gigabyte each), and the errors read them tensor by tensor (`_errors`)."""
+    joined into one float64 vector they would cost a copy of every parameter per run, so the
+    errors read them tensor by tensor (`_errors`)."""
     import torch
 
     model.train(train)
