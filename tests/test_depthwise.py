@@ -25,6 +25,7 @@ from convbench.algos import (
     registry,
 )
 from convbench.core.problem import LAYOUTS, PASSES, ConvProblem
+from convbench.machine import threads
 from convbench.measure import memory
 
 #: Depthwise: 3x3 and 5x5, stride 2 with odd sizes (tails), per-axis stride, padding (before
@@ -43,6 +44,16 @@ DEPTHWISE = [
     ConvProblem(n=2, c=16, h=32, w=32, k=16, r=3, s=3, pad=1, groups=16),
     ConvProblem(n=1, c=3, h=7, w=13, k=3, r=2, s=3, stride=(1, 3), groups=3),
 ]
+#: The register-blocked nhwc kernel (fwd, bwd_data of stride 1): rows of 14, 5, 6 and 31 output
+#: pixels against its steps (4 then 2, 1; 8 then 4, 2, 1 for 26 taps), padding before and
+#: after apart and beyond the filter's reach in bwd_data (flipped: (R-1) - pad), a column
+#: stride of 2 with odd sizes, a multiplier of 2.
+BLOCKED = [
+    ConvProblem(n=2, c=10, h=11, w=13, k=10, r=3, s=3, pad=((2, 1), (1, 2)), groups=10),
+    ConvProblem(n=1, c=9, h=12, w=11, k=18, r=3, s=3, stride=(1, 2), pad=(1, 0), groups=9),
+    ConvProblem(n=3, c=5, h=7, w=6, k=5, r=2, s=4, pad=((2, 1), (3, 0)), groups=5),
+    ConvProblem(n=1, c=6, h=5, w=31, k=6, r=2, s=13, pad=((1, 0), (6, 6)), groups=6),
+]
 #: Grouped and pointwise, for gemm's batched and in-place products (and direct's grouped path).
 GROUPED = [
     ConvProblem(n=2, c=8, h=9, w=7, k=12, r=3, s=3, pad=1, groups=4),
@@ -58,13 +69,14 @@ GROUPED = [
 #: seconds and in every test process anew where the disk cache is cold (CI). So fp64, the
 #: same generated code in another type, is checked on one problem of each kernel family (a
 #: stride-2 depthwise layer with tails, a grouped 3x3) rather than all of them; and the random
-#: problems draw their widths and column strides from those the lists above compile, while
+#: problems draw their filters and column strides from those the lists above compile, while
 #: their geometry (sizes, strides down, pads, dilation, channels, batch) is anything.
 DEPTHWISE_FP64 = [DEPTHWISE[2]]
 GROUPED_FP64 = [GROUPED[0]]
-#: (S, column stride) pairs the depthwise list compiles.
-DEPTHWISE_WIDTHS = sorted({(p.s, p.stride_w if p.stride_w in depthwise_jit.CONSTANT_STRIDES
-                            else 3) for p in DEPTHWISE})
+#: (R, S, column stride) the depthwise lists compile (the blocked kernel is one per filter,
+#: the others one per width).
+DEPTHWISE_FILTERS = sorted({(p.r, p.s, p.stride_w if p.stride_w in depthwise_jit.CONSTANT_STRIDES
+                             else 3) for p in DEPTHWISE + BLOCKED})
 #: Filter widths the grouped list compiles.
 GROUPED_WIDTHS = sorted({p.s for p in GROUPED})
 
@@ -123,14 +135,14 @@ def test_cpu_grouped_and_pointwise_match_reference(algo, pass_, layout, precisio
 
 @settings(max_examples=25, deadline=None)
 @given(c=st.integers(2, 9), m=st.integers(1, 2), n=st.integers(1, 2), h=st.integers(3, 12),
-       w=st.integers(3, 12), r=st.integers(1, 5), width=st.sampled_from(DEPTHWISE_WIDTHS),
+       w=st.integers(3, 12), filter_=st.sampled_from(DEPTHWISE_FILTERS),
        stride_h=st.integers(1, 3), dilation=st.tuples(st.integers(1, 2), st.integers(1, 2)),
        pad=st.tuples(st.integers(0, 2), st.integers(0, 2)),
        pass_=st.sampled_from(PASSES), layout=st.sampled_from(LAYOUTS))
-def test_random_depthwise_problems_match_reference(c, m, n, h, w, r, width, stride_h, dilation,
+def test_random_depthwise_problems_match_reference(c, m, n, h, w, filter_, stride_h, dilation,
                                                     pad, pass_, layout):
-    """Any geometry, of the widths and column strides `DEPTHWISE` compiles (see there)."""
-    s, stride = width[0], (stride_h, width[1])
+    """Any geometry, of the filters and column strides the lists compile (see there)."""
+    r, s, stride = filter_[0], filter_[1], (stride_h, filter_[2])
     if (h + 2 * pad[0] - (r - 1) * dilation[0]) < 1 or (w + 2 * pad[1] - (s - 1) * dilation[1]) < 1:
         return
     problem = ConvProblem(n=n, c=c, h=h, w=w, k=c * m, r=r, s=s, stride=stride, pad=pad,
@@ -260,6 +272,8 @@ def test_jit_depthwise_caches_its_generated_kernels(tmp_path, monkeypatch):
 RENDERED = ([(depthwise_jit.TEMPLATES, depthwise_jit._source(s, sw)) for s in (1, 3, 5, 7)
              for sw in (0, *depthwise_jit.CONSTANT_STRIDES)]
             + [(grouped_jit.TEMPLATES, grouped_jit._source(s)) for s in (1, 3, 5)]
+            + [(["depthwise_blocked"], depthwise_jit._blocked_source(r, s, sw))
+               for r, s, sw in ((3, 3, 1), (1, 7, 1), (7, 7, 2))]
             + [(["depthwise_nhwc"], jit.source(["depthwise_nhwc"], "any filter")),
                (["transposes"], jit.source(["transposes"], "any shape"))])
 
@@ -402,11 +416,62 @@ def test_depthwise_workspace_is_what_the_pass_allocates(problem, pass_, layout, 
     assert memory.pass_peak(trace.points) == pytest.approx(declared, abs=64 << 10)
 
 
+@pytest.mark.parametrize("problem, pass_", [
+    pytest.param(p, pass_, id=f"{p}-{pass_}") for p in BLOCKED for pass_ in ("fwd", "bwd_data")
+    if pass_ == "fwd" or depthwise_jit._flipped(p)])
+def test_blocked_depthwise_kernel_covers_its_tails(problem, pass_, monkeypatch):
+    """The blocked kernel gives the reference in its own blocking (one band), and in blocks
+    of 4 channels (a partial last one) and bands of 1 and of 2 output rows (a partial last
+    one where the rows are odd); fp64 on one problem (the same code in another type)."""
+    assert depthwise_jit._blocked(problem, pass_, "nhwc")
+    own = depthwise_jit.blocking
+    for blocking in (own, lambda *_: (4, 1), lambda *_: (4, 2)):
+        monkeypatch.setattr(depthwise_jit, "blocking", blocking)
+        testing.assert_matches_reference("direct", "numpy", problem, pass_, "nhwc", "fp32")
+    if problem is BLOCKED[2]:
+        testing.assert_matches_reference("direct", "numpy", problem, pass_, "nhwc", "fp64")
+
+
+def test_blocked_depthwise_runs_where_its_band_copy_pays():
+    """Undilated nhwc fwd of a column stride of 1 or 2 with 4 taps or more per input element,
+    and the flipped stride-1 bwd_data; not 3x3 of stride 2, 1x1, dilated, nchw."""
+    def blocked(pass_="fwd", layout="nhwc", **geometry):
+        p = ConvProblem(**{**dict(n=1, c=8, h=9, w=9, k=8, r=3, s=3, groups=8), **geometry})
+        return depthwise_jit._blocked(p, pass_, layout)
+
+    assert blocked() and blocked("bwd_data") and blocked(r=5, s=5, stride=2)
+    assert blocked(r=1, s=7) and blocked(r=7, s=1) and blocked(r=7, s=7, stride=(1, 2))
+    assert not blocked(stride=2) and not blocked(r=1, s=1) and not blocked(dilation=2)
+    assert not blocked(layout="nchw") and not blocked("bwd_filter")
+    assert not blocked("bwd_data", r=5, s=5, stride=2)  # strided bwd_data: a gather
+    assert not blocked(r=7, s=7, stride=(1, 3))  # a column stride without a kernel
+
+
+def test_blocked_depthwise_blocking_fills_the_threads_within_its_band(monkeypatch):
+    """A batch-1 layer is cut into at least two tasks a thread; each band's input rows fit
+    `BAND_BYTES`; the channels a task are 128 for 3x3 filters, 64 for larger, all of them for
+    an image beyond `IMAGE_BYTES`."""
+    monkeypatch.setattr(threads, "count", lambda: 2)
+    small = ConvProblem(n=1, c=768, h=16, w=16, k=768, r=3, s=3, pad=1, groups=768)
+    big = ConvProblem(n=8, c=64, h=112, w=112, k=64, r=7, s=7, stride=2, pad=3, groups=64)
+    assert depthwise_jit.blocking(small, "fwd", np.float32) == (128, 16)
+    KB, PB = depthwise_jit.blocking(big, "fwd", np.float32)
+    rows, cols = (PB - 1) * 2 + 7, (big.q - 1) * 2 + 7
+    assert KB == 64 and rows * cols * KB * 4 <= depthwise_jit.BAND_BYTES < (rows + 2) * cols * KB * 4
+    one = ConvProblem(n=1, c=64, h=8, w=8, k=64, r=3, s=3, pad=1, groups=64)
+    assert depthwise_jit.blocking(one, "fwd", np.float32) == (64, 2)  # 4 tasks, not 1
+    large = ConvProblem(n=8, c=324, h=56, w=56, k=324, r=3, s=3, pad=1, groups=324)
+    assert depthwise_jit.blocking(large, "fwd", np.float32)[0] == 324
+
+
 def test_direct_describes_its_depthwise_path(monkeypatch):
     direct = registry.get("direct", "numpy")
     note = direct.describe(DEPTHWISE[0], "fwd", "nhwc", "fp32")
     assert note.startswith("depthwise: compiled kernel (Numba), one pass, 9 taps")
-    assert "vectorised over the channels" in note
+    assert "vectorised over the channels" in note and "4 pixels' sums in registers" in note
+    note = direct.describe(DEPTHWISE[0], "bwd_data", "nhwc", "fp32")
+    assert "registers" in note and "filter flipped" in note
+    assert "registers" not in direct.describe(DEPTHWISE[1], "fwd", "nhwc", "fp32")  # dilated
     assert "filter flipped" in direct.describe(DEPTHWISE[0], "bwd_data", "nchw", "fp32")
     assert "gather" in direct.describe(DEPTHWISE[2], "bwd_data", "nhwc", "fp32")
     monkeypatch.setattr(jit, "available", lambda: "numba is not importable (test)")

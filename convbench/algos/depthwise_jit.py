@@ -6,11 +6,20 @@ A depthwise kernel proper (oneDNN's, kernels/depthwise.cu) reads each input once
 tap in registers. These kernels do that on the CPU, compiled by Numba (LLVM), the vector loop
 over what is contiguous:
 
-- nhwc: a pixel's channels. Each row of taps is one expression over the channels,
+- nhwc, register-blocked (fwd and stride-1 bwd_data, undilated, column stride 1 or 2;
+  `templates/depthwise_blocked.py.tmpl`, rendered per filter R x S): a pixel's channels,
+  UR output pixels of a row a step with every tap unrolled, so each pixel's sum stays in a
+  register through all R·S taps, each output is stored once and an input column or weight
+  loaded once serves every pixel of the step that reads it (one load per product before,
+  and a load and store of the output per row of taps: the kernel was load-bound). A task is
+  an image's band of output rows and a block of channels (`blocking`); the band's input rows
+  are copied zero-bordered first, within L2, so no pixel needs a border test. That copy is a
+  pass over x: where a tap's products per input element are few (R·S / (sh·sw) < 4: 3x3 of
+  stride 2, 1x1) it costs more than it saves and the kernel below runs instead.
+- nhwc, otherwise: each row of taps is one expression over the channels,
   ``y[k] += x[.., s=0, k]·w[r, 0, k] + ... + x[.., s=S-1, k]·w[r, S-1, k]`` (rendered per
   filter width S); threads share the output rows (n, p). Pixels whose window crosses the
-  border add only the taps inside: no padded copy of x (a copy is a pass over memory as long
-  as the kernel's).
+  border add only the taps inside.
 - nchw: a channel plane at a time in wide rows (as the dense path, `direct`): the plane is split
   into sh·sw stride-phase planes Wq = Q + (S-1)·dw // sw columns wide, so each tap reads one
   phase plane at a fixed offset with unit stride and a row of taps is one vector loop over the
@@ -25,6 +34,7 @@ with N·P·Q. A channel multiplier m > 1 (K = C·m): nhwc repeats x's channels m
 in `buffers`) and sums dx over the multiplier; nchw reads input channel k // m for plane k.
 
 The kernels are Python in `templates/depthwise.py.tmpl` (per filter width S, `_source`),
+`templates/depthwise_blocked.py.tmpl` (per filter and column stride, `_blocked_source`),
 `templates/planes.py.tmpl` (the phase planes, shared with `grouped_jit`) and
 `templates/depthwise_nhwc.py.tmpl` (any filter), rendered by `jit.source`. They compile in
 `prepare` (a second or two each, the first time on a machine) and are cached on disk beside
@@ -75,6 +85,58 @@ def forward_kernels(S: int, sw: int = 1):
     return jit.load(f"convbench_dw_s{S}_sw{SW}", _source(S, SW))
 
 
+#: Output pixels a step of the register-blocked nhwc forward kernel: its body holds UR
+#: pixels' sums and loads each input column a row of taps reads once, so the loads per
+#: product fall as UR grows; a large filter's body is long enough for 8 (AMD EPYC, batch 8:
+#: 3x3 fastest at 4, 7x7 and 9x9 at 8; docs/pages/changes.md).
+def _unroll(R: int, S: int) -> int:
+    return 4 if R * S <= 25 else 8
+
+
+def _taps(R: int, S: int, SW: int, UR: int, read: str) -> list[str]:
+    """The channel loop's body of the blocked kernel for UR pixels, their input read by the
+    format `read` (of r, c: the tap's row, the column from the step's first): per row of
+    taps its input columns and weights named once, each pixel's products added into its sum
+    of even or odd rows, each output stored once."""
+    lines, started = [], set()
+    for r in range(R):
+        cols = sorted({u * SW + s for u in range(UR) for s in range(S)})
+        lines += [f"c{c} = {read.format(r=r, c=c)}" for c in cols]
+        lines += [f"g{s} = w[{r}, {s}, kk]" for s in range(S)]
+        for u in range(UR):
+            acc, terms = f"a{u}_{r % 2}", " + ".join(f"c{u * SW + s} * g{s}" for s in range(S))
+            lines.append(f"{acc} = {acc} + {terms}" if acc in started else f"{acc} = {terms}")
+            started.add(acc)
+    return lines + [f"y[n, p, q + {u}, kk] = a{u}_0" + (f" + a{u}_1" if R > 1 else "")
+                    for u in range(UR)]
+
+
+def _steps(R: int, S: int, SW: int) -> list[str]:
+    """The loops over a row's output pixels: UR (`_unroll`) a step, then the row's last ones
+    in steps of UR/2, UR/4, ... 1 (a row of 6 pixels is a step of 4 and one of 2, not 4 and
+    two single pixels)."""
+    lines, ur = [], _unroll(R, S)
+    while ur >= 1:
+        body = _taps(R, S, SW, ur, "xp[i0 + {r}, j0 + {c}, k]")
+        lines += [f"while q + {ur} <= Q:", f"    j0 = q * {SW}", "    for k in range(kwu):",
+                  "        kk = k0u + k", *(f"        {line}" for line in body), f"    q += {ur}"]
+        ur //= 2
+    return lines
+
+
+def _blocked_source(R: int, S: int, SW: int) -> str:
+    """The module of the register-blocked nhwc forward kernel of an R x S filter and column
+    stride SW."""
+    return jit.source(["depthwise_blocked"], f"filter {R}x{S}, column stride {SW}",
+                      {"steps": _steps(R, S, SW)}, R=R, S=S, SW=SW, UR=_unroll(R, S))
+
+
+@functools.cache
+def blocked_kernels(R: int, S: int, SW: int):
+    """The module of `_blocked_source(R, S, SW)` (`jit.load`)."""
+    return jit.load(f"convbench_dw_blocked_r{R}s{S}_sw{SW}", _blocked_source(R, S, SW))
+
+
 @functools.cache
 def nhwc_kernels():
     """The module of the nhwc kernels that need no shape of their own: a strided bwd_data,
@@ -91,6 +153,60 @@ def _multiplier(p: ConvProblem) -> int:
 def _flipped(p: ConvProblem) -> bool:
     """bwd_data runs as the forward kernel on dy with the filter flipped: stride 1 only."""
     return p.stride_h == 1 and p.stride_w == 1
+
+
+#: The products per input element (R·S / (sh·sw)) from which the blocked kernel's band copy
+#: pays for itself (AMD EPYC, batch 8: 3x3 of stride 2, 2.25, ran slower blocked).
+BLOCKED_INTENSITY = 4
+
+
+def _blocked(p: ConvProblem, pass_: str, layout: str) -> bool:
+    """nhwc's forward kernel, and stride-1 bwd_data's (the forward kernel on dy), is the
+    register-blocked one for undilated filters of a constant column stride (its loads are
+    shared between pixels only where the columns they read are known when it compiles)
+    with taps enough per input element to pay for its band copy."""
+    if layout != "nhwc" or p.dil_h != 1 or p.dil_w != 1:
+        return False
+    if pass_ == "fwd":
+        return (p.stride_w in CONSTANT_STRIDES
+                and p.r * p.s >= BLOCKED_INTENSITY * p.stride_h * p.stride_w)
+    return pass_ == "bwd_data" and _flipped(p) and p.r * p.s >= BLOCKED_INTENSITY
+
+
+def _blocked_geometry(p: ConvProblem, pass_: str) -> tuple[int, int, int, int, int, int]:
+    """The blocked kernel's output rows and columns, its strides and its padding: the layer's,
+    or for bwd_data dx's, the filter flipped (padding (R-1) - pt before, (S-1) - pl)."""
+    if pass_ == "fwd":
+        return p.p, p.q, p.stride_h, p.stride_w, p.pad_top, p.pad_left
+    return p.h, p.w, 1, 1, p.r - 1 - p.pad_top, p.s - 1 - p.pad_left
+
+
+#: The bytes of a blocked task's zero-bordered input band (xp): a core's L2 (1 MiB on Zen 4,
+#: 2 MiB on Sapphire Rapids), so a band's rows stay there while every tap reads them; a larger
+#: band copies fewer halo rows twice.
+BAND_BYTES = 1 << 20
+#: An input image larger than this streams from L3 or memory: the blocked kernel then takes
+#: all its channels a task, so its band copy reads whole pixels, contiguous rows (in blocks of
+#: channels a 324-channel 56x56 layer ran 1.4x slower; AMD EPYC, batch 8).
+IMAGE_BYTES = 2 << 20
+
+
+def blocking(p: ConvProblem, pass_: str, dtype) -> tuple[int, int]:
+    """The blocked kernel's channels a task (KB) and output rows a band (PB). KB: each tap's
+    KB weights stay in L1 beside the band's rows (128 for a 3x3 filter, 64 for larger ones),
+    or all K for an image beyond `IMAGE_BYTES`; PB: the band's input rows within
+    `BAND_BYTES`, halved while the tasks are fewer than two a thread (a batch-1 layer still
+    keeps every thread busy)."""
+    P, Q, sh, sw, _, _ = _blocked_geometry(p, pass_)
+    size = np.dtype(dtype).itemsize
+    rows_in, cols_in = (p.h, p.w) if pass_ == "fwd" else (p.p, p.q)
+    KB = p.k if rows_in * cols_in * p.k * size > IMAGE_BYTES else min(p.k, 128 if p.r * p.s <= 9
+                                                                        else 64)
+    Wp = (Q - 1) * sw + p.s
+    PB = max(1, min(P, (BAND_BYTES // size // (Wp * KB) - p.r) // sh + 1))
+    while PB > 1 and p.n * -(-P // PB) * -(-p.k // KB) < 2 * threads.count():
+        PB = -(-PB // 2)
+    return KB, PB
 
 
 def _chunks(p: ConvProblem) -> int:
@@ -118,9 +234,19 @@ def buffers(p: ConvProblem, pass_: str, layout: str) -> dict[str, tuple[tuple[in
     return out
 
 
-def scratch_elements(p: ConvProblem, pass_: str, layout: str) -> int:
-    """Elements each thread's task allocates inside the kernel: nchw's phase planes and wide
-    row of a plane (fwd, bwd_data), nhwc bwd_filter's per-row sums."""
+def _blocked_tasks(p: ConvProblem, pass_: str, dtype) -> tuple[int, int]:
+    """The blocked kernel's tasks and the elements of each one's input band."""
+    P, Q, sh, sw, _, _ = _blocked_geometry(p, pass_)
+    KB, PB = blocking(p, pass_, dtype)
+    return p.n * -(-P // PB) * -(-p.k // KB), ((PB - 1) * sh + p.r) * ((Q - 1) * sw + p.s) * KB
+
+
+def scratch_elements(p: ConvProblem, pass_: str, layout: str, dtype) -> int:
+    """Elements each thread's task allocates inside the kernel: the blocked kernel's input
+    band, nchw's phase planes and wide row of a plane (fwd, bwd_data), nhwc bwd_filter's
+    per-row sums."""
+    if _blocked(p, pass_, layout):
+        return _blocked_tasks(p, pass_, dtype)[1]
     if layout == "nhwc":
         return p.r * p.s * p.k if pass_ == "bwd_filter" else 0
     if pass_ == "bwd_filter":
@@ -137,8 +263,10 @@ def workspace_bytes(p: ConvProblem, pass_: str, layout: str, dtype) -> int:
     """The buffers `prepare` holds, and every thread's scratch inside the kernel."""
     size = {"work": np.dtype(dtype).itemsize, "float64": 8}
     held = sum(math.prod(shape) * size[kind] for shape, kind in buffers(p, pass_, layout).values())
-    tasks = _chunks(p) if layout == "nhwc" else min(threads.count(), p.n * p.k)
-    return held + tasks * scratch_elements(p, pass_, layout) * np.dtype(dtype).itemsize
+    tasks = (_blocked_tasks(p, pass_, dtype)[0] if _blocked(p, pass_, layout)
+             else _chunks(p) if layout == "nhwc" else p.n * p.k)
+    return (held + min(threads.count(), tasks) * scratch_elements(p, pass_, layout, dtype)
+            * np.dtype(dtype).itemsize)
 
 
 def describe(p: ConvProblem, pass_: str, layout: str) -> str:
@@ -149,6 +277,10 @@ def describe(p: ConvProblem, pass_: str, layout: str) -> str:
                         else "a gather per dx pixel" if layout == "nhwc"
                         else "each tap added into its phase plane"),
            "bwd_filter": "per-row sums added in float64"}[pass_]
+    if _blocked(p, pass_, layout):
+        how = (f"{_unroll(p.r, p.s)} pixels' sums in registers through every tap, "
+               "over zero-bordered row bands" + (", the forward kernel on dy, filter flipped"
+                                             if pass_ == "bwd_data" else ""))
     return (f"depthwise: compiled kernel (Numba), one pass, {p.r * p.s} taps, vectorised over "
             f"the {vector}, {how}, {threads.count()} threads")
 
@@ -160,7 +292,11 @@ def kernel(p: ConvProblem, pass_: str, layout: str, dtype):
     nhwc = layout == "nhwc"
     geo = (p.stride_h, p.stride_w, p.dil_h, p.dil_w, p.pad_top, p.pad_left)
     ranks = (("w", 4), ("w", 3), ("w", 4))
-    if pass_ == "fwd":
+    if _blocked(p, pass_, layout):
+        _, _, sh, sw, pt, pl = _blocked_geometry(p, pass_)
+        fn, args = blocked_kernels(p.r, p.s, sw).fwd_nhwc_blocked, (sh, pt, pl,
+                                                                   *blocking(p, pass_, dtype))
+    elif pass_ == "fwd":
         kern = forward_kernels(p.s, p.stride_w)
         fn, args = (kern.fwd_nhwc, geo) if nhwc else (kern.fwd_nchw, geo + (_multiplier(p),))
     elif pass_ == "bwd_data" and _flipped(p):
