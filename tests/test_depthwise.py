@@ -44,14 +44,14 @@ DEPTHWISE = [
     ConvProblem(n=2, c=16, h=32, w=32, k=16, r=3, s=3, pad=1, groups=16),
     ConvProblem(n=1, c=3, h=7, w=13, k=3, r=2, s=3, stride=(1, 3), groups=3),
 ]
-#: The register-blocked nhwc kernel (fwd, bwd_data of stride 1): rows of 14, 5, 6 and 31 output
+#: The register-blocked nhwc kernel (fwd, bwd_data of stride 1): rows of 14, 5, 7 and 31 output
 #: pixels against its steps (4 then 2, 1; 8 then 4, 2, 1 for 26 taps), padding before and
 #: after apart and beyond the filter's reach in bwd_data (flipped: (R-1) - pad), a column
 #: stride of 2 with odd sizes, a multiplier of 2.
 BLOCKED = [
     ConvProblem(n=2, c=10, h=11, w=13, k=10, r=3, s=3, pad=((2, 1), (1, 2)), groups=10),
     ConvProblem(n=1, c=9, h=12, w=11, k=18, r=3, s=3, stride=(1, 2), pad=(1, 0), groups=9),
-    ConvProblem(n=3, c=5, h=7, w=6, k=5, r=2, s=4, pad=((2, 1), (3, 0)), groups=5),
+    ConvProblem(n=3, c=5, h=7, w=9, k=5, r=2, s=4, pad=((2, 1), (1, 0)), groups=5),
     ConvProblem(n=1, c=6, h=5, w=31, k=6, r=2, s=13, pad=((1, 0), (6, 6)), groups=6),
 ]
 #: Grouped and pointwise, for gemm's batched and in-place products (and direct's grouped path).
@@ -445,12 +445,14 @@ def test_blocked_depthwise_runs_where_its_band_copy_pays():
     assert not blocked(layout="nchw") and not blocked("bwd_filter")
     assert not blocked("bwd_data", r=5, s=5, stride=2)  # strided bwd_data: a gather
     assert not blocked(r=7, s=7, stride=(1, 3))  # a column stride without a kernel
+    # the share of the taps' products inside x: 74% for a 9x9 on 16x16, 57% for a 7x7 on 7x7
+    assert blocked(h=16, w=16, r=9, s=9, pad=4) and not blocked(h=7, w=7, r=7, s=7, pad=3)
 
 
 def test_blocked_depthwise_blocking_fills_the_threads_within_its_band(monkeypatch):
     """A batch-1 layer is cut into at least two tasks a thread; each band's input rows fit
     `BAND_BYTES`; the channels a task are 128 for 3x3 filters, 64 for larger, all of them for
-    an image beyond `IMAGE_BYTES`."""
+    an input beyond `INPUT_BYTES`."""
     monkeypatch.setattr(threads, "count", lambda: 2)
     small = ConvProblem(n=1, c=768, h=16, w=16, k=768, r=3, s=3, pad=1, groups=768)
     big = ConvProblem(n=8, c=64, h=112, w=112, k=64, r=7, s=7, stride=2, pad=3, groups=64)

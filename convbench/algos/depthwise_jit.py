@@ -158,19 +158,36 @@ def _flipped(p: ConvProblem) -> bool:
 #: The products per input element (R·S / (sh·sw)) from which the blocked kernel's band copy
 #: pays for itself (AMD EPYC, batch 8: 3x3 of stride 2, 2.25, ran slower blocked).
 BLOCKED_INTENSITY = 4
+#: The least share of its taps' products that fall inside x for the blocked kernel: it
+#: computes every tap over the zero border, where the per-row-of-taps kernel skips the taps
+#: outside (7x7 filters on 7x7 images, 57% inside, ran 1.4x slower blocked; AMD EPYC, batch 1).
+BLOCKED_INSIDE = 0.6
+
+
+def _inside(out: int, taps: int, stride: int, pad: int, size: int) -> float:
+    """The share of (output position, tap) pairs of one axis that read inside [0, size)."""
+    inside = sum(max(0, min(taps, size - (o * stride - pad)) - max(0, pad - o * stride))
+                 for o in range(out))
+    return inside / (out * taps)
 
 
 def _blocked(p: ConvProblem, pass_: str, layout: str) -> bool:
     """nhwc's forward kernel, and stride-1 bwd_data's (the forward kernel on dy), is the
     register-blocked one for undilated filters of a constant column stride (its loads are
-    shared between pixels only where the columns they read are known when it compiles)
-    with taps enough per input element to pay for its band copy."""
+    shared between pixels only where the columns they read are known when it compiles), with
+    taps enough per input element to pay for its band copy and few of them over the border."""
     if layout != "nhwc" or p.dil_h != 1 or p.dil_w != 1:
         return False
     if pass_ == "fwd":
-        return (p.stride_w in CONSTANT_STRIDES
-                and p.r * p.s >= BLOCKED_INTENSITY * p.stride_h * p.stride_w)
-    return pass_ == "bwd_data" and _flipped(p) and p.r * p.s >= BLOCKED_INTENSITY
+        if not (p.stride_w in CONSTANT_STRIDES
+                and p.r * p.s >= BLOCKED_INTENSITY * p.stride_h * p.stride_w):
+            return False
+    elif not (pass_ == "bwd_data" and _flipped(p) and p.r * p.s >= BLOCKED_INTENSITY):
+        return False
+    P, Q, sh, sw, pt, pl = _blocked_geometry(p, pass_)
+    rows_in, cols_in = (p.h, p.w) if pass_ == "fwd" else (p.p, p.q)
+    return (_inside(P, p.r, sh, pt, rows_in) * _inside(Q, p.s, sw, pl, cols_in)
+            >= BLOCKED_INSIDE)
 
 
 def _blocked_geometry(p: ConvProblem, pass_: str) -> tuple[int, int, int, int, int, int]:
@@ -185,23 +202,24 @@ def _blocked_geometry(p: ConvProblem, pass_: str) -> tuple[int, int, int, int, i
 #: 2 MiB on Sapphire Rapids), so a band's rows stay there while every tap reads them; a larger
 #: band copies fewer halo rows twice.
 BAND_BYTES = 1 << 20
-#: An input image larger than this streams from L3 or memory: the blocked kernel then takes
-#: all its channels a task, so its band copy reads whole pixels, contiguous rows (in blocks of
-#: channels a 324-channel 56x56 layer ran 1.4x slower; AMD EPYC, batch 8).
-IMAGE_BYTES = 2 << 20
+#: An input larger than this (the whole batch) streams from memory, not the last-level cache:
+#: the blocked kernel then takes all its channels a task, so its band copy reads whole pixels,
+#: contiguous rows (in blocks of channels a 324-channel 56x56 layer at batch 8, 32 MiB, ran
+#: 1.4x slower; a 4096-channel 12x12 one at batch 1, 2.4 MiB, 1.8x faster; AMD EPYC).
+INPUT_BYTES = 16 << 20
 
 
 def blocking(p: ConvProblem, pass_: str, dtype) -> tuple[int, int]:
     """The blocked kernel's channels a task (KB) and output rows a band (PB). KB: each tap's
     KB weights stay in L1 beside the band's rows (128 for a 3x3 filter, 64 for larger ones),
-    or all K for an image beyond `IMAGE_BYTES`; PB: the band's input rows within
+    or all K for an input beyond `INPUT_BYTES`; PB: the band's input rows within
     `BAND_BYTES`, halved while the tasks are fewer than two a thread (a batch-1 layer still
     keeps every thread busy)."""
     P, Q, sh, sw, _, _ = _blocked_geometry(p, pass_)
     size = np.dtype(dtype).itemsize
     rows_in, cols_in = (p.h, p.w) if pass_ == "fwd" else (p.p, p.q)
-    KB = p.k if rows_in * cols_in * p.k * size > IMAGE_BYTES else min(p.k, 128 if p.r * p.s <= 9
-                                                                        else 64)
+    streamed = p.n * rows_in * cols_in * p.k * size > INPUT_BYTES
+    KB = p.k if streamed else min(p.k, 128 if p.r * p.s <= 9 else 64)
     Wp = (Q - 1) * sw + p.s
     PB = max(1, min(P, (BAND_BYTES // size // (Wp * KB) - p.r) // sh + 1))
     while PB > 1 and p.n * -(-P // PB) * -(-p.k // KB) < 2 * threads.count():
