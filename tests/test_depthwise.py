@@ -416,9 +416,8 @@ def test_depthwise_workspace_is_what_the_pass_allocates(problem, pass_, layout, 
     assert memory.pass_peak(trace.points) == pytest.approx(declared, abs=64 << 10)
 
 
-@pytest.mark.parametrize("problem, pass_", [
-    pytest.param(p, pass_, id=f"{p}-{pass_}") for p in BLOCKED for pass_ in ("fwd", "bwd_data")
-    if pass_ == "fwd" or depthwise_jit._flipped(p)])
+@pytest.mark.parametrize("pass_", ["fwd", "bwd_data"])
+@pytest.mark.parametrize("problem", BLOCKED, ids=str)
 def test_blocked_depthwise_kernel_covers_its_tails(problem, pass_, monkeypatch):
     """The blocked kernel gives the reference in its own blocking (one band), and in blocks
     of 4 channels (a partial last one) and bands of 1 and of 2 output rows (a partial last
@@ -432,9 +431,26 @@ def test_blocked_depthwise_kernel_covers_its_tails(problem, pass_, monkeypatch):
         testing.assert_matches_reference("direct", "numpy", problem, pass_, "nhwc", "fp64")
 
 
+@pytest.mark.parametrize("problem", [
+    ConvProblem(n=2, c=3, h=8, w=7, k=3, r=2, s=2, stride=3, pad=(1, 0), groups=3),
+    ConvProblem(n=1, c=4, h=9, w=10, k=8, r=5, s=4, stride=(3, 2), pad=((1, 2), (0, 3)),
+                groups=4)], ids=str)
+def test_blocked_depthwise_bwd_data_by_phases(problem, monkeypatch):
+    """A strided bwd_data as one stride-1 forward call per phase of dx, each phase's taps
+    flipped: phases no tap reaches (a 2x2 filter of stride 3) are zero, strides apart per
+    axis; the rule that would keep these small filters off the kernel set aside."""
+    monkeypatch.setattr(depthwise_jit, "BLOCKED_INTENSITY", 0)
+    monkeypatch.setattr(depthwise_jit, "BLOCKED_INSIDE", 0)
+    calls = depthwise_jit.launches(problem, "bwd_data")
+    assert len(calls) == problem.stride_h * problem.stride_w
+    assert sum(c.R for c in calls[::problem.stride_w]) == problem.r
+    assert depthwise_jit._blocked(problem, "bwd_data", "nhwc")
+    testing.assert_matches_reference("direct", "numpy", problem, "bwd_data", "nhwc", "fp32")
+
+
 def test_blocked_depthwise_runs_where_its_band_copy_pays():
-    """Undilated nhwc fwd of a column stride of 1 or 2 with 4 taps or more per input element,
-    and the flipped stride-1 bwd_data; not 3x3 of stride 2, 1x1, dilated, nchw."""
+    """Undilated nhwc fwd (of a column stride of 1 or 2) and bwd_data with 4 taps or more per
+    input element; not 3x3 of stride 2, 1x1, dilated, nchw, bwd_filter."""
     def blocked(pass_="fwd", layout="nhwc", **geometry):
         p = ConvProblem(**{**dict(n=1, c=8, h=9, w=9, k=8, r=3, s=3, groups=8), **geometry})
         return depthwise_jit._blocked(p, pass_, layout)
@@ -443,7 +459,7 @@ def test_blocked_depthwise_runs_where_its_band_copy_pays():
     assert blocked(r=1, s=7) and blocked(r=7, s=1) and blocked(r=7, s=7, stride=(1, 2))
     assert not blocked(stride=2) and not blocked(r=1, s=1) and not blocked(dilation=2)
     assert not blocked(layout="nchw") and not blocked("bwd_filter")
-    assert not blocked("bwd_data", r=5, s=5, stride=2)  # strided bwd_data: a gather
+    assert blocked("bwd_data", r=5, s=5, stride=2, pad=2) and not blocked("bwd_data", stride=2)
     assert not blocked(r=7, s=7, stride=(1, 3))  # a column stride without a kernel
     # the share of the taps' products inside x: 74% for a 9x9 on 16x16, 57% for a 7x7 on 7x7
     assert blocked(h=16, w=16, r=9, s=9, pad=4) and not blocked(h=7, w=7, r=7, s=7, pad=3)
@@ -456,14 +472,17 @@ def test_blocked_depthwise_blocking_fills_the_threads_within_its_band(monkeypatc
     monkeypatch.setattr(threads, "count", lambda: 2)
     small = ConvProblem(n=1, c=768, h=16, w=16, k=768, r=3, s=3, pad=1, groups=768)
     big = ConvProblem(n=8, c=64, h=112, w=112, k=64, r=7, s=7, stride=2, pad=3, groups=64)
-    assert depthwise_jit.blocking(small, "fwd", np.float32) == (128, 16)
-    KB, PB = depthwise_jit.blocking(big, "fwd", np.float32)
+    def blocking(p):
+        return depthwise_jit.blocking(p, depthwise_jit.launches(p, "fwd")[0], np.float32)
+
+    assert blocking(small) == (128, 16)
+    KB, PB = blocking(big)
     rows, cols = (PB - 1) * 2 + 7, (big.q - 1) * 2 + 7
     assert KB == 64 and rows * cols * KB * 4 <= depthwise_jit.BAND_BYTES < (rows + 2) * cols * KB * 4
     one = ConvProblem(n=1, c=64, h=8, w=8, k=64, r=3, s=3, pad=1, groups=64)
-    assert depthwise_jit.blocking(one, "fwd", np.float32) == (64, 2)  # 4 tasks, not 1
+    assert blocking(one) == (64, 2)  # 4 tasks, not 1
     large = ConvProblem(n=8, c=324, h=56, w=56, k=324, r=3, s=3, pad=1, groups=324)
-    assert depthwise_jit.blocking(large, "fwd", np.float32)[0] == 324
+    assert blocking(large)[0] == 324
 
 
 def test_direct_describes_its_depthwise_path(monkeypatch):

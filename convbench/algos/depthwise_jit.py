@@ -6,7 +6,7 @@ A depthwise kernel proper (oneDNN's, kernels/depthwise.cu) reads each input once
 tap in registers. These kernels do that on the CPU, compiled by Numba (LLVM), the vector loop
 over what is contiguous:
 
-- nhwc, register-blocked (fwd and stride-1 bwd_data, undilated, column stride 1 or 2;
+- nhwc, register-blocked (fwd of column stride 1 or 2, and bwd_data; undilated;
   `templates/depthwise_blocked.py.tmpl`, rendered per filter R x S): a pixel's channels,
   UR output pixels of a row a step with every tap unrolled, so each pixel's sum stays in a
   register through all R·S taps, each output is stored once and an input column or weight
@@ -15,7 +15,11 @@ over what is contiguous:
   an image's band of output rows and a block of channels (`blocking`); the band's input rows
   are copied zero-bordered first, within L2, so no pixel needs a border test. That copy is a
   pass over x: where a tap's products per input element are few (R·S / (sh·sw) < 4: 3x3 of
-  stride 2, 1x1) it costs more than it saves and the kernel below runs instead.
+  stride 2, 1x1), or many of them fall on the zero border (small images, large filters), it
+  costs more than it saves and the kernel below runs instead. bwd_data is the same kernel on
+  dy (`launches`): of stride 1 once, the filter flipped; of a larger stride once per phase of
+  dx (the pixels a + sh·i, b + sw·j), a stride-1 pass over dy with the taps that reach that
+  phase, flipped, storing every stride-th pixel of dx (the gather below ran 1.5–3.7x longer).
 - nhwc, otherwise: each row of taps is one expression over the channels,
   ``y[k] += x[.., s=0, k]·w[r, 0, k] + ... + x[.., s=S-1, k]·w[r, S-1, k]`` (rendered per
   filter width S); threads share the output rows (n, p). Pixels whose window crosses the
@@ -26,9 +30,9 @@ over what is contiguous:
   whole plane, the weights scalars; the Wq - Q extra columns are dropped. Threads share the
   planes (n, k); a plane and its phases stay in cache.
 
-bwd_data of stride 1 is the forward kernel on dy with the filter flipped (its padding
-(R-1)·dh - pad); of larger stride a gather per dx pixel (nhwc) or, per plane, each tap's dy·w
-added into its phase plane, the phases then merged (nchw). bwd_filter sums dy·x per tap, each
+Elsewhere, bwd_data of stride 1 is the forward kernel on dy with the filter flipped (its
+padding (R-1)·dh - pad); of larger stride a gather per dx pixel (nhwc) or, per plane, each
+tap's dy·w added into its phase plane, the phases then merged (nchw). bwd_filter sums dy·x per tap, each
 output row's sums in the working precision and the rows in float64, so its error does not grow
 with N·P·Q. A channel multiplier m > 1 (K = C·m): nhwc repeats x's channels m times (a copy,
 in `buffers`) and sums dx over the multiplier; nchw reads input channel k // m for plane k.
@@ -44,6 +48,7 @@ Without Numba (`jit.available`) `direct` runs the taps-over-views path and its n
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -107,7 +112,7 @@ def _taps(R: int, S: int, SW: int, UR: int, read: str) -> list[str]:
             acc, terms = f"a{u}_{r % 2}", " + ".join(f"c{u * SW + s} * g{s}" for s in range(S))
             lines.append(f"{acc} = {acc} + {terms}" if acc in started else f"{acc} = {terms}")
             started.add(acc)
-    return lines + [f"y[n, p, q + {u}, kk] = a{u}_0" + (f" + a{u}_1" if R > 1 else "")
+    return lines + [f"y[n, yp, yq + {u} * osw, kk] = a{u}_0" + (f" + a{u}_1" if R > 1 else "")
                     for u in range(UR)]
 
 
@@ -118,7 +123,8 @@ def _steps(R: int, S: int, SW: int) -> list[str]:
     lines, ur = [], _unroll(R, S)
     while ur >= 1:
         body = _taps(R, S, SW, ur, "xp[i0 + {r}, j0 + {c}, k]")
-        lines += [f"while q + {ur} <= Q:", f"    j0 = q * {SW}", "    for k in range(kwu):",
+        lines += [f"while q + {ur} <= Q:", f"    j0 = q * {SW}", "    yq = ob + osw * q",
+                  "    for k in range(kwu):",
                   "        kk = k0u + k", *(f"        {line}" for line in body), f"    q += {ur}"]
         ur //= 2
     return lines
@@ -171,31 +177,79 @@ def _inside(out: int, taps: int, stride: int, pad: int, size: int) -> float:
     return inside / (out * taps)
 
 
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """One call of the blocked kernel: its filter (R x S taps, the layer's `rows` and `cols`
+    in the kernel's order) and column stride, its output (P x Q, stored at row oa + osh·p and
+    column ob + osw·q of the pass's output) and its geometry over its input (rows_in x
+    cols_in: row stride sh, padding pt and pl)."""
+
+    R: int
+    S: int
+    SW: int
+    P: int
+    Q: int
+    sh: int
+    pt: int
+    pl: int
+    rows_in: int
+    cols_in: int
+    rows: tuple[int, ...]
+    cols: tuple[int, ...]
+    oa: int = 0
+    ob: int = 0
+    osh: int = 1
+    osw: int = 1
+
+
+def _phase(a: int, stride: int, pad: int, taps: int, size: int, inputs: int):
+    """Phase a of one axis of a strided bwd_data: dx's positions a + stride·i (how many), the
+    taps that reach them (r ≡ a + pad mod stride), flipped, and the padding of the stride-1
+    forward pass over dy that sums them (dy's index i + (a + pad - r) / stride)."""
+    out = -(-(size - a) // stride)
+    first = (a + pad) % stride
+    reach = tuple(range(first, taps, stride))
+    return out, reach[::-1], len(reach) - 1 - (a + pad - first) // stride, inputs
+
+
+def launches(p: ConvProblem, pass_: str) -> list[Launch]:
+    """The blocked kernel's calls of a pass: fwd one; bwd_data of stride 1 one, the forward
+    kernel on dy with the filter flipped (padding (R-1) - pt, (S-1) - pl); of a larger stride
+    one per phase of dx (sh·sw), each a stride-1 forward pass over dy with the taps that reach
+    that phase, flipped, storing its pixels every stride (a phase no tap reaches: none)."""
+    rows, cols = tuple(range(p.r)), tuple(range(p.s))
+    if pass_ == "fwd":
+        return [Launch(p.r, p.s, p.stride_w, p.p, p.q, p.stride_h, p.pad_top, p.pad_left,
+                       p.h, p.w, rows, cols)]
+    out = []
+    for a in range(p.stride_h):
+        P, taps_r, pt, _ = _phase(a, p.stride_h, p.pad_top, p.r, p.h, p.p)
+        for b in range(p.stride_w):
+            Q, taps_s, pl, _ = _phase(b, p.stride_w, p.pad_left, p.s, p.w, p.q)
+            out.append(Launch(len(taps_r), len(taps_s), 1, P, Q, 1, pt, pl, p.p, p.q, taps_r,
+                              taps_s, a, b, p.stride_h, p.stride_w))
+    return out
+
+
 def _blocked(p: ConvProblem, pass_: str, layout: str) -> bool:
-    """nhwc's forward kernel, and stride-1 bwd_data's (the forward kernel on dy), is the
-    register-blocked one for undilated filters of a constant column stride (its loads are
-    shared between pixels only where the columns they read are known when it compiles), with
-    taps enough per input element to pay for its band copy and few of them over the border."""
-    if layout != "nhwc" or p.dil_h != 1 or p.dil_w != 1:
+    """nhwc's fwd and bwd_data run the register-blocked kernel for undilated filters (of a
+    constant column stride in fwd: its loads are shared between pixels only where the
+    columns they read are known when it compiles), with taps enough per input element to pay
+    for its band copy and few of their products over the border (over all its calls)."""
+    if layout != "nhwc" or p.dil_h != 1 or p.dil_w != 1 or pass_ == "bwd_filter":
         return False
-    if pass_ == "fwd":
-        if not (p.stride_w in CONSTANT_STRIDES
-                and p.r * p.s >= BLOCKED_INTENSITY * p.stride_h * p.stride_w):
-            return False
-    elif not (pass_ == "bwd_data" and _flipped(p) and p.r * p.s >= BLOCKED_INTENSITY):
+    if pass_ == "fwd" and p.stride_w not in CONSTANT_STRIDES:
         return False
-    P, Q, sh, sw, pt, pl = _blocked_geometry(p, pass_)
-    rows_in, cols_in = (p.h, p.w) if pass_ == "fwd" else (p.p, p.q)
-    return (_inside(P, p.r, sh, pt, rows_in) * _inside(Q, p.s, sw, pl, cols_in)
-            >= BLOCKED_INSIDE)
-
-
-def _blocked_geometry(p: ConvProblem, pass_: str) -> tuple[int, int, int, int, int, int]:
-    """The blocked kernel's output rows and columns, its strides and its padding: the layer's,
-    or for bwd_data dx's, the filter flipped (padding (R-1) - pt before, (S-1) - pl)."""
-    if pass_ == "fwd":
-        return p.p, p.q, p.stride_h, p.stride_w, p.pad_top, p.pad_left
-    return p.h, p.w, 1, 1, p.r - 1 - p.pad_top, p.s - 1 - p.pad_left
+    if p.r * p.s < BLOCKED_INTENSITY * p.stride_h * p.stride_w:
+        return False
+    work = inside = 0
+    for c in launches(p, pass_):
+        pairs = c.P * c.Q * c.R * c.S
+        work += pairs
+        if pairs:
+            inside += pairs * (_inside(c.P, c.R, c.sh, c.pt, c.rows_in)
+                               * _inside(c.Q, c.S, c.SW, c.pl, c.cols_in))
+    return inside >= BLOCKED_INSIDE * work
 
 
 #: The bytes of a blocked task's zero-bordered input band (xp): a core's L2 (1 MiB on Zen 4,
@@ -209,20 +263,18 @@ BAND_BYTES = 1 << 20
 INPUT_BYTES = 16 << 20
 
 
-def blocking(p: ConvProblem, pass_: str, dtype) -> tuple[int, int]:
-    """The blocked kernel's channels a task (KB) and output rows a band (PB). KB: each tap's
+def blocking(p: ConvProblem, c: Launch, dtype) -> tuple[int, int]:
+    """The channels a task (KB) and output rows a band (PB) of a blocked call. KB: each tap's
     KB weights stay in L1 beside the band's rows (128 for a 3x3 filter, 64 for larger ones),
     or all K for an input beyond `INPUT_BYTES`; PB: the band's input rows within
     `BAND_BYTES`, halved while the tasks are fewer than two a thread (a batch-1 layer still
     keeps every thread busy)."""
-    P, Q, sh, sw, _, _ = _blocked_geometry(p, pass_)
     size = np.dtype(dtype).itemsize
-    rows_in, cols_in = (p.h, p.w) if pass_ == "fwd" else (p.p, p.q)
-    streamed = p.n * rows_in * cols_in * p.k * size > INPUT_BYTES
-    KB = p.k if streamed else min(p.k, 128 if p.r * p.s <= 9 else 64)
-    Wp = (Q - 1) * sw + p.s
-    PB = max(1, min(P, (BAND_BYTES // size // (Wp * KB) - p.r) // sh + 1))
-    while PB > 1 and p.n * -(-P // PB) * -(-p.k // KB) < 2 * threads.count():
+    streamed = p.n * c.rows_in * c.cols_in * p.k * size > INPUT_BYTES
+    KB = p.k if streamed else min(p.k, 128 if c.R * c.S <= 9 else 64)
+    Wp = (c.Q - 1) * c.SW + c.S
+    PB = max(1, min(c.P, (BAND_BYTES // size // (Wp * KB) - c.R) // c.sh + 1))
+    while PB > 1 and p.n * -(-c.P // PB) * -(-p.k // KB) < 2 * threads.count():
         PB = -(-PB // 2)
     return KB, PB
 
@@ -235,11 +287,13 @@ def _chunks(p: ConvProblem) -> int:
 def buffers(p: ConvProblem, pass_: str, layout: str) -> dict[str, tuple[tuple[int, ...], str]]:
     """Every buffer a prepared pass holds beyond its operands, with its dtype ("work" for the
     working precision): the filter in the kernel's order (the taps, flipped for bwd_data of
-    stride 1), nhwc's channel-repeated x for a multiplier m > 1, the pass's output over K
+    stride 1; each blocked call's own), nhwc's channel-repeated x for a multiplier m > 1, the pass's output over K
     channels where dx sums m of them, and bwd_filter's float64 partial sums."""
     m, rs = _multiplier(p), (p.r, p.s)
     out: dict[str, tuple[tuple[int, ...], str]] = {}
-    if pass_ != "bwd_filter":
+    if _blocked(p, pass_, layout):  # each call's taps, one after another
+        out["taps"] = ((sum(c.R * c.S for c in launches(p, pass_)), p.k), "work")
+    elif pass_ != "bwd_filter":
         out["taps"] = ((p.r, p.s, p.k) if layout == "nhwc" else (p.k, p.r, p.s), "work")
     if pass_ == "bwd_data" and m > 1:
         out["dx_k"] = ((p.n, p.h, p.w, p.k) if layout == "nhwc" else (p.n, p.k, p.h, p.w),
@@ -253,10 +307,14 @@ def buffers(p: ConvProblem, pass_: str, layout: str) -> dict[str, tuple[tuple[in
 
 
 def _blocked_tasks(p: ConvProblem, pass_: str, dtype) -> tuple[int, int]:
-    """The blocked kernel's tasks and the elements of each one's input band."""
-    P, Q, sh, sw, _, _ = _blocked_geometry(p, pass_)
-    KB, PB = blocking(p, pass_, dtype)
-    return p.n * -(-P // PB) * -(-p.k // KB), ((PB - 1) * sh + p.r) * ((Q - 1) * sw + p.s) * KB
+    """The blocked calls' most tasks and the elements of their largest input band."""
+    tasks = band = 0
+    for c in launches(p, pass_):
+        if c.R and c.S and c.P and c.Q:
+            KB, PB = blocking(p, c, dtype)
+            tasks = max(tasks, p.n * -(-c.P // PB) * -(-p.k // KB))
+            band = max(band, ((PB - 1) * c.sh + c.R) * ((c.Q - 1) * c.SW + c.S) * KB)
+    return tasks, band
 
 
 def scratch_elements(p: ConvProblem, pass_: str, layout: str, dtype) -> int:
@@ -296,25 +354,37 @@ def describe(p: ConvProblem, pass_: str, layout: str) -> str:
                         else "each tap added into its phase plane"),
            "bwd_filter": "per-row sums added in float64"}[pass_]
     if _blocked(p, pass_, layout):
-        how = (f"{_unroll(p.r, p.s)} pixels' sums in registers through every tap, "
-               "over zero-bordered row bands" + (", the forward kernel on dy, filter flipped"
-                                             if pass_ == "bwd_data" else ""))
+        calls = launches(p, pass_)
+        how = (f"{_unroll(calls[0].R, calls[0].S)} pixels' sums in registers through every "
+               "tap, over zero-bordered row bands")
+        if pass_ == "bwd_data":
+            how += (", the forward kernel on dy, filter flipped" if len(calls) == 1 else
+                    f", one forward kernel on dy per phase of dx ({len(calls)}), its taps "
+                    "flipped")
     return (f"depthwise: compiled kernel (Numba), one pass, {p.r * p.s} taps, vectorised over "
             f"the {vector}, {how}, {threads.count()} threads")
 
 
 def kernel(p: ConvProblem, pass_: str, layout: str, dtype):
     """The compiled kernel of a depthwise pass and the integers it takes after its three
-    arrays, compiled here on empty arrays (`jit.compile_empty`): `prepare` and
-    `direct`'s `compile` both ask this, and only the first compiles."""
+    arrays (the blocked kernel's: its calls, (`Launch`, kernel, integers) each, and None),
+    compiled here on empty arrays (`jit.compile_empty`): `prepare` and `direct`'s `compile`
+    both ask this, and only the first compiles."""
     nhwc = layout == "nhwc"
     geo = (p.stride_h, p.stride_w, p.dil_h, p.dil_w, p.pad_top, p.pad_left)
     ranks = (("w", 4), ("w", 3), ("w", 4))
     if _blocked(p, pass_, layout):
-        _, _, sh, sw, pt, pl = _blocked_geometry(p, pass_)
-        fn, args = blocked_kernels(p.r, p.s, sw).fwd_nhwc_blocked, (sh, pt, pl,
-                                                                   *blocking(p, pass_, dtype))
-    elif pass_ == "fwd":
+        calls = []
+        for c in launches(p, pass_):
+            if not (c.R and c.S and c.P and c.Q):
+                calls.append((c, None, ()))  # a phase of dx no tap reaches: zero
+                continue
+            fn = blocked_kernels(c.R, c.S, c.SW).fwd_nhwc_blocked
+            args = (c.P, c.Q, c.sh, c.pt, c.pl, c.oa, c.ob, c.osh, c.osw, *blocking(p, c, dtype))
+            jit.compile_empty(fn, dtype, *ranks, ints=len(args))
+            calls.append((c, fn, args))
+        return calls, None
+    if pass_ == "fwd":
         kern = forward_kernels(p.s, p.stride_w)
         fn, args = (kern.fwd_nhwc, geo) if nhwc else (kern.fwd_nchw, geo + (_multiplier(p),))
     elif pass_ == "bwd_data" and _flipped(p):
@@ -354,6 +424,22 @@ def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
         taps[...] = wk.transpose(1, 2, 0) if nhwc else wk
         return taps
 
+    def apply(a, w, target, flip: bool):
+        """The pass's kernel on a into target; the blocked kernel's calls one by one, each
+        with its taps (a phase of dx no tap reaches set to zero)."""
+        if args is not None:
+            fn(a, filter_taps(w, flip), target, *args)
+            return
+        wk, at = w.reshape(p.k, p.r, p.s), 0
+        for c, kern, kargs in fn:
+            if kern is None:
+                target[:, c.oa::c.osh, c.ob::c.osw, :] = 0
+                continue
+            taps = bufs["taps"][at:at + c.R * c.S].reshape(c.R, c.S, p.k)
+            at += c.R * c.S
+            taps[...] = wk[:, c.rows][:, :, c.cols].transpose(1, 2, 0)
+            kern(a, taps, target, *kargs)
+
     def x_channels(x):
         """nhwc x with each channel repeated m times (K channels), else x itself."""
         if not nhwc or m == 1:
@@ -364,7 +450,7 @@ def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
     if pass_ == "fwd":
         def run(x, w, out):
             jit.set_threads()
-            fn(x_channels(x), filter_taps(w, False), out, *args)
+            apply(x_channels(x), w, out, False)
         return run
 
     if pass_ == "bwd_data":
@@ -373,7 +459,7 @@ def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
         def run(dy, w, out):
             jit.set_threads()
             target = bufs["dx_k"] if m > 1 else out
-            fn(dy, filter_taps(w, flip), target, *args)
+            apply(dy, w, target, flip)
             if m > 1:  # dx sums the m output channels each input channel feeds
                 if nhwc:
                     np.sum(target.reshape(p.n, p.h, p.w, p.c, m), axis=4, out=out)
