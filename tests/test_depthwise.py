@@ -272,8 +272,8 @@ def test_jit_depthwise_caches_its_generated_kernels(tmp_path, monkeypatch):
 RENDERED = ([(depthwise_jit.TEMPLATES, depthwise_jit._source(s, sw)) for s in (1, 3, 5, 7)
              for sw in (0, *depthwise_jit.CONSTANT_STRIDES)]
             + [(grouped_jit.TEMPLATES, grouped_jit._source(s)) for s in (1, 3, 5)]
-            + [(["depthwise_blocked"], depthwise_jit._blocked_source(r, s, sw))
-               for r, s, sw in ((3, 3, 1), (1, 7, 1), (7, 7, 2))]
+            + [(["depthwise_blocked"], depthwise_jit._blocked_source(r, s, sw, osw))
+               for r, s, sw, osw in ((3, 3, 1, 1), (1, 7, 1, 1), (7, 7, 2, 1), (4, 3, 1, 2))]
             + [(["depthwise_nhwc"], jit.source(["depthwise_nhwc"], "any filter")),
                (["transposes"], jit.source(["transposes"], "any shape"))])
 

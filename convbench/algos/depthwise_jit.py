@@ -38,7 +38,8 @@ with N·P·Q. A channel multiplier m > 1 (K = C·m): nhwc repeats x's channels m
 in `buffers`) and sums dx over the multiplier; nchw reads input channel k // m for plane k.
 
 The kernels are Python in `templates/depthwise.py.tmpl` (per filter width S, `_source`),
-`templates/depthwise_blocked.py.tmpl` (per filter and column stride, `_blocked_source`),
+`templates/depthwise_blocked.py.tmpl` (per filter, column stride and output column step,
+`_blocked_source`),
 `templates/planes.py.tmpl` (the phase planes, shared with `grouped_jit`) and
 `templates/depthwise_nhwc.py.tmpl` (any filter), rendered by `jit.source`. They compile in
 `prepare` (a second or two each, the first time on a machine) and are cached on disk beside
@@ -98,7 +99,7 @@ def _unroll(R: int, S: int) -> int:
     return 4 if R * S <= 25 else 8
 
 
-def _taps(R: int, S: int, SW: int, UR: int, read: str) -> list[str]:
+def _taps(R: int, S: int, SW: int, UR: int, read: str, OSW: int = 1) -> list[str]:
     """The channel loop's body of the blocked kernel for UR pixels, their input read by the
     format `read` (of r, c: the tap's row, the column from the step's first): per row of
     taps its input columns and weights named once, each pixel's products added into its sum
@@ -112,35 +113,41 @@ def _taps(R: int, S: int, SW: int, UR: int, read: str) -> list[str]:
             acc, terms = f"a{u}_{r % 2}", " + ".join(f"c{u * SW + s} * g{s}" for s in range(S))
             lines.append(f"{acc} = {acc} + {terms}" if acc in started else f"{acc} = {terms}")
             started.add(acc)
-    return lines + [f"y[n, yp, yq + {u} * osw, kk] = a{u}_0" + (f" + a{u}_1" if R > 1 else "")
+    return lines + [f"y[n, yp, yq + {u * OSW}, kk] = a{u}_0" + (f" + a{u}_1" if R > 1 else "")
                     for u in range(UR)]
 
 
-def _steps(R: int, S: int, SW: int) -> list[str]:
+def _steps(R: int, S: int, SW: int, OSW: int) -> list[str]:
     """The loops over a row's output pixels: UR (`_unroll`) a step, then the row's last ones
     in steps of UR/2, UR/4, ... 1 (a row of 6 pixels is a step of 4 and one of 2, not 4 and
     two single pixels)."""
     lines, ur = [], _unroll(R, S)
     while ur >= 1:
-        body = _taps(R, S, SW, ur, "xp[i0 + {r}, j0 + {c}, k]")
-        lines += [f"while q + {ur} <= Q:", f"    j0 = q * {SW}", "    yq = ob + osw * q",
+        body = _taps(R, S, SW, ur, "xp[i0 + {r}, j0 + {c}, k]", OSW)
+        # a forward pass stores column q (known not negative: no index wrapped); a phase of
+        # dx, ob + OSW·q (OSW 1 only where ob is 0: the layer's column stride is 1)
+        lines += [f"while q + {ur} <= Q:", f"    j0 = q * {SW}",
+                  "    yq = q" if OSW == 1 else f"    yq = ob + {OSW} * q",
                   "    for k in range(kwu):",
                   "        kk = k0u + k", *(f"        {line}" for line in body), f"    q += {ur}"]
         ur //= 2
     return lines
 
 
-def _blocked_source(R: int, S: int, SW: int) -> str:
-    """The module of the register-blocked nhwc forward kernel of an R x S filter and column
-    stride SW."""
-    return jit.source(["depthwise_blocked"], f"filter {R}x{S}, column stride {SW}",
-                      {"steps": _steps(R, S, SW)}, R=R, S=S, SW=SW, UR=_unroll(R, S))
+def _blocked_source(R: int, S: int, SW: int, OSW: int = 1) -> str:
+    """The module of the register-blocked nhwc kernel of an R x S filter and column stride
+    SW, storing every OSW-th column of its output (a constant: as a variable in the stores'
+    index the forward pass ran 5-20% slower)."""
+    return jit.source(["depthwise_blocked"], f"filter {R}x{S}, column stride {SW}, every "
+                      f"{OSW} output columns", {"steps": _steps(R, S, SW, OSW)},
+                      R=R, S=S, SW=SW, UR=_unroll(R, S), OSW=OSW)
 
 
 @functools.cache
-def blocked_kernels(R: int, S: int, SW: int):
-    """The module of `_blocked_source(R, S, SW)` (`jit.load`)."""
-    return jit.load(f"convbench_dw_blocked_r{R}s{S}_sw{SW}", _blocked_source(R, S, SW))
+def blocked_kernels(R: int, S: int, SW: int, OSW: int = 1):
+    """The module of `_blocked_source(R, S, SW, OSW)` (`jit.load`)."""
+    return jit.load(f"convbench_dw_blocked_r{R}s{S}_sw{SW}_o{OSW}",
+                    _blocked_source(R, S, SW, OSW))
 
 
 @functools.cache
@@ -379,8 +386,8 @@ def kernel(p: ConvProblem, pass_: str, layout: str, dtype):
             if not (c.R and c.S and c.P and c.Q):
                 calls.append((c, None, ()))  # a phase of dx no tap reaches: zero
                 continue
-            fn = blocked_kernels(c.R, c.S, c.SW).fwd_nhwc_blocked
-            args = (c.P, c.Q, c.sh, c.pt, c.pl, c.oa, c.ob, c.osh, c.osw, *blocking(p, c, dtype))
+            fn = blocked_kernels(c.R, c.S, c.SW, c.osw).fwd_nhwc_blocked
+            args = (c.P, c.Q, c.sh, c.pt, c.pl, c.oa, c.ob, c.osh, *blocking(p, c, dtype))
             jit.compile_empty(fn, dtype, *ranks, ints=len(args))
             calls.append((c, fn, args))
         return calls, None
