@@ -44,15 +44,14 @@ DEPTHWISE = [
     ConvProblem(n=2, c=16, h=32, w=32, k=16, r=3, s=3, pad=1, groups=16),
     ConvProblem(n=1, c=3, h=7, w=13, k=3, r=2, s=3, stride=(1, 3), groups=3),
 ]
-#: The register-blocked nhwc kernel (fwd, bwd_data of stride 1): rows of 14, 5, 7 and 31 output
-#: pixels against its steps (4 then 2, 1; 8 then 4, 2, 1 for 26 taps), padding before and
-#: after apart and beyond the filter's reach in bwd_data (flipped: (R-1) - pad), a column
-#: stride of 2 with odd sizes, a multiplier of 2.
+#: The register-blocked nhwc kernel (fwd, bwd_data of stride 1): rows of 14, 5 and 7 output
+#: pixels against its steps (4 then 2, 1), padding before and after apart and beyond the
+#: filter's reach in bwd_data (flipped: (R-1) - pad), a column stride of 2 with odd sizes, a
+#: multiplier of 2 (the steps of 8 of filters over 25 taps: `test_blocked_depthwise_steps_of_8`).
 BLOCKED = [
     ConvProblem(n=2, c=10, h=11, w=13, k=10, r=3, s=3, pad=((2, 1), (1, 2)), groups=10),
     ConvProblem(n=1, c=9, h=12, w=11, k=18, r=3, s=3, stride=(1, 2), pad=(1, 0), groups=9),
     ConvProblem(n=3, c=5, h=7, w=9, k=5, r=2, s=4, pad=((2, 1), (1, 0)), groups=5),
-    ConvProblem(n=1, c=6, h=5, w=31, k=6, r=2, s=13, pad=((1, 0), (6, 6)), groups=6),
 ]
 #: Grouped and pointwise, for gemm's batched and in-place products (and direct's grouped path).
 GROUPED = [
@@ -429,6 +428,21 @@ def test_blocked_depthwise_kernel_covers_its_tails(problem, pass_, monkeypatch):
         testing.assert_matches_reference("direct", "numpy", problem, pass_, "nhwc", "fp32")
     if problem is BLOCKED[2]:
         testing.assert_matches_reference("direct", "numpy", problem, pass_, "nhwc", "fp64")
+
+
+@pytest.mark.parametrize("pass_", ["fwd", "bwd_data"])
+def test_blocked_depthwise_steps_of_8(pass_, monkeypatch):
+    """The kernel of a filter over 25 taps takes 8 pixels a step, then 4, 2, 1: that code
+    rendered for a 2x3 filter (its module compiles in seconds; a 26-tap one took 17 of CI's
+    time) over rows of 31 pixels (8, 8, 8, 4, 2, 1)."""
+    problem = ConvProblem(n=1, c=6, h=5, w=31, k=6, r=2, s=3, pad=((1, 0), (1, 1)), groups=6)
+    monkeypatch.setattr(depthwise_jit, "_unroll", lambda R, S: 8)
+    depthwise_jit.blocked_kernels.cache_clear()  # a module of 4 pixels a step is not this one
+    try:
+        assert "while q + 8 <= Q:" in depthwise_jit._blocked_source(2, 3, 1)
+        testing.assert_matches_reference("direct", "numpy", problem, pass_, "nhwc", "fp32")
+    finally:
+        depthwise_jit.blocked_kernels.cache_clear()
 
 
 def test_blocked_depthwise_bwd_data_by_phases(monkeypatch):
