@@ -491,7 +491,8 @@ def test_blocked_depthwise_blocking_fills_the_threads_within_its_band(monkeypatc
     assert blocking(small) == (128, 16)
     KB, PB = blocking(big)
     rows, cols = (PB - 1) * 2 + 7, (big.q - 1) * 2 + 7
-    assert KB == 64 and rows * cols * KB * 4 <= depthwise_jit.BAND_BYTES < (rows + 2) * cols * KB * 4
+    band = cols * KB * 4  # bytes of an input row
+    assert KB == 64 and rows * band <= depthwise_jit.BAND_BYTES < (rows + 2) * band
     one = ConvProblem(n=1, c=64, h=8, w=8, k=64, r=3, s=3, pad=1, groups=64)
     assert blocking(one) == (64, 2)  # 4 tasks, not 1
     large = ConvProblem(n=8, c=324, h=56, w=56, k=324, r=3, s=3, pad=1, groups=324)

@@ -19,7 +19,7 @@ over what is contiguous:
   costs more than it saves and the kernel below runs instead. bwd_data is the same kernel on
   dy (`launches`): of stride 1 once, the filter flipped; of a larger stride once per phase of
   dx (the pixels a + sh·i, b + sw·j), a stride-1 pass over dy with the taps that reach that
-  phase, flipped, storing every stride-th pixel of dx (the gather below ran 1.5–3.7x longer).
+  phase, flipped, storing every stride-th pixel of dx (faster than the gather below).
 - nhwc, otherwise: each row of taps is one expression over the channels,
   ``y[k] += x[.., s=0, k]·w[r, 0, k] + ... + x[.., s=S-1, k]·w[r, S-1, k]`` (rendered per
   filter width S); threads share the output rows (n, p). Pixels whose window crosses the
@@ -30,12 +30,12 @@ over what is contiguous:
   whole plane, the weights scalars; the Wq - Q extra columns are dropped. Threads share the
   planes (n, k); a plane and its phases stay in cache.
 
-Elsewhere, bwd_data of stride 1 is the forward kernel on dy with the filter flipped (its
-padding (R-1)·dh - pad); of larger stride a gather per dx pixel (nhwc) or, per plane, each
-tap's dy·w added into its phase plane, the phases then merged (nchw). bwd_filter sums dy·x per tap, each
+Elsewhere, bwd_data of stride 1 is the forward kernel on dy with the filter flipped (its padding
+(R-1)·dh - pad); of larger stride a gather per dx pixel (nhwc) or, per plane, each tap's dy·w
+added into its phase plane, the phases then merged (nchw). bwd_filter sums dy·x per tap, each
 output row's sums in the working precision and the rows in float64, so its error does not grow
-with N·P·Q. A channel multiplier m > 1 (K = C·m): nhwc repeats x's channels m times (a copy,
-in `buffers`) and sums dx over the multiplier; nchw reads input channel k // m for plane k.
+with N·P·Q. A channel multiplier m > 1 (K = C·m): nhwc repeats x's channels m times (a copy, in
+`buffers`) and sums dx over the multiplier; nchw reads input channel k // m for plane k.
 
 The kernels are Python in `templates/depthwise.py.tmpl` (per filter width S, `_source`),
 `templates/depthwise_blocked.py.tmpl` (per filter, column stride and output column step,
@@ -91,11 +91,11 @@ def forward_kernels(S: int, sw: int = 1):
     return jit.load(f"convbench_dw_s{S}_sw{SW}", _source(S, SW))
 
 
-#: Output pixels a step of the register-blocked nhwc forward kernel: its body holds UR
-#: pixels' sums and loads each input column a row of taps reads once, so the loads per
-#: product fall as UR grows; a large filter's body is long enough for 8 (AMD EPYC, batch 8:
-#: 3x3 fastest at 4, 7x7 and 9x9 at 8; docs/pages/changes.md).
 def _unroll(R: int, S: int) -> int:
+    """Output pixels a step of the blocked kernel: its body holds their sums and loads each
+    input column a row of taps reads once, so the loads per product fall as the step grows,
+    until the sums and columns no longer fit the registers; a large filter's body amortises 8
+    (the sweep: docs/pages/changes.md)."""
     return 4 if R * S <= 25 else 8
 
 
@@ -136,8 +136,8 @@ def _steps(R: int, S: int, SW: int, OSW: int) -> list[str]:
 
 def _blocked_source(R: int, S: int, SW: int, OSW: int = 1) -> str:
     """The module of the register-blocked nhwc kernel of an R x S filter and column stride
-    SW, storing every OSW-th column of its output (a constant: as a variable in the stores'
-    index the forward pass ran 5-20% slower)."""
+    SW, storing every OSW-th column of its output (a constant: a variable in the stores'
+    index slowed the forward pass)."""
     return jit.source(["depthwise_blocked"], f"filter {R}x{S}, column stride {SW}, every "
                       f"{OSW} output columns", {"steps": _steps(R, S, SW, OSW)},
                       R=R, S=S, SW=SW, UR=_unroll(R, S), OSW=OSW)
@@ -168,12 +168,12 @@ def _flipped(p: ConvProblem) -> bool:
     return p.stride_h == 1 and p.stride_w == 1
 
 
-#: The products per input element (R·S / (sh·sw)) from which the blocked kernel's band copy
-#: pays for itself (AMD EPYC, batch 8: 3x3 of stride 2, 2.25, ran slower blocked).
+#: The products per input element (R·S / (sh·sw)) from which the blocked kernel's band copy,
+#: a pass over x, pays for itself (3x3 of stride 2, 2.25, ran slower blocked).
 BLOCKED_INTENSITY = 4
 #: The least share of its taps' products that fall inside x for the blocked kernel: it
 #: computes every tap over the zero border, where the per-row-of-taps kernel skips the taps
-#: outside (7x7 filters on 7x7 images, 57% inside, ran 1.4x slower blocked; AMD EPYC, batch 1).
+#: outside (7x7 filters on 7x7 images, 57% inside, ran slower blocked).
 BLOCKED_INSIDE = 0.6
 
 
@@ -209,14 +209,14 @@ class Launch:
     osw: int = 1
 
 
-def _phase(a: int, stride: int, pad: int, taps: int, size: int, inputs: int):
+def _phase(a: int, stride: int, pad: int, taps: int, size: int):
     """Phase a of one axis of a strided bwd_data: dx's positions a + stride·i (how many), the
     taps that reach them (r ≡ a + pad mod stride), flipped, and the padding of the stride-1
     forward pass over dy that sums them (dy's index i + (a + pad - r) / stride)."""
     out = -(-(size - a) // stride)
     first = (a + pad) % stride
     reach = tuple(range(first, taps, stride))
-    return out, reach[::-1], len(reach) - 1 - (a + pad - first) // stride, inputs
+    return out, reach[::-1], len(reach) - 1 - (a + pad - first) // stride
 
 
 def launches(p: ConvProblem, pass_: str) -> list[Launch]:
@@ -230,9 +230,9 @@ def launches(p: ConvProblem, pass_: str) -> list[Launch]:
                        p.h, p.w, rows, cols)]
     out = []
     for a in range(p.stride_h):
-        P, taps_r, pt, _ = _phase(a, p.stride_h, p.pad_top, p.r, p.h, p.p)
+        P, taps_r, pt = _phase(a, p.stride_h, p.pad_top, p.r, p.h)
         for b in range(p.stride_w):
-            Q, taps_s, pl, _ = _phase(b, p.stride_w, p.pad_left, p.s, p.w, p.q)
+            Q, taps_s, pl = _phase(b, p.stride_w, p.pad_left, p.s, p.w)
             out.append(Launch(len(taps_r), len(taps_s), 1, P, Q, 1, pt, pl, p.p, p.q, taps_r,
                               taps_s, a, b, p.stride_h, p.stride_w))
     return out
@@ -265,8 +265,8 @@ def _blocked(p: ConvProblem, pass_: str, layout: str) -> bool:
 BAND_BYTES = 1 << 20
 #: An input larger than this (the whole batch) streams from memory, not the last-level cache:
 #: the blocked kernel then takes all its channels a task, so its band copy reads whole pixels,
-#: contiguous rows (in blocks of channels a 324-channel 56x56 layer at batch 8, 32 MiB, ran
-#: 1.4x slower; a 4096-channel 12x12 one at batch 1, 2.4 MiB, 1.8x faster; AMD EPYC).
+#: contiguous rows; a cached input keeps the blocks, whose weights stay in L1
+#: (docs/pages/changes.md).
 INPUT_BYTES = 16 << 20
 
 
@@ -294,8 +294,9 @@ def _chunks(p: ConvProblem) -> int:
 def buffers(p: ConvProblem, pass_: str, layout: str) -> dict[str, tuple[tuple[int, ...], str]]:
     """Every buffer a prepared pass holds beyond its operands, with its dtype ("work" for the
     working precision): the filter in the kernel's order (the taps, flipped for bwd_data of
-    stride 1; each blocked call's own), nhwc's channel-repeated x for a multiplier m > 1, the pass's output over K
-    channels where dx sums m of them, and bwd_filter's float64 partial sums."""
+    stride 1; each blocked call's own), nhwc's channel-repeated x for a multiplier m > 1, the
+    pass's output over K channels where dx sums m of them, and bwd_filter's float64 partial
+    sums."""
     m, rs = _multiplier(p), (p.r, p.s)
     out: dict[str, tuple[tuple[int, ...], str]] = {}
     if _blocked(p, pass_, layout):  # each call's taps, one after another
