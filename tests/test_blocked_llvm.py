@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from convbench import testing
-from convbench.algos import blocked_llvm, grouped_jit, jit, reference, registry
+from convbench.algos import blocked_llvm, blocked_nhwc, grouped_jit, jit, reference, registry
 from convbench.core.problem import ConvProblem
 
 pytestmark = pytest.mark.skipif(jit.available() is not None, reason="Numba/llvmlite not here")
@@ -140,6 +140,9 @@ def test_the_pass_runs_the_kernel_it_probed(pass_, layout, monkeypatch):
     direct = registry.get("direct", "numpy")
     names = ["numba"] + list(grouped_jit.blocked_kernels(problem, pass_, np.float32))
     assert len(names) == 1 + len(blocked_llvm.blocks(pass_, blocked_llvm.vector_bits()))
+    if grouped_jit.nhwc_blocked(problem, pass_, layout, np.float32):
+        names.append(blocked_nhwc.NAME)  # bwd_data: 4 channels of dx a group, vectors of 4
+    assert (blocked_nhwc.NAME in names) == ((layout, pass_) == ("nhwc", "bwd_data"))
     for name in names:
         calls = []
 
@@ -194,6 +197,8 @@ def test_the_dense_path_runs_the_kernel_it_probed(problem, pass_, layout, monkey
     assert len(names) == (1 + len(blocked_llvm.blocks(pass_, blocked_llvm.vector_bits()))
                           if blocked else 1)
     assert blocked  # bwd_data of stride (1, 2) too, as its two phases
+    if grouped_jit.nhwc_blocked(problem, pass_, layout, np.float32):
+        names.append(blocked_nhwc.NAME)  # nhwc: 40 output channels, vectors of 8 (or 4)
     for name in names:
         def fixed(ways, a, w, out, name=name):
             assert sorted(ways) == sorted(names)
@@ -203,7 +208,8 @@ def test_the_dense_path_runs_the_kernel_it_probed(problem, pass_, layout, monkey
         testing.assert_matches_reference("direct", "numpy", problem, pass_, layout, "fp32")
         note = direct.describe(problem, pass_, layout, "fp32")
         assert (f"[probed: {name}]" in note) if blocked else note == ""
-        assert ("on planes transposed" in note) == (kernels_run != problem)
+        assert ("on planes transposed" in note) == (kernels_run != problem
+                                                    and name != blocked_nhwc.NAME)
 
 
 def test_small_dense_passes_do_not_compile_the_blocked_kernels():

@@ -54,6 +54,7 @@ import numpy as np
 from ..core.problem import ConvProblem
 from ..machine import host, threads
 from ..machine import llvm as llvm_machine
+from . import jit
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,16 @@ class Geometry:
     osw: int = 1
     oa: int = 0
     ob: int = 0
+
+    @property
+    def entry(self) -> str:
+        """The kernel's function name."""
+        return ENTRY[self.mode]
+
+    def ir(self) -> str:
+        """The kernel's LLVM IR (`kernel_ir`): `compiled` asks a geometry for its own, so
+        `blocked_nhwc`'s compile the same way."""
+        return kernel_ir(self)
 
     @property
     def tasks(self) -> int:
@@ -661,15 +672,17 @@ MAX_UNROLLED_PHASES = 16
 ENTRY = {"fwd": "blocked_fwd", "bwf": "blocked_bwf"}
 _PTR = ctypes.c_void_p
 _FN = ctypes.CFUNCTYPE(None, _PTR, _PTR, _PTR, _PTR, _PTR, ctypes.c_int64, ctypes.c_int64)
+#: The same function as `run`'s Numba driver calls it: every argument an int64.
+_FN_INT = ctypes.CFUNCTYPE(None, *[ctypes.c_int64] * 7)
 
 
 def _optimised(gm: Geometry, text: str | None = None, optimise: bool = True):
-    """`kernel_ir(gm)` (or its `text`) parsed, and optimised at O3 for its CPU: (module,
+    """`gm.ir()` (or its `text`) parsed, and optimised at O3 for its CPU: (module,
     target machine)."""
     import llvmlite.binding as llvm
 
     machine = llvm_machine.target_machine(gm.cpu)
-    module = llvm.parse_assembly(text or kernel_ir(gm))
+    module = llvm.parse_assembly(text or gm.ir())
     module.verify()
     if not optimise:
         return module, machine
@@ -717,7 +730,7 @@ def compiled(gm: Geometry):
     import llvmlite.binding as llvm
 
     with _young_garbage():
-        text = kernel_ir(gm)
+        text = gm.ir()
         path = object_path(gm, text)
         try:
             cached = path.read_bytes()
@@ -728,8 +741,10 @@ def compiled(gm: Geometry):
         engine.set_object_cache(lambda _module, buffer: cached is None and _store(path, buffer),
                                 lambda _module: cached)
         engine.finalize_object()
-        call = _FN(engine.get_function_address(ENTRY[gm.mode]))
+        address = engine.get_function_address(gm.entry)
+        call = _FN(address)
         call._engine = engine  # the code lives as long as the engine
+        call.as_ints = _FN_INT(address)
     return call
 
 
@@ -767,6 +782,7 @@ class HotLoop:
     vector_loads: int
     stack_refs: int
     register: str  # "zmm", "ymm" or "xmm"
+    vector_stack_refs: int = 0  # of stack_refs, those that move a vector (a spilled sum)
 
     @property
     def loads_per_fma(self) -> float:
@@ -786,8 +802,30 @@ def hot_loop(asm: str) -> HotLoop:
             embedded = sum(1 for b in folded if b)
             best = HotLoop(len(fmas), len(re.findall(r"\bvbroadcasts[sd]\b", body)) + embedded,
                            len(loads) + len(folded) - embedded,
-                           len(re.findall(r"\(%rsp\)", body)), fmas[0])
+                           len(re.findall(r"\(%rsp\)", body)), fmas[0],
+                           len(re.findall(r"\(%rsp\)[^\n]*%[xyz]mm|%[xyz]mm[^\n]*\(%rsp\)",
+                                          body)))
     return best
+
+
+@functools.cache
+def _driver():
+    """`templates/drive.py.tmpl`'s module (`jit.load`)."""
+    return jit.load("convbench_drive", jit.source(["drive"], "any blocked kernel"))
+
+
+def run(call, jobs: list[tuple]) -> None:
+    """`call(*job)` for every job at once, a thread each (`threads.shares`' ranges): over
+    Numba's thread pool (`drive`), whose dispatch takes microseconds where a Python thread
+    pool's (`threads.run_shares`) took 70-80 on 2 cores, a fifth of a 0.4 ms pass; without
+    Numba, by that pool."""
+    if len(jobs) == 1:
+        call(*jobs[0])
+    elif jit.available() is None:
+        jit.set_threads()
+        _driver().drive(call.as_ints, np.array(jobs, np.int64))
+    else:
+        threads.run_shares(call, jobs)
 
 
 class Kernel:
@@ -808,9 +846,8 @@ class Kernel:
                 raise ValueError("blocked_llvm: operands must be contiguous arrays of "
                                  f"{self.gm.dtype} (bwd_filter's sums: float64)")
         ptrs = (a.ctypes.data, w.ctypes.data, out.ctypes.data)
-        threads.run_shares(self.call, [(*ptrs, pl.ctypes.data, wd.ctypes.data, t0, t1)
-                                       for pl, wd, (t0, t1) in zip(self.planes, self.wides,
-                                                                   self.ranges)])
+        run(self.call, [(*ptrs, pl.ctypes.data, wd.ctypes.data, t0, t1)
+                        for pl, wd, (t0, t1) in zip(self.planes, self.wides, self.ranges)])
 
 
 def name(block: tuple[int, int]) -> str:
@@ -866,15 +903,18 @@ class PhasedKernel:
     zeroed. `kernel(dy, w, dx)` as `Kernel`'s, w the filter flipped and transposed (G, C/G,
     K/G, R, S), or with `flipped` False the filter's own (G, K/G, C/G, R, S) (`grouped_jit`'s,
     whose kernel takes that). Each phase's taps are copied into a buffer of its own, made once
-    (`filter_bytes`)."""
+    (`filter_bytes`), but for kernels that read them from a view (`views`: `blocked_nhwc`'s).
+    `layout`: dx's, "nhwc" for `blocked_nhwc`'s kernels."""
 
-    def __init__(self, p: ConvProblem, kernels_: list, flipped: bool = True):
+    def __init__(self, p: ConvProblem, kernels_: list, flipped: bool = True,
+                 layout: str = "nchw"):
         self.stride, self.flipped, self.size = (p.stride_h, p.stride_w), flipped, (p.r, p.s)
+        self.layout = layout
         self.parts = []
         for kernel, (rows, cols), (ph, pw) in zip(
                 kernels_, _phase_pairs(p), itertools.product(range(p.stride_h),
                                                              range(p.stride_w))):
-            taps = None if kernel is None else np.empty(
+            taps = None if kernel is None or getattr(kernel, "views", False) else np.empty(
                 (p.groups, p.c // p.groups, p.k // p.groups, rows.taps, cols.taps),
                 kernel.gm.dtype)
             self.parts.append((kernel, rows, cols, ph, pw, taps))
@@ -891,8 +931,12 @@ class PhasedKernel:
     def __call__(self, a: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
         sh, sw = self.stride
         for kernel, rows, cols, ph, pw, taps in self.parts:
-            if kernel is None:
+            if kernel is None and self.layout == "nhwc":
+                out[:, ph::sh, pw::sw] = 0
+            elif kernel is None:
                 out[:, :, ph::sh, pw::sw] = 0
+            elif taps is None:  # a kernel that reads its taps from a view
+                kernel(a, self._taps(w, rows, cols), out)
             else:
                 np.copyto(taps, self._taps(w, rows, cols))
                 kernel(a, taps, out)

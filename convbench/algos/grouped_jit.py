@@ -38,7 +38,7 @@ import numpy as np
 
 from ..core.problem import ConvProblem
 from ..machine import threads
-from . import blocked_llvm, jit, products
+from . import blocked_llvm, blocked_nhwc, jit, products
 
 #: The largest C/G this path takes: beyond it a group's products are large enough for BLAS
 #: (the measurement: docs/pages/cpu-algorithms.md).
@@ -188,15 +188,21 @@ def workspace_bytes(p: ConvProblem, pass_: str, layout: str, dtype) -> int:
 
 def _kept_bytes(p: ConvProblem, pass_: str, layout: str, dtype, incumbent: str, own: int,
                 copies: int) -> int:
-    """What a probed pass holds: until its first call has probed, the incumbent's `own` bytes
-    and every blocked kernel's (the probe runs them all: the peak the runner must make room
-    for); then the kept way's alone (the others are dropped)."""
+    """What a probed pass holds: until its first call has probed, the incumbent's `own` bytes,
+    every blocked kernel's (with the `copies` they need) and an nhwc pass's `blocked_nhwc`
+    kernel's (the probe runs them all: the peak the runner must make room for); then the kept
+    way's alone (the others are dropped)."""
     kept = _KERNEL_CHOICE.get((p, pass_, layout, np.dtype(dtype).str))
     if kept == incumbent:
         return own
-    blocked = blocked_llvm.scratch_bytes(kernel_problem(p, incumbent == "products"), pass_,
-                                         dtype, kept) + copies
-    return blocked if kept is not None else own + blocked
+    nhwc = (blocked_nhwc.scratch_bytes(p, pass_, dtype)
+            if nhwc_blocked(p, pass_, layout, dtype) else 0)
+    if kept == blocked_nhwc.NAME:
+        return nhwc
+    blocked_ = (blocked_llvm.scratch_bytes(kernel_problem(p, incumbent == "products"), pass_,
+                                           dtype, kept) + copies
+                if incumbent == "numba" or blocks_dense(p, pass_) else 0)
+    return blocked_ if kept is not None else own + blocked_ + nhwc
 
 
 def describe(p: ConvProblem, pass_: str, layout: str, dtype) -> str:
@@ -207,6 +213,9 @@ def describe(p: ConvProblem, pass_: str, layout: str, dtype) -> str:
     copies = (f", nhwc copied to nchw and back {transposes_note(p, pass_, dtype)}"
               if layout == "nhwc" else "")
     kernel_ = "compiled kernel (Numba)"
+    if _KERNEL_CHOICE.get((p, pass_, layout, np.dtype(dtype).str)) == blocked_nhwc.NAME:
+        return (f"grouped: {blocked_note(p, pass_, layout, dtype, 'Numba', dense=False)}, "
+                f"{p.c // p.groups} channels a group, {threads.count()} threads")
     if blocked(p, pass_):
         kernel_ = "compiled kernels, " + blocked_note(p, pass_, layout, dtype, "Numba's",
                                                    dense=False)
@@ -341,7 +350,7 @@ def kernel(p: ConvProblem, pass_: str, layout: str, dtype):
         if pass_ == "bwd_filter":
             ranks = (("w", 4), ("w", 4), ("d", 5))
     jit.compile_empty(fn, dtype, *ranks, ints=len(args))
-    compile_blocked(p, pass_, "nchw", dtype)
+    compile_blocked(p, pass_, layout, dtype)
     if layout == "nhwc":
         _compile_transposes(dtype)
     return fn, args
@@ -370,20 +379,54 @@ def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
             kernel_(_to_nchw(x, bufs.get("x_nchw")), _to_nchw(dy, bufs.get("dy_nchw")), sums)
             _group_filter(out, p, layout)[...] = sums
         return run
-    kernel_ = _probed(ways, key)
-
     taps = bufs["taps"]
     flip = pass_ == "bwd_data" and _flipped(p)
     a_buf, out_buf = ((bufs.get("x_nchw"), bufs.get("y_nchw")) if pass_ == "fwd"
                       else (bufs.get("dy_nchw"), bufs.get("dx_nchw")))
 
+    def nchw(way):  # on the filter as the kernels take it, nhwc's operands copied
+        def run(a, w, out):
+            grouped = _group_filter(w, p, layout)
+            taps[...] = (grouped[:, :, :, ::-1, ::-1].transpose(0, 2, 1, 3, 4) if flip
+                         else grouped)
+            way(_to_nchw(a, a_buf), taps, out if out_buf is None else out_buf)
+            if out_buf is not None:
+                transpose("to_nhwc", out_buf, out)
+        return run
+    ways = {name: nchw(way) for name, way in ways.items()}
+    if kept in (None, blocked_nhwc.NAME) and nhwc_blocked(p, pass_, layout, dtype):
+        ways[blocked_nhwc.NAME] = nhwc_kernel(p, pass_, layout, dtype)
+    kernel_ = _probed(ways, key)
+
     def run(a, w, out):
         jit.set_threads()
+        kernel_(a, w, out)
+    return run
+
+
+def nhwc_blocked(p: ConvProblem, pass_: str, layout: str, dtype) -> bool:
+    """Whether an nhwc pass also probes `blocked_nhwc`'s kernel (channels in the lanes, no
+    copies to nchw): it applies, llvmlite loads, and the pass is worth its compile (a strided
+    bwd_data, a kernel per phase, from BLOCKED_MIN_FLOPS, as `blocked`)."""
+    return (layout == "nhwc" and jit.available() is None
+            and blocked_nhwc.applies(p, pass_, dtype=dtype)
+            and (not blocked_llvm.phased(p, pass_) or p.flops >= BLOCKED_MIN_FLOPS))
+
+
+def nhwc_kernel(p: ConvProblem, pass_: str, layout: str, dtype):
+    """`run(a, w, out)` of `blocked_nhwc`'s kernel on the pass's own nhwc operands and filter:
+    the kernel reads its taps from a view of w (bwd_data of stride 1: flipped and transposed;
+    at a stride, each phase's taps of w as it is)."""
+    kernel_ = blocked_nhwc.make(p, pass_, dtype, flipped=False)
+    flip = pass_ == "bwd_data" and not blocked_llvm.phased(p, pass_)
+
+    def run(a, w, out):
         grouped = _group_filter(w, p, layout)
-        taps[...] = grouped[:, :, :, ::-1, ::-1].transpose(0, 2, 1, 3, 4) if flip else grouped
-        kernel_(_to_nchw(a, a_buf), taps, out if out_buf is None else out_buf)
-        if out_buf is not None:
-            transpose("to_nhwc", out_buf, out)
+        view = grouped[:, :, :, ::-1, ::-1].transpose(0, 2, 1, 3, 4) if flip else grouped
+        dense = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
+        kernel_(np.ascontiguousarray(a), view, dense)
+        if dense is not out:
+            out[...] = dense
     return run
 
 
@@ -460,8 +503,8 @@ BLOCKED_MIN_FLOPS = 20_000_000
 
 
 def compile_blocked(p: ConvProblem, pass_: str, layout: str, dtype) -> None:
-    """The blocked kernels a pass probes compiled (kept for the process), and nhwc's
-    transposes: `direct`'s `compile` hook calls it, outside any timed or traced call (the
+    """The blocked kernels a pass probes compiled (kept for the process; an nhwc pass's
+    `blocked_nhwc` kernels too), and nhwc's transposes: `direct`'s `compile` hook calls it, outside any timed or traced call (the
     compilers' own memory is not the pass's)."""
     q = kernel_problem(p)
     if blocked(q, pass_):
@@ -473,6 +516,11 @@ def compile_blocked(p: ConvProblem, pass_: str, layout: str, dtype) -> None:
                     blocked_llvm.compiled(gm)
         if layout == "nhwc" and q is p:  # a swapped pass copies by torch's permute
             _compile_transposes(dtype)
+    if nhwc_blocked(p, pass_, layout, dtype):
+        for gm in blocked_nhwc.geometries(p, pass_, dtype, blocked_llvm.vector_bits(),
+                                          threads_=threads.count()):
+            if gm is not None:
+                blocked_llvm.compiled(gm)
 
 
 def _compile_transposes(dtype) -> None:
@@ -481,9 +529,11 @@ def _compile_transposes(dtype) -> None:
         jit.compile_empty(move, dtype, ("w", 4), ("w", 4), ints=0)
 
 
-def blocks_dense(p: ConvProblem, pass_: str) -> bool:
-    """Whether `direct`'s dense pass of `p` probes the blocked kernels (`blocked_pass`)."""
-    return p.flops >= BLOCKED_MIN_FLOPS and blocked(kernel_problem(p), pass_)
+def blocks_dense(p: ConvProblem, pass_: str, layout: str = "nchw", dtype=np.float32) -> bool:
+    """Whether `direct`'s dense pass of `p` probes the blocked kernels (`blocked_pass`): the
+    pixel-lane ones, or in nhwc `blocked_nhwc`'s."""
+    return p.flops >= BLOCKED_MIN_FLOPS and (blocked(kernel_problem(p), pass_)
+                                             or nhwc_blocked(p, pass_, layout, dtype))
 
 
 def blocked_pass(p: ConvProblem, pass_: str, layout: str, dtype, products):
@@ -497,8 +547,10 @@ def blocked_pass(p: ConvProblem, pass_: str, layout: str, dtype, products):
     harness see."""
     key = (p, pass_, layout, np.dtype(dtype).str)
     kept = _KERNEL_CHOICE.get(key)
-    if not blocks_dense(p, pass_) or kept == "products":
+    if not blocks_dense(p, pass_, layout, dtype) or kept == "products":
         return products()
+    if kept == blocked_nhwc.NAME:
+        return nhwc_kernel(p, pass_, layout, dtype)
     q = kernel_problem(p)
     swap = q is not p
     g, kg, cg = p.groups, p.k // p.groups, p.c // p.groups
@@ -549,6 +601,8 @@ def blocked_pass(p: ConvProblem, pass_: str, layout: str, dtype, products):
             for name, k in blocked_kernels(q, pass_, dtype, kept).items()}
     if kept is None:
         ways = {"products": products(), **ways}
+        if nhwc_blocked(p, pass_, layout, dtype):
+            ways[blocked_nhwc.NAME] = nhwc_kernel(p, pass_, layout, dtype)
     return _probed(ways, key)
 
 
@@ -556,7 +610,7 @@ def dense_workspace_bytes(p: ConvProblem, pass_: str, layout: str, dtype, produc
     """Bytes `blocked_pass` holds beside `direct`'s dense products (`products` bytes): the
     blocked kernels' scratch, the filter's copy and nhwc's operands in nchw, as `_kept_bytes`
     counts them."""
-    if not blocks_dense(p, pass_):
+    if not blocks_dense(p, pass_, layout, dtype):
         return products
     copies = p.k * (p.c // p.groups) * p.r * p.s  # the filter (bwd_filter: its float64 sums)
     if pass_ == "bwd_filter":
@@ -569,16 +623,34 @@ def dense_workspace_bytes(p: ConvProblem, pass_: str, layout: str, dtype, produc
 
 def blocked_note(p: ConvProblem, pass_: str, layout: str, dtype, incumbent: str,
                  dense: bool = True) -> str:
-    """What a probed pass runs: `incumbent` or the blocked kernels, as probed or to be."""
+    """What a probed pass runs: `incumbent`, the blocked kernels or an nhwc pass's
+    `blocked_nhwc` kernel, as probed or to be."""
     way = _KERNEL_CHOICE.get((p, pass_, layout, np.dtype(dtype).str))
-    bits = blocked_llvm.vector_bits()
-    blocks = " or ".join(f"{kb}x{pb}" for kb, pb in blocked_llvm.blocks(pass_, bits))
-    what = "taps" if pass_ == "bwd_filter" else "vectors of pixels"
-    q = kernel_problem(p, dense)
-    if blocked_llvm.phased(q, pass_):
-        what += f", as {q.stride_h * q.stride_w} stride-1 phases"
-    if q is not p:
-        what += ", on planes transposed (the filter wider than tall)"
     probed = f"[probed: {way}]" if way else "[probed on first call]"
-    return (f"the faster of {incumbent} and register-blocked LLVM kernels ({blocks} output "
-            f"channels x {what}) {probed}")
+    nhwc = nhwc_blocked(p, pass_, layout, dtype)
+    if nhwc and way == blocked_nhwc.NAME:
+        return f"{nhwc_note(p, pass_, dtype)} {probed}"
+    others = [incumbent]
+    if not dense or blocked(kernel_problem(p), pass_):
+        bits = blocked_llvm.vector_bits()
+        blocks = " or ".join(f"{kb}x{pb}" for kb, pb in blocked_llvm.blocks(pass_, bits))
+        what = "taps" if pass_ == "bwd_filter" else "vectors of pixels"
+        q = kernel_problem(p, dense)
+        if blocked_llvm.phased(q, pass_):
+            what += f", as {q.stride_h * q.stride_w} stride-1 phases"
+        if q is not p:
+            what += ", on planes transposed (the filter wider than tall)"
+        others.append(f"register-blocked LLVM kernels ({blocks} output channels x {what})")
+    if nhwc:
+        others.append(nhwc_note(p, pass_, dtype))
+    return f"the faster of {', '.join(others[:-1])} and {others[-1]} {probed}"
+
+
+def nhwc_note(p: ConvProblem, pass_: str, dtype) -> str:
+    """`blocked_nhwc`'s kernel of a pass, in a row's note."""
+    gms = [gm for gm in blocked_nhwc.geometries(p, pass_, dtype, blocked_llvm.vector_bits(),
+                                                 threads_=threads.count()) if gm]
+    gm = gms[0]
+    phases = f", as {len(gms)} stride-1 phases" if blocked_llvm.phased(p, pass_) else ""
+    return (f"the nhwc LLVM kernel ({gm.pb} pixels x {gm.kv} vectors of {gm.lanes} output "
+            f"channels{phases}, on nhwc as it is)")

@@ -1,0 +1,487 @@
+"""`direct`'s nhwc passes register-blocked with the channels in the vector lanes: LLVM IR
+generated per geometry (llvmlite), beside `blocked_llvm`'s pixel-lane kernels.
+
+`blocked_llvm` puts pixels in the lanes: on small planes (7x7, 14x14 outputs) most lanes of a
+block compute the wide rows' dropped columns, and an nhwc pass pays two transposes around it.
+Here, as oneDNN's nhwc direct kernels do, a vector holds `lanes` output channels of a group
+and a register block is `pb` output pixels of one row x `kv` such vectors: per input channel
+and tap, `kv` weight vectors are loaded and each pixel's input is broadcast (a scalar load),
+feeding pb·kv FMAs; the sums stay in registers through the group's whole reduction (its input
+channels a loop, the R·S taps unrolled inside it) and each is stored once, straight into the
+nhwc output. No lane is wasted while a group's output channels fill whole vectors (`lanes`
+divides them), and a stride is only an address: the pixels' inputs are broadcast from where
+they are.
+
+A task is one image, a block of groups (`group_block`: at least ROW_BYTES of a pixel's
+channels, so each line of x is read once) and a band of output rows (bands only where the
+image would not fit BAND_BYTES of scratch, or the tasks would be fewer than two a thread). A
+task copies the band's input rows, the block's channels of each pixel, into the thread's
+scratch with a zero border (so no tap tests a border), then runs the blocks row by row, a
+group at a time. The block of groups changes slowest on small outputs, so a thread copies
+each block's taps once (on large ones the image does, `IMAGES_OUTER_PIXELS`), from the filter
+as the caller holds it (a view of any strides): no copy of the whole filter before the call,
+and no taps written by one core for another.
+
+bwd_data of stride 1 is the same kernel on dy with the filter flipped and transposed; of a
+larger stride, one stride-1 kernel per phase of dx, storing every stride-th pixel
+(`blocked_llvm.PhasedKernel`, whose phases and taps it shares). bwd_filter keeps the other
+ways.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..core.problem import ConvProblem
+from ..machine import threads
+from . import blocked_llvm
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """One compiled kernel's constants: a stride-(sh, sw) correlation of `n` nhwc images of
+    `g` groups of `cg` input and `kg` output channels, h x w in, p x q out, pads at the top and
+    left; output pixel (i, j) stored at (i·osh + oa, j·osw + ob) of y's oh x ow (0: p x q);
+    register blocks of `pb` pixels x `kv` vectors of `lanes` output channels; a task's `band`
+    output rows."""
+
+    n: int
+    g: int
+    cg: int
+    kg: int
+    h: int
+    w: int
+    r: int
+    s: int
+    sh: int
+    sw: int
+    dh: int
+    dw: int
+    pt: int
+    pl: int
+    p: int
+    q: int
+    kv: int
+    pb: int
+    lanes: int
+    band: int
+    dtype: str = "float32"
+    cpu: str = ""
+    oh: int = 0
+    ow: int = 0
+    osh: int = 1
+    osw: int = 1
+    oa: int = 0
+    ob: int = 0
+    gb: int = 1  # groups a task: their channels side by side in its rows (`group_block`)
+    images_outer: bool = False  # tasks ordered by image, then block of groups (IMAGES_OUTER_PIXELS)
+
+    entry = "blocked_nhwc"
+    mode = "nhwc"
+
+    def ir(self) -> str:
+        return kernel_ir(self)
+
+    @property
+    def bands(self) -> int:
+        return -(-self.p // self.band)
+
+    @property
+    def tasks(self) -> int:
+        """Tasks of the pass: a block of groups and an image (the block the slower, so that a
+        thread copies each block's taps once, unless `images_outer`), a band of output
+        rows."""
+        return self.g // self.gb * self.n * self.bands
+
+    @property
+    def cb(self) -> int:
+        """A task's input channels, a pixel's in its rows."""
+        return self.gb * self.cg
+
+    @property
+    def wp(self) -> int:
+        """The scratch's columns: the input columns the output row reaches, pads included."""
+        return (self.q - 1) * self.sw + (self.s - 1) * self.dw + 1
+
+    @property
+    def rows(self) -> int:
+        """The scratch's rows: those a band of output rows reaches."""
+        return (self.band - 1) * self.sh + (self.r - 1) * self.dh + 1
+
+    @property
+    def scratch_elements(self) -> int:
+        """The band's input rows (the groups' taps follow them in a thread's scratch)."""
+        return self.rows * self.wp * self.cb
+
+    @property
+    def thread_elements(self) -> int:
+        """A thread's scratch: the band's input rows and its groups' taps."""
+        return self.scratch_elements + self.gb * self.r * self.s * self.cg * self.kg
+
+    @property
+    def out_plane(self) -> tuple[int, int]:
+        return (self.oh or self.p, self.ow or self.q)
+
+
+#: Bytes of a task's zero-bordered input rows at most: bands of output rows keep them in L2
+#: beside the filter on large images.
+BAND_BYTES = 256 << 10
+#: The fewest bytes of a pixel's input channels a task copies: a group of 8 channels (32 bytes)
+#: alone would read each 64-byte line of x once per group, twice or more in all, from DRAM on
+#: large layers.
+ROW_BYTES = 128
+#: The fewest output pixels of a kernel whose tasks go image by image (`images_outer`): a
+#: thread then copies each block of groups' taps once per image, scalar copies of about
+#: 1/(P·Q) of its multiply-adds' vectors' lanes, and reads x image by image, where groups first
+#: read the same lines of x across all images (faster on 56x56 and larger outputs, slower on
+#: 14x14 and with 64 channels a group: docs/pages/changes.md).
+IMAGES_OUTER_PIXELS = 512
+#: Vector registers a block may hold as sums (the rest: the weight vectors and a broadcast),
+#: and the most pixels a block takes (the body's length: 14 fills a 14- or 28-wide row).
+REGISTERS = {512: 32, 256: 16, 128: 16}
+MAX_PIXELS = 14
+
+
+def lanes_for(kg: int, bits: int, dtype) -> int:
+    """The widest vector (at most the host's `bits`) whose lanes divide the kg output channels
+    of a group, or 0 where none of at least 4 lanes does."""
+    lanes = bits // (8 * np.dtype(dtype).itemsize)
+    while lanes >= 4:
+        if kg % lanes == 0:
+            return lanes
+        lanes //= 2
+    return 0
+
+
+def block(kg: int, q: int, lanes: int, bits: int) -> tuple[int, int]:
+    """(kv, pb): kv, the most vectors of the group's output channels (at most 4) that divide
+    them, so a block has no channel tail; pb, the pixels of a row a block takes, as many as the
+    registers hold (kv·pb sums, kv weights and a broadcast), at most MAX_PIXELS, evened out
+    over the row so that its last block is not a small one."""
+    vectors = kg // lanes
+    kv = max(d for d in (1, 2, 3, 4) if vectors % d == 0)
+    most = min(MAX_PIXELS, (REGISTERS[bits] - kv - 1) // kv)
+    blocks_ = -(-q // most)
+    return kv, -(-q // blocks_)
+
+
+def group_block(groups: int, cg: int, dtype) -> int:
+    """Groups a task takes: the fewest, dividing the groups, whose input channels fill
+    ROW_BYTES of a pixel (all of them where none does)."""
+    want = -(-ROW_BYTES // (cg * np.dtype(dtype).itemsize))
+    return min(d for d in range(1, groups + 1) if groups % d == 0 and (d >= want or d == groups))
+
+
+def _kernel_shape(p: ConvProblem, pass_: str) -> tuple[int, int]:
+    """(input channels, output channels) of a group in the kernel: bwd_data runs on dy."""
+    cg, kg = p.c // p.groups, p.k // p.groups
+    return (kg, cg) if pass_ == "bwd_data" else (cg, kg)
+
+
+def applies(p: ConvProblem, pass_: str, bits: int | None = None, dtype=np.float32) -> bool:
+    """fwd, and bwd_data where `blocked_llvm` runs it (the forward on dy, or its phases), of at
+    most MAX_TAPS taps, where a group's output channels in the kernel fill vectors of 4 lanes
+    or more (`lanes_for`)."""
+    if pass_ not in ("fwd", "bwd_data") or not blocked_llvm.applies(p, pass_):
+        return False
+    bits = bits or blocked_llvm.vector_bits()
+    return lanes_for(_kernel_shape(p, pass_)[1], bits, dtype) > 0
+
+
+def _banded(gm: Geometry, threads_: int) -> Geometry:
+    """`gm` with its output rows in bands: as many as the scratch fits BAND_BYTES, and fewer
+    where images x groups give under two tasks a thread."""
+    itemsize = np.dtype(gm.dtype).itemsize
+    band = gm.p
+    while band > 1 and (dataclasses.replace(gm, band=band).scratch_elements * itemsize
+                        > BAND_BYTES):
+        band = -(-band // 2)
+    while band > 1 and gm.n * gm.g // gm.gb * -(-gm.p // band) < 2 * threads_:
+        band = -(-band // 2)
+    return dataclasses.replace(gm, band=band)
+
+
+def geometries(p: ConvProblem, pass_: str, dtype, bits: int, cpu: str = "",
+               threads_: int = 1) -> list[Geometry | None]:
+    """The kernels of a pass (`applies`): one, or a strided bwd_data's per phase (None where
+    no tap reaches the phase), rows first as `blocked_llvm.geometries`."""
+    cin, kout = _kernel_shape(p, pass_)
+    lanes = lanes_for(kout, bits, dtype)
+    name = np.dtype(dtype).name
+    g = p.groups
+
+    def made(*fields, **more) -> Geometry:
+        q = fields[15]
+        kv, pb = block(kout, q, lanes, bits)
+        gm = Geometry(*fields, kv, pb, lanes, 1, name, cpu, **more,
+                      gb=group_block(g, cin, dtype),
+                      images_outer=fields[14] * q >= IMAGES_OUTER_PIXELS)
+        return _banded(gm, threads_)
+    if pass_ == "fwd":
+        return [made(p.n, g, cin, kout, p.h, p.w, p.r, p.s, p.stride_h, p.stride_w, p.dil_h,
+                     p.dil_w, p.pad_top, p.pad_left, p.p, p.q)]
+    if not blocked_llvm.phased(p, pass_):
+        return [made(p.n, g, cin, kout, p.p, p.q, p.r, p.s, 1, 1, p.dil_h, p.dil_w,
+                     (p.r - 1) * p.dil_h - p.pad_top, (p.s - 1) * p.dil_w - p.pad_left,
+                     p.h, p.w)]
+    out: list[Geometry | None] = []
+    for a, b in blocked_llvm._phase_pairs(p):
+        if a is None or b is None:
+            out.append(None)
+            continue
+        out.append(made(p.n, g, cin, kout, p.p, p.q, a.taps, b.taps, 1, 1, 1, 1, a.pad, b.pad,
+                        a.count, b.count, oh=p.h, ow=p.w, osh=p.stride_h, osw=p.stride_w,
+                        oa=a.phase, ob=b.phase))
+    return out
+
+
+# --- the IR ---------------------------------------------------------------------------------------
+
+def kernel_ir(gm: Geometry) -> str:
+    """LLVM IR of `void blocked_nhwc(x, w, y, scratch, strides, i64 t0, i64 t1)`: tasks t0..t1-1
+    of `gm` (x: n x h x w x G·cg, y: n x oh x ow x G·kg, contiguous; w: the filter as
+    (G, kg, cg, r, s) by its `strides`, five int64s in elements; scratch: the thread's,
+    `gm.scratch_elements` of input rows, then its block of groups' taps as
+    (gb, r, s, cg, kg))."""
+    from llvmlite import ir
+
+    ft = ir.FloatType() if gm.dtype == "float32" else ir.DoubleType()
+    i32 = ir.IntType(32)
+    L = gm.lanes
+    vec = ir.VectorType(ft, L)
+    vptr = vec.as_pointer()
+    module = ir.Module(name="blocked_nhwc")
+    i64p = ir.IntType(64).as_pointer()
+    fn = ir.Function(module, ir.FunctionType(
+        ir.VoidType(), [ft.as_pointer()] * 4 + [i64p] + [ir.IntType(64)] * 2), name=gm.entry)
+    for arg in fn.args[:5]:
+        arg.add_attribute("noalias")
+    x, w, y, pad, strides, t0, t1 = fn.args
+    e = blocked_llvm._Emitter(fn)
+    C = e.const
+    zeros = ir.Constant(vec, [0.0] * L)
+    zero = ir.Constant(ft, 0.0)
+    splat = ir.Constant(ir.VectorType(i32, L), [0] * L)
+    cin, cout = gm.g * gm.cg, gm.g * gm.kg
+    oh, ow = gm.out_plane
+    wp, cg, cb = gm.wp, gm.cg, gm.cb
+    c_lo, c_hi = min(gm.pl, wp), max(min(wp, gm.pl + gm.w), min(gm.pl, wp))
+
+    def add(*terms):
+        total = terms[0]
+        for t in terms[1:]:
+            total = e.b.add(total, t)
+        return total
+
+    def mul(v, k: int):
+        return e.b.mul(v, C(k))
+
+    def smaller(a, b):
+        return e.b.select(e.b.icmp_signed("<", a, b), a, b)
+
+    def branch_if(cond, then, otherwise, name: str):
+        yes, no, after = e.block(name), e.block(name + "_else"), e.block(name + "_end")
+        e.b.cbranch(cond, yes, no)
+        for where, body in ((yes, then), (no, otherwise)):
+            e.b = ir.IRBuilder(where)
+            body()
+            e.b.branch(after)
+        e.b = ir.IRBuilder(after)
+
+    def task(t):
+        band, t = e.b.urem(t, C(gm.bands)), e.b.udiv(t, C(gm.bands))
+        blocks_ = gm.g // gm.gb
+        if gm.images_outer:
+            n, g0 = e.b.udiv(t, C(blocks_)), mul(e.b.urem(t, C(blocks_)), gm.gb)
+        else:
+            n, g0 = e.b.urem(t, C(gm.n)), mul(e.b.udiv(t, C(gm.n)), gm.gb)
+        o_lo = mul(band, gm.band)
+        o_hi = smaller(add(o_lo, C(gm.band)), C(gm.p))
+        first = e.b.sub(mul(o_lo, gm.sh), C(gm.pt))  # the input row of the scratch's row 0
+        xg = e.b.gep(x, [add(mul(n, gm.h * gm.w * cin), mul(g0, cg))])
+        branch_if(e.b.icmp_signed("!=", g0, e.b.load(held)), lambda: weights(g0),
+                  lambda: None, "newgroup")
+
+        def fill_row(rr):
+            src = add(first, rr)
+            dst = e.b.gep(pad, [mul(rr, wp * cb)])
+
+            def zero_span(lo: int, hi: int, name: str):
+                if hi > lo:
+                    e.loop(C(lo * cb), C(hi * cb), 1,
+                           lambda i: e.b.store(zero, e.b.gep(dst, [i])), name)
+
+            def copy():
+                zero_span(0, c_lo, "zl")
+                if c_hi > c_lo:
+                    row = e.b.gep(xg, [mul(src, gm.w * cin)])
+
+                    def column(cc):
+                        s_at = e.b.gep(row, [mul(e.b.sub(cc, C(gm.pl)), cin)])
+                        d_at = e.b.gep(dst, [mul(cc, cb)])
+                        e.loop(C(0), C(cb), 1, lambda i: e.b.store(
+                            e.b.load(e.b.gep(s_at, [i])), e.b.gep(d_at, [i])), "cc")
+                    e.loop(C(c_lo), C(c_hi), 1, column, "col")
+                zero_span(c_hi, wp, "zr")
+
+            inside = e.b.icmp_unsigned("<", src, C(gm.h))  # 0 <= src < h
+            branch_if(inside, copy, lambda: zero_span(0, wp, "zrow"), "fill")
+        e.loop(C(0), C(gm.rows), 1, fill_row, "rows")
+
+        def group(j):
+            wg = e.b.gep(taps, [mul(j, gm.r * gm.s * cg * gm.kg)])
+            yg = e.b.gep(y, [add(mul(n, oh * ow * cout), mul(add(g0, j), gm.kg))])
+            xj = e.b.gep(pad, [mul(j, cg)])
+
+            def out_row(oi):
+                local = mul(e.b.sub(oi, o_lo), gm.sh)
+                xrow = e.b.gep(xj, [mul(local, wp * cb)])
+                yrow = e.b.gep(yg, [mul(add(mul(oi, gm.osh), C(gm.oa)), ow * cout)])
+                whole = gm.q // gm.pb
+                if whole:
+                    e.loop(C(0), C(whole * gm.pb), gm.pb,
+                           lambda at: pixels(xrow, yrow, at, gm.pb, wg), "pix")
+                if gm.q % gm.pb:
+                    pixels(xrow, yrow, C(whole * gm.pb), gm.q % gm.pb, wg)
+            e.loop(o_lo, o_hi, 1, out_row, "orow")
+        e.loop(C(0), C(gm.gb), 1, group, "group")
+
+    def pixels(xrow, yrow, j, count: int, wg):
+        xb = e.b.gep(xrow, [mul(j, gm.sw * cb)])
+        yb = e.b.gep(yrow, [add(mul(j, gm.osw * cout), C(gm.ob * cout))])
+
+        def kblock(k0):
+            pre = e.b.block
+            body = e.block("sums")
+            e.b.branch(body)
+            b = e.b = ir.IRBuilder(body)
+            c = b.phi(e.i64)
+            c.add_incoming(C(0), pre)
+            sums = [[b.phi(vec) for _ in range(gm.kv)] for _ in range(count)]
+            for acc in (a for row in sums for a in row):
+                acc.add_incoming(zeros, pre)
+            xc = b.gep(xb, [c])
+            wc = b.gep(wg, [add(mul(c, gm.kg), mul(k0, L))])
+            now = [list(row) for row in sums]
+            for r in range(gm.r):
+                for s in range(gm.s):
+                    tap = (r * gm.s + s) * cg * gm.kg
+                    wv = [b.load(b.bitcast(b.gep(wc, [C(tap + k * L)]), vptr), align=4)
+                          for k in range(gm.kv)]
+                    for i in range(count):
+                        at = (r * gm.dh * wp + s * gm.dw + i * gm.sw) * cb
+                        v = b.load(b.gep(xc, [C(at)]))
+                        bv = b.shuffle_vector(
+                            b.insert_element(ir.Constant(vec, ir.Undefined), v,
+                                             ir.Constant(i32, 0)),
+                            ir.Constant(vec, ir.Undefined), splat)
+                        for k in range(gm.kv):
+                            now[i][k] = b.fadd(b.fmul(bv, wv[k], flags=["contract"]),
+                                               now[i][k], flags=["contract"])
+            nxt = b.add(c, C(1))
+            c.add_incoming(nxt, body)
+            for i in range(count):
+                for k in range(gm.kv):
+                    sums[i][k].add_incoming(now[i][k], body)
+            store = e.block("store")
+            b.cbranch(b.icmp_signed("<", nxt, C(cg)), body, store)
+            b = e.b = ir.IRBuilder(store)
+            for i in range(count):
+                for k in range(gm.kv):
+                    at = b.gep(yb, [add(C(i * gm.osw * cout + k * L), mul(k0, L))])
+                    b.store(now[i][k], b.bitcast(at, vptr), align=4)
+        e.loop(C(0), C(gm.kg // L), gm.kv, kblock, "kb")
+
+    def weights(g0):
+        """Groups g0.. g0 + gb - 1's taps into the thread's (gb, R, S, cg, kg) copy, from w's
+        strides."""
+        e.b.store(g0, held)
+        e.loop(C(0), C(gm.gb), 1, lambda j: group_taps(add(g0, j), mul(j, gm.r * gm.s * cg
+                                                                          * gm.kg)), "wg")
+
+    def group_taps(g, at):
+        base = e.b.mul(g, stride[0])
+
+        def tap(rs):
+            r, s_ = e.b.udiv(rs, C(gm.s)), e.b.urem(rs, C(gm.s))
+            at_tap = add(base, e.b.mul(r, stride[3]), e.b.mul(s_, stride[4]))
+            dst_tap = add(at, mul(rs, cg * gm.kg))
+
+            def channel(c):
+                at_c = add(at_tap, e.b.mul(c, stride[2]))
+                dst_c = add(dst_tap, mul(c, gm.kg))
+
+                def out_channel(k):
+                    v = e.b.load(e.b.gep(w, [add(at_c, e.b.mul(k, stride[1]))]))
+                    e.b.store(v, e.b.gep(taps, [add(dst_c, k)]))
+                e.loop(C(0), C(gm.kg), 1, out_channel, "wk")
+            e.loop(C(0), C(cg), 1, channel, "wc")
+        e.loop(C(0), C(gm.r * gm.s), 1, tap, "wt")
+
+    held = e.b.alloca(e.i64)  # the group whose taps the thread holds
+    e.b.store(C(-1), held)
+    stride = [e.b.load(e.b.gep(strides, [C(i)])) for i in range(5)]
+    taps = e.b.gep(pad, [C(gm.scratch_elements)])
+    tasks, done = e.block("tasks"), e.block("done")
+    e.b.cbranch(e.b.icmp_signed("<", t0, t1), tasks, done)
+    e.b = ir.IRBuilder(tasks)
+    e.loop(t0, t1, 1, task, "task")
+    e.b.branch(done)
+    ir.IRBuilder(done).ret_void()
+    return str(module)
+
+
+# --- the kernels -----------------------------------------------------------------------------------
+
+class Kernel:
+    """A pass of geometry `gm` on `threads_` threads: `kernel(a, w, out)`, a and out contiguous
+    nhwc arrays of its dtype, w the filter as a (G, kg, cg, R, S) array of its dtype, a view
+    of any strides (each thread copies its groups' taps from it)."""
+
+    views = True  # `blocked_llvm.PhasedKernel` passes its phases' taps as views
+
+    def __init__(self, gm: Geometry, threads_: int):
+        self.gm, self.call = gm, blocked_llvm.compiled(gm)
+        self.ranges = threads.shares(gm.tasks, threads_)
+        self.scratch = [np.empty(gm.thread_elements, gm.dtype) for _ in self.ranges]
+        self.strides = np.zeros(5, np.int64)
+
+    def __call__(self, a: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+        gm = self.gm
+        for arr in (a, out, w):
+            if arr.dtype != gm.dtype or (arr is not w and not arr.flags.c_contiguous):
+                raise ValueError("blocked_nhwc: operands must be contiguous nhwc arrays of "
+                                 f"{gm.dtype}, the filter of {gm.dtype}")
+        if w.shape != (gm.g, gm.kg, gm.cg, gm.r, gm.s):
+            raise ValueError(f"blocked_nhwc: filter of shape {w.shape}, not "
+                             f"{(gm.g, gm.kg, gm.cg, gm.r, gm.s)}")
+        self.strides[:] = [st // w.itemsize for st in w.strides]
+        ptrs = (a.ctypes.data, w.ctypes.data, out.ctypes.data)
+        blocked_llvm.run(self.call, [(*ptrs, s.ctypes.data, self.strides.ctypes.data, t0, t1)
+                                     for s, (t0, t1) in zip(self.scratch, self.ranges)])
+
+
+NAME = "llvm nhwc"
+
+
+def make(p: ConvProblem, pass_: str, dtype, flipped: bool = True, cpu: str = "",
+         threads_: int | None = None):
+    """The pass as this module's kernel (`applies`): a `Kernel`, or a strided bwd_data's
+    `blocked_llvm.PhasedKernel` of them (nhwc; `flipped` saying which filter it takes)."""
+    count = threads_ or threads.count()
+    made = [gm and Kernel(gm, count)
+            for gm in geometries(p, pass_, dtype, blocked_llvm.vector_bits(), cpu, count)]
+    return made[0] if len(made) == 1 else blocked_llvm.PhasedKernel(p, made, flipped, "nhwc")
+
+
+def scratch_bytes(p: ConvProblem, pass_: str, dtype) -> int:
+    """Bytes `make`'s kernels hold: each thread's scratch (input rows and a group's taps), per
+    phase."""
+    count = threads.count()
+    total = sum(min(count, gm.tasks) * gm.thread_elements
+                for gm in geometries(p, pass_, dtype, blocked_llvm.vector_bits(), "", count)
+                if gm)
+    return total * np.dtype(dtype).itemsize
