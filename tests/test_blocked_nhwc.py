@@ -121,8 +121,9 @@ def test_the_hot_loop_keeps_its_sums_in_registers():
     """Per input channel of a 3x3 filter: pb x kv x 9 FMAs on the widest vectors, no vector on
     the stack (a loop bound may be), at most (kv + pb) loads per kv·pb FMAs (a broadcast input shared by two taps is
     loaded once)."""
-    p = ConvProblem(n=1, c=32, h=14, w=14, k=32, r=3, s=3, pad=1, groups=2)
+    p = ConvProblem(n=1, c=32, h=8, w=44, k=32, r=3, s=3, pad=1, groups=2)
     gm = blocked_nhwc.geometries(p, "fwd", np.float32, BITS)[0]
+    assert any(inside is None for *_, inside in blocked_nhwc.column_blocks(gm))  # a loop
     loop = blocked_llvm.hot_loop(blocked_llvm.assembly(gm))
     assert loop.fmas == gm.pb * gm.kv * 9 and loop.vector_stack_refs == 0
     assert loop.register == {512: "zmm", 256: "ymm", 128: "xmm"}[BITS]

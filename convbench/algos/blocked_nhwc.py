@@ -240,12 +240,45 @@ def geometries(p: ConvProblem, pass_: str, dtype, bits: int, cpu: str = "",
 
 # --- the IR ---------------------------------------------------------------------------------------
 
+def row_taps(gm: Geometry) -> list[tuple[int, int, tuple[int, ...]]]:
+    """The output rows as runs [first, last) whose taps' rows r reach the same rows of the
+    input (not its zero border): a run's code multiplies by those alone, so border rows skip
+    the products of zeros (a 3x3 filter padded 1 on 7x7: 2 of 7 rows lose a third)."""
+    runs: list[tuple[int, int, tuple[int, ...]]] = []
+    for oi in range(gm.p):
+        taps = tuple(r for r in range(gm.r) if 0 <= oi * gm.sh - gm.pt + r * gm.dh < gm.h)
+        if runs and runs[-1][2] == taps:
+            runs[-1] = (runs[-1][0], oi + 1, taps)
+        else:
+            runs.append((oi, oi + 1, taps))
+    return runs
+
+
+def column_blocks(gm: Geometry) -> list[tuple[int, int, int, frozenset | None]]:
+    """A row's blocks of pixels: (start, end, pixels, inside). Runs of whole blocks whose
+    every tap reads inside the input: one loop, `inside` None; the others one by one, each
+    with the (pixel, tap column) pairs that read inside the input."""
+    out: list[tuple[int, int, int, frozenset | None]] = []
+    for start in range(0, gm.q, gm.pb):
+        count = min(gm.pb, gm.q - start)
+        inside = frozenset((i, s) for i in range(count) for s in range(gm.s)
+                           if 0 <= (start + i) * gm.sw - gm.pl + s * gm.dw < gm.w)
+        if count == gm.pb and len(inside) == count * gm.s:
+            if out and out[-1][3] is None and out[-1][1] == start:
+                out[-1] = (out[-1][0], start + count, count, None)
+            else:
+                out.append((start, start + count, count, None))
+        else:
+            out.append((start, start + count, count, inside))
+    return out
+
+
 def kernel_ir(gm: Geometry) -> str:
     """LLVM IR of `void blocked_nhwc(x, w, y, scratch, strides, i64 t0, i64 t1)`: tasks t0..t1-1
     of `gm` (x: n x h x w x G·cg, y: n x oh x ow x G·kg, contiguous; w: the filter as
     (G, kg, cg, r, s) by its `strides`, five int64s in elements; scratch: the thread's,
-    `gm.scratch_elements` of input rows, then its block of groups' taps as
-    (gb, r, s, cg, kg))."""
+    `gm.scratch_elements` of input rows, then its block of groups' taps, each group's as
+    `group_taps` lays them out)."""
     from llvmlite import ir
 
     ft = ir.FloatType() if gm.dtype == "float32" else ir.DoubleType()
@@ -336,20 +369,28 @@ def kernel_ir(gm: Geometry) -> str:
             yg = e.b.gep(y, [add(mul(n, oh * ow * cout), mul(add(g0, j), gm.kg))])
             xj = e.b.gep(pad, [mul(j, cg)])
 
-            def out_row(oi):
-                local = mul(e.b.sub(oi, o_lo), gm.sh)
-                xrow = e.b.gep(xj, [mul(local, wp * cb)])
-                yrow = e.b.gep(yg, [mul(add(mul(oi, gm.osh), C(gm.oa)), ow * cout)])
-                whole = gm.q // gm.pb
-                if whole:
-                    e.loop(C(0), C(whole * gm.pb), gm.pb,
-                           lambda at: pixels(xrow, yrow, at, gm.pb, wg), "pix")
-                if gm.q % gm.pb:
-                    pixels(xrow, yrow, C(whole * gm.pb), gm.q % gm.pb, wg)
-            e.loop(o_lo, o_hi, 1, out_row, "orow")
+            def rows(k0):
+                def out_row(oi, taps_r):
+                    local = mul(e.b.sub(oi, o_lo), gm.sh)
+                    xrow = e.b.gep(xj, [mul(local, wp * cb)])
+                    yrow = e.b.gep(yg, [mul(add(mul(oi, gm.osh), C(gm.oa)), ow * cout)])
+                    for start, end, count, inside in column_blocks(gm):
+                        if inside is None:  # whole blocks, every tap inside: a loop
+                            e.loop(C(start), C(end), gm.pb, lambda at: pixels(
+                                xrow, yrow, at, gm.pb, wg, k0, taps_r, None), "pix")
+                        else:
+                            pixels(xrow, yrow, C(start), count, wg, k0, taps_r, inside)
+                for first, last, taps_r in row_taps(gm):  # rows [first, last) of the band
+                    e.loop(e.b.select(e.b.icmp_signed("<", o_lo, C(first)), C(first), o_lo),
+                           smaller(o_hi, C(last)), 1,
+                           lambda oi, taps_r=taps_r: out_row(oi, taps_r), "orow", guard=True)
+            e.loop(C(0), C(gm.kg // L), gm.kv, rows, "kbo")  # a block's weights stay in L2
         e.loop(C(0), C(gm.gb), 1, group, "group")
 
-    def pixels(xrow, yrow, j, count: int, wg):
+    def pixels(xrow, yrow, j, count: int, wg, k0, taps_r, inside):
+        """A block of `count` pixels from j, output channels from vector k0: the taps of
+        rows `taps_r`, and of those, where `inside` is given, pixel i's tap (r, s) only if
+        (i, s) is in it (the rest read the zero border)."""
         xb = e.b.gep(xrow, [mul(j, gm.sw * cb)])
         yb = e.b.gep(yrow, [add(mul(j, gm.osw * cout), C(gm.ob * cout))])
 
@@ -364,14 +405,18 @@ def kernel_ir(gm: Geometry) -> str:
             for acc in (a for row in sums for a in row):
                 acc.add_incoming(zeros, pre)
             xc = b.gep(xb, [c])
-            wc = b.gep(wg, [add(mul(c, gm.kg), mul(k0, L))])
+            wc = b.gep(wg, [mul(add(mul(e.b.udiv(k0, C(gm.kv)), cg), c),
+                                gm.r * gm.s * gm.kv * L)])
             now = [list(row) for row in sums]
-            for r in range(gm.r):
+            for r in taps_r:
                 for s in range(gm.s):
-                    tap = (r * gm.s + s) * cg * gm.kg
+                    reach = [i for i in range(count) if inside is None or (i, s) in inside]
+                    if not reach:
+                        continue
+                    tap = (r * gm.s + s) * gm.kv * L
                     wv = [b.load(b.bitcast(b.gep(wc, [C(tap + k * L)]), vptr), align=4)
                           for k in range(gm.kv)]
-                    for i in range(count):
+                    for i in reach:
                         at = (r * gm.dh * wp + s * gm.dw + i * gm.sw) * cb
                         v = b.load(b.gep(xc, [C(at)]))
                         bv = b.shuffle_vector(
@@ -393,7 +438,7 @@ def kernel_ir(gm: Geometry) -> str:
                 for k in range(gm.kv):
                     at = b.gep(yb, [add(C(i * gm.osw * cout + k * L), mul(k0, L))])
                     b.store(now[i][k], b.bitcast(at, vptr), align=4)
-        e.loop(C(0), C(gm.kg // L), gm.kv, kblock, "kb")
+        kblock(k0)
 
     def weights(g0):
         """Groups g0.. g0 + gb - 1's taps into the thread's (gb, R, S, cg, kg) copy, from w's
@@ -403,23 +448,29 @@ def kernel_ir(gm: Geometry) -> str:
                                                                           * gm.kg)), "wg")
 
     def group_taps(g, at):
+        """Group g's taps at `at` of the thread's copy, as (kg / (kv·L), cg, R·S, kv·L): a
+        block's weights for one input channel, all taps, are contiguous, read in order."""
         base = e.b.mul(g, stride[0])
+        width = gm.kv * L
 
-        def tap(rs):
-            r, s_ = e.b.udiv(rs, C(gm.s)), e.b.urem(rs, C(gm.s))
-            at_tap = add(base, e.b.mul(r, stride[3]), e.b.mul(s_, stride[4]))
-            dst_tap = add(at, mul(rs, cg * gm.kg))
-
+        def out_block(kb):
             def channel(c):
-                at_c = add(at_tap, e.b.mul(c, stride[2]))
-                dst_c = add(dst_tap, mul(c, gm.kg))
+                at_c = add(base, e.b.mul(mul(kb, width), stride[1]),
+                           e.b.mul(c, stride[2]))
+                dst_c = add(at, mul(add(mul(kb, cg), c), gm.r * gm.s * width))
 
-                def out_channel(k):
-                    v = e.b.load(e.b.gep(w, [add(at_c, e.b.mul(k, stride[1]))]))
-                    e.b.store(v, e.b.gep(taps, [add(dst_c, k)]))
-                e.loop(C(0), C(gm.kg), 1, out_channel, "wk")
+                def tap(rs):
+                    r, s_ = e.b.udiv(rs, C(gm.s)), e.b.urem(rs, C(gm.s))
+                    at_tap = add(at_c, e.b.mul(r, stride[3]), e.b.mul(s_, stride[4]))
+                    dst_tap = add(dst_c, mul(rs, width))
+
+                    def out_channel(k):
+                        v = e.b.load(e.b.gep(w, [add(at_tap, e.b.mul(k, stride[1]))]))
+                        e.b.store(v, e.b.gep(taps, [add(dst_tap, k)]))
+                    e.loop(C(0), C(width), 1, out_channel, "wk")
+                e.loop(C(0), C(gm.r * gm.s), 1, tap, "wt")
             e.loop(C(0), C(cg), 1, channel, "wc")
-        e.loop(C(0), C(gm.r * gm.s), 1, tap, "wt")
+        e.loop(C(0), C(gm.kg // width), 1, out_block, "wb")
 
     held = e.b.alloca(e.i64)  # the group whose taps the thread holds
     e.b.store(C(-1), held)
