@@ -99,8 +99,8 @@ def test_bands_give_every_thread_work():
 
 def test_the_rules_of_lanes_and_blocks():
     """Lanes: the widest vector dividing a group's output channels, none under 4; a block:
-    the most vectors (up to 4) dividing them, pixels as the registers allow, evened out over
-    the row."""
+    the most vectors (up to 4, 2 with 16 registers) dividing them, pixels as PIXELS allows,
+    evened out over the row."""
     assert blocked_nhwc.lanes_for(16, 512, np.float32) == 16
     assert blocked_nhwc.lanes_for(24, 512, np.float32) == 8
     assert blocked_nhwc.lanes_for(16, 512, np.float64) == 8
@@ -108,23 +108,50 @@ def test_the_rules_of_lanes_and_blocks():
     assert blocked_nhwc.block(16, 7, 16, 512) == (1, 7)
     assert blocked_nhwc.block(16, 28, 16, 512) == (1, 14)
     assert blocked_nhwc.block(16, 17, 16, 512) == (1, 9)  # 9 + 8, not 14 + 3
-    assert blocked_nhwc.block(64, 14, 16, 512) == (4, 5)  # 4·6 sums at most: 5 + 5 + 4
-    assert blocked_nhwc.block(48, 14, 16, 512) == (3, 7)
-    assert blocked_nhwc.block(16, 14, 8, 256) == (2, 5)  # 16 registers
+    assert blocked_nhwc.block(64, 14, 16, 512) == (4, 5)  # 5 + 5 + 4
+    assert blocked_nhwc.block(48, 14, 16, 512) == (3, 5)  # 6 at most: 5 + 5 + 4
+    assert blocked_nhwc.block(16, 14, 8, 256) == (2, 4)  # 16 registers: 4 + 4 + 4 + 2
+    assert blocked_nhwc.block(32, 14, 8, 256) == (2, 4)  # 4 vectors, 2 a block
     assert not blocked_nhwc.applies(ConvProblem(n=1, c=12, h=8, w=8, k=12, r=3, s=3, pad=1,
                                                 groups=2), "fwd")  # 6 a group
     assert not blocked_nhwc.applies(ConvProblem(n=1, c=16, h=8, w=8, k=16, r=3, s=3, pad=1,
                                                 groups=2), "bwd_filter")
 
 
-def test_the_hot_loop_keeps_its_sums_in_registers():
+@pytest.mark.parametrize("kg", [16, 48, 64])
+def test_the_hot_loop_keeps_its_sums_in_registers(kg):
     """Per input channel of a 3x3 filter: pb x kv x 9 FMAs on the widest vectors, no vector on
-    the stack (a loop bound may be), at most (kv + pb) loads per kv·pb FMAs (a broadcast input shared by two taps is
-    loaded once)."""
-    p = ConvProblem(n=1, c=32, h=8, w=44, k=32, r=3, s=3, pad=1, groups=2)
+    the stack (a loop bound may be), at most (kv + pb) loads per kv·pb FMAs (a broadcast input
+    shared by two taps is loaded once); 1, 3 and 4 vectors a block on AVX-512."""
+    p = ConvProblem(n=1, c=32, h=8, w=44, k=2 * kg, r=3, s=3, pad=1, groups=2)
     gm = blocked_nhwc.geometries(p, "fwd", np.float32, BITS)[0]
     assert any(inside is None for *_, inside in blocked_nhwc.column_blocks(gm))  # a loop
     loop = blocked_llvm.hot_loop(blocked_llvm.assembly(gm))
     assert loop.fmas == gm.pb * gm.kv * 9 and loop.vector_stack_refs == 0
     assert loop.register == {512: "zmm", 256: "ymm", 128: "xmm"}[BITS]
     assert loop.loads_per_fma <= (gm.kv + gm.pb) / (gm.kv * gm.pb)
+
+
+def _host_features() -> dict:
+    import llvmlite.binding as llvm
+
+    return dict(llvm.get_host_cpu_features())
+
+
+@pytest.mark.skipif(BITS != 512 or not all(_host_features().get(f) for f in ("avx2", "fma")),
+                    reason="AVX2 compiled and run beside the host's AVX-512 only")
+def test_avx2_kernels_of_16_registers():
+    """Compiled for Haswell (16 vector registers, 8 lanes): 2 vectors x 4 pixels a block on a
+    group of 16, against the reference; the hot loop in ymm with no vector spilled."""
+    p = ConvProblem(n=2, c=32, h=9, w=14, k=32, r=3, s=3, pad=1, groups=2)
+    gm = blocked_nhwc.geometries(p, "fwd", np.float32, 256, cpu="haswell", threads_=2)[0]
+    assert (gm.lanes, gm.kv, gm.pb) == (8, 2, 4)
+    loop = blocked_llvm.hot_loop(blocked_llvm.assembly(gm))
+    assert loop.register == "ymm" and loop.vector_stack_refs == 0
+    a, b = reference.random_operands(p, "fwd", "nhwc", seed=5)
+    out = reference.nan_output(p, "fwd", "nhwc")
+    blocked_nhwc.Kernel(gm, 2)(np.ascontiguousarray(a),
+                               grouped_jit._group_filter(b, p, "nhwc"), out)
+    want = reference.reference(p, "fwd", "nhwc", a, b)
+    scale = reference.magnitudes(p, "fwd", "nhwc", a, b)
+    assert np.max(np.abs(out - want) / scale) < 1e-5

@@ -139,10 +139,11 @@ ROW_BYTES = 128
 #: read the same lines of x across all images (faster on 56x56 and larger outputs, slower on
 #: 14x14 and with 64 channels a group: docs/pages/changes.md).
 IMAGES_OUTER_PIXELS = 512
-#: Vector registers a block may hold as sums (the rest: the weight vectors and a broadcast),
-#: and the most pixels a block takes (the body's length: 14 fills a 14- or 28-wide row).
-REGISTERS = {512: 32, 256: 16, 128: 16}
-MAX_PIXELS = 14
+#: The most pixels a block takes, by vector width and vectors of output channels (kv, at most
+#: 4 with 32 registers, 2 with 16): beyond these LLVM spilled sums or broadcasts to the stack
+#: on a 3x3 filter (2 vectors x 12 pixels, 4 x 6; 1 x 10 and 1 x 8 on AVX2), since it keeps
+#: the broadcast inputs that two taps share live beside the sums. 14 fills a 14- or 28-wide row.
+PIXELS = {512: {1: 14, 2: 10, 3: 6, 4: 5}, 256: {1: 7, 2: 4}, 128: {1: 7, 2: 4}}
 
 
 def lanes_for(kg: int, bits: int, dtype) -> int:
@@ -157,14 +158,13 @@ def lanes_for(kg: int, bits: int, dtype) -> int:
 
 
 def block(kg: int, q: int, lanes: int, bits: int) -> tuple[int, int]:
-    """(kv, pb): kv, the most vectors of the group's output channels (at most 4) that divide
-    them, so a block has no channel tail; pb, the pixels of a row a block takes, as many as the
-    registers hold (kv·pb sums, kv weights and a broadcast), at most MAX_PIXELS, evened out
-    over the row so that its last block is not a small one."""
+    """(kv, pb): kv, the most vectors of the group's output channels that divide them (so a
+    block has no channel tail) and PIXELS allows; pb, at most PIXELS[bits][kv] pixels of a row,
+    evened out over the row so that its last block is not a small one."""
     vectors = kg // lanes
-    kv = max(d for d in (1, 2, 3, 4) if vectors % d == 0)
-    most = min(MAX_PIXELS, (REGISTERS[bits] - kv - 1) // kv)
-    blocks_ = -(-q // most)
+    most = PIXELS[bits]
+    kv = max(d for d in most if vectors % d == 0)
+    blocks_ = -(-q // most[kv])
     return kv, -(-q // blocks_)
 
 
