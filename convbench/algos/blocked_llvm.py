@@ -58,10 +58,13 @@ from . import jit
 
 
 @dataclass(frozen=True)
-class Geometry:
-    """One compiled kernel's constants: a forward pass of `n` images, `g` groups of `cg` input
-    and `kg` output channels, h x w in, p x q out; pads at the top and left (the bottom and
-    right are the planes' zero borders); `kb` x `pb` register blocks of `lanes`-wide vectors."""
+class Correlation:
+    """What a kernel computes, whatever its layout (this module's `Geometry`, and
+    `blocked_nhwc`'s): a correlation of `n` images of `g` groups of `cg` input and `kg` output
+    channels, h x w in, p x q out, at strides (sh, sw) and dilations (dh, dw), padded (pt, pl)
+    at the top and left (the bottom and right are zeros the kernel reads past the input). Its
+    p x q outputs go to y's planes of oh x ow (0: p x q), output (i, j) at (i·osh + oa,
+    j·osw + ob), so a strided bwd_data's phase writes its pixels of dx."""
 
     n: int
     g: int
@@ -79,6 +82,25 @@ class Geometry:
     pl: int
     p: int
     q: int
+    _: dataclasses.KW_ONLY
+    oh: int = 0
+    ow: int = 0
+    osh: int = 1
+    osw: int = 1
+    oa: int = 0
+    ob: int = 0
+
+    @property
+    def out_plane(self) -> tuple[int, int]:
+        """y's planes: (oh, ow), or (p, q)."""
+        return (self.oh or self.p, self.ow or self.q)
+
+
+@dataclass(frozen=True)
+class Geometry(Correlation):
+    """One compiled kernel's constants: a forward pass (`Correlation`) in nchw, over
+    stride-phase planes; `kb` x `pb` register blocks of `lanes`-wide vectors."""
+
     kb: int
     pb: int
     lanes: int
@@ -89,14 +111,6 @@ class Geometry:
     #: `taps` taps of the filter gradient summed in registers over the pixels)
     mode: str = "fwd"
     taps: int = 0  # bwf: taps a pass over the pixels sums at most (0: all R·S)
-    #: Where the p x q outputs go in y's planes of oh x ow (0: p x q): output (i, j) at
-    #: (i·osh + oa, j·osw + ob), so a strided bwd_data's phase writes its pixels of dx.
-    oh: int = 0
-    ow: int = 0
-    osh: int = 1
-    osw: int = 1
-    oa: int = 0
-    ob: int = 0
 
     @property
     def entry(self) -> str:
@@ -162,11 +176,6 @@ class Geometry:
     @property
     def wide_elements(self) -> int:
         return self.chunk * self.wide
-
-    @property
-    def out_plane(self) -> tuple[int, int]:
-        """y's planes: (oh, ow), or (p, q)."""
-        return (self.oh or self.p, self.ow or self.q)
 
     def offset(self, r: int, s: int) -> int:
         """Where tap (r, s) reads, from the pixel's own position in a channel's planes."""
@@ -344,6 +353,57 @@ class _Emitter:
     def block(self, name: str):
         return self.fn.append_basic_block(name)
 
+    def add(self, *terms):
+        """The sum of i64 values."""
+        total = terms[0]
+        for t in terms[1:]:
+            total = self.b.add(total, t)
+        return total
+
+    def mul(self, v, k: int):
+        """An i64 value times a constant."""
+        return self.b.mul(v, self.const(k))
+
+    def smaller(self, a, b):
+        return self.b.select(self.b.icmp_signed("<", a, b), a, b)
+
+    def sums(self, rows: int, cols: int, zero, name: str):
+        """A register-blocked reduction's loop opened: its body's block, its i64 index from 0,
+        and a rows x cols grid of vector sums from `zero` (phis); `close_sums` ends it."""
+        pre = self.b.block
+        body = self.block(name)
+        self.b.branch(body)
+        b = self.b = self.ir.IRBuilder(body)
+        index = b.phi(self.i64)
+        index.add_incoming(self.const(0), pre)
+        grid = [[b.phi(zero.type) for _ in range(cols)] for _ in range(rows)]
+        for acc in (a for row in grid for a in row):
+            acc.add_incoming(zero, pre)
+        return body, index, grid
+
+    def close_sums(self, body, index, grid, now, end: int, name: str, step: int = 1) -> None:
+        """The loop `sums` opened closed: the index steps by `step` while below `end`, the
+        sums take `now`; the builder then stands after the loop."""
+        nxt = self.b.add(index, self.const(step))
+        index.add_incoming(nxt, self.b.block)
+        for row, new in zip(grid, now):
+            for acc, value in zip(row, new):
+                acc.add_incoming(value, self.b.block)
+        after = self.block(name)
+        self.b.cbranch(self.b.icmp_signed("<", nxt, self.const(end)), body, after)
+        self.b = self.ir.IRBuilder(after)
+
+    def tasks(self, t0, t1, task) -> str:
+        """The function's body: task(t) for t in t0..t1-1 (none where t0 >= t1), then its return;
+        the module's text."""
+        inside, done = self.block("tasks"), self.block("done")
+        self.b.cbranch(self.b.icmp_signed("<", t0, t1), inside, done)
+        self.b = self.ir.IRBuilder(inside)
+        self.loop(t0, t1, 1, task, "task")
+        self.b.branch(done)
+        self.ir.IRBuilder(done).ret_void()
+        return str(self.fn.module)
+
     def loop(self, start, end, step: int, body, name: str, guard: bool = False) -> None:
         """for i in range(start, end, step): body(i); without `guard` the caller knows that
         start < end."""
@@ -369,24 +429,40 @@ class _Emitter:
         self.b = self.ir.IRBuilder(out)
 
 
+def vector_types(gm) -> tuple:
+    """(the element type, the vector of `gm.lanes` of them, a pointer to that vector) of a
+    geometry's dtype, as llvmlite IR types."""
+    from llvmlite import ir
+
+    ft = ir.FloatType() if gm.dtype == "float32" else ir.DoubleType()
+    vec = ir.VectorType(ft, gm.lanes)
+    return ft, vec, vec.as_pointer()
+
+
+def entry_function(gm, pointers: list):
+    """The kernel's function `gm.entry` in a module of its own: void (five `pointers`, none
+    aliasing another, i64 t0, i64 t1)."""
+    from llvmlite import ir
+
+    module = ir.Module(name=gm.entry)
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), pointers + [ir.IntType(64)] * 2),
+                     name=gm.entry)
+    for arg in fn.args[:5]:
+        arg.add_attribute("noalias")
+    return fn
+
+
 def kernel_ir(gm: Geometry) -> str:
     """LLVM IR of `void blocked_fwd(x, w, y, planes, wide, i64 t0, i64 t1)`: tasks t0..t1-1 of
     the forward pass `gm` (x: n x C x h x w, w: K x cg x r x s, y: n x K x p x q, all
     contiguous; planes and wide: the thread's scratch, planes zeroed before its first call)."""
     from llvmlite import ir
 
-    ft = ir.FloatType() if gm.dtype == "float32" else ir.DoubleType()
+    ft, vec, vptr = vector_types(gm)
     i32 = ir.IntType(32)
     L = gm.lanes
-    vec = ir.VectorType(ft, L)
-    vptr = vec.as_pointer()
-    module = ir.Module(name="blocked")
     third = ir.DoubleType() if gm.mode == "bwf" else ft  # bwf: the float64 filter sums
-    fn = ir.Function(module, ir.FunctionType(
-        ir.VoidType(), [ft.as_pointer()] * 2 + [third.as_pointer()] + [ft.as_pointer()] * 2
-        + [ir.IntType(64)] * 2), name=ENTRY[gm.mode])
-    for arg in fn.args[:5]:
-        arg.add_attribute("noalias")
+    fn = entry_function(gm, [ft.as_pointer()] * 2 + [third.as_pointer()] + [ft.as_pointer()] * 2)
     x, w, y, planes, wide, t0, t1 = fn.args  # bwf: x, dy, the sums, planes, dy's wide rows
     e = _Emitter(fn)
     C = e.const
@@ -395,21 +471,11 @@ def kernel_ir(gm: Geometry) -> str:
     taps = gm.r * gm.s
     channels_in, channels_out = gm.g * gm.cg, gm.g * gm.kg
 
-    def add(*terms):
-        total = terms[0]
-        for t in terms[1:]:
-            total = e.b.add(total, t)
-        return total
-
-    def mul(v, k: int):
-        return e.b.mul(v, C(k))
+    add, mul, smaller = e.add, e.mul, e.smaller
 
     def rows_of(a: int, stride: int, pad: int, extent: int, size: int) -> tuple[int, int]:
         """The plane indices i of phase a whose source a + stride*i - pad lies in [0, size)."""
         return max(0, -(-(pad - a) // stride)), min(extent, (size - 1 + pad - a) // stride + 1)
-
-    def smaller(a, b):
-        return e.b.select(e.b.icmp_signed("<", a, b), a, b)
 
     def output_blocks(k_lo, k_hi, block, name: str):
         """block(k0, kb, name) over a task's output channels k_lo..k_hi: whole blocks of kb,
@@ -529,15 +595,8 @@ def kernel_ir(gm: Geometry) -> str:
 
         def pixels(j):
             def block(k0, kb: int, name: str):
-                pre = e.b.block
-                body = e.block("sums" + name)
-                e.b.branch(body)
-                b = e.b = ir.IRBuilder(body)
-                c = b.phi(e.i64)
-                c.add_incoming(C(0), pre)
-                sums = [[b.phi(vec) for _ in range(gm.pb)] for _ in range(kb)]
-                for acc in (a for row in sums for a in row):
-                    acc.add_incoming(zeros, pre)
+                body, c, sums = e.sums(kb, gm.pb, zeros, "sums" + name)
+                b = e.b
                 xj = b.gep(planes, [add(mul(c, gm.cstride), j)])
                 wk = b.gep(wg, [add(mul(k0, gm.cg * taps), mul(c, taps))])
                 now = [list(row) for row in sums]
@@ -555,14 +614,8 @@ def kernel_ir(gm: Geometry) -> str:
                             for i in range(gm.pb):
                                 now[k][i] = b.fadd(b.fmul(xs[i], wv, flags=["contract"]),
                                                    now[k][i], flags=["contract"])
-                nxt = b.add(c, C(1))
-                c.add_incoming(nxt, body)
-                for k in range(kb):
-                    for i in range(gm.pb):
-                        sums[k][i].add_incoming(now[k][i], body)
-                store = e.block("store" + name)
-                b.cbranch(b.icmp_signed("<", nxt, C(gm.cg)), body, store)
-                b = e.b = ir.IRBuilder(store)
+                e.close_sums(body, c, sums, now, gm.cg, "store" + name)
+                b = e.b
                 for k in range(kb):
                     row = b.gep(wide, [add(mul(add(e.b.sub(k0, k_lo), C(k)), gm.wide), j)])
                     for i in range(gm.pb):
@@ -653,13 +706,7 @@ def kernel_ir(gm: Geometry) -> str:
             e.loop(C(0), C(gm.cg), 1, channel, "dwc" + name)
         output_blocks(k_lo, k_hi, block, "dw")
 
-    tasks, done = e.block("tasks"), e.block("done")
-    e.b.cbranch(e.b.icmp_signed("<", t0, t1), tasks, done)
-    e.b = ir.IRBuilder(tasks)
-    e.loop(t0, t1, 1, task, "task")
-    e.b.branch(done)
-    ir.IRBuilder(done).ret_void()
-    return str(module)
+    return e.tasks(t0, t1, task)
 
 
 # --- compiled -------------------------------------------------------------------------------------

@@ -41,41 +41,17 @@ from . import blocked_llvm
 
 
 @dataclass(frozen=True)
-class Geometry:
-    """One compiled kernel's constants: a stride-(sh, sw) correlation of `n` nhwc images of
-    `g` groups of `cg` input and `kg` output channels, h x w in, p x q out, pads at the top and
-    left; output pixel (i, j) stored at (i·osh + oa, j·osw + ob) of y's oh x ow (0: p x q);
-    register blocks of `pb` pixels x `kv` vectors of `lanes` output channels; a task's `band`
-    output rows."""
+class Geometry(blocked_llvm.Correlation):
+    """One compiled kernel's constants: the correlation (`blocked_llvm.Correlation`) on nhwc
+    images; register blocks of `pb` pixels x `kv` vectors of `lanes` output channels; a task's
+    `band` output rows."""
 
-    n: int
-    g: int
-    cg: int
-    kg: int
-    h: int
-    w: int
-    r: int
-    s: int
-    sh: int
-    sw: int
-    dh: int
-    dw: int
-    pt: int
-    pl: int
-    p: int
-    q: int
     kv: int
     pb: int
     lanes: int
     band: int
     dtype: str = "float32"
     cpu: str = ""
-    oh: int = 0
-    ow: int = 0
-    osh: int = 1
-    osw: int = 1
-    oa: int = 0
-    ob: int = 0
     gb: int = 1  # groups a task: their channels side by side in its rows (`group_block`)
     images_outer: bool = False  # tasks ordered by image, then block of groups (IMAGES_OUTER_PIXELS)
 
@@ -120,10 +96,6 @@ class Geometry:
     def thread_elements(self) -> int:
         """A thread's scratch: the band's input rows and its groups' taps."""
         return self.scratch_elements + self.gb * self.r * self.s * self.cg * self.kg
-
-    @property
-    def out_plane(self) -> tuple[int, int]:
-        return (self.oh or self.p, self.ow or self.q)
 
 
 #: Bytes of a task's zero-bordered input rows at most: bands of output rows keep them in L2
@@ -281,17 +253,10 @@ def kernel_ir(gm: Geometry) -> str:
     `group_taps` lays them out)."""
     from llvmlite import ir
 
-    ft = ir.FloatType() if gm.dtype == "float32" else ir.DoubleType()
+    ft, vec, vptr = blocked_llvm.vector_types(gm)
     i32 = ir.IntType(32)
     L = gm.lanes
-    vec = ir.VectorType(ft, L)
-    vptr = vec.as_pointer()
-    module = ir.Module(name="blocked_nhwc")
-    i64p = ir.IntType(64).as_pointer()
-    fn = ir.Function(module, ir.FunctionType(
-        ir.VoidType(), [ft.as_pointer()] * 4 + [i64p] + [ir.IntType(64)] * 2), name=gm.entry)
-    for arg in fn.args[:5]:
-        arg.add_attribute("noalias")
+    fn = blocked_llvm.entry_function(gm, [ft.as_pointer()] * 4 + [ir.IntType(64).as_pointer()])
     x, w, y, pad, strides, t0, t1 = fn.args
     e = blocked_llvm._Emitter(fn)
     C = e.const
@@ -303,17 +268,7 @@ def kernel_ir(gm: Geometry) -> str:
     wp, cg, cb = gm.wp, gm.cg, gm.cb
     c_lo, c_hi = min(gm.pl, wp), max(min(wp, gm.pl + gm.w), min(gm.pl, wp))
 
-    def add(*terms):
-        total = terms[0]
-        for t in terms[1:]:
-            total = e.b.add(total, t)
-        return total
-
-    def mul(v, k: int):
-        return e.b.mul(v, C(k))
-
-    def smaller(a, b):
-        return e.b.select(e.b.icmp_signed("<", a, b), a, b)
+    add, mul, smaller = e.add, e.mul, e.smaller
 
     def branch_if(cond, then, otherwise, name: str):
         yes, no, after = e.block(name), e.block(name + "_else"), e.block(name + "_end")
@@ -395,15 +350,8 @@ def kernel_ir(gm: Geometry) -> str:
         yb = e.b.gep(yrow, [add(mul(j, gm.osw * cout), C(gm.ob * cout))])
 
         def kblock(k0):
-            pre = e.b.block
-            body = e.block("sums")
-            e.b.branch(body)
-            b = e.b = ir.IRBuilder(body)
-            c = b.phi(e.i64)
-            c.add_incoming(C(0), pre)
-            sums = [[b.phi(vec) for _ in range(gm.kv)] for _ in range(count)]
-            for acc in (a for row in sums for a in row):
-                acc.add_incoming(zeros, pre)
+            body, c, sums = e.sums(count, gm.kv, zeros, "sums")
+            b = e.b
             xc = b.gep(xb, [c])
             wc = b.gep(wg, [mul(add(mul(e.b.udiv(k0, C(gm.kv)), cg), c),
                                 gm.r * gm.s * gm.kv * L)])
@@ -426,14 +374,8 @@ def kernel_ir(gm: Geometry) -> str:
                         for k in range(gm.kv):
                             now[i][k] = b.fadd(b.fmul(bv, wv[k], flags=["contract"]),
                                                now[i][k], flags=["contract"])
-            nxt = b.add(c, C(1))
-            c.add_incoming(nxt, body)
-            for i in range(count):
-                for k in range(gm.kv):
-                    sums[i][k].add_incoming(now[i][k], body)
-            store = e.block("store")
-            b.cbranch(b.icmp_signed("<", nxt, C(cg)), body, store)
-            b = e.b = ir.IRBuilder(store)
+            e.close_sums(body, c, sums, now, cg, "store")
+            b = e.b
             for i in range(count):
                 for k in range(gm.kv):
                     at = b.gep(yb, [add(C(i * gm.osw * cout + k * L), mul(k0, L))])
@@ -476,13 +418,7 @@ def kernel_ir(gm: Geometry) -> str:
     e.b.store(C(-1), held)
     stride = [e.b.load(e.b.gep(strides, [C(i)])) for i in range(5)]
     taps = e.b.gep(pad, [C(gm.scratch_elements)])
-    tasks, done = e.block("tasks"), e.block("done")
-    e.b.cbranch(e.b.icmp_signed("<", t0, t1), tasks, done)
-    e.b = ir.IRBuilder(tasks)
-    e.loop(t0, t1, 1, task, "task")
-    e.b.branch(done)
-    ir.IRBuilder(done).ret_void()
-    return str(module)
+    return e.tasks(t0, t1, task)
 
 
 # --- the kernels -----------------------------------------------------------------------------------
