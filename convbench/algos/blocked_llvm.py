@@ -862,17 +862,15 @@ def _driver():
 
 
 def run(call, jobs: list[tuple]) -> None:
-    """`call(*job)` for every job at once, a thread each (`threads.shares`' ranges): over
-    Numba's thread pool (`drive`), whose dispatch takes microseconds where a Python thread
-    pool's (`threads.run_shares`) took 70-80 on 2 cores, a fifth of a 0.4 ms pass; without
-    Numba, by that pool."""
+    """`call(*job)` for every job at once, a thread each (`threads.shares`' ranges), over
+    Numba's thread pool (`drive`): its dispatch takes microseconds, where a Python thread
+    pool's (`threads.run_shares`) takes tens, a large share of a small pass. The kernels exist
+    only where Numba (and its llvmlite) does."""
     if len(jobs) == 1:
         call(*jobs[0])
-    elif jit.available() is None:
+    else:
         jit.set_threads()
         _driver().drive(call.as_ints, np.array(jobs, np.int64))
-    else:
-        threads.run_shares(call, jobs)
 
 
 class Kernel:

@@ -109,7 +109,7 @@ ROW_BYTES = 128
 #: thread then copies each block of groups' taps once per image, scalar copies of about
 #: 1/(P·Q) of its multiply-adds' vectors' lanes, and reads x image by image, where groups first
 #: read the same lines of x across all images (faster on 56x56 and larger outputs, slower on
-#: 14x14 and with 64 channels a group: docs/pages/changes.md).
+#: 14x14 and with 64 channels a group: docs/pages/cpu-algorithms.md).
 IMAGES_OUTER_PIXELS = 512
 #: The most pixels a block takes, by vector width and vectors of output channels (kv, at most
 #: 4 with 32 registers, 2 with 16): beyond these LLVM spilled sums or broadcasts to the stack

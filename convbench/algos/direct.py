@@ -348,7 +348,7 @@ class DirectCPU(Implementation):
         if path in _COMPILED:
             return _MODULES[path].describe(problem, pass_, layout)
         if path is _Path.DENSE:
-            if grouped_jit.blocks_dense(problem, pass_, layout, DTYPES[precision]):
+            if grouped_jit.blocks_dense(problem, pass_):
                 return "dense: " + grouped_jit.blocked_note(problem, pass_, layout,
                                                             DTYPES[precision], "the tap products")
             return ""
@@ -364,8 +364,7 @@ class DirectCPU(Implementation):
         path = _path(problem)
         if path in _COMPILED:
             _MODULES[path].kernel(problem, pass_, layout, DTYPES[precision])
-        elif path is _Path.DENSE and grouped_jit.blocks_dense(problem, pass_, layout,
-                                                              DTYPES[precision]):
+        elif path is _Path.DENSE and grouped_jit.blocks_dense(problem, pass_):
             grouped_jit.compile_blocked(problem, pass_, layout, DTYPES[precision])
 
     def workspace_bytes(self, problem: ConvProblem, pass_: str, layout: str,

@@ -199,9 +199,9 @@ def _kept_bytes(p: ConvProblem, pass_: str, layout: str, dtype, incumbent: str, 
             if nhwc_blocked(p, pass_, layout, dtype) else 0)
     if kept == blocked_nhwc.NAME:
         return nhwc
-    blocked_ = (blocked_llvm.scratch_bytes(kernel_problem(p, incumbent == "products"), pass_,
-                                           dtype, kept) + copies
-                if incumbent == "numba" or blocks_dense(p, pass_) else 0)
+    q = kernel_problem(p, incumbent == "products")
+    blocked_ = (blocked_llvm.scratch_bytes(q, pass_, dtype, kept) + copies
+                if blocked(q, pass_) else 0)
     return blocked_ if kept is not None else own + blocked_ + nhwc
 
 
@@ -210,12 +210,12 @@ def describe(p: ConvProblem, pass_: str, layout: str, dtype) -> str:
            "bwd_data": ("the forward kernel on dy, filter flipped" if _flipped(p)
                         else "each tap added into its phase plane"),
            "bwd_filter": "a task per group, dot products over the planes summed in float64"}
-    copies = (f", nhwc copied to nchw and back {transposes_note(p, pass_, dtype)}"
-              if layout == "nhwc" else "")
-    kernel_ = "compiled kernel (Numba)"
     if _KERNEL_CHOICE.get((p, pass_, layout, np.dtype(dtype).str)) == blocked_nhwc.NAME:
         return (f"grouped: {blocked_note(p, pass_, layout, dtype, 'Numba', dense=False)}, "
                 f"{p.c // p.groups} channels a group, {threads.count()} threads")
+    copies = (f", nhwc copied to nchw and back {transposes_note(p, pass_, dtype)}"
+              if layout == "nhwc" else "")
+    kernel_ = "compiled kernel (Numba)"
     if blocked(p, pass_):
         kernel_ = "compiled kernels, " + blocked_note(p, pass_, layout, dtype, "Numba's",
                                                    dense=False)
@@ -407,7 +407,8 @@ def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
 def nhwc_blocked(p: ConvProblem, pass_: str, layout: str, dtype) -> bool:
     """Whether an nhwc pass also probes `blocked_nhwc`'s kernel (channels in the lanes, no
     copies to nchw): it applies, llvmlite loads, and the pass is worth its compile (a strided
-    bwd_data, a kernel per phase, from BLOCKED_MIN_FLOPS, as `blocked`)."""
+    bwd_data, a kernel per phase, from BLOCKED_MIN_FLOPS, as `blocked`). It implies `blocked`
+    (`blocked_nhwc.applies` asks `blocked_llvm.applies`), so it only ever adds a way."""
     return (layout == "nhwc" and jit.available() is None
             and blocked_nhwc.applies(p, pass_, dtype=dtype)
             and (not blocked_llvm.phased(p, pass_) or p.flops >= BLOCKED_MIN_FLOPS))
@@ -504,8 +505,8 @@ BLOCKED_MIN_FLOPS = 20_000_000
 
 def compile_blocked(p: ConvProblem, pass_: str, layout: str, dtype) -> None:
     """The blocked kernels a pass probes compiled (kept for the process; an nhwc pass's
-    `blocked_nhwc` kernels too), and nhwc's transposes: `direct`'s `compile` hook calls it, outside any timed or traced call (the
-    compilers' own memory is not the pass's)."""
+    `blocked_nhwc` kernels too), and nhwc's transposes: `direct`'s `compile` hook calls it,
+    outside any timed or traced call (the compilers' own memory is not the pass's)."""
     q = kernel_problem(p)
     if blocked(q, pass_):
         bits = blocked_llvm.vector_bits()
@@ -529,11 +530,10 @@ def _compile_transposes(dtype) -> None:
         jit.compile_empty(move, dtype, ("w", 4), ("w", 4), ints=0)
 
 
-def blocks_dense(p: ConvProblem, pass_: str, layout: str = "nchw", dtype=np.float32) -> bool:
-    """Whether `direct`'s dense pass of `p` probes the blocked kernels (`blocked_pass`): the
-    pixel-lane ones, or in nhwc `blocked_nhwc`'s."""
-    return p.flops >= BLOCKED_MIN_FLOPS and (blocked(kernel_problem(p), pass_)
-                                             or nhwc_blocked(p, pass_, layout, dtype))
+def blocks_dense(p: ConvProblem, pass_: str) -> bool:
+    """Whether `direct`'s dense pass of `p` probes the blocked kernels (`blocked_pass`; in
+    nhwc `blocked_nhwc`'s too, which take no pass the pixel-lane ones do not)."""
+    return p.flops >= BLOCKED_MIN_FLOPS and blocked(kernel_problem(p), pass_)
 
 
 def blocked_pass(p: ConvProblem, pass_: str, layout: str, dtype, products):
@@ -547,7 +547,7 @@ def blocked_pass(p: ConvProblem, pass_: str, layout: str, dtype, products):
     harness see."""
     key = (p, pass_, layout, np.dtype(dtype).str)
     kept = _KERNEL_CHOICE.get(key)
-    if not blocks_dense(p, pass_, layout, dtype) or kept == "products":
+    if not blocks_dense(p, pass_) or kept == "products":
         return products()
     if kept == blocked_nhwc.NAME:
         return nhwc_kernel(p, pass_, layout, dtype)
@@ -610,7 +610,7 @@ def dense_workspace_bytes(p: ConvProblem, pass_: str, layout: str, dtype, produc
     """Bytes `blocked_pass` holds beside `direct`'s dense products (`products` bytes): the
     blocked kernels' scratch, the filter's copy and nhwc's operands in nchw, as `_kept_bytes`
     counts them."""
-    if not blocks_dense(p, pass_, layout, dtype):
+    if not blocks_dense(p, pass_):
         return products
     copies = p.k * (p.c // p.groups) * p.r * p.s  # the filter (bwd_filter: its float64 sums)
     if pass_ == "bwd_filter":
@@ -630,20 +630,18 @@ def blocked_note(p: ConvProblem, pass_: str, layout: str, dtype, incumbent: str,
     nhwc = nhwc_blocked(p, pass_, layout, dtype)
     if nhwc and way == blocked_nhwc.NAME:
         return f"{nhwc_note(p, pass_, dtype)} {probed}"
-    others = [incumbent]
-    if not dense or blocked(kernel_problem(p), pass_):
-        bits = blocked_llvm.vector_bits()
-        blocks = " or ".join(f"{kb}x{pb}" for kb, pb in blocked_llvm.blocks(pass_, bits))
-        what = "taps" if pass_ == "bwd_filter" else "vectors of pixels"
-        q = kernel_problem(p, dense)
-        if blocked_llvm.phased(q, pass_):
-            what += f", as {q.stride_h * q.stride_w} stride-1 phases"
-        if q is not p:
-            what += ", on planes transposed (the filter wider than tall)"
-        others.append(f"register-blocked LLVM kernels ({blocks} output channels x {what})")
+    bits = blocked_llvm.vector_bits()
+    blocks = " or ".join(f"{kb}x{pb}" for kb, pb in blocked_llvm.blocks(pass_, bits))
+    what = "taps" if pass_ == "bwd_filter" else "vectors of pixels"
+    q = kernel_problem(p, dense)
+    if blocked_llvm.phased(q, pass_):
+        what += f", as {q.stride_h * q.stride_w} stride-1 phases"
+    if q is not p:
+        what += ", on planes transposed (the filter wider than tall)"
+    ways = [incumbent, f"register-blocked LLVM kernels ({blocks} output channels x {what})"]
     if nhwc:
-        others.append(nhwc_note(p, pass_, dtype))
-    return f"the faster of {', '.join(others[:-1])} and {others[-1]} {probed}"
+        ways.append(nhwc_note(p, pass_, dtype))
+    return f"the faster of {', '.join(ways[:-1])} and {ways[-1]} {probed}"
 
 
 def nhwc_note(p: ConvProblem, pass_: str, dtype) -> str:
