@@ -840,12 +840,17 @@ def hot_loop(asm: str) -> HotLoop:
     """`HotLoop` of x86 assembly (AT&T, as LLVM emits it)."""
     best = HotLoop(0, 0, 0, 0, "")
     for body in re.split(r"\n(?=\.LBB\d+_\d+:)", asm):
+        label = re.match(r"(\.LBB\d+_\d+):", body)
+        back = label and re.search(rf"\n\s+j\w+\s+{re.escape(label[1])}\n", body + "\n")
+        if back:  # a loop: its body ends at the branch back to its label
+            body = body[:back.end()]
         fmas = re.findall(r"\bvfn?madd\d+[ps][sd]\s+[^\n]*%([xyz]mm)", body)
         if len(fmas) > best.fmas:
             loads = re.findall(r"\bvmov[ua]p[sd]\s+-?\d*\(%r\w+(?:,%r\w+(?:,\d)?)?\), %[xyz]mm",
                                body)
-            folded = re.findall(r"\bvfn?madd\d+[ps][sd]\s+-?\d*\(%r(?!sp)\w*\)(\{1to\d+\})?",
-                                body)  # an FMA's memory operand: a vector, or {1toN} a broadcast
+            folded = re.findall(r"\bvfn?madd\d+[ps][sd]\s+-?\d*\(%r(?!sp)\w*(?:,%r\w+(?:,\d)?)?\)"
+                                r"(\{1to\d+\})?", body)  # an FMA's memory operand: a vector,
+            # or {1toN} a broadcast
             embedded = sum(1 for b in folded if b)
             best = HotLoop(len(fmas), len(re.findall(r"\bvbroadcasts[sd]\b", body)) + embedded,
                            len(loads) + len(folded) - embedded,

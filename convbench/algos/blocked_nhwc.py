@@ -24,8 +24,9 @@ and no taps written by one core for another.
 
 bwd_data of stride 1 is the same kernel on dy with the filter flipped and transposed; of a
 larger stride, one stride-1 kernel per phase of dx, storing every stride-th pixel
-(`blocked_llvm.PhasedKernel`, whose phases and taps it shares). bwd_filter keeps the other
-ways.
+(`blocked_llvm.PhasedKernel`, whose phases and taps it shares). bwd_filter (`Gradient`,
+`gradient_ir`) turns the block round: pb input channels x kv vectors of output channels at a
+tap, summed over the output pixels that tap reaches inside x, so neither a border nor a copy.
 """
 
 from __future__ import annotations
@@ -154,10 +155,10 @@ def _kernel_shape(p: ConvProblem, pass_: str) -> tuple[int, int]:
 
 
 def applies(p: ConvProblem, pass_: str, bits: int | None = None, dtype=np.float32) -> bool:
-    """fwd, and bwd_data where `blocked_llvm` runs it (the forward on dy, or its phases), of at
+    """Every pass `blocked_llvm` runs (bwd_data as the forward on dy, or its phases), of at
     most MAX_TAPS taps, where a group's output channels in the kernel fill vectors of 4 lanes
     or more (`lanes_for`)."""
-    if pass_ not in ("fwd", "bwd_data") or not blocked_llvm.applies(p, pass_):
+    if not blocked_llvm.applies(p, pass_):
         return False
     bits = bits or blocked_llvm.vector_bits()
     return lanes_for(_kernel_shape(p, pass_)[1], bits, dtype) > 0
@@ -177,9 +178,12 @@ def _banded(gm: Geometry, threads_: int) -> Geometry:
 
 
 def geometries(p: ConvProblem, pass_: str, dtype, bits: int, cpu: str = "",
-               threads_: int = 1) -> list[Geometry | None]:
+               threads_: int = 1) -> list[Geometry | Gradient | None]:
     """The kernels of a pass (`applies`): one, or a strided bwd_data's per phase (None where
-    no tap reaches the phase), rows first as `blocked_llvm.geometries`."""
+    no tap reaches the phase), rows first as `blocked_llvm.geometries`; bwd_filter's
+    `Gradient`."""
+    if pass_ == "bwd_filter":
+        return [gradient_geometry(p, dtype, bits, cpu)]
     cin, kout = _kernel_shape(p, pass_)
     lanes = lanes_for(kout, bits, dtype)
     name = np.dtype(dtype).name
@@ -421,6 +425,221 @@ def kernel_ir(gm: Geometry) -> str:
     return e.tasks(t0, t1, task)
 
 
+# --- bwd_filter ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Gradient(blocked_llvm.Correlation):
+    """One compiled bwd_filter kernel's constants: the forward correlation (`Correlation`) whose
+    filter gradient it sums, from nhwc x and dy; register blocks of `pb` input channels x `kv`
+    vectors of `lanes` output channels, at one tap."""
+
+    kv: int
+    pb: int
+    lanes: int
+    dtype: str = "float32"
+    cpu: str = ""
+
+    entry = "blocked_nhwc_bwf"
+    mode = "nhwc_bwf"
+
+    def ir(self) -> str:
+        return gradient_ir(self)
+
+    @property
+    def tasks(self) -> int:
+        """A task per group, block of kv vectors of its output channels and row of taps: each
+        writes its own taps of dw, so no two threads add into the same sums."""
+        return self.g * (self.kg // (self.kv * self.lanes)) * self.r
+
+    @property
+    def thread_elements(self) -> int:
+        """A thread's scratch: a task's float64 sums (a row of taps x cg x kv·L)."""
+        return self.s * self.cg * self.kv * self.lanes
+
+    def reach(self, tap: int, stride: int, dilation: int, pad: int, size: int,
+              extent: int) -> tuple[int, int]:
+        """The output indices [lo, hi) whose input under `tap` lies in [0, size): the pixels
+        that tap multiplies by anything but the zero border."""
+        lo = max(0, -(-(pad - tap * dilation) // stride))
+        hi = min(extent, (size - 1 + pad - tap * dilation) // stride + 1)
+        return lo, max(lo, hi)
+
+
+#: bwd_filter's register blocks: the most input channels (broadcast inputs) a block takes by
+#: vector width and vectors of output channels (dy's, loaded), kv·pb sums with kv + 1 more
+#: registers in the file (32 vectors with AVX-512, 16 below): no input is shared between two
+#: sums' rows here, so none is kept live beside them.
+CHANNELS = {512: {1: 16, 2: 12, 4: 6}, 256: {1: 12, 2: 6}, 128: {1: 12, 2: 6}}
+
+
+def gradient_block(cg: int, kg: int, lanes: int, bits: int) -> tuple[int, int]:
+    """(kv, pb) of bwd_filter: the most sums kv·pb, kv vectors dividing the group's output
+    channels and pb input channels dividing its cg (so no block has a tail), CHANNELS allowing;
+    of equal sums the most vectors, which load the fewest values a multiply-add."""
+    best = (0, 0, 0)
+    for kv, most in CHANNELS[bits].items():
+        if (kg // lanes) % kv:
+            continue
+        pb = max(d for d in range(1, min(most, cg) + 1) if cg % d == 0)
+        best = max(best, (kv * pb, kv, pb))
+    return best[1], best[2]
+
+
+def gradient_geometry(p: ConvProblem, dtype, bits: int, cpu: str = "") -> Gradient:
+    """bwd_filter's kernel of `p` (`applies`)."""
+    cg, kg = p.c // p.groups, p.k // p.groups
+    lanes = lanes_for(kg, bits, dtype)
+    kv, pb = gradient_block(cg, kg, lanes, bits)
+    return Gradient(p.n, p.groups, cg, kg, p.h, p.w, p.r, p.s, p.stride_h, p.stride_w,
+                    p.dil_h, p.dil_w, p.pad_top, p.pad_left, p.p, p.q, kv, pb, lanes,
+                    np.dtype(dtype).name, cpu)
+
+
+def gradient_ir(gm: Gradient) -> str:
+    """LLVM IR of `void blocked_nhwc_bwf(x, dy, dw, sums, strides, i64 t0, i64 t1)`: tasks
+    t0..t1-1 of `gm` (x: n x h x w x G·cg, dy: n x p x q x G·kg, contiguous; dw: the filter
+    gradient as (G, kg, cg, r, s) by its `strides`, five int64s in elements, written; sums:
+    the thread's `gm.thread_elements` float64s).
+
+    A task (a group g, kv vectors of its output channels from kb, a row of taps r) sums, per
+    image, each tap (r, s) and block of pb input channels, over the output pixels that tap
+    reaches inside x (`Gradient.reach`: the border's zeros are never multiplied): per pixel kv
+    vectors of dy are loaded and pb inputs broadcast, kv·pb FMAs into register sums, which are
+    added into the task's float64 sums after each image (as the other kernels sum an image in
+    the working precision, the images in float64); the sums go to dw once, at the task's end."""
+    from llvmlite import ir
+
+    ft, vec, vptr = blocked_llvm.vector_types(gm)
+    f64 = ir.DoubleType()
+    L, kv, pb = gm.lanes, gm.kv, gm.pb
+    dvec = ir.VectorType(f64, L)
+    fn = blocked_llvm.entry_function(gm, [ft.as_pointer()] * 3 + [f64.as_pointer(),
+                                                                  ir.IntType(64).as_pointer()])
+    x, dy, dw, sums, strides, t0, t1 = fn.args
+    e = blocked_llvm._Emitter(fn)
+    C = e.const
+    i32 = ir.IntType(32)
+    add, mul = e.add, e.mul
+    zeros = ir.Constant(vec, [0.0] * L)
+    splat = ir.Constant(ir.VectorType(i32, L), [0] * L)
+    cin, cout = gm.g * gm.cg, gm.g * gm.kg
+    width = kv * L
+    blocks_k = gm.kg // width
+    acc = e.b.alloca(vec, size=kv * pb)  # the register sums (promoted by LLVM's SROA)
+    stride = [e.b.load(e.b.gep(strides, [C(i)])) for i in range(5)]
+    rows = [gm.reach(r, gm.sh, gm.dh, gm.pt, gm.h, gm.p) for r in range(gm.r)]
+
+    def chosen(r, values):
+        """values[r] of a runtime r, as selects."""
+        out = C(values[-1])
+        for i in range(len(values) - 2, -1, -1):
+            out = e.b.select(e.b.icmp_unsigned("==", r, C(i)), C(values[i]), out)
+        return out
+
+    def slot(i: int, k: int):
+        return e.b.gep(acc, [ir.Constant(i32, i * kv + k)])
+
+    def task(t):
+        r = e.b.urem(t, C(gm.r))
+        t = e.b.udiv(t, C(gm.r))
+        kb, g = e.b.urem(t, C(blocks_k)), e.b.udiv(t, C(blocks_k))
+        p_lo, p_hi = chosen(r, [lo for lo, _ in rows]), chosen(r, [hi for _, hi in rows])
+        total = gm.s * gm.cg * width
+        e.loop(C(0), C(total), 1, lambda i: e.b.store(ir.Constant(f64, 0.0),
+                                                       e.b.gep(sums, [i])), "zero")
+        row_at = e.b.sub(mul(r, gm.dh), C(gm.pt))  # x's row of output row 0 under tap r
+        k_at = add(mul(g, gm.kg), mul(kb, width))  # dy's first channel of the task
+
+        def image(n):
+            for s in range(gm.s):
+                q_lo, q_hi = gm.reach(s, gm.sw, gm.dw, gm.pl, gm.w, gm.q)
+                if q_lo >= q_hi:
+                    continue
+                e.loop(C(0), C(gm.cg), pb, lambda c0, s=s, q_lo=q_lo, q_hi=q_hi:
+                       channels(n, s, q_lo, q_hi, c0), f"cb{s}")
+
+        def channels(n, s: int, q_lo: int, q_hi: int, c0):
+            for i in range(pb):
+                for k in range(kv):
+                    e.b.store(zeros, slot(i, k))
+            x0 = add(mul(g, gm.cg), c0, C((s * gm.dw - gm.pl) * cin))
+
+            def out_row(p):
+                xrow = e.b.gep(x, [add(x0, mul(add(mul(n, gm.h), mul(p, gm.sh), row_at),
+                                                gm.w * cin))])
+                yrow = e.b.gep(dy, [add(k_at, mul(add(mul(n, gm.p), p), gm.q * cout))])
+
+                def pixel(q):
+                    b = e.b
+                    yq = b.gep(yrow, [mul(q, cout)])
+                    dv = [b.load(b.bitcast(b.gep(yq, [C(k * L)]), vptr), align=4)
+                          for k in range(kv)]
+                    xq = b.gep(xrow, [mul(q, gm.sw * cin)])
+                    for i in range(pb):
+                        v = b.load(b.gep(xq, [C(i)]))
+                        bv = b.shuffle_vector(b.insert_element(ir.Constant(vec, ir.Undefined),
+                                                               v, ir.Constant(i32, 0)),
+                                              ir.Constant(vec, ir.Undefined), splat)
+                        for k in range(kv):
+                            at = slot(i, k)
+                            b.store(b.fadd(b.fmul(bv, dv[k], flags=["contract"]), b.load(at),
+                                           flags=["contract"]), at)
+                e.loop(C(q_lo), C(q_hi), 1, pixel, "q")
+            e.loop(p_lo, p_hi, 1, out_row, "p", guard=True)
+            b = e.b
+            base = add(mul(c0, width), C(s * gm.cg * width))
+            for i in range(pb):
+                for k in range(kv):
+                    at = b.bitcast(b.gep(sums, [add(base, C(i * width + k * L))]),
+                                   dvec.as_pointer())
+                    part = b.load(slot(i, k))
+                    if gm.dtype != "float64":
+                        part = b.fpext(part, dvec)
+                    b.store(b.fadd(b.load(at, align=8), part), at, align=8)
+        e.loop(C(0), C(gm.n), 1, image, "image")
+
+        def out_tap(sc):  # sums (s, c, k) -> dw[g, kb·width + k, c, r, s]
+            s_, c = e.b.udiv(sc, C(gm.cg)), e.b.urem(sc, C(gm.cg))
+            at = add(e.b.mul(g, stride[0]), e.b.mul(add(mul(kb, width)), stride[1]),
+                     e.b.mul(c, stride[2]), e.b.mul(r, stride[3]), e.b.mul(s_, stride[4]))
+
+            def out_channel(k):
+                v = e.b.load(e.b.gep(sums, [add(mul(sc, width), k)]))
+                if gm.dtype != "float64":
+                    v = e.b.fptrunc(v, ft)
+                e.b.store(v, e.b.gep(dw, [add(at, e.b.mul(k, stride[1]))]))
+            e.loop(C(0), C(width), 1, out_channel, "ok")
+        e.loop(C(0), C(gm.s * gm.cg), 1, out_tap, "out")
+
+    return e.tasks(t0, t1, task)
+
+
+class GradientKernel:
+    """bwd_filter of `gm` on `threads_` threads: `kernel(x, dy, dw)`, x and dy contiguous nhwc
+    arrays of its dtype, dw the filter gradient as a (G, kg, cg, R, S) array of its dtype, a
+    view of any strides, written whole."""
+
+    def __init__(self, gm: Gradient, threads_: int):
+        self.gm, self.call = gm, blocked_llvm.compiled(gm)
+        self.ranges = threads.shares(gm.tasks, threads_)
+        self.scratch = [np.empty(gm.thread_elements, np.float64) for _ in self.ranges]
+        self.strides = np.zeros(5, np.int64)
+
+    def __call__(self, x: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
+        gm = self.gm
+        for arr in (x, dy, dw):
+            if arr.dtype != gm.dtype or (arr is not dw and not arr.flags.c_contiguous):
+                raise ValueError("blocked_nhwc: x and dy must be contiguous nhwc arrays of "
+                                 f"{gm.dtype}, dw of {gm.dtype}")
+        if dw.shape != (gm.g, gm.kg, gm.cg, gm.r, gm.s):
+            raise ValueError(f"blocked_nhwc: dw of shape {dw.shape}, not "
+                             f"{(gm.g, gm.kg, gm.cg, gm.r, gm.s)}")
+        self.strides[:] = [st // dw.itemsize for st in dw.strides]
+        ptrs = (x.ctypes.data, dy.ctypes.data, dw.ctypes.data)
+        blocked_llvm.run(self.call, [(*ptrs, s.ctypes.data, self.strides.ctypes.data, t0, t1)
+                                     for s, (t0, t1) in zip(self.scratch, self.ranges)])
+
+
 # --- the kernels -----------------------------------------------------------------------------------
 
 class Kernel:
@@ -457,18 +676,20 @@ NAME = "llvm nhwc"
 def make(p: ConvProblem, pass_: str, dtype, flipped: bool = True, cpu: str = "",
          threads_: int | None = None):
     """The pass as this module's kernel (`applies`): a `Kernel`, or a strided bwd_data's
-    `blocked_llvm.PhasedKernel` of them (nhwc; `flipped` saying which filter it takes)."""
+    `blocked_llvm.PhasedKernel` of them (nhwc; `flipped` saying which filter it takes), or
+    bwd_filter's `GradientKernel`."""
     count = threads_ or threads.count()
-    made = [gm and Kernel(gm, count)
+    made = [gm and (GradientKernel if isinstance(gm, Gradient) else Kernel)(gm, count)
             for gm in geometries(p, pass_, dtype, blocked_llvm.vector_bits(), cpu, count)]
     return made[0] if len(made) == 1 else blocked_llvm.PhasedKernel(p, made, flipped, "nhwc")
 
 
 def scratch_bytes(p: ConvProblem, pass_: str, dtype) -> int:
-    """Bytes `make`'s kernels hold: each thread's scratch (input rows and a group's taps), per
-    phase."""
+    """Bytes `make`'s kernels hold: each thread's scratch (input rows and a group's taps, per
+    phase; bwd_filter's float64 sums)."""
     count = threads.count()
+    size = 8 if pass_ == "bwd_filter" else np.dtype(dtype).itemsize
     total = sum(min(count, gm.tasks) * gm.thread_elements
                 for gm in geometries(p, pass_, dtype, blocked_llvm.vector_bits(), "", count)
                 if gm)
-    return total * np.dtype(dtype).itemsize
+    return total * size

@@ -372,13 +372,29 @@ def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
 
     if pass_ == "bwd_filter":  # the kernels add into the sums: each way's call starts at zero
         sums = bufs["sums"]
-        kernel_ = _probed({name: _from_zero(way) for name, way in ways.items()}, key)
 
-        def run(x, dy, out):
-            jit.set_threads()
-            kernel_(_to_nchw(x, bufs.get("x_nchw")), _to_nchw(dy, bufs.get("dy_nchw")), sums)
-            _group_filter(out, p, layout)[...] = sums
-        return run
+        def summed(way):  # on nhwc's operands copied, the sums then written into dw
+            def run_filter(x, dy, out):
+                sums.fill(0)
+                way(_to_nchw(x, bufs.get("x_nchw")), _to_nchw(dy, bufs.get("dy_nchw")), sums)
+                _group_filter(out, p, layout)[...] = sums
+            return run_filter
+        ways = {name: summed(way) for name, way in ways.items()}
+    else:
+        ways = _forward_ways(p, pass_, layout, bufs, ways)
+    if kept in (None, blocked_nhwc.NAME) and nhwc_blocked(p, pass_, layout, dtype):
+        ways[blocked_nhwc.NAME] = nhwc_kernel(p, pass_, layout, dtype)
+    kernel_ = _probed(ways, key)
+
+    def run(a, w, out):
+        jit.set_threads()
+        kernel_(a, w, out)
+    return run
+
+
+def _forward_ways(p: ConvProblem, pass_: str, layout: str, bufs: dict, ways: dict) -> dict:
+    """fwd's and bwd_data's ways (`prepare`) on the filter as the kernels take it, nhwc's
+    operands copied to nchw and the result back."""
     taps = bufs["taps"]
     flip = pass_ == "bwd_data" and _flipped(p)
     a_buf, out_buf = ((bufs.get("x_nchw"), bufs.get("y_nchw")) if pass_ == "fwd"
@@ -393,15 +409,7 @@ def prepare(p: ConvProblem, pass_: str, layout: str, dtype):
             if out_buf is not None:
                 transpose("to_nhwc", out_buf, out)
         return run
-    ways = {name: nchw(way) for name, way in ways.items()}
-    if kept in (None, blocked_nhwc.NAME) and nhwc_blocked(p, pass_, layout, dtype):
-        ways[blocked_nhwc.NAME] = nhwc_kernel(p, pass_, layout, dtype)
-    kernel_ = _probed(ways, key)
-
-    def run(a, w, out):
-        jit.set_threads()
-        kernel_(a, w, out)
-    return run
+    return {name: nchw(way) for name, way in ways.items()}
 
 
 def nhwc_blocked(p: ConvProblem, pass_: str, layout: str, dtype) -> bool:
@@ -420,6 +428,11 @@ def nhwc_kernel(p: ConvProblem, pass_: str, layout: str, dtype):
     at a stride, each phase's taps of w as it is)."""
     kernel_ = blocked_nhwc.make(p, pass_, dtype, flipped=False)
     flip = pass_ == "bwd_data" and not blocked_llvm.phased(p, pass_)
+    if pass_ == "bwd_filter":  # dw written whole, through its (G, kg, cg, R, S) view
+        def run_filter(x, dy, out):
+            kernel_(np.ascontiguousarray(x), np.ascontiguousarray(dy),
+                    _group_filter(out, p, layout))
+        return run_filter
 
     def run(a, w, out):
         grouped = _group_filter(w, p, layout)
@@ -428,15 +441,6 @@ def nhwc_kernel(p: ConvProblem, pass_: str, layout: str, dtype):
         kernel_(np.ascontiguousarray(a), view, dense)
         if dense is not out:
             out[...] = dense
-    return run
-
-
-def _from_zero(way):
-    """`way(a, b, sums)` that adds into `sums`, as a call that zeroes them first: the probe
-    calls each way several times into the same sums."""
-    def run(a, b, sums):
-        sums.fill(0)
-        way(a, b, sums)
     return run
 
 
@@ -650,5 +654,6 @@ def nhwc_note(p: ConvProblem, pass_: str, dtype) -> str:
                                                  threads_=threads.count()) if gm]
     gm = gms[0]
     phases = f", as {len(gms)} stride-1 phases" if blocked_llvm.phased(p, pass_) else ""
-    return (f"the nhwc LLVM kernel ({gm.pb} pixels x {gm.kv} vectors of {gm.lanes} output "
+    block = "input channels" if pass_ == "bwd_filter" else "pixels"
+    return (f"the nhwc LLVM kernel ({gm.pb} {block} x {gm.kv} vectors of {gm.lanes} output "
             f"channels{phases}, on nhwc as it is)")
