@@ -614,32 +614,6 @@ def gradient_ir(gm: Gradient) -> str:
     return e.tasks(t0, t1, task)
 
 
-class GradientKernel:
-    """bwd_filter of `gm` on `threads_` threads: `kernel(x, dy, dw)`, x and dy contiguous nhwc
-    arrays of its dtype, dw the filter gradient as a (G, kg, cg, R, S) array of its dtype, a
-    view of any strides, written whole."""
-
-    def __init__(self, gm: Gradient, threads_: int):
-        self.gm, self.call = gm, blocked_llvm.compiled(gm)
-        self.ranges = threads.shares(gm.tasks, threads_)
-        self.scratch = [np.empty(gm.thread_elements, np.float64) for _ in self.ranges]
-        self.strides = np.zeros(5, np.int64)
-
-    def __call__(self, x: np.ndarray, dy: np.ndarray, dw: np.ndarray) -> None:
-        gm = self.gm
-        for arr in (x, dy, dw):
-            if arr.dtype != gm.dtype or (arr is not dw and not arr.flags.c_contiguous):
-                raise ValueError("blocked_nhwc: x and dy must be contiguous nhwc arrays of "
-                                 f"{gm.dtype}, dw of {gm.dtype}")
-        if dw.shape != (gm.g, gm.kg, gm.cg, gm.r, gm.s):
-            raise ValueError(f"blocked_nhwc: dw of shape {dw.shape}, not "
-                             f"{(gm.g, gm.kg, gm.cg, gm.r, gm.s)}")
-        self.strides[:] = [st // dw.itemsize for st in dw.strides]
-        ptrs = (x.ctypes.data, dy.ctypes.data, dw.ctypes.data)
-        blocked_llvm.run(self.call, [(*ptrs, s.ctypes.data, self.strides.ctypes.data, t0, t1)
-                                     for s, (t0, t1) in zip(self.scratch, self.ranges)])
-
-
 # --- the kernels -----------------------------------------------------------------------------------
 
 class Kernel:
@@ -648,26 +622,40 @@ class Kernel:
     of any strides (each thread copies its groups' taps from it)."""
 
     views = True  # `blocked_llvm.PhasedKernel` passes its phases' taps as views
+    view_at = 1  # the operand that is the (G, kg, cg, R, S) view of any strides
+    sums = None  # the dtype of the threads' scratch where not the kernel's
 
-    def __init__(self, gm: Geometry, threads_: int):
+    def __init__(self, gm: Geometry | Gradient, threads_: int):
         self.gm, self.call = gm, blocked_llvm.compiled(gm)
         self.ranges = threads.shares(gm.tasks, threads_)
-        self.scratch = [np.empty(gm.thread_elements, gm.dtype) for _ in self.ranges]
+        self.scratch = [np.empty(gm.thread_elements, self.sums or gm.dtype)
+                        for _ in self.ranges]
         self.strides = np.zeros(5, np.int64)
 
-    def __call__(self, a: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
-        gm = self.gm
-        for arr in (a, out, w):
-            if arr.dtype != gm.dtype or (arr is not w and not arr.flags.c_contiguous):
+    def __call__(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
+        gm, arrays = self.gm, (a, b, c)
+        view = arrays[self.view_at]
+        for arr in arrays:
+            if arr.dtype != gm.dtype or (arr is not view and not arr.flags.c_contiguous):
                 raise ValueError("blocked_nhwc: operands must be contiguous nhwc arrays of "
-                                 f"{gm.dtype}, the filter of {gm.dtype}")
-        if w.shape != (gm.g, gm.kg, gm.cg, gm.r, gm.s):
-            raise ValueError(f"blocked_nhwc: filter of shape {w.shape}, not "
+                                 f"{gm.dtype}, the filter's view of {gm.dtype}")
+        if view.shape != (gm.g, gm.kg, gm.cg, gm.r, gm.s):
+            raise ValueError(f"blocked_nhwc: filter of shape {view.shape}, not "
                              f"{(gm.g, gm.kg, gm.cg, gm.r, gm.s)}")
-        self.strides[:] = [st // w.itemsize for st in w.strides]
-        ptrs = (a.ctypes.data, w.ctypes.data, out.ctypes.data)
+        self.strides[:] = [st // view.itemsize for st in view.strides]
+        ptrs = tuple(arr.ctypes.data for arr in arrays)
         blocked_llvm.run(self.call, [(*ptrs, s.ctypes.data, self.strides.ctypes.data, t0, t1)
                                      for s, (t0, t1) in zip(self.scratch, self.ranges)])
+
+
+class GradientKernel(Kernel):
+    """bwd_filter of a `Gradient`: `kernel(x, dy, dw)`, x and dy contiguous nhwc arrays of its
+    dtype, dw the filter gradient as a (G, kg, cg, R, S) view of any strides, written whole;
+    the threads' scratch float64 sums."""
+
+    views = False
+    view_at = 2
+    sums = np.float64
 
 
 NAME = "llvm nhwc"
