@@ -210,10 +210,10 @@ def test_the_gradient_writes_through_any_strides_and_in_float64():
 
 def test_a_tap_that_reaches_no_pixel_sums_nothing():
     """With two rows and columns of top-left padding, tap row 0 and column 0 of a 3x3 filter
-    read only the border (`Gradient.reach` is empty): their dw is written as zero."""
+    read only the border (`blocked_llvm.reach` is empty): their dw is written as zero."""
     gm = blocked_nhwc.gradient_geometry(GRADIENT_CASES[-1], np.float32, BITS)
-    assert gm.reach(0, gm.sh, gm.dh, gm.pt, gm.h, gm.p) == (2, 2)
-    assert gm.reach(1, gm.sh, gm.dh, gm.pt, gm.h, gm.p) == (1, 2)
+    assert blocked_llvm.reach(0 * gm.dh, gm.sh, gm.pt, gm.h, gm.p) == (2, 2)
+    assert blocked_llvm.reach(1 * gm.dh, gm.sh, gm.pt, gm.h, gm.p) == (1, 2)
 
 
 def test_the_rules_of_gradient_blocks():

@@ -429,6 +429,14 @@ class _Emitter:
         self.b = self.ir.IRBuilder(out)
 
 
+def reach(offset: int, stride: int, pad: int, size: int, extent: int) -> tuple[int, int]:
+    """The indices [lo, hi) below `extent` whose source offset + stride·i - pad lies in
+    [0, size) (empty: lo == hi): a phase's plane rows that hold input, or the output pixels a
+    tap (offset: tap · dilation) multiplies by anything but the zero border."""
+    lo = max(0, -(-(pad - offset) // stride))
+    return lo, max(lo, min(extent, (size - 1 + pad - offset) // stride + 1))
+
+
 def vector_types(gm) -> tuple:
     """(the element type, the vector of `gm.lanes` of them, a pointer to that vector) of a
     geometry's dtype, as llvmlite IR types."""
@@ -473,10 +481,6 @@ def kernel_ir(gm: Geometry) -> str:
 
     add, mul, smaller = e.add, e.mul, e.smaller
 
-    def rows_of(a: int, stride: int, pad: int, extent: int, size: int) -> tuple[int, int]:
-        """The plane indices i of phase a whose source a + stride*i - pad lies in [0, size)."""
-        return max(0, -(-(pad - a) // stride)), min(extent, (size - 1 + pad - a) // stride + 1)
-
     def output_blocks(k_lo, k_hi, block, name: str):
         """block(k0, kb, name) over a task's output channels k_lo..k_hi: whole blocks of kb,
         then the kg % kb left in the task that ends at kg."""
@@ -517,9 +521,9 @@ def kernel_ir(gm: Geometry) -> str:
 
         def fill_any(c):  # element by element (LLVM vectorises the unit-stride copies)
             for a in range(gm.sh):
-                r_lo, r_hi = rows_of(a, gm.sh, gm.pt, gm.rows, gm.h)
+                r_lo, r_hi = reach(a, gm.sh, gm.pt, gm.h, gm.rows)
                 for b in range(gm.sw):
-                    c_lo, c_hi = rows_of(b, gm.sw, gm.pl, gm.wq, gm.w)
+                    c_lo, c_hi = reach(b, gm.sw, gm.pl, gm.w, gm.wq)
                     if r_lo >= r_hi or c_lo >= c_hi:
                         continue
 
@@ -541,7 +545,7 @@ def kernel_ir(gm: Geometry) -> str:
             def place(u: int) -> tuple[int, int]:  # source column u's (phase, plane column)
                 return (u + gm.pl) % 2, (u + gm.pl) // 2
             for a in range(gm.sh):
-                r_lo, r_hi = rows_of(a, gm.sh, gm.pt, gm.rows, gm.h)
+                r_lo, r_hi = reach(a, gm.sh, gm.pt, gm.h, gm.rows)
                 if r_lo >= r_hi:
                     continue
 

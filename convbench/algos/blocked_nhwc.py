@@ -456,14 +456,6 @@ class Gradient(blocked_llvm.Correlation):
         """A thread's scratch: a task's float64 sums (a row of taps x cg x kv·L)."""
         return self.s * self.cg * self.kv * self.lanes
 
-    def reach(self, tap: int, stride: int, dilation: int, pad: int, size: int,
-              extent: int) -> tuple[int, int]:
-        """The output indices [lo, hi) whose input under `tap` lies in [0, size): the pixels
-        that tap multiplies by anything but the zero border."""
-        lo = max(0, -(-(pad - tap * dilation) // stride))
-        hi = min(extent, (size - 1 + pad - tap * dilation) // stride + 1)
-        return lo, max(lo, hi)
-
 
 #: bwd_filter's register blocks: the most input channels (broadcast inputs) a block takes by
 #: vector width and vectors of output channels (dy's, loaded), kv·pb sums with kv + 1 more
@@ -503,10 +495,11 @@ def gradient_ir(gm: Gradient) -> str:
 
     A task (a group g, kv vectors of its output channels from kb, a row of taps r) sums, per
     image, each tap (r, s) and block of pb input channels, over the output pixels that tap
-    reaches inside x (`Gradient.reach`: the border's zeros are never multiplied): per pixel kv
-    vectors of dy are loaded and pb inputs broadcast, kv·pb FMAs into register sums, which are
-    added into the task's float64 sums after each image (as the other kernels sum an image in
-    the working precision, the images in float64); the sums go to dw once, at the task's end."""
+    reaches inside x (`blocked_llvm.reach`: the border's zeros are never multiplied): per
+    pixel kv vectors of dy are loaded and pb inputs broadcast, kv·pb FMAs into register sums,
+    which are added into the task's float64 sums after each image (as the other kernels sum
+    an image in the working precision, the images in float64); the sums go to dw once, at the
+    task's end."""
     from llvmlite import ir
 
     ft, vec, vptr = blocked_llvm.vector_types(gm)
@@ -527,7 +520,7 @@ def gradient_ir(gm: Gradient) -> str:
     blocks_k = gm.kg // width
     acc = e.b.alloca(vec, size=kv * pb)  # the register sums (promoted by LLVM's SROA)
     stride = [e.b.load(e.b.gep(strides, [C(i)])) for i in range(5)]
-    rows = [gm.reach(r, gm.sh, gm.dh, gm.pt, gm.h, gm.p) for r in range(gm.r)]
+    rows = [blocked_llvm.reach(r * gm.dh, gm.sh, gm.pt, gm.h, gm.p) for r in range(gm.r)]
 
     def chosen(r, values):
         """values[r] of a runtime r, as selects."""
@@ -552,7 +545,7 @@ def gradient_ir(gm: Gradient) -> str:
 
         def image(n):
             for s in range(gm.s):
-                q_lo, q_hi = gm.reach(s, gm.sw, gm.dw, gm.pl, gm.w, gm.q)
+                q_lo, q_hi = blocked_llvm.reach(s * gm.dw, gm.sw, gm.pl, gm.w, gm.q)
                 if q_lo >= q_hi:
                     continue
                 e.loop(C(0), C(gm.cg), pb, lambda c0, s=s, q_lo=q_lo, q_hi=q_hi:
@@ -600,7 +593,7 @@ def gradient_ir(gm: Gradient) -> str:
 
         def out_tap(sc):  # sums (s, c, k) -> dw[g, kb·width + k, c, r, s]
             s_, c = e.b.udiv(sc, C(gm.cg)), e.b.urem(sc, C(gm.cg))
-            at = add(e.b.mul(g, stride[0]), e.b.mul(add(mul(kb, width)), stride[1]),
+            at = add(e.b.mul(g, stride[0]), e.b.mul(mul(kb, width), stride[1]),
                      e.b.mul(c, stride[2]), e.b.mul(r, stride[3]), e.b.mul(s_, stride[4]))
 
             def out_channel(k):
