@@ -869,3 +869,25 @@ def test_the_guard_allows_fft_and_winograd_their_reduction_and_libraries_the_lar
     tf32 = runner.sweep([layer], ["gemm"], "numpy", ["fwd"], ["nchw"], ["tf32"])[0]
     assert rows.plausibility(fast, tf32, c) is None  # tensor cores: above the fp32 roof
     assert rows.plausibility(fast, gemm, None) is None
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_host_rounds_of_more_than_one_thread_time_each_call_with_its_pool_awake(count,
+                                                                               monkeypatch):
+    """On the host with 2 threads each timed repetition follows an untimed call of its own
+    (`timing.WARM_POOLS`); with 1 there is no pool to wake, and rounds time calls as they
+    come."""
+    from convbench.machine import threads
+
+    seen = []
+    real = timing.time_rounds
+    monkeypatch.setattr(timing, "time_rounds", lambda contenders, budget, backend, **o: (
+        seen.append(o.get("warm", False)), real(contenders, budget, backend, **o))[1])
+    try:
+        threads.use(count)
+        assert runner.warm_pools("numpy") is (count > 1) and not runner.warm_pools("cuda")
+        impls = fakes()
+        runner.run(cases(["good"]), BUDGET, impls)
+    finally:
+        threads.use()
+    assert seen == [count > 1]

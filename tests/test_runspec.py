@@ -10,7 +10,7 @@ from convbench import runs
 from convbench.core import results
 from convbench.core.runspec import RunSpec
 from convbench.machine import threads
-from convbench.measure import runner
+from convbench.measure import runner, timing
 
 TINY = "n=1,c=2,h=6,w=6,k=3,r=3,s=3,pad=1"
 #: Two layers, two competing groups of two cases each (fwd of each layer, two layouts).
@@ -38,6 +38,8 @@ def test_a_spec_round_trips_through_env_json(tmp_path):
     assert env["schema"] == results.SCHEMA
     assert env["run"]["command"] == "a test" and env["run"]["layers"] == [TINY, "conv3"]
     assert RunSpec.load(tmp_path / "run") == SPEC
+    # how its rows were timed: on this spec's threads, each call with its pool awake or not
+    assert (timing.WARM_POOLS in env["statistics"]["timing"]) is (threads.count() > 1)
     assert RunSpec.from_dict(json.loads(json.dumps(SPEC.to_dict()))) == SPEC
 
 

@@ -438,3 +438,49 @@ def test_cold_caches_flush_before_every_timed_repetition(monkeypatch):
     before = len(calls)
     timing.rounds_cpu([timing.Contender.call(lambda: calls.append(1))], 0.01, probe=None)
     assert len(calls) > before and len(flushes) == timed
+
+
+class PoolClock(SharedClock):
+    """Contender 0's call takes 10 ms when another contender's ran last (its pool's workers
+    fell asleep meanwhile) and 1 ms right after its own; contender 1's takes 2 ms."""
+
+    def __init__(self):
+        super().__init__([0.001, 0.002])
+        self.last = None
+
+    def contender(self, i: int) -> timing.Contender:
+        def call():
+            self.log.append(i)
+            self.t += 0.010 if i == 0 and self.last != 0 else self.dts[i]
+            self.last = i
+
+        return timing.Contender.call(call)
+
+
+def test_warm_times_each_repetition_right_after_a_call_of_its_own():
+    """Interleaved, a contender whose pool sleeps between its calls is timed waking it (10 ms);
+    with `warm` each timed repetition follows an untimed call of its own (1 ms), and the
+    contenders still take turns in shuffled rounds; the rounds end on the same budget."""
+    cold = PoolClock()
+    a, _ = timing.rounds_cpu([cold.contender(i) for i in range(2)], 0.05, clock=cold,
+                             probe=None)
+    assert a.total.median == pytest.approx(10)
+    clock = PoolClock()
+    a, b = timing.rounds_cpu([clock.contender(i) for i in range(2)], 0.05, clock=clock,
+                             probe=None, warm=True)
+    assert a.total.median == pytest.approx(1) and b.total.median == pytest.approx(2)
+    timed = clock.log[-4 * a.total.reps:]  # each repetition is a pair: the untimed call first
+    assert all(timed[j] == timed[j + 1] for j in range(0, len(timed), 2))
+    assert len({tuple(timed[j:j + 4:2]) for j in range(0, len(timed), 4)}) > 1  # shuffled
+
+
+def test_warm_makes_no_call_between_a_flush_and_the_timed_repetition():
+    """With cold caches the flush comes right before each timed repetition: a warm call after
+    it would fill the caches again, so there is none."""
+    calls, flushes = [], []
+    with timing.cold_caches():
+        timing._FLUSH[-1] = lambda: flushes.append(len(calls))
+        (t,) = timing.rounds_cpu([timing.Contender.call(lambda: calls.append(1))], 0.01,
+                                 probe=None, warm=True)
+    warmup = len(calls) - t.total.reps
+    assert flushes == list(range(warmup, warmup + t.total.reps))

@@ -11,6 +11,8 @@ Cases compete when they share (problem, pass, precision): every algorithm and la
 Such a group is prepared and verified case by case, then its verified cases are timed together
 in shuffled rounds (`timing.time_rounds`), so drift falls on all of them alike and their times
 pair up by round; each row carries its rounds' id (`round_group`) and why its rounds stopped.
+On the host with more than one thread each timed repetition follows an untimed call of its
+own (`warm_pools`), so no contender pays for waking its thread pool.
 Where holding every prepared case at once would crowd the memory (on the GPU, or the host, with
 less than `HEADROOM` of it free), the group is timed in parts; under a `MemoryLimit` every case is
 timed alone (each must fit the limit by itself, as a batch sweep asks). A case out of memory
@@ -61,6 +63,7 @@ from ..algos.registry import UnsupportedError
 from ..catalogs.layers import Layer
 from ..core.fmt import first_line
 from ..cuda import kernels
+from ..machine import threads
 from ..machine.faults import is_sticky_fault
 from . import memory, opcount, timing, verify
 from .case import Case, Ready
@@ -418,6 +421,13 @@ def _head_start(backend: str) -> dict:
     return {"head_start": kernels.head_start("cuda")}
 
 
+def warm_pools(backend: str) -> bool:
+    """Whether each timed repetition follows an untimed call of its own (`timing.WARM_POOLS`):
+    on the host with more than one thread, where a pool's sleeping workers would otherwise
+    be woken inside the timed call (one thread has no pool to wake)."""
+    return backend == "numpy" and threads.count() > 1
+
+
 def _crowded(backend: str) -> bool:
     """Whether less than `HEADROOM` of the device's memory is free (the host's: available)."""
     return memory.free_bytes(backend) < HEADROOM * memory.total_bytes(backend)
@@ -432,7 +442,8 @@ def _time_part(part: list[tuple[Case, Ready]], budget_s: float, target: float,
     if not part:
         return []
     backend, group = part[0][0].backend, f"{_PROCESS}-{next(_GROUPS)}"
-    options = {"target": target, "seed": seed, **_head_start(backend)}
+    options = {"target": target, "seed": seed, **_head_start(backend),
+               **({"warm": True} if warm_pools(backend) else {})}
     try:
         with _stage("time"):
             timed = timing.time_rounds([_contender(i, ready) for i, (_, ready)

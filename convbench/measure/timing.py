@@ -22,7 +22,8 @@ them (`Contender`): one step for a plain call, or a pass's phases (`convbench.al
 may be timed but left out of the contender's time (`excluded`: the copy of a library's result).
 
 - CPU (`numpy`, `emu`): `time.perf_counter` stamps, the garbage collector off while timing (as
-  `timeit` does), and around each repetition (outside its stamps) a reading of the process
+  `timeit` does); with `warm`, each timed repetition right after an untimed call of its own
+  (`WARM_POOLS`); and around each repetition (outside its stamps) a reading of the process
   (`contention.sample`): its CPU time and the share of its threads' ready time they spent on a
   core, so a repetition the machine starved says so (`Measurement.contended`); and the
   machine's busy and stolen ticks, summed over the contender's repetitions, for the share of
@@ -76,6 +77,13 @@ STOP_TARGET, STOP_BUDGET, STOP_MAX_REPS = "target", "budget", "max reps"
 SLACK_FACTOR, MIN_SLACK_MS, MAX_SLACK_MS = 2.0, 0.02, 20.0
 
 Fn = Callable[[], object]
+
+#: What `warm` does, as a run records it. Why: interleaved, each contender follows another's
+#: repetition, and its thread pool's workers have gone to sleep; waking them can cost more than
+#: a small layer's pass, where in a model one library's operations follow one another and keep
+#: its pool awake (measured: docs/pages/measurement.md, competitors side by side).
+WARM_POOLS = ("each repetition right after an untimed call of its own, its thread pool's "
+              "workers awake (more than one thread)")
 
 
 @dataclass(frozen=True)
@@ -174,9 +182,13 @@ def rounds_cpu(contenders: Sequence[Contender], budget_s: float, *,
                target: float = TARGET_NOISE, max_reps: int = MAX_REPS_CPU,
                min_reps: int = MIN_REPS, clock: Callable[[], float] = time.perf_counter,
                seed: int = 0,
-               probe: Callable[[], contention.Sample] | None = contention.sample) -> list[Timed]:
+               probe: Callable[[], contention.Sample] | None = contention.sample,
+               warm: bool = False) -> list[Timed]:
     """Time `contenders` in shuffled rounds on the host (see the module's docstring); `probe`
-    reads the process around each repetition (None: no contention readings)."""
+    reads the process around each repetition (None: no contention readings). `warm`: each
+    timed repetition right after an untimed call of the same contender (`WARM_POOLS`), unless
+    caches are flushed (`cold_caches`), whose flush before each repetition both the warm
+    call would undo and takes long enough for any pool to fall asleep."""
     def once(c: Contender) -> list[float]:
         stamps = [clock()]
         for fn in c.steps.values():
@@ -202,6 +214,8 @@ def rounds_cpu(contenders: Sequence[Contender], budget_s: float, *,
             for i in order:
                 if _FLUSH:
                     _FLUSH[-1]()
+                elif warm:
+                    once(contenders[i])
                 before = probe() if probe else None
                 reps[i].append(once(contenders[i]))
                 if before is not None:

@@ -55,7 +55,7 @@ from ..core.runspec import RunSpec
 from ..machine import contention, devices, nvml, threads
 from ..machine.devices import Device
 from ..measure import ceilings as ceilings_
-from ..measure import envinfo, memory, runner
+from ..measure import envinfo, memory, runner, timing
 from ..measure.batchsweep import SkipLarger
 from ..measure.ceilings import Ceilings
 from ..measure.memory import MemoryLimit
@@ -174,7 +174,9 @@ def environment(spec: RunSpec, cases: list[runner.Case], *, command: str = "",
     env["statistics"] = {"median_interval": stats.MEDIAN_INTERVAL_METHOD,
                          "ratio_interval": stats.RATIO_INTERVAL_METHOD,
                          "timing": "competing cases (every algo and layout of a problem, pass "
-                                   "and precision) timed in shuffled interleaved rounds"}
+                                   "and precision) timed in shuffled interleaved rounds"
+                                   + (f"; {timing.WARM_POOLS}"
+                                      if runner.warm_pools(device.backend) else "")}
     env["contention"] = {
         "method": ("per repetition, the share of its threads' ready time on a core "
                    "(/proc/self/task/*/schedstat), times the share of the machine's busy "

@@ -33,7 +33,7 @@ from ...core.measurement import CONTENDED_SHARE, NOISE_THRESHOLD
 from ...core.results import RESULTS_CSV
 from ...machine import contention
 from ...machine.devices import DEVICES
-from ...measure import memory
+from ...measure import memory, timing
 from ...measure.ceilings.record import Ceilings, from_env
 from .. import speedup
 from . import inference
@@ -205,7 +205,9 @@ def header(df: pd.DataFrame, env: dict) -> list[str]:
              ("timing", "competing cases (every algo and layout of a problem, pass and "
                         "precision) timed in shuffled interleaved rounds, until each median is "
                         f"known to within {run.get('target_noise', 0.02):.0%} or the budget "
-                        "is spent" if env.get("statistics") else None),
+                        "is spent" + ("; " + timing.WARM_POOLS if timing.WARM_POOLS
+                                      in env["statistics"].get("timing", "") else "")
+              if env.get("statistics") else None),
              ("machine load", "; ".join(f"{r['when']}: {contention.load_text(r)}"
                                         for r in env.get("load", [])) or None),
              ("versions", f"convbench {env.get('convbench')}, NumPy "
