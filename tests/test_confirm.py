@@ -66,7 +66,9 @@ def test_a_replacement_that_wins_alone_but_loses_in_place_is_dropped(store, monk
     (check,) = out.checks
     assert check.mode == "train" and "b" in check.dropped and "b" not in check.kept
     b = next(lp for lp in out.layers if lp.layer == "b")
-    assert all(c is None for c in b.passes.values()) and b.layout == "nchw"
+    planned = next(lp for lp in plan.layers if lp.layer == "b").layout
+    assert all(c is None for c in b.passes.values())
+    assert b.layout == (planned if check.layouts_kept else "nchw")  # torch's, in which layout
     assert check.trials >= 2  # the whole plan, then groups (its ratio is this machine's)
     assert check.low is None or check.high < 1  # kept: confirmed faster; else nothing kept
     summary = apply.apply(model, out)
@@ -83,10 +85,54 @@ def test_a_plan_the_step_confirms_is_kept_whole(store, monkeypatch):
     slow(monkeypatch, nn.Conv2d, 60)
     out = confirm.confirm(model, x, plan, "inference", budget_s=0.3)
     (check,) = out.checks
-    assert check.mode == "inference" and check.trials == 1 and check.dropped == []
+    assert check.mode == "inference" and check.dropped == [] and not check.layouts_kept
+    # one comparison; where the plan also changes layouts, its layouts alone are weighed too,
+    # and (if they win) the whole plan against them
+    assert check.trials == 1 or confirm.changed_layers(confirm.layouts_only(plan))
     assert sorted(check.kept) == ["a", "b", "c"] and check.high < 1
     assert [lp.passes for lp in out.layers] == [lp.passes for lp in plan.layers]
     assert "inference step: " in check.text() and "3 of 3 changed layers kept" in check.text()
+
+
+@pytest.mark.parametrize("ours_ms", [120, 10], ids=["whole plan slower", "layouts' gain"])
+def test_layouts_that_win_are_kept_where_the_replacements_lose(store, monkeypatch, ours_ms):
+    """A plan of NHWC layers running our algorithms, where torch's convolution is slow unless
+    its weights are channels_last (40 ms a call more: a stand-in for the layout's gain) and our
+    replacements cost `ours_ms` more in place: slower than torch's default (the whole plan
+    loses), or faster than it but slower than torch in channels_last (the whole plan wins, on
+    its layouts' gain alone). Either way its layouts alone win, and the plan keeps them with
+    torch's algorithms in them."""
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(2, 3, 12, 12)
+    plan = tune.tune(model, x, algos="direct,gemm", layouts=("nhwc",), budget_s=0.001,
+                     step=None, progress=None)
+    assert all(lp.layout == "nhwc" and confirm.replaced(lp) for lp in plan.layers)
+    real_torch, real_ours = nn.Conv2d.forward, cbnn.Conv2d.forward
+
+    def torch_forward(self, inp):
+        if not self.weight.is_contiguous(memory_format=torch.channels_last):
+            time.sleep(0.04)
+        return real_torch(self, inp)
+
+    def ours_forward(self, inp):
+        time.sleep(ours_ms / 1e3)
+        return real_ours(self, inp)
+
+    monkeypatch.setattr(nn.Conv2d, "forward", torch_forward)
+    monkeypatch.setattr(cbnn.Conv2d, "forward", ours_forward)
+    lines = []
+    out = confirm.confirm(model, x, plan, "inference", budget_s=0.3, log=lines.append)
+    (check,) = out.checks
+    assert check.layouts_kept and check.kept == [] and sorted(check.dropped) == ["a", "b", "c"]
+    assert (check.whole_ratio > 1) is (ours_ms == 120) and check.high < 1
+    assert any("the time of its layouts alone" in line for line in lines) is (ours_ms == 10)
+    assert all(lp.layout == "nhwc" and not confirm.replaced(lp) for lp in out.layers)
+    assert any("the plan's layouts alone, torch's algorithms in them: " in line
+               and line.endswith("kept") for line in lines)
+    assert "the plan's layouts kept" in check.text()
+    assert Plan.from_json(out.to_json()) == out
+    summary = apply.apply(model, out)
+    assert summary.replaced == []  # torch runs every layer, in channels_last
 
 
 def test_a_plan_that_changes_nothing_needs_no_step(store):

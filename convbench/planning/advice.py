@@ -386,8 +386,9 @@ def plan_text(plan: Plan, advice: Advice) -> str:
         out.append(f"- {u.layer}: left as it is ({u.reason})")
     for check in plan.checks:
         out += ["", f"Measured on the model's whole {check.text()}."
-                + (f" Dropped, the step not faster with them: {', '.join(check.dropped)}."
-                   if check.dropped else "")]
+                + (f" Dropped, the step not faster with them"
+                   f"{' (torch runs them in the layouts kept)' if check.layouts_kept else ''}"
+                   f": {', '.join(check.dropped)}." if check.dropped else "")]
     return "\n".join(out)
 
 

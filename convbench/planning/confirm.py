@@ -9,11 +9,19 @@ without it, interleaved in rounds in one process (`timing.time_rounds`, so drift
 both), and keeps a plan's changes only where the step is faster beyond noise (the 95% interval
 of the ratio of their medians, paired by round, below 1):
 
-1. the whole plan against torch's default; confirmed, it is kept whole;
-2. else its changed layers in order of predicted gain (torch's measured time less the plan's,
-   from the plan's own measurements), in at most `GROUPS` groups, each added to what is kept
-   only if the step with it is faster than the step without it beyond noise;
-3. what was kept, against torch's default once more: unless faster beyond noise, nothing is
+1. the whole plan against torch's default;
+2. where the plan changes layouts as well as algorithms, its layouts alone (torch's own
+   algorithms in each layer's layout: `layouts_only`) against torch's default; confirmed, they
+   are kept, and the replacements must beat torch in those layouts: the whole plan against its
+   layouts alone. A layout can speed torch's other operations (channels_last batch norm) by as
+   much as a plan's replacements seem to, and then the replacements had no gain of their own;
+   and a replacement tried without its layout paid the conversions into it and back;
+3. the whole plan kept if it was faster than what it is weighed against (its layouts alone
+   where they were kept, else torch's default); else its replaced layers in order of
+   predicted gain (torch's measured time less the plan's, from the plan's own measurements,
+   torch in the layout kept), in at most `GROUPS` groups, each added to what is kept only if
+   the step with it is faster than the step without it beyond noise;
+4. what was kept, against torch's default once more: unless faster beyond noise, nothing is
    kept, and the plan runs torch's default everywhere.
 
 A plan confirmed so is never slower than torch's default beyond noise, on this machine, for
@@ -54,9 +62,9 @@ def changed_layers(plan: Plan) -> list[LayerPlan]:
             if lp.layout != plan.input_layout or any(c is not None for c in lp.passes.values())]
 
 
-def predicted_gain_ms(plan: Plan, lp: LayerPlan) -> float:
-    """torch's measured time for the layer's passes (its default algorithm, NCHW) less the
-    plan's choices' times; 0 where a time is missing."""
+def predicted_gain_ms(plan: Plan, lp: LayerPlan, layout: str = "nchw") -> float:
+    """torch's measured time for the layer's passes (its default algorithm, in `layout`) less
+    the plan's choices' times; 0 where a time is missing."""
     default = DEFAULT_ALGO.get(plan.backend)
     gain = 0.0
     for pass_, choice in lp.passes.items():
@@ -64,22 +72,35 @@ def predicted_gain_ms(plan: Plan, lp: LayerPlan) -> float:
             continue
         torch_ms = [e["median_ms"] for e in plan.measurements
                     if e["problem"] == lp.problem and e["pass"] == pass_
-                    and e["algo"] == default and e["layout"] == "nchw" and e["status"] == "ok"
+                    and e["algo"] == default and e["layout"] == layout and e["status"] == "ok"
                     and e.get("median_ms") is not None]
         if torch_ms:
             gain += min(torch_ms) - choice.median_ms
     return gain
 
 
-def default_layer(plan: Plan, lp: LayerPlan) -> LayerPlan:
-    """`lp` as torch's default runs it: no pass chosen, the plan's input layout."""
-    return LayerPlan(lp.layer, lp.problem, plan.input_layout, {p: None for p in lp.passes})
+def default_layer(plan: Plan, lp: LayerPlan, layouts: bool = False) -> LayerPlan:
+    """`lp` as torch's default runs it: no pass chosen, in the plan's input layout (or in the
+    layer's own, with `layouts`)."""
+    return LayerPlan(lp.layer, lp.problem, lp.layout if layouts else plan.input_layout,
+                     {p: None for p in lp.passes})
 
 
-def subplan(plan: Plan, keep: set[str]) -> Plan:
-    """The plan with only the layers named in `keep` changed; the others torch's default."""
-    return dataclasses.replace(plan, layers=[lp if lp.layer in keep else default_layer(plan, lp)
-                                             for lp in plan.layers])
+def subplan(plan: Plan, keep: set[str], layouts: bool = False) -> Plan:
+    """The plan with only the layers named in `keep` changed; the others torch's default (in
+    their planned layouts, with `layouts`)."""
+    return dataclasses.replace(plan, layers=[
+        lp if lp.layer in keep else default_layer(plan, lp, layouts) for lp in plan.layers])
+
+
+def layouts_only(plan: Plan) -> Plan:
+    """The plan's layouts with torch's own algorithms in every layer."""
+    return subplan(plan, set(), layouts=True)
+
+
+def replaced(lp: LayerPlan) -> bool:
+    """Whether the layer runs one of our algorithms in some pass."""
+    return any(c is not None for c in lp.passes.values())
 
 
 def step_function(model, example_input, mode: str) -> Callable[[], None]:
@@ -162,21 +183,48 @@ def confirm(model, example_input, plan: Plan, mode: str = "train",
         return dataclasses.replace(plan, checks=[*[c for c in plan.checks if c.mode != mode],
                                                  nothing])
     default_model = _applied(model, subplan(plan, set()), mode)
+    plan_model = _applied(model, plan, mode)
     tried = 1
-    whole, plan_ms, default_ms = compare(plan, _applied(model, plan, mode), default_model,
-                                         example_input, mode, budget_s)
+    whole, plan_ms, default_ms = compare(plan, plan_model, default_model, example_input, mode,
+                                         budget_s)
     log(f"{mode} step: the whole plan takes {whole.text()} torch's default's time "
         f"({plan_ms:.4g} / {default_ms:.4g} ms)")
-    kept = list(names)
-    final = whole
-    if not faster(whole):
-        order = sorted(changed, key=lambda lp: predicted_gain_ms(plan, lp), reverse=True)
+    kept, current, candidates, layouts = [], default_model, changed, False
+    layout_plan = layouts_only(plan)
+    if changed_layers(layout_plan) and any(replaced(lp) for lp in changed):
+        layout_model = _applied(model, layout_plan, mode)
+        r, _, _ = compare(plan, layout_model, default_model, example_input, mode, budget_s)
+        tried += 1
+        layouts = faster(r)
+        log(f"{mode} step: the plan's layouts alone, torch's algorithms in them: "
+            f"{r.text()} torch's default's time: {'kept' if layouts else 'dropped'}")
+        if layouts:
+            current = layout_model
+            kept = [lp.layer for lp in changed if not replaced(lp)]
+            candidates = [lp for lp in changed if replaced(lp)]
+            if faster(whole):  # the replacements must beat torch in the layouts they keep
+                on_top, _, _ = compare(plan, plan_model, layout_model, example_input, mode,
+                                       budget_s)
+                tried += 1
+                log(f"{mode} step: the whole plan takes {on_top.text()} the time of its "
+                    "layouts alone")
+                whole_kept = faster(on_top)
+            else:
+                whole_kept = False
+        else:
+            whole_kept = faster(whole)
+    else:
+        whole_kept = faster(whole)
+    if whole_kept:
+        kept, layouts, final = list(names), False, whole
+    else:
+        order = sorted(candidates, key=lambda lp: predicted_gain_ms(
+            plan, lp, lp.layout if layouts else "nchw"), reverse=True)
         size = -(-len(order) // max(1, min(groups, len(order))))
         chunks = [order[i:i + size] for i in range(0, len(order), size)]
-        kept, current = [], default_model
         for chunk in chunks:
             trial_names = kept + [lp.layer for lp in chunk]
-            trial = _applied(model, subplan(plan, set(trial_names)), mode)
+            trial = _applied(model, subplan(plan, set(trial_names), layouts), mode)
             r, _, _ = compare(plan, trial, current, example_input, mode, budget_s)
             tried += 1
             verdict = "kept" if faster(r) else "dropped"
@@ -184,20 +232,22 @@ def confirm(model, example_input, plan: Plan, mode: str = "train",
                 f"without them: {verdict}")
             if faster(r):
                 kept, current = trial_names, trial
+        something = bool(kept) or layouts
         final, plan_ms, default_ms = (compare(plan, current, default_model, example_input,
-                                              mode, budget_s) if kept else (whole, 0.0, 0.0))
-        tried += bool(kept)
-        if kept and not faster(final):
+                                              mode, budget_s) if something
+                                      else (whole, 0.0, 0.0))
+        tried += something
+        if something and not faster(final):
             log(f"{mode} step: what was kept takes {final.text()} torch's default's time: "
                 "not faster beyond noise, nothing kept")
-            kept = []
-        if not kept:
+            kept, layouts = [], False
+        if not kept and not layouts:
             final = stats.Ratio(1.0, None, None, False)
             plan_ms = default_ms = 0.0
     check = StepCheck(
         mode=mode, time_ratio=final.value, low=final.low, high=final.high,
         plan_ms=plan_ms or None, default_ms=default_ms or None, whole_ratio=whole.value,
         whole_low=whole.low, whole_high=whole.high, trials=tried, kept=kept,
-        dropped=[n for n in names if n not in kept])
-    out = subplan(plan, set(kept))
+        dropped=[n for n in names if n not in kept], layouts_kept=layouts)
+    out = subplan(plan, set(kept), layouts)
     return dataclasses.replace(out, checks=[*[c for c in plan.checks if c.mode != mode], check])

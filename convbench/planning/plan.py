@@ -183,6 +183,9 @@ class StepCheck:
     trials: int
     kept: list[str]
     dropped: list[str]
+    #: Whether every layer keeps the plan's layout, the dropped ones running torch's own
+    #: algorithms in it (the step confirmed the layouts alone before the replacements).
+    layouts_kept: bool = False
 
     def text(self) -> str:
         """One line: `train step: 0.87× [0.84, 0.90] torch's default's time; 12 of 20
@@ -195,8 +198,10 @@ class StepCheck:
         whole = (f"; the whole plan measured {self.whole_ratio:.3g}×"
                  + (f" [{self.whole_low:.3g}, {self.whole_high:.3g}]"
                     if self.whole_low is not None else ""))
+        layouts = ("; the plan's layouts kept, torch's algorithms in them where replacements "
+                   "were dropped" if self.layouts_kept else "")
         return (f"{self.mode} step: {ratio}; {len(self.kept)} of {n} changed layers kept"
-                f"{whole if self.dropped else ''}")
+                f"{layouts}{whole if self.dropped else ''}")
 
 
 @dataclass
@@ -402,7 +407,8 @@ _PLAN = obj({
                            "plan_ms": _OPT_NUMBER, "default_ms": _OPT_NUMBER,
                            "whole_ratio": number, "whole_low": _OPT_NUMBER,
                            "whole_high": _OPT_NUMBER, "trials": integer(),
-                           "kept": list_of(text), "dropped": list_of(text)}, StepCheck)),
+                           "kept": list_of(text), "dropped": list_of(text),
+                           "layouts_kept": flag}, StepCheck, optional=("layouts_kept",))),
 }, lambda format, version, **fields: Plan(**fields), optional=("checks",))
 
 
