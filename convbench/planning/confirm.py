@@ -58,8 +58,7 @@ DEFAULT_ALGO = {"numpy": "torch-cpu", "cuda": "cudnn"}
 
 def changed_layers(plan: Plan) -> list[LayerPlan]:
     """The layers the plan changes from torch's default: a pass chosen, or another layout."""
-    return [lp for lp in plan.layers
-            if lp.layout != plan.input_layout or any(c is not None for c in lp.passes.values())]
+    return [lp for lp in plan.layers if lp.layout != plan.input_layout or replaced(lp)]
 
 
 def predicted_gain_ms(plan: Plan, lp: LayerPlan, layout: str = "nchw") -> float:
@@ -190,6 +189,7 @@ def confirm(model, example_input, plan: Plan, mode: str = "train",
     log(f"{mode} step: the whole plan takes {whole.text()} torch's default's time "
         f"({plan_ms:.4g} / {default_ms:.4g} ms)")
     kept, current, candidates, layouts = [], default_model, changed, False
+    whole_kept = faster(whole)
     layout_plan = layouts_only(plan)
     if changed_layers(layout_plan) and any(replaced(lp) for lp in changed):
         layout_model = _applied(model, layout_plan, mode)
@@ -202,19 +202,13 @@ def confirm(model, example_input, plan: Plan, mode: str = "train",
             current = layout_model
             kept = [lp.layer for lp in changed if not replaced(lp)]
             candidates = [lp for lp in changed if replaced(lp)]
-            if faster(whole):  # the replacements must beat torch in the layouts they keep
-                on_top, _, _ = compare(plan, plan_model, layout_model, example_input, mode,
-                                       budget_s)
-                tried += 1
-                log(f"{mode} step: the whole plan takes {on_top.text()} the time of its "
-                    "layouts alone")
-                whole_kept = faster(on_top)
-            else:
-                whole_kept = False
-        else:
-            whole_kept = faster(whole)
-    else:
-        whole_kept = faster(whole)
+        if layouts and whole_kept:  # the replacements must beat torch in the layouts kept
+            on_top, _, _ = compare(plan, plan_model, layout_model, example_input, mode,
+                                   budget_s)
+            tried += 1
+            log(f"{mode} step: the whole plan takes {on_top.text()} the time of its layouts "
+                "alone")
+            whole_kept = faster(on_top)
     if whole_kept:
         kept, layouts, final = list(names), False, whole
     else:
