@@ -25,16 +25,28 @@ flag's mode, torch's default (None) and `torch-cpu` run where they are called.
 from __future__ import annotations
 
 import contextlib
+import itertools
+import warnings
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import nn
-from torch.autograd.function import once_differentiable
 from torch.nn.utils import parametrize
 
 from . import functional
+from .algos import cudnn_pinned, registry
 from .algos.registry import TORCH_ALGOS
-from .core.problem import LAYOUTS, PASSES, ConvProblem, Pair, axis_pair, check_choice
+from .core.problem import (
+    LAYOUTS,
+    PASSES,
+    PRECISION_OF_DTYPE,
+    PRECISIONS,
+    ConvProblem,
+    Pair,
+    axis_pair,
+    check_choice,
+)
 
 #: The memory format that stores a tensor in each layout.
 MEMORY_FORMAT = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
@@ -192,22 +204,65 @@ def _array(t: torch.Tensor, layout: str):
 
 
 class Dispatch:
-    """How one layer runs its passes: the layout, and per pass `(algo, backend)` or None
-    (torch's default)."""
+    """How one layer runs its passes: the layout, per pass `(algo, backend)` or None (torch's
+    default), the cuDNN algorithms pinned (`pins`; a `cudnn-find-*` choice without one is
+    pinned by its name, under its precision's default math), and the precision the plan was
+    measured in (None: not checked)."""
 
     def __init__(self, geometry: dict[str, Pair], layout: str,
-                 algos: dict[str, tuple[str, str] | None]):
+                 algos: dict[str, tuple[str, str] | None],
+                 pins: dict | None = None, precision: str | None = None):
         check_choice("layout", layout, LAYOUTS)
         for pass_ in algos:
             check_choice("pass", pass_, PASSES)
-        self.geometry, self.layout = geometry, layout
+        if precision is not None:
+            check_choice("precision", precision, PRECISIONS)
+        self.geometry, self.layout, self.precision = geometry, layout, precision
         self.algos = {p: algos.get(p) for p in PASSES}
+        self.pins = dict(pins or {})
         #: (x shape, w shape) -> its problem: made (and validated) once, not every call
         self._problems: dict[tuple, ConvProblem] = {}
+        self._pinned: dict[tuple, cudnn_pinned.PinnedPass] = {}
+        self._runs_dtype: dict[tuple, bool] = {}
+        self._warned: set[str] = set()
+        self.id = next(_IDS)
+        _DISPATCHES[self.id] = self
+
+    def __getstate__(self) -> dict:
+        """What a copy (deepcopy, pickle) carries: the plan's choices, not prepared passes."""
+        return {"geometry": self.geometry, "layout": self.layout, "algos": self.algos,
+                "pins": self.pins, "precision": self.precision}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
 
     def describe(self, pass_: str) -> str:
         choice = self.algos[pass_]
         return "torch default" if choice is None else choice[0]
+
+    def warn_once(self, key: str, text: str) -> None:
+        """One warning per layer and cause: a fallback repeats every step, its warning once."""
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(text, stacklevel=4)
+
+    def setting_differs(self, x: torch.Tensor) -> str | None:
+        """Why this call runs in another precision than the plan was measured in (TF32 on or
+        off, an autocast dtype, the tensors' dtype), or None where it does not (or the layer
+        has no plan's precision)."""
+        if self.precision is None:
+            return None
+        now = live_precision(x)
+        if now == self.precision:
+            return None
+        return f"the plan was measured in {self.precision}, this call runs in {now}"
+
+    def fall_back(self, pass_: str, why: str) -> None:
+        """Torch's own convolution runs `pass_` from now on, and says why once."""
+        self.warn_once(pass_, f"convbench: {pass_} of a {self.layout} layer runs torch's "
+                              f"convolution instead of {self.describe(pass_)}: {why}")
+        self.algos[pass_] = None
+        self.pins.pop(pass_, None)
 
     def _torch_mode(self, pass_: str) -> tuple[bool, bool | None]:
         """(runs in torch, the cudnn.benchmark it runs with)."""
@@ -229,36 +284,80 @@ class Dispatch:
                                                         **self.geometry)
         return problem
 
+    def _pin(self, pass_: str, precision: str) -> cudnn_pinned.Pin | None:
+        """The cuDNN algorithm pinned for `pass_`, or None where its choice is not cuDNN's."""
+        pin = self.pins.get(pass_)
+        if pin is None and self.algos[pass_] is not None:
+            pin = cudnn_pinned.Pin.of(self.algos[pass_][0], pass_, precision)
+        return pin
+
     def _ours(self, pass_: str, problem: ConvProblem, a: torch.Tensor, b: torch.Tensor,
-              out_shape) -> torch.Tensor:
-        """The pass by its algorithm into a new tensor in the layer's layout: the prepared
-        pass called directly (`functional.prepared`; the shapes are the problem's by
-        construction, so `functional.run`'s checks are not paid every call)."""
+              out_shape) -> torch.Tensor | None:
+        """The pass by its algorithm into a new tensor in the layer's layout, or None where
+        the algorithm refused it (`fall_back` said why; torch's convolution runs it). A pinned
+        cuDNN pass runs prepared (`cudnn_pinned.PinnedPass`); ours through the prepared pass
+        called directly (`functional.prepared`; the shapes are the problem's by construction,
+        so `functional.run`'s checks are not paid every call)."""
         algo, backend = self.algos[pass_]
+        precision = self.precision or live_precision(a)
+        pin = self._pin(pass_, precision)
+        if pin is None and not self._runs(algo, backend, a.dtype):
+            self.fall_back(pass_, f"{algo} does not run {a.dtype}")
+            return None
         out = torch.empty(out_shape, dtype=a.dtype, device=a.device,
                           memory_format=MEMORY_FORMAT[self.layout])
+        if pin is not None:
+            try:
+                self._pinned_pass(pass_, problem, precision, pin, out)(a, b, out)
+            except cudnn_pinned.Refused as exc:
+                self.fall_back(pass_, str(exc))
+                return None
+            return out
         with _on_torch_stream(out):
             xa, xb = _array(a, self.layout), _array(b, self.layout)
             functional.prepared_call(problem, pass_, xa, xb, _array(out, self.layout),
                                      algo=algo, backend=backend, layout=self.layout)
         return out
 
+    def _pinned_pass(self, pass_: str, problem: ConvProblem, precision: str,
+                     pin: cudnn_pinned.Pin, out: torch.Tensor) -> cudnn_pinned.PinnedPass:
+        device = cudnn_pinned.device_index(out)
+        key = (problem, pass_, precision, device)
+        runner = self._pinned.get(key)
+        if runner is None:
+            runner = self._pinned[key] = cudnn_pinned.PinnedPass(
+                problem, pass_, self.layout, precision, pin, device)
+        return runner
+
+    def _runs(self, algo: str, backend: str, dtype: torch.dtype) -> bool:
+        """Whether our `algo` computes in `dtype` (a bf16 autocast reaches a layer planned
+        for fp32 passes only if the plan's precision was not checked)."""
+        key = (algo, backend, dtype)
+        if key not in self._runs_dtype:
+            precision = PRECISION_OF_DTYPE.get(str(dtype).removeprefix("torch."))
+            impl = registry.get(algo, backend)
+            self._runs_dtype[key] = precision in getattr(impl, "precisions", (precision,))
+        return self._runs_dtype[key]
+
     def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """y from x and w, both already in the layer's layout."""
         in_torch, benchmark = self._torch_mode("fwd")
         problem = self.problem_from_shapes(x.shape, w.shape)
-        if in_torch:
-            explicit = problem.symmetric_part()[1]
-            if any(explicit):  # torch pads both sides of an axis alike
-                x = torch.nn.functional.pad(x, explicit)
-            return _in_mode(benchmark, x, lambda: torch.nn.functional.conv2d(
-                x, w, None, *torch_geometry(problem), self.geometry["groups"]))
-        return self._ours("fwd", problem, x, w, problem.y_shape())
+        if not in_torch:
+            y = self._ours("fwd", problem, x, w, problem.y_shape())
+            if y is not None:
+                return y
+            benchmark = None
+        explicit = problem.symmetric_part()[1]
+        if any(explicit):  # torch pads both sides of an axis alike
+            x = torch.nn.functional.pad(x, explicit)
+        return _in_mode(benchmark, x, lambda: torch.nn.functional.conv2d(
+            x, w, None, *torch_geometry(problem), self.geometry["groups"]))
 
     def backward(self, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, need_dx: bool,
                  need_dw: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """dx and dw, each only if needed; the torch-run ones of one cuDNN mode in one call,
-        as torch's own backward does."""
+        as torch's own backward does (a pass whose algorithm refused it among them)."""
         dy = self.to_layout(dy)
         problem = self.problem_from_shapes(x.shape, w.shape)
         grads: dict[str, torch.Tensor | None] = {"bwd_data": None, "bwd_filter": None}
@@ -266,12 +365,14 @@ class Dispatch:
         by_mode: dict[bool | None, list[str]] = {}
         for pass_ in needed:
             in_torch, benchmark = self._torch_mode(pass_)
-            if in_torch:
-                by_mode.setdefault(benchmark, []).append(pass_)
-            elif pass_ == "bwd_data":
-                grads[pass_] = self._ours(pass_, problem, dy, w, problem.x_shape())
-            else:
-                grads[pass_] = self._ours(pass_, problem, x, dy, problem.w_shape())
+            if not in_torch:
+                grads[pass_] = (self._ours(pass_, problem, dy, w, problem.x_shape())
+                                if pass_ == "bwd_data" else
+                                self._ours(pass_, problem, x, dy, problem.w_shape()))
+                if grads[pass_] is not None:
+                    continue
+                benchmark = None
+            by_mode.setdefault(benchmark, []).append(pass_)
         explicit = problem.symmetric_part()[1]
         padded = torch.nn.functional.pad(x, explicit) if by_mode and any(explicit) else x
         for benchmark, passes in by_mode.items():
@@ -286,22 +387,78 @@ class Dispatch:
         return grads["bwd_data"], grads["bwd_filter"]
 
 
-class _PlannedConv(torch.autograd.Function):
-    """y = conv(x, w) with each pass dispatched as the layer's `Dispatch` says."""
+def live_precision(x: torch.Tensor) -> str:
+    """The precision torch would run a convolution of `x` in, here and now: an active
+    autocast's dtype, else `x`'s dtype, fp32 as tf32 where torch's cuDNN convolutions run TF32
+    (its default on a GPU)."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+    else:
+        dtype = x.dtype
+    precision = PRECISION_OF_DTYPE.get(str(dtype).removeprefix("torch."), str(dtype))
+    if precision == "fp32" and x.is_cuda:
+        from .algos.cudnn import conv_runs_tf32
 
-    @staticmethod
-    def forward(ctx, x, weight, dispatch: Dispatch):
-        x, weight = dispatch.to_layout(x), dispatch.to_layout(weight)
-        ctx.dispatch = dispatch
-        ctx.save_for_backward(x, weight)
-        return dispatch.forward(x, weight)
+        if conv_runs_tf32():
+            return "tf32"
+    return precision
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
-        dx, dw = ctx.dispatch.backward(x, weight, dy, *ctx.needs_input_grad[:2])
-        return dx, dw, None
+
+#: Every live layer's Dispatch by id: the operators below take the id, as an operator's
+#: arguments are tensors and plain values.
+_DISPATCHES: weakref.WeakValueDictionary[int, Dispatch] = weakref.WeakValueDictionary()
+_IDS = itertools.count()
+
+
+def _empty_in(layout: str, like: torch.Tensor, shape) -> torch.Tensor:
+    return torch.empty(shape, dtype=like.dtype, device=like.device,
+                       memory_format=MEMORY_FORMAT[layout])
+
+
+@torch.library.custom_op("convbench::planned_conv", mutates_args=())
+def planned_conv(x: torch.Tensor, weight: torch.Tensor, layer: int) -> torch.Tensor:
+    """y = conv(x, weight) as layer `layer`'s Dispatch runs it; x and weight in its layout.
+    An operator of its own, so torch.compile keeps it whole (opaque) and autograd calls
+    `planned_conv_backward`."""
+    return _DISPATCHES[layer].forward(x, weight)
+
+
+@planned_conv.register_fake
+def _planned_conv_fake(x, weight, layer):
+    d = _DISPATCHES[layer]
+    return _empty_in(d.layout, x, d.problem_from_shapes(x.shape, weight.shape).y_shape())
+
+
+@torch.library.custom_op("convbench::planned_conv_backward", mutates_args=())
+def planned_conv_backward(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, layer: int,
+                          need_dx: bool, need_dw: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dw) of `planned_conv`; a gradient not needed is an empty tensor, not computed."""
+    dx, dw = _DISPATCHES[layer].backward(x, weight, dy, need_dx, need_dw)
+    return (x.new_empty(0) if dx is None else dx, weight.new_empty(0) if dw is None else dw)
+
+
+@planned_conv_backward.register_fake
+def _planned_conv_backward_fake(x, weight, dy, layer, need_dx, need_dw):
+    layout = _DISPATCHES[layer].layout
+    return (_empty_in(layout, x, x.shape) if need_dx else x.new_empty(0),
+            _empty_in(layout, weight, weight.shape) if need_dw else weight.new_empty(0))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, weight, layer = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.layer = layer
+
+
+def _backward(ctx, dy):
+    x, weight = ctx.saved_tensors
+    need_dx, need_dw = ctx.needs_input_grad[:2]
+    dx, dw = planned_conv_backward(x, weight, dy, ctx.layer, need_dx, need_dw)
+    return (dx if need_dx else None), (dw if need_dw else None), None
+
+
+planned_conv.register_autograd(_backward, setup_context=_setup_context)
 
 
 class Conv2d(nn.Conv2d):
@@ -309,26 +466,43 @@ class Conv2d(nn.Conv2d):
     `bwd_filter` to `(algo, backend)`, or None (or leaves them out) for torch's default."""
 
     def __init__(self, *args, layout: str = "nchw",
-                 algos: dict[str, tuple[str, str] | None] | None = None, **kwargs):
+                 algos: dict[str, tuple[str, str] | None] | None = None,
+                 pins: dict | None = None, precision: str | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.dispatch = Dispatch(conv_geometry(self), layout, algos or {})
+        self.dispatch = Dispatch(conv_geometry(self), layout, algos or {}, pins, precision)
 
     @classmethod
     def from_conv(cls, conv: nn.Conv2d, layout: str,
-                  algos: dict[str, tuple[str, str] | None]) -> Conv2d:
+                  algos: dict[str, tuple[str, str] | None], pins: dict | None = None,
+                  precision: str | None = None) -> Conv2d:
         """A dispatching copy of `conv` holding the very same parameter objects, so an
         optimizer built on the original keeps training it."""
         new = cls(conv.in_channels, conv.out_channels, conv.kernel_size, stride=conv.stride,
                   padding=conv.padding, dilation=conv.dilation, groups=conv.groups,
                   bias=conv.bias is not None, padding_mode=conv.padding_mode, device="meta",
-                  layout=layout, algos=algos)
+                  layout=layout, algos=algos, pins=pins, precision=precision)
         new.weight, new.bias = conv.weight, conv.bias
         new.train(conv.training)
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _PlannedConv.apply(x, self.weight, self.dispatch)
-        return y if self.bias is None else y + self.bias.view(1, -1, 1, 1)
+        """The planned passes; under `torch.autocast` in its dtype, as torch's own convolution
+        runs there (input, weight and bias cast, the cast's gradient autograd's). A call in
+        another precision than the plan's runs torch's convolution, with one warning: the
+        plan's times and tolerances do not hold there."""
+        differs = self.dispatch.setting_differs(x)
+        if differs:
+            self.dispatch.warn_once("setting", f"convbench: a planned layer runs torch's "
+                                    f"convolution: {differs}; tune in this setting")
+            return self._conv_forward(x, self.weight, self.bias)
+        weight, bias = self.weight, self.bias
+        if torch.is_autocast_enabled(x.device.type):
+            dtype = torch.get_autocast_dtype(x.device.type)
+            x, weight = x.to(dtype), weight.to(dtype)
+            bias = None if bias is None else bias.to(dtype)
+        d = self.dispatch
+        y = planned_conv(d.to_layout(x), d.to_layout(weight), d.id)
+        return y if bias is None else y + bias.view(1, -1, 1, 1)
 
     def extra_repr(self) -> str:
         passes = ", ".join(f"{p}={self.dispatch.describe(p)}" for p in PASSES)

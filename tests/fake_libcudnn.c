@@ -19,6 +19,17 @@ static int live = 0;
 int fake_live_descriptors(void) { return live; }
 static void *last_stream = 0;
 void *fake_last_stream(void) { return last_stream; }
+/* What the last convolution call ran: its algorithm, workspace pointer and size, math type. */
+static int last_algo = -1, last_math = -1;
+static void *last_ws = 0;
+static size_t last_wss = 0;
+int fake_last_algo(void) { return last_algo; }
+int fake_last_math(void) { return last_math; }
+void *fake_last_workspace(void) { return last_ws; }
+size_t fake_last_workspace_size(void) { return last_wss; }
+static void ran(int algo, const void *c_math, void *ws, size_t wss) {
+    last_algo = algo; last_math = *(const int *)c_math; last_ws = ws; last_wss = wss;
+}
 
 const char *cudnnGetErrorString(int s) {
     switch (s) {
@@ -141,6 +152,13 @@ static int runnable(const Perf *canned, int count, int algo, size_t ws) {
     return NOT_SUPPORTED;
 }
 
+/* The workspace an algorithm needs: the find's canned memory, for the algorithms it runs. */
+static int sized(const Perf *canned, int count, int algo, size_t *size) {
+    for (int i = 0; i < count; i++)
+        if (canned[i].algo == algo && canned[i].status == OK) { *size = canned[i].memory; return OK; }
+    return NOT_SUPPORTED;
+}
+
 static int finish(float *out, const float *acc, size_t count, const float *alpha,
                   const float *beta) {
     for (size_t i = 0; i < count; i++) out[i] = *alpha * acc[i] + *beta * (*beta ? out[i] : 0);
@@ -170,13 +188,33 @@ int cudnnFindConvolutionBackwardFilterAlgorithmEx(void *h, Tensor *xd, void *x, 
     return st ? st : answer(BWD_FILTER, N(BWD_FILTER), c, req, ret, perf);
 }
 
+int cudnnGetConvolutionForwardWorkspaceSize(void *h, Tensor *xd, Filter *wd, Conv *c,
+        Tensor *yd, int algo, size_t *size) {
+    (void)h;
+    int st = agree(xd, wd, yd, c);
+    return st ? st : sized(FWD, N(FWD), algo, size);
+}
+int cudnnGetConvolutionBackwardDataWorkspaceSize(void *h, Filter *wd, Tensor *dyd, Conv *c,
+        Tensor *dxd, int algo, size_t *size) {
+    (void)h;
+    int st = agree(dxd, wd, dyd, c);
+    return st ? st : sized(BWD_DATA, N(BWD_DATA), algo, size);
+}
+int cudnnGetConvolutionBackwardFilterWorkspaceSize(void *h, Tensor *xd, Tensor *dyd, Conv *c,
+        Filter *dwd, int algo, size_t *size) {
+    (void)h;
+    int st = agree(xd, dwd, dyd, c);
+    return st ? st : sized(BWD_FILTER, N(BWD_FILTER), algo, size);
+}
+
 int cudnnConvolutionForward(void *h, const float *alpha, Tensor *xd, const float *x,
         Filter *wd, const float *w, Conv *c, int algo, void *ws, size_t wss,
         const float *beta, Tensor *yd, float *y) {
-    (void)h; (void)ws;
+    (void)h;
     int st = agree(xd, wd, yd, c);
     if (!st) st = runnable(FWD, N(FWD), algo, wss);
     if (st) return st;
+    ran(algo, &c->math, ws, wss);
     size_t count = tensor_size(yd);
     float *acc = calloc(count, sizeof(float));
     Ctx ctx = {x, w, acc, 0};
@@ -189,10 +227,11 @@ int cudnnConvolutionForward(void *h, const float *alpha, Tensor *xd, const float
 int cudnnConvolutionBackwardData(void *h, const float *alpha, Filter *wd, const float *w,
         Tensor *dyd, const float *dy, Conv *c, int algo, void *ws, size_t wss,
         const float *beta, Tensor *dxd, float *dx) {
-    (void)h; (void)ws;
+    (void)h;
     int st = agree(dxd, wd, dyd, c);
     if (!st) st = runnable(BWD_DATA, N(BWD_DATA), algo, wss);
     if (st) return st;
+    ran(algo, &c->math, ws, wss);
     size_t count = tensor_size(dxd);
     float *acc = calloc(count, sizeof(float));
     Ctx ctx = {dy, w, acc, 0};
@@ -204,10 +243,11 @@ int cudnnConvolutionBackwardData(void *h, const float *alpha, Filter *wd, const 
 int cudnnConvolutionBackwardFilter(void *h, const float *alpha, Tensor *xd, const float *x,
         Tensor *dyd, const float *dy, Conv *c, int algo, void *ws, size_t wss,
         const float *beta, Filter *dwd, float *dw) {
-    (void)h; (void)ws;
+    (void)h;
     int st = agree(xd, dwd, dyd, c);
     if (!st) st = runnable(BWD_FILTER, N(BWD_FILTER), algo, wss);
     if (st) return st;
+    ran(algo, &c->math, ws, wss);
     size_t count = filter_size(dwd);
     float *acc = calloc(count, sizeof(float));
     Ctx ctx = {x, dy, acc, 0};

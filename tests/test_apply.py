@@ -7,7 +7,7 @@ from torch import nn
 
 import convbench.functional
 from convbench import nn as cbnn
-from convbench.core.problem import PASSES
+from convbench.core.problem import PASSES, PRECISION_OF_DTYPE
 from convbench.machine.threads import CPU_THREAD_ENV
 from convbench.planning import apply, models, tune
 from convbench.planning.plan import Choice, Constraints, LayerPlan, Plan, PlanError, current_env_key
@@ -20,7 +20,8 @@ def hand_plan(model, x, layouts, passes) -> Plan:
                         {p: Choice(choice[p], "numpy", 1.0, 0.1) if choice.get(p) else None
                          for p in PASSES})
               for s, lay, choice in zip(sites, layouts, passes)]
-    return Plan(env=current_env_key("numpy"), backend="numpy", precision="fp64",
+    precision = PRECISION_OF_DTYPE[str(x.dtype).removeprefix("torch.")]
+    return Plan(env=current_env_key("numpy"), backend="numpy", precision=precision,
                 constraints=Constraints(), cudnn={"benchmark": False, "deterministic": False},
                 input_layout="nchw", output_layout="nchw", layers=layers, network=None,
                 unplanned=unplanned)
@@ -40,6 +41,10 @@ def trained_twins(plan, x, requires_grad=False):
         y.backward(torch.ones_like(y))
         out.append((y, xi.grad, {n: p.grad for n, p in m.named_parameters()}))
     return out, summary, model
+
+
+#: The autograd node of a replaced layer: convbench's operator `convbench::planned_conv`.
+PLANNED_NODE = "GeneratedBackwardFor_convbench_planned_conv_defaultBackward"
 
 
 def graph_nodes(y) -> list[str]:
@@ -80,7 +85,7 @@ def test_apply_keeps_outputs_and_gradients_and_dispatches_as_planned(monkeypatch
     assert [(c.layer, c.action) for c in summary.changes] == [
         ("stem", "replaced"), ("body.2", "replaced"), ("body.4", "kept"), ("odd", "skipped")]
     assert summary.replaced == ["stem", "body.2"]
-    assert graph_nodes(model(x)).count("_PlannedConvBackward") == 2  # one per replaced layer
+    assert graph_nodes(model(x)).count(PLANNED_NODE) == 2  # one per replaced layer
     assert isinstance(model.stem, cbnn.Conv2d) and isinstance(model.body[2], cbnn.Conv2d)
     assert type(model.body[4]) is nn.Conv2d
     assert model.body[4].weight.is_contiguous(memory_format=torch.channels_last)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import re
 import weakref
 from dataclasses import dataclass
 
@@ -65,6 +66,10 @@ _FUNCTIONS = {
                    "cudnnConvolutionBackwardFilter",
                    "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount"),
 }
+#: The workspace an algorithm needs, per pass (no find: what a pinned pass asks).
+_WORKSPACE_SIZE = {"fwd": "cudnnGetConvolutionForwardWorkspaceSize",
+                   "bwd_data": "cudnnGetConvolutionBackwardDataWorkspaceSize",
+                   "bwd_filter": "cudnnGetConvolutionBackwardFilterWorkspaceSize"}
 MATH_TYPES = ("DEFAULT_MATH", "TENSOR_OP_MATH", "TENSOR_OP_MATH_ALLOW_CONVERSION", "FMA_MATH")
 DATA_TYPES = {"fp32": 0, "tf32": 0, "fp16": 2, "bf16": 9}  # CUDNN_DATA_FLOAT, HALF, BFLOAT16
 _COMPUTE_FLOAT = 0
@@ -184,6 +189,8 @@ _SIGNATURES = {
     #  ws, size): the inputs in `Descriptors.inputs` order
     **{f[0]: ([_P, _P, _P, _P, _P, _P, _P, _P, _I, ctypes.POINTER(_I), ctypes.POINTER(_Perf),
                _P, _SZ], _I) for f in _FUNCTIONS.values()},
+    # (handle, inDesc, inDesc, convDesc, outDesc, algo, *size): the inputs in `inputs` order
+    **{f: ([_P, _P, _P, _P, _P, _I, ctypes.POINTER(_SZ)], _I) for f in _WORKSPACE_SIZE.values()},
     # (handle, alpha*, inDesc, in, inDesc, in, convDesc, algo, ws, size, beta*, outDesc, out)
     **{f[1]: ([_P, _P, _P, _P, _P, _P, _P, _I, _P, _SZ, _P, _P, _P], _I)
        for f in _FUNCTIONS.values()},
@@ -315,6 +322,21 @@ def run(cudnn: Binding, handle: int, desc: Descriptors, algo: int, a: int, b: in
                desc.conv, algo, workspace, workspace_bytes, ctypes.byref(beta), desc.out, out)
 
 
+def workspace_size(cudnn: Binding, handle: int, desc: Descriptors, algo: int) -> int:
+    """The workspace (bytes) algorithm `algo` needs for `desc`'s pass, as cuDNN says without a
+    find; CudnnError (NOT_SUPPORTED, BAD_PARAM) where it cannot run this pass."""
+    size = _SZ()
+    da, _, db, _ = desc.inputs(0, 0)
+    cudnn.call(_WORKSPACE_SIZE[desc.pass_], handle, da, db, desc.conv, desc.out, algo,
+               ctypes.byref(size))
+    return int(size.value)
+
+
+def enum_of(algo: str, pass_: str) -> str | None:
+    """`cudnn-find-fft-tiling` -> `FFT_TILING` where `pass_` has that algorithm, else None."""
+    return next((e for e in ALGO_ENUMS[pass_] if algo_name(e) == algo), None)
+
+
 def choose(perfs: list[Perf], enum_name: str, precision: str) -> Perf | None:
     """The entry to run for algorithm `enum_name`: the fastest successful one under a math type
     the precision allows; else the first entry for it (its status is why it cannot run); None
@@ -336,6 +358,21 @@ def note(perfs: list[Perf], chosen: Perf, precision: str) -> str:
     return (f"cuDNN find: {chosen.time_ms:.4g} ms (rank {rank} of {len(ran)}), workspace "
             f"{chosen.workspace} B, {'deterministic' if chosen.deterministic else 'nondeterministic'},"
             f" {chosen.math}")
+
+
+_NOTE = re.compile(r"cuDNN find: (?P<ms>[-0-9.e+]+) ms \(rank \d+ of \d+\), workspace "
+                   r"(?P<ws>\d+) B, (?P<det>deterministic|nondeterministic), (?P<math>\w+)$")
+
+
+def found(text: str) -> dict | None:
+    """What a row's `note` (written by `note`) says the find reported: {"search_ms",
+    "workspace_bytes", "deterministic", "math"}; None for any other text. A plan's pin reads
+    it, so the math type the algorithm was timed under is the one training runs."""
+    m = _NOTE.match(text or "")
+    if m is None:
+        return None
+    return {"search_ms": float(m["ms"]), "workspace_bytes": int(m["ws"]),
+            "deterministic": m["det"] == "deterministic", "math": m["math"]}
 
 
 # --- the library torch loaded ----------------------------------------------------------------

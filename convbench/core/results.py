@@ -315,8 +315,9 @@ def to_json(df: pd.DataFrame) -> str:
 #: The numbers an entry keeps (None where the row has none, or not a finite one).
 ENTRY_NUMBERS = ("median_ms", "iqr_ms", "rel_error", "tolerance")
 #: The texts an entry keeps ("" where the row has none): the rounds it was timed in (entries
-#: with the same id pair up round by round) and why the GPU was throttled while it was.
-ENTRY_TEXTS = ("round_group", "throttled")
+#: with the same id pair up round by round), why the GPU was throttled while it was, and the
+#: row's note (for a cuDNN algorithm what its find reported, which a plan's pin records).
+ENTRY_TEXTS = ("round_group", "throttled", "note")
 
 
 def _finite(v) -> float | None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from ..algos import registry
+from ..algos.cudnn_pinned import Pin
 from ..algos.registry import TORCH_ALGOS
 from ..analysis.ranking import Candidate, busy_mask, preferred, tied
 from ..core import stats
@@ -262,13 +263,18 @@ def build_plan(advice: Advice, env: dict, conversions: list[dict] | None, *,
         layouts = list(chosen.layouts)
         network = NetworkTotals(chosen.total_ms, chosen.conversion_ms, list(greedy.layouts),
                                 greedy.total_ms)
+    notes = {(e["problem"], e["pass"], e["algo"], e["layout"]): e.get("note", "")
+             for e in measurements}
     layers = []
     for (layer, problem), layout in zip(advice.layers, layouts):
         passes = {}
         for p in PASSES:
             a = advice.passes.get((layer, p))
             cand = a.by_layout.get(layout) if a else None
-            passes[p] = (Choice(cand.algo, cand.backend, cand.median_ms, cand.iqr_ms)
+            pin = cand and Pin.of(cand.algo, p, advice.precision,
+                                  notes.get((problem, p, cand.algo, layout), ""),
+                                  env.get("cudnn"))
+            passes[p] = (Choice(cand.algo, cand.backend, cand.median_ms, cand.iqr_ms, pin)
                          if cand else None)
         layers.append(LayerPlan(layer, problem, layout, passes))
     # One global cudnn.benchmark: the mode most cuDNN passes chose (apply gives the others

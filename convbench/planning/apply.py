@@ -13,6 +13,7 @@ measures nothing and chooses nothing: the plan has chosen.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from pathlib import Path
 from ..algos import registry
 from ..algos.registry import TORCH_ALGOS
 from ..core.fmt import tabulate
-from ..core.problem import AXIS_FIELDS, PASSES
+from ..core.problem import AXIS_FIELDS, PASSES, PRECISION_OF_DTYPE
 from ..machine.threads import CPU_THREAD_ENV  # the environment a CPU plan with NumPy passes wants
 from ..measure import verify
 from . import numerics
@@ -160,17 +161,33 @@ def apply(model, plan: Plan | str | Path, check=None) -> Summary:
     float64 run in train and eval mode (`numerics`), and the table says where the plan or the
     layout alone moves its numbers.
 
-    TF32 is left as the model's owner set it; the cuDNN passes of an fp32 plan were measured
-    with it off (`torch.backends.cudnn.allow_tf32 = False` runs them as measured)."""
+    The plan runs in the precision it was measured in, and `apply` changes no one's numerics:
+    a plan measured in strict fp32 where torch runs convolutions in TF32 (its default on a
+    GPU), or the reverse, or for parameters of another dtype, is refused (PlanError, one line
+    naming the setting to change). A bf16 or fp16 plan for fp32 parameters is for
+    `torch.autocast`, which each replaced layer checks when called. `cudnn.benchmark` and the
+    `benchmark_limit` the plan was measured with are set; a `cudnn.deterministic = True` of
+    the caller is never lowered (a warning says where the plan wanted it off, and its
+    nondeterministic cuDNN pins run torch's convolution instead). A pinned cuDNN algorithm
+    found with another cuDNN than the one loaded runs torch's convolution, with one warning."""
     import torch
 
     plan = plan if isinstance(plan, Plan) else Plan.load(plan)
     _check_device(model, plan)
+    _check_precision(model, plan)
     original = copy.deepcopy(model) if check is not None else None
     misfits = {lp.layer: why for lp in plan.layers if (why := _why_not(model, lp)[1])}
     _check_fit(model, plan, misfits)
     torch.backends.cudnn.benchmark = plan.cudnn["benchmark"]
-    torch.backends.cudnn.deterministic = plan.cudnn["deterministic"]
+    if plan.cudnn.get("benchmark_limit") is not None:
+        torch.backends.cudnn.benchmark_limit = plan.cudnn["benchmark_limit"]
+    deterministic = plan.cudnn["deterministic"] or torch.backends.cudnn.deterministic
+    if deterministic and not plan.cudnn["deterministic"]:
+        warnings.warn("torch.backends.cudnn.deterministic stays True as you set it (the plan "
+                      "was made without it); its nondeterministic cuDNN pins run torch's "
+                      "convolution", stacklevel=2)
+    torch.backends.cudnn.deterministic = deterministic
+    plan = _usable_pins(plan, deterministic)
     changes, swaps = _changes(model, plan, misfits)
     refused = _checked(model, swaps, check, plan.precision) if check is not None else {}
     changes = _swapped(model, changes, swaps, refused)
@@ -210,7 +227,9 @@ def _changes(model, plan: Plan, misfits: dict[str, str]) -> tuple[list[Change], 
                                   "torch runs every pass as planned"))
         else:
             algos = {p: (c.algo, c.backend) if c else None for p, c in lp.passes.items()}
-            swaps[lp.layer] = (lp, module, cbnn.Conv2d.from_conv(module, lp.layout, algos))
+            pins = {p: c.pin for p, c in lp.passes.items() if c is not None and c.pin}
+            swaps[lp.layer] = (lp, module, cbnn.Conv2d.from_conv(
+                module, lp.layout, algos, pins, plan.precision))
             why = (f"runs {', '.join(ours)}" if ours else
                    "converts its channels_last input to NCHW" if lp.layout == "nchw" else
                    "sets cudnn.benchmark per pass")
@@ -311,6 +330,68 @@ def _check_fit(model, plan: Plan, misfits: dict[str, str]) -> None:
                      f"default ({', '.join(convs[:3])}{', ...' if len(convs) > 3 else ''})")
     warnings.warn(f"the plan was not tuned for this model: {'; '.join(parts)}; tune this "
                   "model for a plan of its own", stacklevel=3)
+
+
+def _check_precision(model, plan: Plan) -> None:
+    """PlanError where the model would run the plan's convolutions in another precision than
+    they were measured in (`apply`'s docstring)."""
+
+    dtypes = {str(p.dtype).removeprefix("torch.") for p in model.parameters()
+              if p.is_floating_point()}
+    if len(dtypes) != 1:
+        return  # a model of mixed dtypes: each replaced layer checks its own calls
+    dtype = dtypes.pop()
+    if plan.precision in ("bf16", "fp16") and dtype == "float32":
+        return  # for torch.autocast: checked at each call
+    stored = "fp32" if plan.precision == "tf32" else plan.precision  # TF32 stores fp32
+    if PRECISION_OF_DTYPE.get(dtype) != stored:
+        raise PlanError(f"the plan was measured in {plan.precision}; the model's parameters "
+                        f"are {dtype}: tune it in the dtype it trains in")
+    if plan.backend != "cuda" or plan.precision not in ("fp32", "tf32"):
+        return
+    from ..algos.cudnn import conv_runs_tf32
+
+    tf32 = conv_runs_tf32()
+    if tf32 and plan.precision == "fp32":
+        raise PlanError("the plan was measured in strict fp32 (TF32 off) and torch runs this "
+                        "process's convolutions in TF32 (its default): set "
+                        "torch.backends.cudnn.allow_tf32 = False to train as measured, or tune "
+                        "with TF32 on")
+    if not tf32 and plan.precision == "tf32":
+        raise PlanError("the plan was measured in TF32 and TF32 is off here "
+                        "(torch.backends.cudnn.allow_tf32 = False): turn it on to train as "
+                        "measured, or tune in strict fp32")
+
+
+def _usable_pins(plan: Plan, deterministic: bool) -> Plan:
+    """`plan` without the cuDNN pins this process cannot run as they were found: those found
+    with another cuDNN than the one loaded (an algorithm's number may mean another kernel, or
+    none), and nondeterministic ones where determinism is asked; torch's convolution runs
+    their passes, and one warning says which and why."""
+    import torch
+
+    loaded = torch.backends.cudnn.version() if plan.backend == "cuda" else None
+    dropped: dict[str, list[str]] = {}
+    layers = []
+    for lp in plan.layers:
+        passes = {}
+        for p, c in lp.passes.items():
+            why = None
+            if c is not None and c.pin is not None:
+                if c.pin.cudnn is not None and str(loaded) != c.pin.cudnn:
+                    why = f"found with cuDNN {c.pin.cudnn}, cuDNN {loaded} loaded"
+                elif deterministic and not c.pin.deterministic:
+                    why = "nondeterministic, and cudnn.deterministic is set"
+            if why:
+                dropped.setdefault(why, []).append(f"{lp.layer} {p}")
+                c = None
+            passes[p] = c
+        layers.append(dataclasses.replace(lp, passes=passes))
+    for why, where in dropped.items():
+        warnings.warn(f"{len(where)} pinned cuDNN passes run torch's convolution ({why}): "
+                      f"{', '.join(where[:3])}{', ...' if len(where) > 3 else ''}",
+                      stacklevel=3)
+    return dataclasses.replace(plan, layers=layers) if dropped else plan
 
 
 def _check_device(model, plan: Plan) -> None:

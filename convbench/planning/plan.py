@@ -28,6 +28,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..algos.cudnn_find import MATH_TYPES, enum_of
+from ..algos.cudnn_pinned import Pin
 from ..algos.registry import ALGOS
 from ..core.problem import LAYOUTS, PASSES, PRECISIONS, ConvProblem
 from ..core.results import ENTRY_NUMBERS, ENTRY_TEXTS, STATUSES
@@ -125,12 +127,15 @@ class Constraints:
 
 @dataclass(frozen=True)
 class Choice:
-    """The implementation a pass runs, with the time it was chosen for."""
+    """The implementation a pass runs, with the time it was chosen for; for one of cuDNN's
+    algorithms (`cudnn-find-*`) its pin: what training runs directly, with no find
+    (`cudnn_pinned.Pin`: the enum, math type, workspace, the find's time, the cuDNN version)."""
 
     algo: str
     backend: str
     median_ms: float
     iqr_ms: float
+    pin: Pin | None = None
 
 
 @dataclass(frozen=True)
@@ -213,7 +218,9 @@ class Plan:
     backend: str
     precision: str
     constraints: Constraints
-    cudnn: dict[str, bool]  # {"benchmark": ..., "deterministic": ...}: the global flags to set
+    #: The global flags to set: {"benchmark", "deterministic"}, and on a GPU the
+    #: "benchmark_limit" torch's search ran with when measured.
+    cudnn: dict[str, bool | int]
     input_layout: str
     output_layout: str
     layers: list[LayerPlan]
@@ -380,8 +387,11 @@ _MEASUREMENT = obj({"problem": problem_field, "pass": _PASS, "algo": _ALGO,
                      "workspace_bytes": optional(integer()), "times_ms": list_of(number),
                      **{k: text for k in ENTRY_TEXTS}, "contended": flag},
                     optional=(*ENTRY_TEXTS, "contended"))
-_CHOICE = obj({"algo": _ALGO, "backend": _BACKEND, "median_ms": number, "iqr_ms": number},
-               Choice)
+_PIN = obj({"algo": text, "math": one_of(MATH_TYPES, "math type"),
+            "workspace_bytes": optional(integer()), "search_ms": _OPT_NUMBER,
+            "cudnn": optional(text)}, Pin)
+_CHOICE = obj({"algo": _ALGO, "backend": _BACKEND, "median_ms": number, "iqr_ms": number,
+               "pin": optional(_PIN)}, Choice, optional=("pin",))
 _PLAN = obj({
     "format": text, "version": anything, "created": text,
     "env": obj({f: optional(text) for f in ENV_FIELDS}),
@@ -391,7 +401,8 @@ _PLAN = obj({
                          "max_error": _OPT_NUMBER,
                          "tie_break": one_of(TIE_BREAKS, "tie-break"), "include_busy": flag},
                         Constraints, optional=("tie_break", "include_busy")),
-    "cudnn": obj({"benchmark": flag, "deterministic": flag}),
+    "cudnn": obj({"benchmark": flag, "deterministic": flag,
+                  "benchmark_limit": optional(integer())}, optional=("benchmark_limit",)),
     "input_layout": _LAYOUT, "output_layout": _LAYOUT,
     "layers": list_of(obj({"layer": text, "problem": problem_field, "layout": _LAYOUT,
                           "passes": passes(_CHOICE)}, LayerPlan)),
@@ -426,6 +437,10 @@ def _check_consistent(plan: Plan, source: str) -> None:
             if choice is not None and choice.backend != plan.backend:
                 fail(f"layers[{i}].passes.{pass_}.backend: {choice.backend!r} in a plan for "
                      f"backend {plan.backend!r}")
+            if choice is not None and choice.pin is not None and \
+                    enum_of(choice.algo, pass_) != choice.pin.algo:
+                fail(f"layers[{i}].passes.{pass_}.pin.algo: {choice.pin.algo!r} is not "
+                     f"{choice.algo}'s cuDNN algorithm for {pass_}")
     for i, entry in enumerate(plan.measurements):
         if entry["backend"] != plan.backend:
             fail(f"measurements[{i}].backend: {entry['backend']!r} in a plan for backend "
