@@ -437,6 +437,21 @@ def test_bar_plots_mark_busy_and_noisy_times():
     plt.close(fig)
 
 
+def test_an_inexact_time_is_drawn_crossed_not_left_out():
+    """An `inexact` row ran: its bar is drawn, crossed, with its legend entry (`†`)."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    df = results.frame(rows({("gemm", "conv3"): SLOW, ("torch-cpu", "conv3"): ("inexact",
+                                                                               FAST)}))
+    fwd = df[(df["pass"] == "fwd") & (df["layer"] == "conv3")]
+    fig, ax = plt.subplots()
+    plots.bar_groups(ax, fwd, "median_ms", ["gemm", "torch-cpu"], ["conv3"])
+    plots.mark_legend(ax, fwd)
+    assert [b.get_hatch() for b in ax.patches[:2]] == [None, "xx"]
+    assert ax.patches[1].get_height() == pytest.approx(FAST.median)
+    assert ax.get_legend_handles_labels()[1][2:] == [plots.INEXACT_BAR[1]]
+    plt.close(fig)
+
+
 # --- the device's ceilings: the header, each row's share, the roofline --------------------------
 def ceilings_env(**figures) -> dict:
     """env.json of a run whose ceilings are conftest's fake with these figures, in the form a
