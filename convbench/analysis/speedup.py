@@ -151,7 +151,8 @@ def against_torch(df: pd.DataFrame) -> pd.DataFrame:
                 cell.update({side: c.algo, f"{side}_layout": c.layout,
                              f"{side}_ms": c.median_ms})
             r = own.ratio_to(torch)
-            cell.update(torch_inexact=torch.inexact, ratio=r.value, low=math.nan if r.low is None else r.low,
+            cell.update(torch_inexact=torch.inexact, ratio=r.value,
+                        low=math.nan if r.low is None else r.low,
                         high=math.nan if r.high is None else r.high,
                         outcome="tie" if not r.decided else "ours" if r.value < 1
                         else "torch")

@@ -97,10 +97,10 @@ def timed_row(case: Case, ready: Ready, t: Timed, group: str, note: str) -> dict
             note += (f"{'; ' if note else ''}time without the {t.steps[step].median:.4g} "
                      f"ms {what}")
     status, reason = ("ok", "") if ready.check.ok else ("inexact", ready.check.reason)
-    return row(case, status, reason, ready.check, t.total, note, ready.workspace, ready.peak_bytes,
-               ready.memory_method, median_repetition(t) if ready.phase_fns else None,
-               stop=t.stop, round_group=group,
-               throttled="; ".join(t.throttled))
+    return row(case, status, reason, ready.check, t.total, note, ready.workspace,
+               ready.peak_bytes, ready.memory_method,
+               median_repetition(t) if ready.phase_fns else None, stop=t.stop,
+               round_group=group, throttled="; ".join(t.throttled))
 
 
 def row(case: Case, status: str, reason: str = "", check: verify.Check | None = None,

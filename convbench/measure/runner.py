@@ -4,8 +4,8 @@ A sweep is data (layers × algos × passes × layouts × precisions, like Triton
 each case one `Case`, each result one row of `results.COLUMNS`. For every case the
 implementation is first run on seeded random operands into a NaN-filled output and checked
 against the float64 reference; only a pass that checks out is timed, and a library's beyond
-its tolerance (`inexact`: `verify.verdict`), which is what its users run. Whatever happens to one
-case — unsupported, a wrong answer, an exception, out of memory — becomes that case's row and
+its tolerance (`inexact`: `verify.verdict`), which is what its users run. Whatever happens to
+one case — unsupported, a wrong answer, an exception, out of memory — becomes that case's row and
 the sweep goes on.
 
 Cases compete when they share (problem, pass, precision): every algorithm and layout of it.

@@ -4,7 +4,9 @@ Advice reads results only (`results.frame` of a run folder, or of rows the tuner
 never times anything: per layer and pass, among the `ok` (algo, backend, layout) candidates
 whose error is within its tolerance and the constraints (and, unless asked, not measured on a
 busy machine), the fastest (an `inexact` row, a library's result beyond its tolerance, is a
-candidate only where the constraints name an error it is within: `_exclusions`); the runner-up and the ratio of their medians with its interval
+candidate only where the constraints name an error it is within: `_exclusions`, and a pass whose
+every candidate is decidedly slower than torch's inexact pick is left to torch:
+`_left_to_torch`); the runner-up and the ratio of their medians with its interval
 (`stats.ratio`, paired by round where they were timed in the same rounds). The fastest wins only
 where that interval excludes 1; otherwise it is a tie within noise, and among the candidates
 tied with the fastest the advice takes the one the user's tie-break prefers (the least
@@ -136,8 +138,8 @@ def _left_to_torch(rows: pd.DataFrame, best: Candidate, c: Constraints) -> Candi
     """torch's own `inexact` pick of a pass (origin `torch`; busy rows only with
     `include_busy`) where `best` is decidedly slower than it, else None. The pass is then left
     to torch: no plan takes an inexact row without `max_error`, and none replaces the pass
-    torch runs with a slower one (torch's default fp32 weight gradient of a 5x5 layer, cuDNN's
-    Winograd, is inexact and several times faster than any exact choice)."""
+    torch runs with a slower one (as torch's fp32 weight gradient of a 5x5 layer, run as
+    cuDNN's Winograd, can be: inexact, and faster than every exact choice)."""
     theirs = rows[(rows["status"] == "inexact")
                   & rows["algo"].map(lambda a: registry.algorithm(a).origin == "torch")]
     if not c.include_busy:

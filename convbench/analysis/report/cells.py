@@ -4,9 +4,10 @@ every table shares.
 A time that may be wrong is never shown bare: it carries its mark (`~` noisy, `!` host-bound,
 `#` busy machine), so a reader does not take it for a result, and so does the time of a result
 that was not right (`†`: `inexact`, a library's result beyond its tolerance); the fastest of a
-column is marked `*` where it wins beyond noise and `=` where it ties (`ranking`'s rule: the interval of its
-ratio to the runner-up excludes 1), as PyTorch's `Compare` marks the best. Algorithms come in
-the registry's order and everything else as measured, so every table and plot reads alike.
+column is marked `*` where it wins beyond noise and `=` where it ties (`ranking`'s rule: the
+interval of its ratio to the runner-up excludes 1), as PyTorch's `Compare` marks the best.
+Algorithms come in the registry's order and everything else as measured, so every table and
+plot reads alike.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ many problems; per pass, the time per layer and algorithm (a panel per layout, o
 the operation counts; the phase breakdown; the roofline.
 
 A time that may be wrong looks it, as the tables mark it: hatched where measured on a busy
-machine, faded where noisy, crossed where its result was inexact; a case that did not run is a letter at its place, not a gap. Without
-matplotlib the report says so and carries on.
+machine, faded where noisy, crossed where its result was inexact; a case that did not run is a
+letter at its place, not a gap. Without matplotlib the report says so and carries on.
 """
 
 from __future__ import annotations

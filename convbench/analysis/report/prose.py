@@ -644,10 +644,10 @@ SECTIONS: tuple[Callable[[_Run], list[str]], ...] = (
 def markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = (),
              baseline: str | None = None) -> str:
     """report.md: the header, the best of ours against torch per layer and pass, the
-    libraries' inexact results, for many problems the speed-up over a baseline, which wins each layer, time tables per pass and
-    layout, op counts, workspace, accuracy, the phase breakdown, what was not measured and why,
-    noisy measurements, and the plots (`plots`: file names, or the note saying why there are
-    none): `SECTIONS`, in order."""
+    libraries' inexact results, for many problems the speed-up over a baseline, which wins each
+    layer, time tables per pass and layout, op counts, workspace, accuracy, the phase
+    breakdown, what was not measured and why, noisy measurements, and the plots (`plots`: file
+    names, or the note saying why there are none): `SECTIONS`, in order."""
     df, once = inference.split(df)  # inference variants: a section of their own, nothing else
     run = _Run(df, env, plots, baseline, busy_table(df), host_bound_table(df), once)
     return "\n".join(line for section in SECTIONS for line in section(run)) + "\n"
