@@ -265,6 +265,47 @@ def test_times_of_a_busy_machine_are_left_out_unless_asked():
         "gemm"
 
 
+def inexact(layer: str, pass_: str, algo: str, layout: str, m: Measurement,
+            backend: str = "cuda") -> dict:
+    """An `inexact` row: 5.1e-3 relative error against a tolerance of 6.75e-4 (torch's fp32
+    weight gradient of AlexNet's conv2 on an H200)."""
+    case = runner.Case("net", layer, {"l1": P1, "l2": P2}[layer], algo, backend,
+                       pass_, layout, "fp32")
+    chk = verify.Check(False, 5.1e-3, 0.1, 6.75e-4)
+    return runner.row(case, "inexact", chk.reason, check=chk, m=m)
+
+
+def test_an_inexact_torch_pick_stays_the_baseline_and_is_chosen_only_within_max_error():
+    """torch's inexact pick is timed: it is the regret's baseline, marked, and its error is
+    said; no plan takes it unless --max-error admits its error. Where an exact choice is
+    decidedly faster, that is chosen; where every exact one is slower, the pass is left to
+    torch, never replaced by a slower one."""
+    rows = synthetic({("l1", "bwd_filter", "direct", "nchw"): times(0.5),
+                      ("l2", "bwd_filter", "direct", "nchw"): times(9.7)}, backend="cuda")
+    rows += [inexact("l1", "bwd_filter", "cudnn", "nchw", times(1.0)),
+             inexact("l2", "bwd_filter", "cudnn", "nchw", times(1.0))]
+    adv = advice.advise(results.frame(rows))
+    faster = adv.passes["l1", "bwd_filter"]
+    assert faster.best.algo == "direct" and faster.runner_up is None  # cudnn no candidate
+    assert faster.regret == pytest.approx(1.0)  # the inexact pick is still the baseline
+    assert ("l2", "bwd_filter") not in adv.passes
+    torchs, best = adv.left_to_torch["l2", "bwd_filter"]
+    assert (torchs.algo, best.algo) == ("cudnn", "direct")
+    assert adv.excluded[advice.INEXACT_EXCLUDED] == 2
+    plan = advice.build_plan(adv, {}, None, measurements=[])
+    assert plan.layers[1].passes["bwd_filter"] is None  # torch runs it, as it did
+    text = advice.plan_text(plan, adv)
+    assert "| †+100% " in text and "(left to torch: its inexact pick is faster)" in text
+    assert ("torch's default (`cudnn`) computes l2 bwd_filter (nchw, fp32) with 0.51% relative "
+            "error; its tolerance is 0.068%") in text
+    allowed = advice.advise(results.frame(rows), Constraints(max_error=1e-2))
+    assert allowed.passes["l2", "bwd_filter"].best.algo == "cudnn"
+    assert not allowed.left_to_torch
+    strict = advice.advise(results.frame(rows), Constraints(max_error=1e-3))
+    assert strict.excluded["above --max-error 0.001"] == 2
+    assert ("l2", "bwd_filter") in strict.left_to_torch
+
+
 def test_times_from_the_same_rounds_pair_up():
     """Two algorithms timed in the same rounds, both slowed by the same drift: paired, their
     ratio is decided; apart, the drift's spread hides it."""

@@ -6,9 +6,11 @@ from test_cli import run_cli
 
 from convbench.algos import registry
 from convbench.analysis.report import sweep as sweepreport
+from convbench.analysis.report.cells import BEST
 from convbench.catalogs.layers import Layer, resolve
 from convbench.core import fmt, results
-from convbench.measure import batchsweep, memory, opcount, runner
+from convbench.core.measurement import Measurement
+from convbench.measure import batchsweep, memory, opcount, runner, verify
 
 CONV3 = resolve("conv3").problem
 
@@ -120,6 +122,25 @@ def test_sweep_report_is_chosen_by_the_data():
     assert sweepreport.is_batch_sweep(df) and not sweepreport.is_batch_sweep(df[df["n"] == 1])
     text = sweepreport.sweep_markdown(df, {}, "no plots")
     assert "## Not measured" in text and "## Out of memory" not in text
+
+
+def test_a_sweep_shows_an_inexact_time_marked_never_the_fastest():
+    """torch's inexact time at each batch is shown, marked, its peak read; the fastest mark
+    goes to the fastest verified time, and an inexact row is not under Not measured."""
+    rows = []
+    for n in (1, 2):
+        gemm, torch_cpu = conv3_cases(n, ["gemm", "torch-cpu"])
+        rows.append(runner.row(gemm, "ok", check=verify.Check(True, 1e-7, 1e-6, 1e-5),
+                               m=Measurement((2.0 * n,) * 3), peak_bytes=1 << 20))
+        bad = verify.Check(False, 5.1e-3, 0.1, 6.75e-4)
+        rows.append(runner.row(torch_cpu, "inexact", bad.reason, check=bad,
+                               m=Measurement((1.0 * n,) * 3), peak_bytes=1 << 20))
+    df = results.frame(rows)
+    table = sweepreport.per_image_table(df)
+    assert table.loc[("conv3", "torch-cpu"), 2] == "†1"
+    assert table.loc[("conv3", "gemm"), 2] == "2" + BEST
+    assert sweepreport.peak_batch_table(df).loc[("conv3", "torch-cpu"), 1] == "1"
+    assert "## Not measured" not in sweepreport.sweep_markdown(df, {}, "no plots")
 
 
 def test_json_output_of_a_sweep(tmp_path, capsys):

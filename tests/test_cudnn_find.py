@@ -169,6 +169,48 @@ def test_cudnn_s_fft_and_winograd_are_judged_with_their_own_tolerances():
                 1.0, (verify.reduction_length(p, "bwd_data") / 4096) ** 0.5)
 
 
+class _Spoilt(registry.Implementation):
+    """torch's CPU convolution with every output element off by `scale` - 1 (relative), standing
+    in for a cuDNN algorithm that rounds more than it is allowed."""
+
+    backend = "numpy"
+    precisions = ("fp32",)
+
+    def __init__(self, algo: str, scale: float):
+        self.algo, self.scale, self.inner = algo, scale, registry.get("torch-cpu", "numpy")
+
+    def supports(self, problem, pass_, layout, precision):
+        return None
+
+    def prepare(self, problem, pass_, layout, precision):
+        fn = self.inner.prepare(problem, pass_, layout, precision)
+
+        def run(a, b, out):
+            fn(a, b, out)
+            out *= self.scale
+
+        return run
+
+
+def test_cudnn_s_winograd_on_a_5x5_filter_past_its_tolerance_is_inexact_not_excused():
+    """On an H200, torch's fp32 weight gradient of AlexNet's conv2 (batch 256, 5x5) ran cuDNN's
+    Winograd-nonfused with 5.1e-3 relative error, about 7x the alpha-6 column cuDNN's Winograd
+    is judged by. No looser column excuses it: the row is `inexact`, timed, its error said."""
+    from convbench.catalogs.layers import Layer, resolve
+    from convbench.measure import verify
+
+    algo = "cudnn-find-winograd-nonfused"
+    conv2 = resolve("conv2").problem.with_batch(256)
+    assert verify.tolerance(algo, "fp32", conv2, "bwd_filter") < 5.1e-3 / 5
+    small = ConvProblem(n=2, c=3, h=9, w=9, k=4, r=5, s=5, pad=2)
+    cases = runner.sweep([Layer("alexnet", "conv2", small)], [algo], "numpy", ["bwd_filter"],
+                         ["nchw"], ["fp32"])
+    (row,) = runner.run(cases, 0.002, {algo: _Spoilt(algo, 1 + 5.1e-3)})
+    assert row["status"] == "inexact" and row["median_ms"] > 0
+    assert row["tolerance"] == verify.tolerance(algo, "fp32", small, "bwd_filter")
+    assert f"> tolerance {row['tolerance']:.3g}" in row["reason"]
+
+
 def test_the_find_s_workspace_cap_and_what_alloc_failed_means():
     """The cap fits cuDNN's explicit GEMM at batch 256 (the im2col matrix: 1.2 GB on AlexNet's
     conv2) within half the free memory; an algorithm still shut out says it is the cap."""

@@ -94,6 +94,22 @@ def test_it_is_verified_with_the_tolerance_it_declares(column, status):
     assert r["rel_error"] == pytest.approx(3e-5, rel=0.05)
 
 
+@pytest.mark.parametrize("origin, status", [("ours", "failed"), ("library", "inexact"),
+                                            ("torch", "inexact")])
+def test_a_result_beyond_its_tolerance_is_failed_if_ours_and_timed_if_a_library_s(origin,
+                                                                                  status):
+    """Off by 1e-4 relative, past the exact column: ours is `failed` and never timed; a
+    library's (what its users run) is `inexact`, timed, its reason the error against the
+    tolerance its traits declare."""
+    spoilt = type("Spoilt", (TorchWrapped,), {"scale": 1 + 1e-4})
+    with registry.scratch():
+        registry.register(dataclasses.replace(TRAITS, origin=origin), "numpy")(spoilt)
+        (r,) = _rows([NAME])
+    assert r["status"] == status and r["rel_error"] == pytest.approx(1e-4, rel=0.05)
+    assert f"> tolerance {r['tolerance']:.3g}" in r["reason"]
+    assert (r["median_ms"] is not None) == (status == "inexact")
+
+
 def test_every_pass_is_verified_and_counted_as_the_direct_convolution(wrapped):
     for r in _rows([NAME], passes=("fwd", "bwd_data", "bwd_filter")):
         assert r["status"] == "ok" and r["rel_error"] < r["tolerance"]

@@ -72,6 +72,21 @@ def test_round_trip_through_a_file(tmp_path):
     assert not list(tmp_path.glob("sub/.*tmp"))  # the atomic write left nothing behind
 
 
+def test_an_inexact_measurement_round_trips_with_its_error(tmp_path):
+    """A plan keeps a library's `inexact` measurement (timed, its error beyond its tolerance):
+    the tuning database knows what torch's pick costs and how far off it is."""
+    plan = make_plan()
+    bad = verify.Check(False, 5.1e-3, 0.1, 6.75e-4)
+    case = runner.Case("net", "conv", P1, "torch-cpu", "numpy", "bwd_filter", "nchw", "fp32")
+    plan.measurements.append(entry_from_row(runner.row(case, "inexact", bad.reason, check=bad,
+                                                       m=Measurement((1.0, 1.1, 1.2)))))
+    loaded = Plan.load(plan.save(tmp_path / "plan.json"))
+    entry = loaded.measurements[-1]
+    assert loaded == plan and entry["status"] == "inexact" and entry["median_ms"] == 1.1
+    assert (entry["rel_error"], entry["tolerance"]) == (5.1e-3, 6.75e-4)
+    assert entry["reason"].startswith("rel_error 0.0051 > tolerance 0.000675")
+
+
 def test_entries_round_trip_to_results_rows():
     row = measured_row()
     back = row_from_entry(entry_from_row(row), "conv", "net", "fp32")

@@ -18,11 +18,15 @@ LAYERS = net_layers("alexnet")[2:4]  # conv3, conv4
 
 
 def rows(times: dict, algos=("gemm", "winograd-2x2", "torch-cpu")) -> list[dict]:
-    """Synthetic rows: `times[(algo, layer)]` is a Measurement, a status word, or missing."""
+    """Synthetic rows: `times[(algo, layer)]` is a Measurement, a status word, ("inexact",
+    Measurement) (5.1e-3 relative error against a tolerance of 6.75e-4), or missing."""
     out = []
     for case in runner.sweep(LAYERS, algos, "numpy", ["fwd", "bwd_data"], ["nchw"], ["fp32"]):
         got = times.get((case.algo, case.layer), "unsupported")
-        if isinstance(got, Measurement):
+        if isinstance(got, tuple):
+            chk = verify.Check(False, 5.1e-3, 0.1, 6.75e-4)
+            out.append(runner.row(case, got[0], chk.reason, check=chk, m=got[1]))
+        elif isinstance(got, Measurement):
             chk = verify.Check(True, 1e-7, 1e-6, 1e-5)
             out.append(runner.row(case, "ok", check=chk, m=got, workspace=1 << 20))
         else:
@@ -433,6 +437,21 @@ def test_bar_plots_mark_busy_and_noisy_times():
     plt.close(fig)
 
 
+def test_an_inexact_time_is_drawn_crossed_not_left_out():
+    """An `inexact` row ran: its bar is drawn, crossed, with its legend entry (`†`)."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    df = results.frame(rows({("gemm", "conv3"): SLOW, ("torch-cpu", "conv3"): ("inexact",
+                                                                               FAST)}))
+    fwd = df[(df["pass"] == "fwd") & (df["layer"] == "conv3")]
+    fig, ax = plt.subplots()
+    plots.bar_groups(ax, fwd, "median_ms", ["gemm", "torch-cpu"], ["conv3"])
+    plots.mark_legend(ax, fwd)
+    assert [b.get_hatch() for b in ax.patches[:2]] == [None, "xx"]
+    assert ax.patches[1].get_height() == pytest.approx(FAST.median)
+    assert ax.get_legend_handles_labels()[1][2:] == [plots.INEXACT_BAR[1]]
+    plt.close(fig)
+
+
 # --- the device's ceilings: the header, each row's share, the roofline --------------------------
 def ceilings_env(**figures) -> dict:
     """env.json of a run whose ceilings are conftest's fake with these figures, in the form a
@@ -613,6 +632,37 @@ def test_every_report_sets_the_best_of_ours_against_torch_per_layer_and_pass():
             in section)
     alone = report.markdown(df[df["algo"] != "torch-cpu"], {"run": {"backend": "numpy"}})
     assert "This run measured none of torch's convolution" in alone
+
+
+def test_an_inexact_torch_pick_keeps_its_time_marked_and_said_and_never_wins():
+    """torch's pick beyond its tolerance (`inexact`) is what its users run: its time stands in
+    the time table, marked and with no win; it is torch's side against ours and its own
+    network total, marked; the report says its error in a sentence; it did run, so it is not
+    under Not measured; the fastest verified time wins."""
+    quick = Measurement((0.49, 0.5, 0.5, 0.5, 0.5, 0.51, 0.51))
+    times = {**TIMES, ("torch-cpu", "conv3"): ("inexact", quick)}
+    df = results.frame(rows(times))
+    fwd = df[df["pass"] == "fwd"]
+    table = tables.time_table(fwd)
+    assert table.loc["torch-cpu", "conv3"] == report.INEXACT + "0.5"
+    assert table.loc["winograd-2x2", "conv3"] == "1.01" + report.BEST
+    winner = tables.winner_table(fwd).loc[("conv3", "fwd")]
+    assert winner["fastest"] == "winograd-2x2 nchw" and winner["runner-up"] == "gemm nchw"
+    assert "not competing (inexact): torch-cpu nchw †0.5" in winner["verdict"]
+    assert "torch-cpu" not in winner["did not run"]
+    from convbench.analysis import speedup
+
+    vs = speedup.against_torch(df).set_index(["layer", "pass"]).loc[("conv3", "fwd")]
+    assert vs["torch"] == "torch-cpu" and vs["torch_inexact"] and vs["outcome"] == "torch"
+    totals = tables.choice_totals(df[df["layer"] == "conv3"], {})
+    assert totals.loc["torch-cpu", "network ms"].startswith(report.INEXACT)
+    text = report.markdown(df, {"run": {"backend": "numpy"}})
+    section = text.split("## Inexact results")[1].split("\n## ")[0]
+    assert ("- torch's default (`torch-cpu`) computes conv3 fwd (nchw, fp32) with 0.51% "
+            "relative error; its tolerance is 0.068%.") in section
+    assert "torch-cpu nchw †0.5 ms" in text.split("## Best of ours against torch")[1]
+    assert "inexact" not in text.split("## Not measured")[1].split("\n## ")[0]
+    assert "`†` the time of an inexact result, which wins nothing" in text
 
 
 # --- #45: the plots read as they should --------------------------------------------------------

@@ -52,7 +52,8 @@ class Fake(registry.Implementation):
         return run
 
 #: The names the fakes run under: each wraps torch-cpu, so it declares torch-cpu's traits under
-#: its own name (the runner, the check and the guard read an algorithm's traits by its name).
+#: its own name (the runner, the check and the guard read an algorithm's traits by its name),
+#: as one of ours (a wrong result of ours is `failed`, a library's `inexact`).
 FAKE_NAMES = ("good", "wrong", "unwritten", "unsup", "oom", "boom", "fault", "bad", "also",
               "later", "fast", "faulty", "scribble", "a", "b", "c", "big", "small", "huge",
               "mute", "phased", "liar", "picks-winograd", "picks-exact")
@@ -60,11 +61,12 @@ FAKE_NAMES = ("good", "wrong", "unwritten", "unsup", "oom", "boom", "fault", "ba
 
 @contextlib.contextmanager
 def fakes_declared(names=FAKE_NAMES):
-    """Within: each of `names` declared with torch-cpu's traits; the registry forgets them
-    after."""
+    """Within: each of `names` declared with torch-cpu's traits, origin ours; the registry
+    forgets them after."""
     with registry.scratch():
         for name in names:
-            registry.declare(dataclasses.replace(registry.algorithm("torch-cpu"), name=name))
+            registry.declare(dataclasses.replace(registry.algorithm("torch-cpu"), name=name,
+                                                 origin="ours"))
         yield
 
 
@@ -120,6 +122,32 @@ def test_a_failed_check_is_never_timed():
     assert impls["wrong"].calls == 1 and impls["unwritten"].calls == 1  # the check only
     assert impls["unsup"].calls == 0
     assert impls["good"].calls > 1 + timing.MIN_REPS - 1
+
+
+def test_a_library_result_beyond_its_tolerance_is_timed_and_inexact():
+    """A library's result 1% off is what its users run: timed and kept, `inexact`, its reason
+    the error against its tolerance. The same error of ours is `failed` and never timed (a
+    wrong result of ours never wins); a library's unwritten element is no result at all."""
+    off = lambda out: out.__imul__(1.01)
+    impls = {"wrong": Fake("wrong", mistake=off), "lib-wrong": Fake("lib-wrong", mistake=off),
+             "lib-unwritten": Fake("lib-unwritten",
+                                   mistake=lambda out: out.__setitem__((0, 0, 0, 0), np.nan))}
+    torch_cpu = registry.algorithm("torch-cpu")  # origin torch
+    with registry.scratch():
+        registry.declare(dataclasses.replace(torch_cpu, name="lib-wrong", origin="library"))
+        registry.declare(dataclasses.replace(torch_cpu, name="lib-unwritten"))
+        rows = {r["algo"]: r for r in runner.run(cases(impls), BUDGET, impls)}
+    lib, ours = rows["lib-wrong"], rows["wrong"]
+    assert lib["status"] == "inexact" and impls["lib-wrong"].calls > 1
+    assert lib["median_ms"] > 0 and lib["reps"] >= timing.MIN_REPS and lib["gflops"] > 0
+    assert lib["rel_error"] == pytest.approx(0.01, rel=0.05) and lib["tolerance"] == 1e-5
+    assert lib["reason"] == (f"rel_error {lib['rel_error']:.3g} > tolerance 1e-05 "
+                             f"(max abs error {lib['max_abs_error']:.3g})")
+    assert ours["status"] == "failed" and ours["median_ms"] is None
+    assert impls["wrong"].calls == 1
+    unwritten = rows["lib-unwritten"]
+    assert unwritten["status"] == "failed" and unwritten["median_ms"] is None
+    assert impls["lib-unwritten"].calls == 1
 
 
 def test_oom_during_timing_is_recorded_and_the_run_goes_on():

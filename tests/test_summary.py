@@ -4,6 +4,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from convbench.analysis import summary
@@ -51,6 +52,25 @@ def test_ratios_are_of_medians_each_in_its_fastest_layout():
     layouts = summary.layouts(df)
     assert layouts.loc["gemm", "geometric mean"] == "0.667×"
     assert layouts.loc["cudnn-autotune", "cases"] == 1
+
+
+def test_an_inexact_pick_is_the_baseline_and_never_the_regret_s_fastest():
+    """torch's `inexact` picks keep their ratios (they are what torch runs), the regret
+    marked; an inexact algorithm one by one is no regret's fastest."""
+    df = results.frame(rows(TIMES))
+    chk = verify.Check(False, 5.1e-3, 0.1, 6.75e-4)
+    picks = (df["layer"] == "l1") & df["algo"].isin(["cudnn", "cudnn-autotune"])
+    df.loc[picks, "status"], df.loc[picks, "reason"] = "inexact", chk.reason
+    case = runner.Case("net", "l1", P, "cudnn-find-winograd-nonfused", "cuda", "fwd", "nchw",
+                       "fp32")
+    quick = runner.row(case, "inexact", chk.reason, check=chk, m=Measurement((0.1,) * 3))
+    df = pd.concat([df, results.frame([quick])], ignore_index=True)
+    assert summary.own_vs_autotune(df).loc["l1", "fwd"] == "2.5× (winograd-4x4 nhwc)"
+    assert summary.heuristic_vs_autotune(df).loc["l1", "fwd"] == "3×"
+    regret = summary.regret(df).loc[("l1", "fwd", "nchw")]
+    assert regret["fastest"] == "gemm-cublas 1 ms"
+    assert regret["cudnn"].startswith("†1.8×")
+    assert regret["cudnn-autotune"].startswith("†1.2×")
 
 
 def test_achieved_tflops_and_the_share_of_the_peak():

@@ -24,7 +24,9 @@ its status, once; a libcudnn that cannot be loaded makes every `cudnn-find-*` al
 unavailable with one reason (`available`), not a `failed` row per case.
 
 Tolerances: cuDNN's FFT and Winograd algorithms are judged with the FFT's and Winograd
-F(4x4, 3x3)'s tolerance columns (their traits, `traits`), not the exact algorithms'. Math types: fp32 is `CUDNN_FMA_MATH` (no TF32), tf32, fp16 and bf16
+F(4x4, 3x3)'s tolerance columns (their traits, `traits`), not the exact algorithms'. A result
+beyond its column is not failed but `inexact` (a library's: `verify.verdict`): timed, kept, its
+error said. Math types: fp32 is `CUDNN_FMA_MATH` (no TF32), tf32, fp16 and bf16
 allow tensor cores (`CUDNN_TENSOR_OP_MATH`); where the find reports an algorithm under several
 math types, the fastest allowed one is run.
 
@@ -115,7 +117,11 @@ FAMILIES = {"IMPLICIT_GEMM": "gemm", "IMPLICIT_PRECOMP_GEMM": "gemm", "GEMM": "g
             "WINOGRAD_NONFUSED": "winograd"}
 #: Per family, (tolerance column, reduction): FFT's and Winograd's columns (cuDNN does not say
 #: its tiles: F(4x4, 3x3)'s alpha 6, which also holds F(2x2, 5x5)), no reduction where the
-#: kernel does the direct flops, else any (a transform we do not count may run).
+#: kernel does the direct flops, else any (a transform we do not count may run). Winograd on a
+#: 5x5 filter gets no looser column of its own: its error there is cuDNN's unstated choice of
+#: tile, and a column widened to the error one GPU measured would call that error right and let
+#: advice pick it silently. Beyond alpha 6 the row is `inexact` instead: timed, its error
+#: stated, no plan's choice unless the user's `--max-error` admits it.
 JUDGED = {"gemm": ("exact", "none"), "direct": ("exact", "none"), "fft": ("fft", "any"),
           "winograd": ("winograd-alpha6", "any"), "undisclosed": ("exact", "any")}
 #: The algorithms cuDNN's find reports nondeterministic: the backward passes' BWD_DATA_ALGO_0,

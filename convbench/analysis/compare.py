@@ -30,7 +30,7 @@ import pandas as pd
 
 from ..core import stats
 from ..core.fmt import fmt_ms, tabulate
-from ..core.results import KEY, PROBLEM_FIELDS
+from ..core.results import KEY, PROBLEM_FIELDS, TIMED
 from . import ranking
 
 #: What a row is compared by: its key less the problem fields that its layer name implies
@@ -126,7 +126,7 @@ def compare(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
             change.append("only in A" if r["_merge"] == "left_only" else "only in B")
         elif r["status_a"] != r["status_b"]:
             change.append(f"{r['status_a']} -> {r['status_b']}")
-        elif r["status_a"] != "ok":
+        elif r["status_a"] not in TIMED:  # two `inexact` times compare as two `ok` ones
             change.append("")
         else:
             ta, tb = _times(r["times_ms_a"]), _times(r["times_ms_b"])

@@ -14,6 +14,7 @@ import pandas as pd
 
 from ..core import stats
 from ..core.measurement import Measurement
+from ..core.results import TIMED
 
 
 def busy(r) -> bool:
@@ -28,17 +29,19 @@ def busy_mask(df: pd.DataFrame) -> pd.Series:
     return pd.Series([busy(r) for r in df.to_dict("records")], index=df.index, dtype=bool)
 
 
-def rank(rows: pd.DataFrame) -> list[Candidate]:
-    """The `ok` rows as candidates, fastest median first (ties in order of the rows)."""
-    ok = rows[rows["status"] == "ok"]
+def rank(rows: pd.DataFrame, baseline: bool = False) -> list[Candidate]:
+    """The `ok` rows as candidates, fastest median first (ties in order of the rows); with
+    `baseline`, the `inexact` ones too: a baseline is what users run, exact or not, while a
+    winner is an `ok` row."""
+    ok = rows[rows["status"].isin(TIMED if baseline else ("ok",))]
     return [Candidate.from_row(r) for r in ok.sort_values("median_ms", kind="stable")
             .to_dict("records")]
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """One `ok` measurement: its times (to judge noise by), the rounds it was timed in, and what
-    a tie is broken by."""
+    """One timed measurement (`ok`, or `inexact` where a baseline may be): its times (to judge
+    noise by), the rounds it was timed in, and what a tie is broken by."""
 
     algo: str
     backend: str
@@ -51,6 +54,7 @@ class Candidate:
     round_group: str = ""
     workspace: float = 0.0
     rel_error: float = 0.0
+    inexact: bool = False
 
     @classmethod
     def from_row(cls, r) -> Candidate:
@@ -66,7 +70,8 @@ class Candidate:
         group = r.get("round_group")
         return cls(r["algo"], r["backend"], r["layout"], float(r["median_ms"]),
                    float(r["iqr_ms"]), q1, q3, times, group if isinstance(group, str) else "",
-                   used, 0.0 if error is None or pd.isna(error) else float(error))
+                   used, 0.0 if error is None or pd.isna(error) else float(error),
+                   r.get("status") == "inexact")
 
     def ratio_to(self, other: Candidate) -> stats.Ratio:
         """This one's median over `other`'s, with its interval: paired by round where the two

@@ -8,7 +8,9 @@ of that ratio (`ranking.Candidate.ratio_to`, paired by round where they were tim
 The algorithm *wins* a problem only where the interval lies above 1, *loses* where it lies below,
 and ties otherwise (docs/pages/design.md §5: a tie is not a win). Rows measured on a busy
 machine do not compete; a problem where the algorithm or the baseline has no fair verified time (unsupported,
-failed, busy) is counted apart (`not compared`), never drawn.
+failed, busy) is counted apart (`not compared`), never drawn. The baseline is what users run,
+so its `inexact` time (a library's result beyond its tolerance) is its time all the same; an
+algorithm compared with it needs an `ok` one.
 
 "Best of ours" (`BEST_OF_OURS`) is one more line per problem: the fastest of our own algorithms
 there (every algorithm but the libraries' own convolutions, `is_ours`), set against the
@@ -75,15 +77,16 @@ def speedups(df: pd.DataFrame, baseline: str) -> pd.DataFrame:
     """One row per (layer, pass, precision, algo other than the baseline), and one for
     `BEST_OF_OURS`: the class of the problem, the speed-up over the baseline with its interval
     (`low`, `high`), the `outcome` (win, tie, loss), or `NOT_COMPARED` with NaN speed-up where
-    either side has no fair `ok` row (not run, failed, or measured on a busy machine); `winner`,
-    on the best-of-ours rows, the algorithm that was fastest of ours."""
+    either side has no fair timed row (not run, failed, or measured on a busy machine; the
+    algorithm's `ok`, the baseline's `ok` or `inexact`); `winner`, on the best-of-ours rows,
+    the algorithm that was fastest of ours."""
     out = []
     for (layer, pass_, precision), rows in df.groupby(["layer", "pass", "precision"],
                                                       sort=False):
-        ok = rows[(rows["status"] == "ok") & ~ranking.busy_mask(rows)]
-        best = {c.algo: c for c in reversed(ranking.rank(ok))}  # each algo's fastest layout
+        fair = rows[~ranking.busy_mask(rows)]
+        best = {c.algo: c for c in reversed(ranking.rank(fair))}  # each algo's fastest layout
         cls = selection.classify(_problem(rows.iloc[0]))
-        base = best.get(baseline)
+        base = next(iter(ranking.rank(fair[fair["algo"] == baseline], baseline=True)), None)
         ours = [a for a in dict.fromkeys(rows["algo"]) if a != baseline and is_ours(a)]
         fastest = min((best[a] for a in ours if a in best), key=lambda c: c.median_ms,
                       default=None)
@@ -114,9 +117,10 @@ def is_torchs(algo: str) -> bool:
 
 
 #: The columns of `against_torch`: the best of ours and torch's fastest, each in its faster
-#: layout, with their medians, the ratio of our time to torch's and its interval, who wins.
+#: layout, with their medians (and whether torch's is `inexact`), the ratio of our time to
+#: torch's and its interval, who wins.
 AGAINST_TORCH = ("layer", "pass", "precision", "own", "own_layout", "own_ms", "torch",
-                 "torch_layout", "torch_ms", "ratio", "low", "high", "outcome")
+                 "torch_layout", "torch_ms", "torch_inexact", "ratio", "low", "high", "outcome")
 
 
 def against_torch(df: pd.DataFrame) -> pd.DataFrame:
@@ -126,25 +130,29 @@ def against_torch(df: pd.DataFrame) -> pd.DataFrame:
     interval (`ranking.Candidate.ratio_to`, paired by round: they were timed side by side).
     `outcome`: `ours` or `torch` where the interval excludes 1, else `tie`; every cell empty
     (NaN) where either side has no fair verified time (not run, failed, busy: the fastest left
-    would not be the best). Rows only for the problems where both sides were asked for."""
+    would not be the best). torch's side is what torch runs, its `inexact` pick included
+    (`torch_inexact` says so); ours is `ok`. Rows only for the problems where both sides were
+    asked for."""
     out = []
     for (layer, pass_, precision), rows in df.groupby(["layer", "pass", "precision"],
                                                       sort=False):
         algos = set(rows["algo"])
         if not any(map(is_ours, algos)) or not any(map(is_torchs, algos)):
             continue
-        ranked = ranking.rank(rows[(rows["status"] == "ok") & ~ranking.busy_mask(rows)])
-        own = next((c for c in ranked if is_ours(c.algo)), None)
-        torch = next((c for c in ranked if is_torchs(c.algo)), None)
+        fair = rows[~ranking.busy_mask(rows)]
+        own = next((c for c in ranking.rank(fair) if is_ours(c.algo)), None)
+        torch = next((c for c in ranking.rank(fair, baseline=True) if is_torchs(c.algo)), None)
         cell = dict.fromkeys(AGAINST_TORCH, "")
         cell.update(layer=layer, precision=precision, ratio=math.nan, low=math.nan,
-                    high=math.nan, own_ms=math.nan, torch_ms=math.nan, **{"pass": pass_})
+                    high=math.nan, own_ms=math.nan, torch_ms=math.nan, torch_inexact=False,
+                    **{"pass": pass_})
         if own is not None and torch is not None:  # one side alone would name a pick that
             for side, c in (("own", own), ("torch", torch)):  # a busy faster one may beat
                 cell.update({side: c.algo, f"{side}_layout": c.layout,
                              f"{side}_ms": c.median_ms})
             r = own.ratio_to(torch)
-            cell.update(ratio=r.value, low=math.nan if r.low is None else r.low,
+            cell.update(torch_inexact=torch.inexact, ratio=r.value,
+                        low=math.nan if r.low is None else r.low,
                         high=math.nan if r.high is None else r.high,
                         outcome="tie" if not r.decided else "ours" if r.value < 1
                         else "torch")

@@ -30,7 +30,10 @@ And the study's tables, each built from rows alone (so tested on the CPU with ma
   pays: (search's first call − its steady call − the heuristic's first-call overhead) / (the
   heuristic's steady time − the search's).
 
-A ratio above 1 means the first is slower. A cell is empty where either side has no `ok` row.
+A ratio above 1 means the first is slower. A cell is empty where either side has no timed row
+(`ok`, or `inexact`: a library's result beyond its tolerance, which is what its users run, so
+torch's picks keep it as the baseline; the regret's fastest is an `ok` row, and an inexact pick's
+regret is marked).
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ import pandas as pd
 
 from ..algos import registry
 from ..core.fmt import fmt_ratio, md_table
+from ..core.results import TIMED
+from .inexact import INEXACT
 from .ranking import Candidate, busy_mask
 from .speedup import is_ours, is_torchs
 
@@ -62,7 +67,8 @@ def ratio_text(x: float) -> str:
 
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
-    return df[(df["status"] == "ok") & (df["precision"] == "fp32")]
+    """The fp32 rows with a time (`results.TIMED`)."""
+    return df[df["status"].isin(TIMED) & (df["precision"] == "fp32")]
 
 
 def best(df: pd.DataFrame, algos) -> pd.DataFrame:
@@ -240,14 +246,15 @@ def cudnn_algorithms(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def regret(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (layer, pass, layout): the fastest verified algorithm measured other than torch's
-    picks, and `cudnn` and `cudnn-autotune` over it with their interval, `⚑` where the regret
-    is over `REGRET_FLAG` and its interval excludes 1."""
+    """Per (layer, pass, layout): the fastest verified (`ok`) algorithm measured other than
+    torch's picks, and `cudnn` and `cudnn-autotune` over it with their interval, `⚑` where the
+    regret is over `REGRET_FLAG` and its interval excludes 1, `†` where the pick is
+    `inexact` (it is what torch runs, so its regret stands)."""
     ok = _keyed(df)
     rows = {}
     for key, group in ok.groupby(["layer", "pass", "layout"], sort=False):
         picks = group[group["algo"].isin([HEURISTIC, AUTOTUNE])]
-        others = group[~group["algo"].map(is_torchs).astype(bool)]
+        others = group[~group["algo"].map(is_torchs).astype(bool) & (group["status"] == "ok")]
         if picks.empty or others.empty:
             continue
         fastest = Candidate.from_row(others.loc[others["median_ms"].idxmin()])
@@ -257,9 +264,10 @@ def regret(df: pd.DataFrame) -> pd.DataFrame:
             if row.empty:
                 cells[algo] = ""
                 continue
-            r = Candidate.from_row(row.iloc[0]).ratio_to(fastest)
+            pick = Candidate.from_row(row.iloc[0])
+            r = pick.ratio_to(fastest)
             flag = r.value > REGRET_FLAG and r.low is not None and r.low > 1
-            cells[algo] = r.text() + (" ⚑" if flag else "")
+            cells[algo] = (INEXACT if pick.inexact else "") + r.text() + (" ⚑" if flag else "")
         rows[key] = cells
     if not rows:
         return pd.DataFrame()

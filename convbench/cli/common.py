@@ -241,7 +241,7 @@ def summary_line(outcome) -> str:
     the rows whose numbers may be wrong counted (this run's rows, not a resumed run's older)."""
     rows = outcome.rows
     status = {s: sum(r["status"] == s for r in rows) for s in results.STATUSES}
-    ok = [r for r in rows if r["status"] == "ok"]
+    ok = [r for r in rows if r["status"] in results.TIMED]
     flags = {"noisy": sum(bool(r.get("noisy")) for r in ok),
              "contended": sum(bool(r.get("contended")) for r in ok),
              "throttled": sum(bool(r.get("throttled")) for r in ok),
@@ -257,7 +257,7 @@ def summary_line(outcome) -> str:
 def busy_warning(outcome, folder: Path | None = None) -> str | None:
     """The warning a run ends on when some of its times were taken on a busy machine, with the
     command that measures them again in `folder` (a new run without one)."""
-    ok = [r for r in outcome.rows if r["status"] == "ok"]
+    ok = [r for r in outcome.rows if r["status"] in results.TIMED]
     contended = sum(bool(r.get("contended")) for r in ok)
     throttled = sum(bool(r.get("throttled")) for r in ok)
     if not contended and not throttled:
@@ -318,10 +318,11 @@ class Progress:
         elapsed = time.monotonic() - self.start
         eta = elapsed / self.done * (self.total - self.done)
         status = row["status"]
-        if status == "ok" and row.get("median_ms") is not None:
+        if status in results.TIMED and row.get("median_ms") is not None:
             marks = [m for m, on in (("noisy", row.get("noisy")), ("contended",
                      row.get("contended")), ("throttled", row.get("throttled"))) if on]
-            status = f"{row['median_ms']:.4g} ms" + (f" ({', '.join(marks)})" if marks else "")
+            status = (f"{row['median_ms']:.4g} ms" + (f" ({', '.join(marks)})" if marks else "")
+                      + (f" (inexact: {row['reason']})" if status == "inexact" else ""))
         line = (f"[{self.done}/{self.total}] {row['layer']} {row['pass']} {row['layout']} "
                 f"{row['algo']}: {status}  elapsed {fmt_duration(elapsed)}, eta {fmt_duration(eta)}")
         if self.tty:

@@ -71,7 +71,13 @@ _TYPES: dict[str, object] = Row.__annotations__
 COLUMNS = tuple(_TYPES)
 #: What identifies a row: a second row with the same key is the same measurement.
 KEY = ("layer", *PROBLEM_FIELDS, "algo", "backend", "pass", "layout", "precision")
-STATUSES = ("ok", "unsupported", "failed", "oom")
+#: A row's status (docs/pages/design.md §2). `inexact`: a library's result (torch's pick, one of
+#: cuDNN's algorithms) beyond its tolerance, timed all the same: it is what users run, so it stays
+#: the baseline it is, its error said; ours beyond theirs are `failed` and never timed.
+STATUSES = ("ok", "inexact", "unsupported", "failed", "oom")
+#: The statuses whose row holds a time: where a baseline may come from. A winner, a choice or a
+#: "fastest verified" comes from `ok` rows alone.
+TIMED = ("ok", "inexact")
 #: The columns of each kind, from `Row`.
 INTEGER = tuple(c for c, t in _TYPES.items() if t is int)
 NUMERIC = tuple(c for c, t in _TYPES.items() if t in (int, float))

@@ -40,7 +40,8 @@ class Case:
 
 @dataclass
 class Ready:
-    """A prepared pass that has just produced a correct output: `call()` runs it again.
+    """A prepared pass that has just produced a checked output (correct, or a library's
+    `inexact` one: `check` says which): `call()` runs it again.
     `workspace` is what it declares (None: unknown), `peak_bytes` what it was seen to allocate
     beyond its operands, read by `memory_method`."""
 

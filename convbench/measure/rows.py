@@ -86,18 +86,21 @@ def median_repetition(t: Timed) -> dict[str, Measurement]:
 
 
 def timed_row(case: Case, ready: Ready, t: Timed, group: str, note: str) -> dict:
-    """`case`'s `ok` row: its rounds' time `t`, its phases where it has them (timed as the
-    pass, in the same repetitions: `median_repetition`'s, which add up to its time), and `note`
-    with what the time leaves out (an explicit pad, a crop, a library's copy)."""
+    """`case`'s timed row: `ok`, or `inexact` with its check's error against the tolerance as
+    the reason (a library's result beyond its tolerance, `verify.verdict`); its rounds' time
+    `t`, its phases where it has them (timed as the pass, in the same repetitions:
+    `median_repetition`'s, which add up to its time), and `note` with what the time leaves out
+    (an explicit pad, a crop, a library's copy)."""
     for step, what in ((EXPLICIT_PAD, "explicit pad of x"), (CROP, "crop of dx"),
                        (OUTPUT_COPY, "copy of the library's result into the output")):
         if step in t.steps:
             note += (f"{'; ' if note else ''}time without the {t.steps[step].median:.4g} "
                      f"ms {what}")
-    return row(case, "ok", "", ready.check, t.total, note, ready.workspace, ready.peak_bytes,
-               ready.memory_method, median_repetition(t) if ready.phase_fns else None,
-               stop=t.stop, round_group=group,
-               throttled="; ".join(t.throttled))
+    status, reason = ("ok", "") if ready.check.ok else ("inexact", ready.check.reason)
+    return row(case, status, reason, ready.check, t.total, note, ready.workspace,
+               ready.peak_bytes, ready.memory_method,
+               median_repetition(t) if ready.phase_fns else None, stop=t.stop,
+               round_group=group, throttled="; ".join(t.throttled))
 
 
 def row(case: Case, status: str, reason: str = "", check: verify.Check | None = None,
@@ -112,8 +115,8 @@ def row(case: Case, status: str, reason: str = "", check: verify.Check | None = 
     try:
         ops = opcount.op_count(case.algo, case.problem, case.pass_, case.precision,
                                case.backend)
-    except ValueError:  # a row that is not `ok` is made whatever its count (the failure of a
-        if status == "ok":  # timed row's own count is that row's `failed`, made here)
+    except ValueError:  # a row not timed is made whatever its count (the failure of a
+        if status in results.TIMED:  # timed row's own count is that row's `failed`, made here)
             raise
         ops = None
     out = results.new_row(**case.fields(), status=status, reason=reason, note=note,

@@ -3,8 +3,9 @@
 A sweep is data (layers × algos × passes × layouts × precisions, like Triton's `perf_report`),
 each case one `Case`, each result one row of `results.COLUMNS`. For every case the
 implementation is first run on seeded random operands into a NaN-filled output and checked
-against the float64 reference; only a pass that checks out is timed. Whatever happens to one
-case — unsupported, a wrong answer, an exception, out of memory — becomes that case's row and
+against the float64 reference; only a pass that checks out is timed, and a library's beyond
+its tolerance (`inexact`: `verify.verdict`), which is what its users run. Whatever happens to
+one case — unsupported, a wrong answer, an exception, out of memory — becomes that case's row and
 the sweep goes on.
 
 Cases compete when they share (problem, pass, precision): every algorithm and layout of it.
@@ -320,9 +321,10 @@ def _first_call(impl, args: tuple, operands: tuple, backend: str, xp):
 
 
 def _verify(impl, case: Case, args: tuple, out, ref, floor) -> verify.Check:
-    """The check of the first call's output; NotMeasured (`failed`) where it fails, by the
-    algorithm's tolerance or, for a library, by the algorithm it picked (cuDNN's FFT,
-    Winograd: `_judged_as`)."""
+    """The check of the first call's output, by the algorithm's tolerance or, for a library,
+    by the algorithm it picked (cuDNN's FFT, Winograd: `_judged_as`); NotMeasured (`failed`)
+    where it fails and its `verify.verdict` is not `inexact` (a library's result beyond its
+    tolerance is timed all the same: its row says the error, `rows.timed_row`)."""
     p = case.problem
     with _stage("verify"):
         chk = verify.check(out, ref, case.algo, case.precision, p, case.pass_, floor)
@@ -330,7 +332,7 @@ def _verify(impl, case: Case, args: tuple, out, ref, floor) -> verify.Check:
             judged = _judged_as(impl, args)
             if judged:
                 chk = verify.check(out, ref, judged, case.precision, p, case.pass_, floor)
-    if not chk.ok:
+    if verify.verdict(chk, case.algo) == "failed":
         raise NotMeasured("failed", chk.reason, chk)
     return chk
 

@@ -87,7 +87,7 @@ class Check:
 
     @property
     def reason(self) -> str:
-        """One line for a `failed` row."""
+        """One line for a `failed` or `inexact` row: the error against the tolerance."""
         return (f"rel_error {self.rel_error:.3g} > tolerance {self.tolerance:.3g} "
                 f"(max abs error {self.max_abs_error:.3g})")
 
@@ -102,6 +102,21 @@ def magnitude_floor(abs_ref, problem: ConvProblem, pass_: str) -> float:
     the terms do not cancel, ‖ref‖ is the larger."""
     length = reduction_length(problem, pass_)
     return float(np.linalg.norm(np.asarray(abs_ref, dtype=np.float64))) / math.sqrt(length)
+
+
+def verdict(chk: Check, algo: str) -> str:
+    """A checked result's status: `ok` within its tolerance; beyond it `inexact` where `algo` is
+    a library's (its traits' origin is not `ours`: torch's pick, cuDNN's algorithms) and its
+    error finite, else `failed`. A library's result is what its users run: timed and kept, it
+    stays the baseline it is with its error said, and advice chooses it only where the
+    constraints admit that error. Ours beyond tolerance is a bug of ours, never timed, so it
+    never wins; a non-finite error (NaN, an unwritten element, a wrong shape) is no result of
+    anyone's."""
+    if chk.ok:
+        return "ok"
+    if registry.algorithm(algo).origin != "ours" and math.isfinite(chk.rel_error):
+        return "inexact"
+    return "failed"
 
 
 def check(out, ref, algo: str, precision: str, problem: ConvProblem | None = None,

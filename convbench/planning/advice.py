@@ -3,12 +3,16 @@
 Advice reads results only (`results.frame` of a run folder, or of rows the tuner measured) and
 never times anything: per layer and pass, among the `ok` (algo, backend, layout) candidates
 whose error is within its tolerance and the constraints (and, unless asked, not measured on a
-busy machine), the fastest; the runner-up and the ratio of their medians with its interval
+busy machine), the fastest (an `inexact` row, a library's result beyond its tolerance, is a
+candidate only where the constraints name an error it is within: `_exclusions`, and a pass whose
+every candidate is decidedly slower than torch's inexact pick is left to torch:
+`_left_to_torch`); the runner-up and the ratio of their medians with its interval
 (`stats.ratio`, paired by round where they were timed in the same rounds). The fastest wins only
 where that interval excludes 1; otherwise it is a tie within noise, and among the candidates
 tied with the fastest the advice takes the one the user's tie-break prefers (the least
 workspace by default). And the heuristic regret — how much slower cuDNN's own heuristic pick
-(`cudnn`) is than the best. Layouts are then chosen for
+(`cudnn`) is than the best: the baseline is what torch runs, so an `inexact` pick is its
+baseline all the same, and `plan_text` says its error. Layouts are then chosen for
 the network as a whole (`layoutplan`), paying NCHW<->NHWC conversions between layers, from
 conversion times it is handed (`tune` measures them). The tables `convbench advise` prints
 are made here too.
@@ -24,11 +28,12 @@ import pandas as pd
 from ..algos import registry
 from ..algos.cudnn_pinned import Pin
 from ..algos.registry import TORCH_ALGOS
+from ..analysis.inexact import INEXACT, sentence
 from ..analysis.ranking import Candidate, busy_mask, preferred, tied
 from ..core import stats
 from ..core.fmt import fmt_ms, tabulate
 from ..core.problem import LAYOUTS, PASSES, ConvProblem
-from ..core.results import PROBLEM_FIELDS, problem_from_row
+from ..core.results import PROBLEM_FIELDS, TIMED, problem_from_row
 from ..measure.memory import format_size
 from . import layoutplan
 from .plan import Choice, Constraints, LayerPlan, NetworkTotals, Plan, Unplanned
@@ -77,20 +82,38 @@ class Advice:
     passes: dict[tuple[str, str], PassAdvice]
     #: The (layer, pass) pairs the results have rows for, candidates or not.
     measured: set[tuple[str, str]]
-    #: Why `ok` rows were not candidates: reason -> count.
+    #: Why timed rows (`ok`, `inexact`) were not candidates: reason -> count.
     excluded: Counter
     #: How many conv layers of the network have each layer's problem (a `--model` or problem
     #: file run measures each distinct problem once): the plan's totals weigh each by it, as the
     #: report's network cost does. A layer not named occurs once.
     occurrences: dict[str, int] = field(default_factory=dict)
+    #: The `inexact` rows (records): libraries' results beyond their tolerance, said plainly.
+    inexact: list[dict] = field(default_factory=list)
+    #: The (layer, pass) pairs left to torch: (its `inexact` pick, the best candidate, which is
+    #: decidedly slower: `_left_to_torch`).
+    left_to_torch: dict[tuple[str, str], tuple[Candidate, Candidate]] = field(
+        default_factory=dict)
 
     def count(self, layer: str) -> int:
         return self.occurrences.get(layer, 1)
 
 
+#: Why an `inexact` row is no candidate without `--max-error`.
+INEXACT_EXCLUDED = ("inexact (libraries' results above their tolerance, kept as the baseline; "
+                    "--max-error admits one within it)")
+
+
 def _exclusions(ok: pd.DataFrame, c: Constraints) -> list[tuple[str, pd.Series]]:
-    """(why, which `ok` rows it rules out), in the order the rules apply."""
-    rules = [("above their tolerance", ~(ok["rel_error"] <= ok["tolerance"]))]
+    """(why, which timed rows it rules out), in the order the rules apply. A row above its
+    tolerance is no candidate, and an `inexact` one (a library's result, timed because it is
+    what torch runs) is one only where `max_error` is given and its error within it: a plan
+    never swaps a pass for a less accurate one the user did not allow, and an error bound the
+    user named admits every row within it, as it bounds every other row's."""
+    inexact = ok["status"] == "inexact"
+    rules = [("above their tolerance", ~(ok["rel_error"] <= ok["tolerance"]) & ~inexact)]
+    if c.max_error is None and inexact.any():
+        rules.append((INEXACT_EXCLUDED, inexact))
     once = [registry.algorithm(a).weights_once for a in ok["algo"]]
     if any(once):  # their filter transformed once: a training step changes the weights
         rules.append(("inference variants (weights transformed once)",
@@ -110,6 +133,23 @@ def _exclusions(ok: pd.DataFrame, c: Constraints) -> list[tuple[str, pd.Series]]
         rules.append((("measured on a busy machine (contended or throttled: --include-busy to "
                       "use them)"), busy_mask(ok)))
     return rules
+
+
+def _left_to_torch(rows: pd.DataFrame, best: Candidate, c: Constraints) -> Candidate | None:
+    """torch's own `inexact` pick of a pass (origin `torch`; busy rows only with
+    `include_busy`) where `best` is decidedly slower than it, else None. The pass is then left
+    to torch: no plan takes an inexact row without `max_error`, and none replaces the pass
+    torch runs with a slower one (as torch's fp32 weight gradient of a 5x5 layer, run as
+    cuDNN's Winograd, can be: inexact, and faster than every exact choice)."""
+    theirs = rows[(rows["status"] == "inexact")
+                  & rows["algo"].map(lambda a: registry.algorithm(a).origin == "torch")]
+    if not c.include_busy:
+        theirs = theirs[~busy_mask(theirs)]
+    if theirs.empty:
+        return None
+    pick = Candidate.from_row(theirs.loc[theirs["median_ms"].idxmin()])
+    ratio = best.ratio_to(pick)
+    return pick if ratio.decided and ratio.value > 1 else None
 
 
 def choose_precision(df: pd.DataFrame, precision: str | None = None) -> str:
@@ -135,7 +175,7 @@ def advise(df: pd.DataFrame, constraints: Constraints = NO_CONSTRAINTS,
     backends = list(dict.fromkeys(df["backend"]))
     if len(backends) != 1:
         raise ValueError(f"a plan is for one backend; the results have {', '.join(backends)}")
-    ok = df[df["status"] == "ok"]
+    ok = df[df["status"].isin(TIMED)]
     keep = pd.Series(True, index=ok.index)
     excluded: Counter = Counter()
     for reason, mask in _exclusions(ok, constraints):
@@ -151,7 +191,7 @@ def advise(df: pd.DataFrame, constraints: Constraints = NO_CONSTRAINTS,
         raise ValueError(f"layer {name} appears with several problems (batches "
                          f"{', '.join(str(p.n) for lay, p in layers if lay == name)}); a plan "
                          "has one problem per layer: choose a batch")
-    passes = {}
+    passes, left = {}, {}
     for (layer, *_, pass_), rows in df.groupby([*key, "pass"], sort=False):
         ranked = [Candidate.from_row(r) for r in rows[rows["candidate"]]
                   .sort_values("median_ms", kind="stable").to_dict("records")]
@@ -162,8 +202,12 @@ def advise(df: pd.DataFrame, constraints: Constraints = NO_CONSTRAINTS,
                      for lay in dict.fromkeys(c.layout for c in ranked)}
         ties = tied(ranked)
         best = preferred(ties, tie_break)
+        torchs = _left_to_torch(rows, best, constraints)
+        if torchs is not None:
+            left[layer, pass_] = torchs, best
+            continue
         runner_up = ranked[1] if len(ranked) > 1 else None
-        cudnn = rows[(rows["algo"] == "cudnn") & (rows["status"] == "ok")
+        cudnn = rows[(rows["algo"] == "cudnn") & rows["status"].isin(TIMED)
                      & (rows["layout"] == best.layout)]
         regret = float(cudnn["median_ms"].min()) / best.median_ms - 1 if len(cudnn) else None
         passes[layer, pass_] = PassAdvice(
@@ -171,7 +215,7 @@ def advise(df: pd.DataFrame, constraints: Constraints = NO_CONSTRAINTS,
             ranked[0], runner_up.ratio_to(ranked[0]) if runner_up else None, tuple(ties))
     measured = set(zip(df["layer"], df["pass"]))
     return Advice(backends[0], precision, constraints, layers, passes, measured, excluded,
-                  dict(occurrences or {}))
+                  dict(occurrences or {}), df[df["status"] == "inexact"].to_dict("records"), left)
 
 # --- the network layout plan ----------------------------------------------------------------
 def layer_costs(advice: Advice, default_layout: str = "nchw") -> list[dict[str, float]]:
@@ -322,6 +366,30 @@ def _regret_shown(advice: Advice) -> bool:
     return advice.backend == "cuda"
 
 
+def _regret_cell(advice: Advice, a: PassAdvice) -> str:
+    """The regret, marked `INEXACT` where the heuristic's pick it is of was `inexact`."""
+    inexact = any(r["algo"] == "cudnn" and r["layer"] == a.layer and r["pass"] == a.pass_
+                  and r["layout"] == a.best.layout for r in advice.inexact)
+    text = _pct(a.regret)
+    return f"{INEXACT}{text}" if inexact and text else text
+
+
+def inexact_lines(advice: Advice) -> list[str]:
+    """A sentence per `inexact` row: a library's result beyond its tolerance, timed and kept as
+    the baseline, and why no plan takes it (or that `--max-error` let it compete)."""
+    if not advice.inexact:
+        return []
+    allowed = advice.constraints.max_error
+    why = ("a candidate only within --max-error" if allowed is not None else
+           "kept as the baseline and never chosen (--max-error admits one within it)")
+    left = [f"- {layer} {p}: left to torch, whose inexact pick {t.algo} {t.layout} "
+            f"({fmt_ms(t.median_ms)} ms) is decidedly faster than the best admissible choice, "
+            f"{b.algo} {b.layout} ({fmt_ms(b.median_ms)} ms)."
+            for (layer, p), (t, b) in advice.left_to_torch.items()]
+    return [f"`{INEXACT}` inexact, timed but above its tolerance, {why}:",
+            *(f"- {sentence(r)}." for r in advice.inexact), *left, ""]
+
+
 def advice_table(advice: Advice) -> str:
     """Per layer and pass: the choice, the runner-up and the ratio of their medians with its
     interval, whether the fastest wins or ties, and on a GPU cuDNN's regret."""
@@ -331,14 +399,16 @@ def advice_table(advice: Advice) -> str:
         for p in PASSES:
             a = advice.passes.get((layer, p))
             if a is None:
-                none = "(none admissible)" if (layer, p) in advice.measured else "(not measured)"
+                none = ("(left to torch: its inexact pick is faster)"
+                        if (layer, p) in advice.left_to_torch else
+                        "(none admissible)" if (layer, p) in advice.measured else "(not measured)")
                 rows.append([layer, p, none, "", "", "", "", "", *([""] if regret else [])])
                 continue
             best, other, ratio = compared(a)
             rows.append([layer, p, best.algo, best.layout, fmt_ms(best.median_ms),
                          other, ratio.text() if ratio else "",
                          verdict(a, advice.constraints.tie_break),
-                         *([_pct(a.regret)] if regret else [])])
+                         *([_regret_cell(advice, a)] if regret else [])])
     return tabulate(rows, headers=["layer", "pass", "best", "layout", "median ms",
                                    "compared with", "slower / faster", "verdict",
                                    *(["cudnn regret"] if regret else [])],
@@ -376,6 +446,7 @@ def plan_text(plan: Plan, advice: Advice) -> str:
     dropped = [f"{n} {reason}" for reason, n in advice.excluded.items() if n]
     if dropped:
         out += ["Not candidates: " + "; ".join(dropped) + ".", ""]
+    out += inexact_lines(advice)
     out += ["## Network layout plan", "", plan_table(plan, advice.occurrences), ""]
     if advice.occurrences:
         out += [(f"{sum(map(advice.count, dict(advice.layers)))} conv layers, "

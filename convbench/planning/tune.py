@@ -332,7 +332,9 @@ def _measure(cases: list[runner.Case], budget: float, cold: bool, known: _Measur
 
     def measured(row: dict) -> None:
         known.measured(row)
-        result = f"{row['median_ms']:.3g} ms" if row["status"] == "ok" else row["status"]
+        result = (f"{row['median_ms']:.3g} ms" if row["status"] == "ok" else
+                  f"{row['median_ms']:.3g} ms, inexact" if row["status"] == "inexact" else
+                  row["status"])
         progress(f"{len(known.made)}/{len(cases)} {row['layer']} {row['pass']} {row['algo']} "
                  f"{row['layout']}: {result}")
 

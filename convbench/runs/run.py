@@ -50,7 +50,7 @@ from ..catalogs import layers
 from ..core import stats
 from ..core.fmt import first_line
 from ..core.measurement import CONTENDED_SHARE
-from ..core.results import ENV_JSON, SCHEMA, Row, RunFolder, frame, load_run, row_key
+from ..core.results import ENV_JSON, SCHEMA, TIMED, Row, RunFolder, frame, load_run, row_key
 from ..core.runspec import RunSpec
 from ..machine import contention, devices, nvml, threads
 from ..machine.devices import Device
@@ -222,9 +222,10 @@ REMEASURE = ("busy", "noisy")
 
 
 def _flagged(row: dict, flags: Iterable[str]) -> bool:
-    """Whether a row (typed, `results.frame`) is `ok` and carries one of `flags` (REMEASURE)."""
+    """Whether a row (typed, `results.frame`) is timed (`ok` or `inexact`) and carries one of
+    `flags` (REMEASURE)."""
     tests = {"busy": busy, "noisy": lambda r: r.get("noisy") is True}
-    return row.get("status") == "ok" and any(tests[f](row) for f in flags)
+    return row.get("status") in TIMED and any(tests[f](row) for f in flags)
 
 
 @dataclass

@@ -65,7 +65,7 @@ def _at_batch(row: dict, batch: int, choices: Choices) -> dict:
     declares none, grown in proportion to the batch); its time stays the reference's."""
     problem = results.problem_from_row(row).with_batch(batch)
     out = {**row, **problem.axis_fields()}
-    if row["status"] == "ok":
+    if row["status"] in results.TIMED:  # a candidate's (`inexact` within --max-error too)
         impl = registry.get(row["algo"], choices.backend)
         out["workspace_bytes"] = opcount.workspace_bytes(impl, problem, row["pass"],
                                                          row["layout"], row["precision"])

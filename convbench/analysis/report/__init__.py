@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from ...core.results import REPORT_MD
+from ..inexact import INEXACT
 from . import sweep
 from .cells import BEST, BUSY, HOST_BOUND, NOISY, TIED
 from .plots import plot
@@ -35,10 +36,10 @@ from .tables import (
     winner_table,
 )
 
-__all__ = ["BEST", "BUSY", "HOST_BOUND", "NOISY", "REPORT_MD", "TIED", "UNDECIDED_BUSY",
-           "UNDECIDED_NONE", "busy_table", "ceilings_lines", "choice_totals", "cost_table",
-           "layer_table", "markdown", "not_measured", "plot", "speedup_section", "time_table",
-           "where", "winner_table", "write"]
+__all__ = ["BEST", "BUSY", "HOST_BOUND", "INEXACT", "NOISY", "REPORT_MD", "TIED",
+           "UNDECIDED_BUSY", "UNDECIDED_NONE", "busy_table", "ceilings_lines", "choice_totals",
+           "cost_table", "layer_table", "markdown", "not_measured", "plot", "speedup_section",
+           "time_table", "where", "winner_table", "write"]
 
 
 def write(folder: str | Path, df: pd.DataFrame, env: dict, baseline: str | None = None) -> str:

@@ -2,10 +2,12 @@
 every table shares.
 
 A time that may be wrong is never shown bare: it carries its mark (`~` noisy, `!` host-bound,
-`#` busy machine), so a reader does not take it for a result; the fastest of a column is marked
-`*` where it wins beyond noise and `=` where it ties (`ranking`'s rule: the interval of its
-ratio to the runner-up excludes 1), as PyTorch's `Compare` marks the best. Algorithms come in
-the registry's order and everything else as measured, so every table and plot reads alike.
+`#` busy machine), so a reader does not take it for a result, and so does the time of a result
+that was not right (`†`: `inexact`, a library's result beyond its tolerance); the fastest of a
+column is marked `*` where it wins beyond noise and `=` where it ties (`ranking`'s rule: the
+interval of its ratio to the runner-up excludes 1), as PyTorch's `Compare` marks the best.
+Algorithms come in the registry's order and everything else as measured, so every table and
+plot reads alike.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pandas as pd
 from ...algos import registry
 from ...core.measurement import is_host_bound
 from .. import ranking
+from ..inexact import INEXACT
 
 #: Suffix of a column's fastest time where it wins beyond noise, and of every time tied with
 #: the fastest where it does not.
@@ -57,8 +60,9 @@ def host_bound(r) -> bool:
 
 
 def marks(r) -> str:
-    """The prefix marks of a row's time: noisy, host-bound, busy machine."""
-    return ((NOISY if flag(r["noisy"]) else "") + (HOST_BOUND if host_bound(r) else "")
+    """The prefix marks of a row's time: inexact, noisy, host-bound, busy machine."""
+    return ((INEXACT if r.get("status") == "inexact" else "")
+            + (NOISY if flag(r["noisy"]) else "") + (HOST_BOUND if host_bound(r) else "")
             + (BUSY if ranking.busy(r) else ""))
 
 

@@ -3,8 +3,8 @@ many problems; per pass, the time per layer and algorithm (a panel per layout, o
 the operation counts; the phase breakdown; the roofline.
 
 A time that may be wrong looks it, as the tables mark it: hatched where measured on a busy
-machine, faded where noisy; a case that did not run is a letter at its place, not a gap. Without
-matplotlib the report says so and carries on.
+machine, faded where noisy, crossed where its result was inexact; a case that did not run is a
+letter at its place, not a gap. Without matplotlib the report says so and carries on.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ import pandas as pd
 
 from ...core.fmt import NO_MATPLOTLIB, fmt_ms, legend_entry, plain_log, pyplot, save_figure
 from ...core.measurement import NOISE_THRESHOLD
+from ...core.results import TIMED
 from ...measure.ceilings.record import from_env
 from .. import ranking, speedup
+from ..inexact import INEXACT
 from . import inference
 from .cells import BUSY, NOISY, algo_order, flag, layer_order, order
 from .roof import ROOF_PRECISION, roof_frame
@@ -72,11 +74,12 @@ def plot(df: pd.DataFrame, folder: str | Path, env: dict | None = None,
                                  squeeze=False, layout="constrained", sharey=True)
         for ax, layout in zip(axes[0], layouts):
             sub = rows[rows["layout"] == layout]
-            bar_groups(ax, sub[sub["status"] == "ok"], "median_ms", algo_order(rows),
-                       layer_order(df), missing=sub[sub["status"] != "ok"])
+            timed = sub["status"].isin(TIMED)
+            bar_groups(ax, sub[timed], "median_ms", algo_order(rows), layer_order(df),
+                       missing=sub[~timed])
             ax.set_title(f"{pass_}, {layout}, {precision}")
             ax.set_ylabel("median time (ms, log; bars: 95% interval)")
-        mark_legend(axes[0][0], rows[rows["status"] == "ok"])
+        mark_legend(axes[0][0], rows[rows["status"].isin(TIMED)])
         save_figure(fig, folder / name)
         names.append(name)
     passes = order(df["pass"])
@@ -148,24 +151,31 @@ BUSY_BAR = ({"hatch": "///", "edgecolor": "black", "linewidth": 0.5},
             f"hatched: measured on a busy machine ({BUSY})")
 NOISY_BAR = ({"alpha": 0.4, "edgecolor": "black", "linewidth": 0.5},
              f"faded: noisy, IQR/median > {NOISE_THRESHOLD} ({NOISY})")
+#: An `inexact` row's bar: a library's result beyond its tolerance, the tables' `†`.
+INEXACT_BAR = ({"hatch": "xx", "edgecolor": "red", "linewidth": 0.8},
+               f"crossed: inexact, above its tolerance ({INEXACT})")
 
 
 def mark_legend(ax, rows: pd.DataFrame) -> None:
     """Legend entries on `ax` (whose handles the figure's legend takes) for the marks that
     `rows` (every panel's) carry: bars of no height, which draw nothing."""
     marked = ((ranking.busy_mask(rows).any(), BUSY_BAR),
-              (rows["noisy"].map(flag).any(), NOISY_BAR))
+              (rows["noisy"].map(flag).any(), NOISY_BAR),
+              ((rows["status"] == "inexact").any(), INEXACT_BAR))
     for shown, (style, label) in marked:
         if shown:
             ax.bar([0], [math.nan], color="lightgrey", label=label, **style)
 
 
-def _time_marks(bars, keys: list, busy: pd.Series, noisy: pd.Series) -> None:
-    """Style each bar of `bars` (one per key of `keys`, the index of `busy` and `noisy`: a
-    (layer, algo), or a row's place) as `BUSY_BAR` and/or `NOISY_BAR` where its row is busy or
-    noisy."""
+def _time_marks(bars, keys: list, busy: pd.Series, noisy: pd.Series,
+                inexact: pd.Series | None = None) -> None:
+    """Style each bar of `bars` (one per key of `keys`, the index of `busy`, `noisy` and
+    `inexact`: a (layer, algo), or a row's place) as `BUSY_BAR`, `NOISY_BAR` and/or
+    `INEXACT_BAR` where its row is busy, noisy or inexact."""
+    marks = ((busy, BUSY_BAR), (noisy, NOISY_BAR),
+             *(((inexact, INEXACT_BAR),) if inexact is not None else ()))
     for patch, key in zip(bars.patches, keys):
-        for marked, (style, _) in ((busy, BUSY_BAR), (noisy, NOISY_BAR)):
+        for marked, (style, _) in marks:
             if marked.get(key, False):
                 patch.set(**style)
 
@@ -188,6 +198,7 @@ def bar_groups(ax, rows: pd.DataFrame, value: str, algos: list[str], layers: lis
     values = indexed[value]
     busy = pd.Series(ranking.busy_mask(rows).values, index=indexed.index)
     noisy = indexed["noisy"].map(flag)
+    inexact = indexed["status"] == "inexact"
     status = ({} if missing is None or missing.empty else
               missing.drop_duplicates(["layer", "algo"]).set_index(["layer", "algo"])["status"])
     for i, algo in enumerate(algos):
@@ -204,7 +215,7 @@ def bar_groups(ax, rows: pd.DataFrame, value: str, algos: list[str], layers: lis
                       error_kw={"elinewidth": 0.8, "capsize": 1.5})
         legend_entry(ax, f"C{i}", algo)
         if value == "median_ms":
-            _time_marks(bars, [(layer, algo) for layer in layers], busy, noisy)
+            _time_marks(bars, [(layer, algo) for layer in layers], busy, noisy, inexact)
         for xi, layer in zip(x, layers):
             mark = NOT_RUN_MARKS.get(status.get((layer, algo), ""))
             if mark:

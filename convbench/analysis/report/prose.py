@@ -1,7 +1,9 @@
 """report.md: the header (what ran where, how it was timed, the device's ceilings) and the prose
 around `tables`' and `roof`'s tables, assembled in reading order.
 
-First which (algorithm, layout) wins each layer and pass, then the time tables per pass and
+First how the best of ours does against torch and which libraries' results were inexact (a
+finding for their users: `inexact_section`), which (algorithm, layout) wins each layer and
+pass, then the time tables per pass and
 layout, a network's cost, how far from the roof, the operation counts, workspace and peak
 memory, accuracy (with the error ratios the algorithms' math predicts, computed from the data),
 the phase breakdown, what did not run and why, and the noisy, busy and host-bound times. Every
@@ -30,12 +32,13 @@ from ...core.fmt import (
     tabulate,
 )
 from ...core.measurement import CONTENDED_SHARE, NOISE_THRESHOLD
-from ...core.results import RESULTS_CSV
+from ...core.results import RESULTS_CSV, TIMED
 from ...machine import contention
 from ...machine.devices import DEVICES
 from ...measure import memory, timing
 from ...measure.ceilings.record import Ceilings, from_env
 from .. import speedup
+from ..inexact import INEXACT, sentence
 from . import inference
 from .cells import (
     BEST,
@@ -105,8 +108,9 @@ def accuracy_section(df: pd.DataFrame) -> list[str]:
         return []
     out = ["## Accuracy", "",
            ("Relative error ‖out − ref‖/‖ref‖ against the float64 reference, per layer and pass "
-            "(the larger of the two layouts), at the precision each table names; a case above "
-            "its tolerance is `failed` (see Not measured)."), ""]
+            "(the larger of the two layouts), at the precision each table names; a case of ours "
+            "above its tolerance is `failed` (see Not measured), a library's is timed and "
+            "`inexact` (see Inexact results)."), ""]
     for precision, rows in checked.groupby("precision", sort=False):
         out += [f"### {precision}", "", md_table(error_table(rows)), ""]
     lines = [error_ratio_line(df, algo, baseline) for algo, baseline in ERROR_RATIOS]
@@ -118,7 +122,7 @@ def layer_table(df: pd.DataFrame) -> str:
     """One line per measurement, for `convbench layer`'s terminal output."""
     interval = [f"{fmt_ms(lo)}–{fmt_ms(hi)}" if pd.notna(lo) else ""
                 for lo, hi in zip(df["ci_low_ms"], df["ci_high_ms"])]
-    cols = {"median ms": [marks(r) + fmt_ms(r["median_ms"]) if r["status"] == "ok" else ""
+    cols = {"median ms": [marks(r) + fmt_ms(r["median_ms"]) if r["status"] in TIMED else ""
                           for r in df.to_dict("records")],
             "95% interval": interval,
             "GFLOP/s": df["gflops"].map(lambda v: "" if pd.isna(v) else f"{v:.4g}"),
@@ -370,6 +374,23 @@ def roof_section(df: pd.DataFrame, env: dict | None) -> list[str]:
     return out
 
 
+def inexact_section(df: pd.DataFrame) -> list[str]:
+    """The libraries' results beyond their tolerance, a sentence each: timed and kept (torch's
+    pick stays the baseline of every comparison), marked `INEXACT` wherever their time is
+    shown, never a winner, and no plan's choice unless `--max-error` admits the error. []
+    where there are none."""
+    rows = df[df["status"] == "inexact"]
+    if rows.empty:
+        return []
+    return ["## Inexact results", "",
+            (f"{len(rows)} libraries' results were beyond their tolerance against the float64 "
+             "reference. They are what its users run, so they were timed and kept: marked "
+             f"`{INEXACT}` wherever their time is shown, the baseline where they are torch's "
+             "pick, never a winner, and no plan's choice unless `convbench advise --max-error` "
+             "admits their error."), "",
+            *(f"- {sentence(r)}." for r in algo_major(rows).to_dict("records")), ""]
+
+
 def torch_section(df: pd.DataFrame) -> list[str]:
     """The first question of a reader: how the best of ours does against torch's own
     convolution, per layer and pass (`speedup.against_torch`), a table per precision, the
@@ -391,7 +412,9 @@ def torch_section(df: pd.DataFrame) -> list[str]:
              "ours is faster) with its 95% interval, paired by round (they were timed side by "
              "side); the one whose interval excludes 1 is faster, else a tie. A cell is empty "
              "where either has no verified time on a quiet machine (see Which wins and Not "
-             "measured)."), ""]
+             "measured)"
+             + (f"; torch's time marked `{INEXACT}` is its inexact pick's (see Inexact results)."
+                if vs["torch_inexact"].any() else ".")), ""]
     wide = not many_problems(df)
     for precision, rows in vs.groupby("precision", sort=False):
         counts = rows["outcome"].value_counts()
@@ -421,7 +444,8 @@ def speedup_section(df: pd.DataFrame, env: dict, baseline: str | None = None) ->
              "median / the algorithm's. It *wins* a problem where the 95% interval of that "
              "ratio lies above 1, loses where it lies below, and ties otherwise (a tie is not "
              "a win); `not compared`: the algorithm or the baseline has no fair verified time there "
-             "(not run, failed, or measured on a busy machine). "
+             "(not run, failed, or measured on a busy machine)"
+             + _inexact_baseline(df, baseline) + ". "
              "The sorted curves are in the plots (`speedup_*.png`); `convbench report RUN "
              "--baseline ALGO` sets another baseline."), ""]
     for (pass_, precision), g in sp.groupby(["pass", "precision"], sort=False):
@@ -496,11 +520,21 @@ def _winners(run: _Run) -> list[str]:
     return out
 
 
+def _inexact_baseline(df: pd.DataFrame, baseline: str) -> str:
+    """The clause saying on how many (problem, pass) the baseline's time is `inexact`."""
+    n = len(df.loc[(df["algo"] == baseline) & (df["status"] == "inexact"),
+                   ["layer", "pass", "precision"]].drop_duplicates())
+    return (f"; {baseline}'s time is inexact on {n} (problem, pass), its own all the same: it "
+            "is what its users run (see Inexact results)" if n else "")
+
+
 def _times(run: _Run) -> list[str]:
     host_note = (f", `{HOST_BOUND}` a time the host may have set (see Host-bound measurements)"
                  if len(run.host_bound) else "")
     busy_note = (f", `{BUSY}` a time measured on a busy machine (see Busy machine)"
                  if len(run.busy) else "")
+    busy_note += (f", `{INEXACT}` the time of an inexact result, which wins nothing "
+                  "(see Inexact results)" if (run.df["status"] == "inexact").any() else "")
     out = ["## Time per layer", "",
            (f"Median ms per pass; `{BEST.strip()}` marks the fastest algorithm of each layer "
             f"where it wins beyond noise, `{TIED.strip()}` the fastest and the times tied with "
@@ -534,7 +568,7 @@ def _peak_memory(run: _Run) -> list[str]:
 
 
 def _not_measured(run: _Run) -> list[str]:
-    if not (run.df["status"] != "ok").any():
+    if run.df["status"].isin(TIMED).all():
         return []
     return ["## Not measured", "", md_table(not_measured(run.df)), ""]
 
@@ -544,7 +578,7 @@ def _noisy(run: _Run) -> list[str]:
     if not noisy:
         return []
     return ["## Noisy measurements", "",
-            (f"{noisy} of {(run.df['status'] == 'ok').sum()} measurements have IQR/median > "
+            (f"{noisy} of {run.df['status'].isin(TIMED).sum()} measurements have IQR/median > "
              f"{NOISE_THRESHOLD}: marked `{NOISY}` in the time tables, `noisy` in "
              f"{RESULTS_CSV}."), ""]
 
@@ -556,7 +590,7 @@ def _flagged(title: str, table: pd.DataFrame, prose: str) -> list[str]:
 
 def _busy(run: _Run) -> list[str]:
     return _flagged("Busy machine", run.busy, (
-        f"{len(run.busy)} of {(run.df['status'] == 'ok').sum()} times were measured while "
+        f"{len(run.busy)} of {run.df['status'].isin(TIMED).sum()} times were measured while "
         "the machine was busy: on the CPU, other processes kept the pass's threads off the "
         "cores they were ready to run on, or the hypervisor gave the cores to other "
         f"machines (less than {CONTENDED_SHARE:.0%} of their ready time on a core: "
@@ -587,6 +621,7 @@ def _plots(run: _Run) -> list[str]:
 SECTIONS: tuple[Callable[[_Run], list[str]], ...] = (
     lambda run: header(run.df, run.env),
     lambda run: torch_section(run.df),
+    lambda run: inexact_section(run.df),
     lambda run: speedup_section(run.df, run.env, run.baseline),
     _winners,
     _times,
@@ -608,11 +643,11 @@ SECTIONS: tuple[Callable[[_Run], list[str]], ...] = (
 
 def markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = (),
              baseline: str | None = None) -> str:
-    """report.md: the header, the best of ours against torch per layer and pass, for many
-    problems the speed-up over a baseline, which wins each layer, time tables per pass and
-    layout, op counts, workspace, accuracy, the phase breakdown, what was not measured and why,
-    noisy measurements, and the plots (`plots`: file names, or the note saying why there are
-    none): `SECTIONS`, in order."""
+    """report.md: the header, the best of ours against torch per layer and pass, the
+    libraries' inexact results, for many problems the speed-up over a baseline, which wins each
+    layer, time tables per pass and layout, op counts, workspace, accuracy, the phase
+    breakdown, what was not measured and why, noisy measurements, and the plots (`plots`: file
+    names, or the note saying why there are none): `SECTIONS`, in order."""
     df, once = inference.split(df)  # inference variants: a section of their own, nothing else
     run = _Run(df, env, plots, baseline, busy_table(df), host_bound_table(df), once)
     return "\n".join(line for section in SECTIONS for line in section(run)) + "\n"

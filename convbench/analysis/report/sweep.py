@@ -12,7 +12,9 @@ from pathlib import Path
 import pandas as pd
 
 from ...core.fmt import NO_MATPLOTLIB, fmt_mib, fmt_ms, md_table, pyplot, save_figure
+from ...core.results import TIMED
 from ...measure import memory
+from ..inexact import INEXACT
 from .cells import BEST, algo_order, layer_order, order
 from .prose import header, memory_methods
 from .tables import not_measured
@@ -37,18 +39,19 @@ def _per_batch(df: pd.DataFrame, cell) -> pd.DataFrame:
 
 
 def per_image_table(df: pd.DataFrame) -> pd.DataFrame:
-    """ms per image (median / batch) for one pass, layout and precision, the fastest algorithm
-    of each layer and batch marked."""
+    """ms per image (median / batch) for one pass, layout and precision, the fastest verified
+    (`ok`) algorithm of each layer and batch marked, an `inexact` time with its mark."""
     ok = df[df["status"] == "ok"]
     per_image = ok["median_ms"] / ok["n"]
     best = set(per_image.groupby([ok["layer"], ok["n"]]).idxmin())
-    return _per_batch(df, lambda r: r["status"] if r["status"] != "ok" else
-                      fmt_ms(r["median_ms"] / r["n"]) + (BEST if r.name in best else ""))
+    return _per_batch(df, lambda r: r["status"] if r["status"] not in TIMED else
+                      (INEXACT if r["status"] == "inexact" else "")
+                      + fmt_ms(r["median_ms"] / r["n"]) + (BEST if r.name in best else ""))
 
 
 def peak_batch_table(df: pd.DataFrame) -> pd.DataFrame:
     """Measured peak MiB for one pass, layout and precision, or the status."""
-    return _per_batch(df, lambda r: fmt_mib(r["peak_bytes"]) if r["status"] == "ok"
+    return _per_batch(df, lambda r: fmt_mib(r["peak_bytes"]) if r["status"] in TIMED
                       else r["status"])
 
 
@@ -56,7 +59,7 @@ def oom_table(df: pd.DataFrame) -> pd.DataFrame:
     """Each series' first batch out of memory, the largest that fitted, and why."""
     keys = ["layer", "algo", "pass", "layout", "precision"]
     oom = df[df["status"] == "oom"].sort_values("n", kind="stable").drop_duplicates(keys)
-    fitted = df[df["status"] == "ok"].groupby(keys)["n"].max()
+    fitted = df[df["status"].isin(TIMED)].groupby(keys)["n"].max()
     places = {k: {v: i for i, v in enumerate(vs)} for k, vs in
              (("layer", layer_order(df)), ("algo", algo_order(df)), ("pass", order(df["pass"])))}
     oom = oom.sort_values(["layer", "algo", "pass"], kind="stable",
@@ -89,7 +92,7 @@ def sweep_markdown(df: pd.DataFrame, env: dict, plots: list[str] | str = ()) -> 
         out += [f"### {pass_}, {layout}, {precision}", "", md_table(peak_batch_table(rows)), ""]
     if (df["status"] == "oom").any():
         out += ["## Out of memory", "", md_table(oom_table(df)), ""]
-    other = df[~df["status"].isin(["ok", "oom"])]
+    other = df[~df["status"].isin([*TIMED, "oom"])]
     if len(other):  # once per layer, pass and layout, whatever the batch
         other = other.drop_duplicates(["layer", "algo", "pass", "layout", "precision", "reason"])
         out += ["## Not measured", "", md_table(not_measured(other)), ""]
@@ -117,7 +120,7 @@ def sweep_plot(df: pd.DataFrame, folder: str | Path) -> list[str] | str:
                 color = f"C{i}"
                 for layout, style in styles.items():
                     series = sub[(sub["algo"] == algo) & (sub["layout"] == layout)]
-                    ok = series[series["status"] == "ok"].sort_values("n")
+                    ok = series[series["status"].isin(TIMED)].sort_values("n")
                     label = algo if len(styles) == 1 else f"{algo} {layout}"
                     time_ax.plot(ok["n"], ok["median_ms"] / ok["n"], style, marker="o",
                                  color=color, label=label)

@@ -4,9 +4,11 @@ host-bound rows, the operation counts, workspace, peak memory, accuracy, what di
 phase breakdown and a network's cost.
 
 Tables are data so they can be tested, compared and rendered apart from the prose (`prose`
-turns them into report.md). Rows measured on a busy machine do not compete for a win; every
-(layer, pass) measured has its row, a pair with nothing to compete `not decided` and why, so
-none goes missing unsaid.
+turns them into report.md). Rows measured on a busy machine do not compete for a win, nor do
+`inexact` ones (a library's result beyond its tolerance): those are shown with their time and
+mark wherever times are, and a baseline (an algorithm's own total) keeps them, but no fastest,
+win or best is theirs. Every (layer, pass) measured has its row, a pair with nothing to
+compete `not decided` and why, so none goes missing unsaid.
 """
 
 from __future__ import annotations
@@ -19,14 +21,15 @@ from ...algos.phases import APART, CONVOLUTION, FUSED
 from ...core.fmt import fmt_error, fmt_gflop, fmt_mib, fmt_ms, fmt_ratio
 from ...core.measurement import CONTENDED_SHARE, Measurement
 from ...core.problem import PASSES
-from ...core.results import KEY, parse_phases
+from ...core.results import KEY, TIMED, parse_phases
 from .. import ranking, speedup
+from ..inexact import INEXACT
 from .cells import BEST, TIED, algo_order, flag, host_bound, layer_order, marks, order
 
 
 def host_bound_table(df: pd.DataFrame) -> pd.DataFrame:
     """The host-bound measurements: their device and host medians."""
-    ok = df[df["status"] == "ok"]
+    ok = df[df["status"].isin(TIMED)]
     rows = ok[[host_bound(r) for _, r in ok.iterrows()]] if len(ok) else ok
     return pd.DataFrame({"median ms": rows["median_ms"].map(fmt_ms).values,
                          "host ms": rows["host_ms"].map(fmt_ms).values},
@@ -52,13 +55,14 @@ def _standing(ok: pd.DataFrame) -> dict:
 
 
 def time_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows algo, columns layer, cells the median ms, the fastest per column marked as a win or
-    a tie, times that may be wrong prefixed, for the rows of one pass, layout and precision."""
+    """Rows algo, columns layer, cells the median ms, the fastest `ok` time per column marked
+    as a win or a tie, times that may be wrong (an `inexact` result's too) prefixed, for the
+    rows of one pass, layout and precision."""
     cells = pd.DataFrame("", index=pd.Index(algo_order(df), name="algo"), columns=layer_order(df))
     for layer, rows in df.groupby("layer", sort=False):
         standing = _standing(rows[rows["status"] == "ok"])
         for i, r in rows.iterrows():
-            if r["status"] != "ok":
+            if r["status"] not in TIMED:
                 cells.loc[r["algo"], layer] = r["status"]
                 continue
             cells.loc[r["algo"], layer] = (marks(r) + fmt_ms(r["median_ms"])
@@ -67,12 +71,12 @@ def time_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _not_run(rows: pd.DataFrame) -> str:
-    """The algorithms with no `ok` row among `rows`, grouped by status: `fft, winograd-2x2
+    """The algorithms with no timed row among `rows`, grouped by status: `fft, winograd-2x2
     unsupported`."""
-    ran = set(rows.loc[rows["status"] == "ok", "algo"])
+    ran = set(rows.loc[rows["status"].isin(TIMED), "algo"])
     by_status: dict[str, list[str]] = {}
     for algo, status in zip(rows["algo"], rows["status"]):
-        if algo not in ran and status != "ok":
+        if algo not in ran and status not in TIMED:
             by_status.setdefault(status, [])
             if algo not in by_status[status]:
                 by_status[status].append(algo)
@@ -91,17 +95,22 @@ def winner_table(df: pd.DataFrame, peak_gflops: float | None = None,
     median and interval, the runner-up, the ratio of their medians with its interval, whether
     the fastest wins or ties (and with what), its GFLOP/s and share of the device's peak
     (`peak_gflops`, where known; `peak_name` says which), and the algorithms that did not run,
-    by status. Rows measured on a busy machine do not compete; every (layer, pass) measured has
-    its row, a pair with nothing to compete `not decided` and why, so none goes missing from the
-    table unsaid."""
+    by status. Rows measured on a busy machine do not compete, nor `inexact` ones (named in the
+    verdict with their time); every (layer, pass) measured has its row, a pair with nothing to
+    compete `not decided` and why, so none goes missing from the table unsaid."""
     out = []
     for (layer, pass_), rows in df.groupby(["layer", "pass"], sort=False):
         ok = rows[rows["status"] == "ok"]
         fair = ok[~ranking.busy_mask(ok)]
         ranked = ranking.rank(fair)
+        inexact = rows[rows["status"] == "inexact"]
+        apart = ("; not competing (inexact): " + ", ".join(
+            f"{a} {lay} {INEXACT}{fmt_ms(ms)}"
+            for a, lay, ms in zip(inexact["algo"], inexact["layout"], inexact["median_ms"]))
+            if len(inexact) else "")
         if not ranked:
-            out.append({"layer": layer, "pass": pass_, "verdict": UNDECIDED_BUSY if len(ok)
-                        else UNDECIDED_NONE, "did not run": _not_run(rows)})
+            out.append({"layer": layer, "pass": pass_, "verdict": (UNDECIDED_BUSY if len(ok)
+                        else UNDECIDED_NONE) + apart, "did not run": _not_run(rows)})
             continue
         busy = ok[ranking.busy_mask(ok)]
         ok = fair
@@ -125,6 +134,7 @@ def winner_table(df: pd.DataFrame, peak_gflops: float | None = None,
         if len(busy):
             cell["verdict"] += "; not competing (busy machine): " + ", ".join(
                 f"{a} {lay}" for a, lay in zip(busy["algo"], busy["layout"]))
+        cell["verdict"] += apart
         cell["did not run"] = _not_run(rows)
         out.append(cell)
     if not out:
@@ -168,7 +178,7 @@ def busy_table(df: pd.DataFrame) -> pd.DataFrame:
     """The rows measured on a busy machine: their median, the share of their threads' ready
     time they spent on a core and the share of the machine's busy time the hypervisor stole
     (CPU), or why the GPU's clocks were held down, and which rule flagged each (`flagged_by`)."""
-    ok = df[df["status"] == "ok"]
+    ok = df[df["status"].isin(TIMED)]
     rows = ok[ranking.busy_mask(ok)]
     share = (lambda v: "" if pd.isna(v) else f"{v:.2f}")
     # a run folder from before the column has none
@@ -200,12 +210,12 @@ def op_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def workspace_table(df: pd.DataFrame) -> pd.DataFrame:
     """Workspace in MiB of the measured cases (the larger over layouts)."""
-    return _per_algo_pass(df[df["status"] == "ok"], "workspace_bytes", fmt_mib)
+    return _per_algo_pass(df[df["status"].isin(TIMED)], "workspace_bytes", fmt_mib)
 
 
 def peak_table(df: pd.DataFrame) -> pd.DataFrame:
     """Measured peak MiB beyond the operands of the measured cases (the larger over layouts)."""
-    return _per_algo_pass(df[df["status"] == "ok"], "peak_bytes", fmt_mib)
+    return _per_algo_pass(df[df["status"].isin(TIMED)], "peak_bytes", fmt_mib)
 
 
 def error_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -236,9 +246,10 @@ def where(cases: list[tuple[str, str, str]], per_layer: int) -> str:
 
 
 def not_measured(df: pd.DataFrame) -> pd.DataFrame:
-    """Each distinct (status, algo, reason) once, with where it applied."""
+    """Each distinct (status, algo, reason) once, with where it applied: the rows not timed
+    (an `inexact` row was: `prose` says its error apart)."""
     per_layer = len(df[["pass", "layout", "precision"]].drop_duplicates())
-    bad = df[df["status"] != "ok"]
+    bad = df[~df["status"].isin(TIMED)]
     groups = bad.groupby(["status", "algo", "reason"], sort=False)
     return groups.apply(lambda g: where(list(zip(g["layer"], g["pass"], g["layout"])),
                                         per_layer)).to_frame("where")
@@ -252,7 +263,7 @@ def phase_frame(df: pd.DataFrame) -> pd.DataFrame:
     """The measured rows whose algorithm has phases, with `phases` (the parsed {phase: ms})
     added. A library's call and the copy of its result (torch's, `_aten`) is no breakdown of an
     algorithm: its copy is in the row's note."""
-    rows = df[(df["status"] == "ok") & (df["phases_ms"] != "")]
+    rows = df[df["status"].isin(TIMED) & (df["phases_ms"] != "")]
     rows = rows.assign(phases=rows["phases_ms"].map(parse_phases))
     return rows[[not set(p) <= {CONVOLUTION, *APART} for p in rows["phases"]]]
 
@@ -295,9 +306,9 @@ def _fastest(ok: pd.DataFrame) -> pd.DataFrame:
 
 
 def cost_table(df: pd.DataFrame, occurrences: dict[str, int]) -> pd.DataFrame:
-    """Per problem (layer): how often the network has it, its fastest algorithm and layout per
-    pass, and what it costs the network (time x occurrences, summed over the passes), the
-    costliest first."""
+    """Per problem (layer): how often the network has it, its fastest verified (`ok`) algorithm
+    and layout per pass, and what it costs the network (time x occurrences, summed over the
+    passes), the costliest first."""
     fastest = _fastest(df[df["status"] == "ok"])
     rows = []
     for layer, best in fastest.groupby("layer", sort=False):
@@ -316,19 +327,22 @@ def cost_table(df: pd.DataFrame, occurrences: dict[str, int]) -> pd.DataFrame:
 
 def choice_totals(df: pd.DataFrame, occurrences: dict[str, int]) -> pd.DataFrame:
     """The network's total (every measured pass of every problem, times its occurrences) for
-    each algorithm used throughout, each layer in its faster layout, and for the fastest choice
-    per layer and pass; an algorithm that cannot run some problem has no total, only a count
-    of what it lacks."""
-    ok = df[df["status"] == "ok"]
+    each algorithm used throughout, each layer in its faster layout, and for the fastest
+    verified (`ok`) choice per layer and pass; an algorithm that cannot run some problem has no
+    total, only a count of what it lacks. An algorithm's own total keeps its `inexact` times
+    (torch's, as it runs), marked: it is a baseline, not a choice."""
+    timed = df[df["status"].isin(TIMED)]
     needed = df[["layer", "pass"]].drop_duplicates()
     weight = needed["layer"].map(lambda layer: occurrences.get(layer, 1))
-    fastest = _fastest(ok)
+    fastest = _fastest(timed[timed["status"] == "ok"])
     best_total = float((fastest["median_ms"] * fastest["layer"].map(
         lambda layer: occurrences.get(layer, 1))).sum())
     rows = [{"choice": "fastest per layer and pass", "network ms": fmt_ms(best_total),
              "x fastest": fmt_ratio(1.0), "covers": f"{len(fastest)} of {len(needed)}"}]
     for algo in algo_order(df):
-        own = ok[ok["algo"] == algo].groupby(["layer", "pass"], sort=False)["median_ms"].min()
+        mine = timed[timed["algo"] == algo]
+        own = mine.groupby(["layer", "pass"], sort=False)["median_ms"].min()
+        mark = INEXACT if (mine["status"] == "inexact").any() else ""
         covered = len(own)
         if covered < len(needed):
             rows.append({"choice": algo, "network ms": "", "x fastest": "",
@@ -336,7 +350,7 @@ def choice_totals(df: pd.DataFrame, occurrences: dict[str, int]) -> pd.DataFrame
             continue
         total = float(sum(own[layer, p_] * w for (layer, p_), w
                           in zip(needed.itertuples(index=False), weight)))
-        rows.append({"choice": algo, "network ms": fmt_ms(total),
+        rows.append({"choice": algo, "network ms": mark + fmt_ms(total),
                      "x fastest": fmt_ratio(total / best_total), "covers": f"{covered} of "
                      f"{len(needed)}"})
     return pd.DataFrame(rows).set_index("choice")
@@ -362,8 +376,12 @@ def _interval(r) -> str:
 
 
 def _pick(r, side: str) -> str:
-    """`winograd-4x4 nhwc 1.23 ms`: one side's fastest algorithm, its layout and median."""
-    return "" if not r[side] else f"{r[side]} {r[f'{side}_layout']} {fmt_ms(r[f'{side}_ms'])} ms"
+    """`winograd-4x4 nhwc 1.23 ms`: one side's fastest algorithm, its layout and median,
+    marked where torch's is `inexact`."""
+    if not r[side]:
+        return ""
+    mark = INEXACT if side == "torch" and flag(r.get("torch_inexact")) else ""
+    return f"{r[side]} {r[f'{side}_layout']} {mark}{fmt_ms(r[f'{side}_ms'])} ms"
 
 
 def torch_table(vs: pd.DataFrame, wide: bool) -> pd.DataFrame:
