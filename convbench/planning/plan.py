@@ -99,7 +99,8 @@ class Constraints:
     (`workspace_bytes`), else the peak it was seen to allocate beyond its operands
     (`peak_bytes`); a row with neither does not fit a budget. `deterministic`: only algorithms
     that give bitwise-equal results run to run (`advice.is_deterministic`). `max_error`: most
-    relative error against the float64 reference, beyond the algorithm's own tolerance.
+    relative error against the float64 reference, beyond the algorithm's own tolerance; a
+    library's `inexact` result (past its tolerance) is a candidate only within it.
     `tie_break`: among candidates whose times are a tie within noise with the fastest, the one
     to prefer (`TIE_BREAKS`). `include_busy`: also consider times measured on a busy machine
     (contended CPU, throttled GPU), which are left out by default.
