@@ -513,7 +513,8 @@ def test_each_configuration_s_row_is_written_as_it_ends(tmp_path, monkeypatch):
 
 def test_a_run_cut_short_keeps_the_configurations_that_finished(tmp_path, monkeypatch, capsys):
     """Ctrl-C in the last round, after the baseline ended: the command says where its line is,
-    and the folder holds it (and the plan, tuned before)."""
+    and the folder holds it (and no plan: none is among the configurations, so none was
+    tuned)."""
     from test_cli import run_cli
 
     monkeypatch.setattr(trainstep, "Worker", FakeWorker)
