@@ -187,15 +187,20 @@ def conv_runs_tf32() -> bool:
 
 
 def strict_fp32() -> None:
-    """TF32 off for torch's convolutions and products from now on, through whichever API this
-    torch has (see `_math`)."""
+    """TF32 off for torch's convolutions and products from now on (`set_tf32`)."""
+    set_tf32(False)
+
+
+def set_tf32(on: bool) -> None:
+    """TF32 on or off for torch's convolutions and products from now on, both alike, through
+    whichever API this torch has (see `_math`)."""
     import torch
 
     cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
     if _new_tf32_api(cudnn, matmul):
-        cudnn.conv.fp32_precision = matmul.fp32_precision = "ieee"
+        cudnn.conv.fp32_precision = matmul.fp32_precision = "tf32" if on else "ieee"
     else:
-        cudnn.allow_tf32 = matmul.allow_tf32 = False
+        cudnn.allow_tf32 = matmul.allow_tf32 = on
 
 
 @contextlib.contextmanager

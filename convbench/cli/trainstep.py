@@ -1,8 +1,10 @@
-"""`convbench train-step`: a whole training step timed three ways (`convbench.studies.trainstep`)."""
+"""`convbench train-step`: a whole training step in the configurations users ask about
+(`convbench.studies.trainstep`)."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from ..machine.backends import available
 from ..machine.devices import DEVICES, default_device
@@ -46,17 +48,22 @@ def _workload(args) -> tuple[Workload, int | None]:
 
 
 def _configs(text: str | None, load: Workload, backend: str = "numpy") -> tuple[str, ...] | None:
-    """The configurations of --configs, in the workload's order, its baseline (the first)
-    always among them, since every speed-up is read against it, and on the CPU the control
-    (`cudnn.benchmark`), since a win is read against it too: there two processes running the
-    same step differ by up to a fifth (`trainstep.with_speedups`); None: all of them."""
+    """The configurations of --configs (any of `trainstep.CONFIGURATIONS`; `all`: every one
+    that runs on this backend), in their order, the baseline (the first) always among them,
+    since every speed-up is read against it, and on the CPU the control (`cudnn.benchmark`),
+    since a win is read against it too: there two processes running the same step differ by
+    up to a fifth (`trainstep.with_speedups`); None: the workload's own
+    (`trainstep.configs_of`). A name that cannot run here is refused by `trainstep.check`."""
     if text is None:
         return None
-    valid = trainstep.configs_of(load)
+    names = tuple(trainstep.CONFIGURATIONS)
+    if text.strip() == "all":
+        return tuple(n for n in names if backend != "numpy"
+                     or not trainstep.CONFIGURATIONS[n].gpu_only)
     with usage_errors():
-        chosen = set(choices(text, "configuration", valid))
+        chosen = set(choices(text, "configuration", names))
     control = trainstep.CONTROL if backend == "numpy" else None
-    return tuple(c for i, c in enumerate(valid) if i == 0 or c in chosen or c == control)
+    return tuple(c for i, c in enumerate(names) if i == 0 or c in chosen or c == control)
 
 
 def cmd_train_step(args) -> int:
@@ -70,24 +77,30 @@ def cmd_train_step(args) -> int:
     default_batch = not batch
     batch = batch or load.default_batch(backend)
     tune_budget = args.tune_budget or (CPU_TUNE_BUDGET_S if backend == "numpy" else None)
-    configs = _configs(args.configs, load, backend)
+    configs = _configs(args.configs, load, backend) or trainstep.configs_of(load)
     try:
         with usage_errors():
             rows, plan, tuning_s = trainstep.compare(
                 load, batch, device, budget_s=args.time_budget, tune_budget_s=tune_budget,
                 algos=args.algos, store=args.store, step_budget_s=args.step_budget,
                 log=lambda line: print(f"convbench: {line}", file=sys.stderr), mode=mode,
-                configs=configs)
+                configs=configs, precision=args.precision, plan_file=args.plan,
+                folder=args.out)
     except KeyboardInterrupt:
-        print("convbench: train-step interrupted; no step was reported (the plan store keeps "
-              "tuning's measurements: the same command reuses them)", file=sys.stderr)
+        kept = (f"the configurations that finished are in {Path(args.out) / trainstep.LINES}"
+                if args.out else "no step was reported (--out keeps each configuration as it "
+                "ends)")
+        print(f"convbench: train-step interrupted; {kept}; the plan store keeps tuning's "
+              "measurements: the same command reuses them", file=sys.stderr)
         return EXIT_INTERRUPTED
     env = envinfo.collect(backend)
     text = trainstep.markdown(rows, plan, load, batch, env["device"], backend, tuning_s,
-                              default_batch=default_batch, mode=mode)
+                              default_batch=default_batch, mode=mode,
+                              precision=args.precision, plan_file=args.plan)
     if args.out:
         meta = {"net": load.name, "batch": batch, "device": device,
                 "budget_s": args.time_budget, "tuning_s": tuning_s, "mode": mode,
+                "precision": args.precision, "plan_file": args.plan,
                 "command": command_line(args)}
         env["run"] = meta
         trainstep.write(args.out, rows, plan, text, env, meta)
@@ -98,8 +111,9 @@ def cmd_train_step(args) -> int:
 
 def add_parsers(sub) -> None:
     p = sub.add_parser("train-step", help="time a training step (or --inference) of an "
-                       "AlexNet-shaped model (defaults, cudnn.benchmark, the advisor's plan) "
-                       "or of your own (--model: eager, channels_last, torch.compile, the plan)")
+                       "AlexNet-shaped model or of your own (--model) in configurations: "
+                       "eager, cudnn.benchmark, legacy-find, channels_last, torch.compile, "
+                       "the advisor's plan, ... (--configs), at one --precision")
     step_options(p, "catalog whose conv layers the model has (default alexnet)",
                  net_default=None)
     model_options(p, "your own model instead of --net: a callable returning the nn.Module, "
@@ -118,11 +132,21 @@ def add_parsers(sub) -> None:
                         f"{CPU_TUNE_BUDGET_S} on cpu, the device's default on cuda)")
     p.add_argument("--algos", default="all", help="algorithms the advisor may choose from")
     step_budget_option(p, "each of tuning's whole-step comparisons, which confirm the plan")
-    p.add_argument("--configs", help="comma list of the configurations to time (a catalog "
-                   f"net's: {', '.join(trainstep.CONFIGS)}; a model's: "
-                   f"{', '.join(trainstep.MODEL_CONFIGS)}); the first, the baseline, always "
-                   f"runs, and on the CPU the control, {trainstep.CONTROL} (default: all)")
+    p.add_argument("--configs", help="comma list of the configurations to time, of "
+                   f"{', '.join(trainstep.CONFIGURATIONS)} (default: a catalog net's "
+                   f"{', '.join(trainstep.CONFIGS)}; a model's "
+                   f"{', '.join(trainstep.MODEL_CONFIGS)}; all: every one this device runs); "
+                   f"the baseline, {trainstep.BASELINE}, always runs, and on the CPU the "
+                   f"control, {trainstep.CONTROL}")
+    p.add_argument("--precision", choices=trainstep.PRECISIONS, default="fp32",
+                   help="what every configuration steps in: fp32 (strict, TF32 off), tf32 "
+                        "(TF32 on, torch's default for convolutions on a GPU; GPU only), bf16 "
+                        "(torch.autocast to bfloat16 around forward and loss) (default fp32)")
+    p.add_argument("--plan", metavar="FILE",
+                   help="time this saved plan (advisor.apply in the plan's process) instead "
+                        "of tuning one; a plan in tf32 or bf16 must be given so")
     p.add_argument("--store", help="plan store folder (default $CONVBENCH_PLAN_DIR, else "
                    "~/.cache/convbench/plans)")
-    study_output_options(p, "trainstep", "trainstep.json, plan.json")
+    study_output_options(p, "trainstep", f"trainstep.json, plan.json, {trainstep.LINES} (a "
+                         "line per configuration as it ends)")
     p.set_defaults(func=cmd_train_step)

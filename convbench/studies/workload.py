@@ -249,13 +249,14 @@ class Training:
     target: object
     applied: apply.Summary | None = None  # what applying the plan did, if one was given
 
-    def step(self, forward: Callable | None = None, saving=contextlib.nullcontext,
+    def step(self, forward: Callable | None = None, around=contextlib.nullcontext,
              on_loss: Callable[[object], None] | None = None):
         """One step: zero the gradients (freeing them), forward (`forward`, default the
-        model; `saving()` around it and the loss: where what backward needs is kept), the loss,
-        `on_loss(loss)`, backward, the SGD update; returns the loss."""
+        model; `around()` around it and the loss: memplan's, where what backward needs is
+        kept; train-step's, bf16 autocast), the loss, `on_loss(loss)`, backward, the SGD
+        update; returns the loss."""
         self.opt.zero_grad(set_to_none=True)
-        with saving():
+        with around():
             loss = self.load.loss((self.model if forward is None else forward)(self.x), self.target)
         if on_loss is not None:
             on_loss(loss)
@@ -266,12 +267,13 @@ class Training:
         self.opt.step()
         return loss
 
-    def infer(self, forward: Callable | None = None):
+    def infer(self, forward: Callable | None = None, around=contextlib.nullcontext):
         """One inference: forward without gradients (the caller puts the model in eval
-        mode); returns the output's mean, as `step` returns its loss."""
+        mode; `around()` around it, as in `step`); returns the output's mean, as `step`
+        returns its loss."""
         import torch
 
-        with torch.no_grad():
+        with torch.no_grad(), around():
             out = (self.model if forward is None else forward)(self.x)
         out = out[0] if isinstance(out, (tuple, list)) else out
         return out.float().mean()
