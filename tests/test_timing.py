@@ -364,7 +364,23 @@ def test_a_host_slower_than_its_head_start_is_flagged_and_the_head_start_grows(m
     late = [h > s for h, s in zip(m.host_ms, m.slack_ms)]
     assert late[0] and not late[-1]  # the first chunk ran late; the head start then grew
     assert m.slack_ms[-1] == pytest.approx(2 * 0.31)
-    assert m.host_bound is (sum(late) > 0.1 * m.reps)
+    assert m.host_bound is (m.host_gap_ms >= 0.05 * m.median)
+
+
+def test_a_gpu_time_is_host_bound_by_the_share_the_host_may_have_held_it_idle():
+    """With a head start, the flag weighs how long the GPU may have waited (the host's time
+    beyond its head start, median over the repetitions) against the time: one late repetition
+    of six, or a host a hair late on every one, leaves the median as it was and flags nothing;
+    a host late by a tenth of the time on most repetitions does."""
+    def m(hosts, slack=0.15, device_ms=10.0):
+        return Measurement((device_ms,) * len(hosts), hosts, slack_ms=(slack,) * len(hosts))
+
+    one_late = m((0.1,) * 5 + (3.0,))  # 2.85 ms late once: the old rule's 1 of 6 > 10%
+    hair = m((0.154,) * 6)  # 0.004 ms late every time: 0.04% of the time
+    held = m((1.15,) * 4 + (0.1,) * 2)  # 1 ms late on four of six: 10% of the time
+    assert [one_late.host_bound, hair.host_bound, held.host_bound] == [False, False, True]
+    assert not m((0.6,) * 6).host_bound and m((0.7,) * 6).host_bound  # 4.5% and 5.5%
+    assert [x.host_gap_ms for x in (one_late, hair, held)] == pytest.approx([0, 0.004, 1])
 
 
 def test_host_bound_rule_without_a_head_start():
