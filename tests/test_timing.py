@@ -290,6 +290,17 @@ def test_cuda_phases_are_timed_with_events():
     assert got["large"].median > got["small"].median  # 512x the flops
 
 
+@pytest.mark.gpu
+def test_cuda_timer_times_a_tiny_call_on_the_device_not_the_host():
+    """A call far shorter than the host's time to issue it (a 1 KiB fill): with its head start
+    the GPU never waits between the events, so the time is the device's, below the host's."""
+    import cupy
+
+    a = cupy.empty(256, dtype=cupy.float32)
+    m = timing.time_cuda(lambda: a.fill(1), budget_s=0.05)
+    assert m.median < m.host_median and not m.host_bound
+
+
 class FakeDevice:
     """CuPy's events on a pretend GPU: each call of `fn` runs `device_ms` on the device and
     takes the host `host_ms` to issue; the two clocks only move then."""
@@ -500,3 +511,19 @@ def test_warm_makes_no_call_between_a_flush_and_the_timed_repetition():
                                  probe=None, warm=True)
     warmup = len(calls) - t.total.reps
     assert flushes == list(range(warmup, warmup + t.total.reps))
+
+
+def test_the_per_call_timer_gives_the_gpu_a_head_start(gpu_queue, monkeypatch):
+    """A call the host takes 0.1 ms to issue and the GPU 0.05 ms to run: without a head start
+    the GPU waits for the launch after the first event, and the time holds that wait (0.08 ms:
+    the queue the flush leaves is shorter than the host's issue); with one (`gpu_head_start`,
+    a spin queued before the first event) the call is queued before the GPU reaches it, and
+    the time is the device's."""
+    call = gpu_queue.step(1, host_ms=0.1, device_ms=0.05)
+    (late,) = timing.rounds_cuda([timing.Contender.call(call)], 0.05, clock=gpu_queue.clock)
+    assert late.total.median == pytest.approx(0.08)  # the trap the fake reproduces
+    monkeypatch.setattr(timing, "gpu_head_start", lambda: gpu_queue.spin, raising=False)
+    m = timing.time_cuda(call, budget_s=0.05, clock=gpu_queue.clock)
+    assert m.times_ms == pytest.approx((0.05,) * m.reps)
+    assert m.slack_ms == pytest.approx((0.2,) * m.reps)  # twice the host's time to issue it
+    assert not m.host_bound

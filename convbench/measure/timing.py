@@ -38,7 +38,10 @@ may be timed but left out of the contender's time (`excluded`: the copy of a lib
   head start grows. Rounds are synchronised in chunks; NVML is read before and after each chunk,
   and each contender is flagged by the share of its own time held down (`nvml.row_throttled`):
   a chunk's violation time, spread over the chunk's GPU time from its first event to its last,
-  falls on each contender in proportion to its time in the chunk.
+  falls on each contender in proportion to its time in the chunk. The head start is the one
+  `gpu_head_start` gives wherever kernels compile, for one call (`time_cuda`) as for rounds, as
+  nvbench holds the stream with a blocking kernel until its launches are queued: without it a
+  repetition whose host is slower than its GPU times the host's issue gap as well.
 """
 
 from __future__ import annotations
@@ -261,6 +264,14 @@ def _no_head_start(ms: float) -> None:
     """The GPU gets no head start (what a caller without a spin kernel gives)."""
 
 
+def gpu_head_start() -> Callable[[float], None]:
+    """The GPU timer's head start (`kernels.head_start`) where kernels compile here; else
+    none, and a repetition whose host outruns the GPU says so (`Measurement.host_bound`)."""
+    from ..cuda import kernels
+
+    return _no_head_start if kernels.available("cuda") else kernels.head_start("cuda")
+
+
 def rounds_cuda(contenders: Sequence[Contender], budget_s: float, *,
                 target: float = TARGET_NOISE, max_reps: int = MAX_REPS_GPU,
                 min_reps: int = MIN_REPS, clock: Callable[[], float] = time.perf_counter,
@@ -381,10 +392,12 @@ def _attribute(held_ms: dict[str, float], reasons: list[str], span_ms: float,
 
 
 def time_cuda(fn: Fn, budget_s: float, max_reps: int = MAX_REPS_GPU,
-              target: float = TARGET_NOISE, min_reps: int = MIN_REPS_ALONE) -> Measurement:
-    """Time `fn()` alone on the GPU with CUDA events, flushing L2 before each repetition."""
+              target: float = TARGET_NOISE, min_reps: int = MIN_REPS_ALONE,
+              clock: Callable[[], float] = time.perf_counter) -> Measurement:
+    """Time `fn()` alone on the GPU with CUDA events, flushing L2 and giving the GPU its head
+    start (`gpu_head_start`) before each repetition: the device's time, not the host's."""
     (timed,) = rounds_cuda([Contender.call(fn)], budget_s, target=target, max_reps=max_reps,
-                           min_reps=min_reps)
+                           min_reps=min_reps, clock=clock, head_start=gpu_head_start())
     return timed.total
 
 
