@@ -301,6 +301,30 @@ def test_cuda_timer_times_a_tiny_call_on_the_device_not_the_host():
     assert m.median < m.host_median and not m.host_bound
 
 
+@pytest.mark.gpu
+def test_cuda_whole_steps_read_the_host_s_time_beside_a_step_heavy_on_the_gpu():
+    """On the real queue: a step the host takes 5 ms over (a sleep, then a tiny kernel) timed
+    in rounds beside products that keep the GPU busy longer reads at least its host's time."""
+    import time
+
+    import cupy
+
+    a, big = cupy.empty(256, dtype=cupy.float32), cupy.ones((4096, 4096), dtype=cupy.float32)
+
+    def host_heavy():
+        time.sleep(0.005)
+        a.fill(1)
+
+    def device_heavy():
+        for _ in range(4):
+            big @ big
+
+    light, heavy = timing.time_steps([timing.Contender.call(host_heavy),
+                                      timing.Contender.call(device_heavy)], 0.2, "cuda")
+    assert light.total.min >= 5 and min(light.total.host_ms) >= 5
+    assert heavy.total.median > heavy.total.host_median
+
+
 class FakeDevice:
     """CuPy's events on a pretend GPU: each call of `fn` runs `device_ms` on the device and
     takes the host `host_ms` to issue; the two clocks only move then."""
@@ -527,3 +551,25 @@ def test_the_per_call_timer_gives_the_gpu_a_head_start(gpu_queue, monkeypatch):
     assert m.times_ms == pytest.approx((0.05,) * m.reps)
     assert m.slack_ms == pytest.approx((0.2,) * m.reps)  # twice the host's time to issue it
     assert not m.host_bound
+
+
+def test_whole_steps_start_from_an_idle_gpu_so_a_step_heavy_on_the_host_reads_its_host_time(
+        gpu_queue):
+    """A step the host takes 10 ms to issue (20 small launches, 2 ms of device work) timed in
+    rounds beside one the device takes 8 ms to run (0.5 ms of host): queued behind the other's
+    work, the light step's events start late and it reads its device's tail only (what
+    `time_rounds` reads). Each whole step from an idle device (`time_steps`), it reads at least
+    its host's 10 ms, which its host's time beside it says."""
+    def contenders():
+        return [timing.Contender.call(gpu_queue.step(20, host_ms=10.0, device_ms=2.0)),
+                timing.Contender.call(gpu_queue.step(5, host_ms=0.5, device_ms=8.0))]
+
+    hidden, _ = timing.time_rounds(contenders(), 0.2, "cuda", clock=gpu_queue.clock)
+    assert hidden.total.min < 5  # the trap the fake reproduces
+    host_heavy, device_heavy = timing.time_steps(contenders(), 0.2, "cuda",
+                                                 clock=gpu_queue.clock)
+    assert host_heavy.total.min >= 10 and host_heavy.total.host_ms == pytest.approx(
+        (10.0,) * host_heavy.total.reps)
+    assert device_heavy.total.median == pytest.approx(8.1)
+    assert host_heavy.total.slack_ms == () and host_heavy.total.host_bound
+    assert not device_heavy.total.host_bound

@@ -11,9 +11,10 @@ convolution algorithms, the layouts, and everything around them. This times a fu
 
 Each configuration runs in its own process, since cuDNN remembers the algorithm it picked for a
 shape for the life of a process (per thread); every process seeds the same weights and data, so
-their first-step losses agree. fp32 is fp32: TF32 is off. Steps are timed as every other time
-(`convbench.measure.timing`) after one untimed step (cuDNN's autotuning), the three processes
-taking turns a few rounds each, so drifting load slows all three alike. On the CPU every
+their first-step losses agree. fp32 is fp32: TF32 is off. Steps are timed as whole steps
+(`timing.time_step`: on a GPU each from an idle device, so a step's host time shows) after one
+untimed step (cuDNN's autotuning), the three processes taking turns a few rounds each, so
+drifting load slows all three alike. On the CPU every
 process, the tuning one included, runs with idle threads sleeping (`threads.CPU_THREAD_ENV`),
 and every process with glibc's malloc held to one rule (`workload.MALLOC_ENV`): left to its
 thresholds, a step's page faults depended on what its process had run before, so a plan that
@@ -112,7 +113,7 @@ class ConfigTrainer:
             faults.append(minor_faults() - before)
             return loss
 
-        times = list(timing.timer_for(self.backend)(step, budget_s).times_ms)
+        times = list(timing.time_step(step, budget_s, self.backend).times_ms)
         return times, faults
 
 
