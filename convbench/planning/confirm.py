@@ -4,11 +4,12 @@ A layer's time in isolation predicts its time in the model; it is not the fact. 
 replaced layer also pays the module call, the autograd Function, the tensor/array hand-off, the
 thread pools handing over, and caches its neighbours left cold, while torch's own convolution
 runs as the model calls it. So `confirm` times the model's whole step (training: forward, a
-loss, backward; or inference: forward without gradients, in eval mode) with a plan applied and
-without it, interleaved in rounds in one process (`timing.time_steps`, so drifting load falls on
-both; on a GPU each step from an idle device, so a step heavy on the host is not hidden behind
-the other's queued work), and keeps a plan's changes only where the step is faster beyond noise
-(the 95% interval of the ratio of their medians, paired by round, below 1):
+loss, backward; or inference: forward without gradients, in eval mode; by default the mode the
+model is in, `FOLLOW`) with a plan applied and without it, interleaved in rounds in one process
+(`timing.time_steps`, so drifting load falls on both; on a GPU each step from an idle device,
+so a step heavy on the host is not hidden behind the other's queued work), and keeps a plan's
+changes only where the step is faster beyond noise (the 95% interval of the ratio of their
+medians, paired by round, below 1):
 
 1. the whole plan against torch's default;
 2. where the plan changes layouts as well as algorithms, its layouts alone (torch's own
@@ -45,11 +46,15 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from ..core import stats
+from ..core.fmt import first_line
 from ..measure import timing
 from .plan import LayerPlan, Plan, StepCheck
 
 #: The step modes a plan can be confirmed for.
 MODES = ("train", "inference")
+#: The step mode that follows the model's own (`mode_of`): the caller put a model in eval mode
+#: to run it so, and a training step could not even run on some inputs (batch 1 with batch norm).
+FOLLOW = "model"
 #: Seconds of timed steps per contender in each comparison.
 STEP_BUDGET_S = 2.0
 #: At most this many groups of changed layers are tried one by one when the whole plan is not
@@ -103,6 +108,11 @@ def layouts_only(plan: Plan) -> Plan:
 def replaced(lp: LayerPlan) -> bool:
     """Whether the layer runs one of our algorithms in some pass."""
     return any(c is not None for c in lp.passes.values())
+
+
+def mode_of(model) -> str:
+    """The step a model is set up for: train in training mode, inference in eval mode."""
+    return "train" if model.training else "inference"
 
 
 def step_function(model, example_input, mode: str) -> Callable[[], None]:
@@ -183,18 +193,41 @@ def compare(plan: Plan, fast_model, slow_model, example_input, mode: str,
                     *(t.total.host_median for t in timed))
 
 
+def step_mode(model, example_input, mode: str) -> str:
+    """`mode` (`FOLLOW`: the model's own, `mode_of`), once a step of a copy of `model` in it
+    has run on `example_input`. ValueError for an unknown mode, and, in one line naming the
+    fix, where torch refuses the input (a ValueError: batch norm's training step on one value
+    per channel, at batch 1), rather than torch's traceback from the middle of the timing."""
+    if mode == FOLLOW:
+        mode = mode_of(model)
+    if mode not in MODES:
+        raise ValueError(f"unknown step mode {mode!r}; valid: {', '.join(MODES)}, {FOLLOW}")
+    trial = copy.deepcopy(model)
+    trial.train(mode == "train")
+    try:
+        step_function(trial, example_input, mode)()
+    except ValueError as exc:
+        fix = ("; give a batch of 2 or more, or confirm on inference (step='inference', "
+               "--step inference, or the model in eval mode)" if mode == "train" else "")
+        raise ValueError(f"the model's {mode} step cannot run on an input of shape "
+                         f"{','.join(map(str, example_input.shape))}: {first_line(exc)}"
+                         f"{fix}") from None
+    return mode
+
+
 def faster(r: stats.Ratio) -> bool:
     """Faster beyond noise: the interval of the time ratio lies below 1."""
     return r.high is not None and r.high < 1
 
 
-def confirm(model, example_input, plan: Plan, mode: str = "train",
+def confirm(model, example_input, plan: Plan, mode: str = FOLLOW,
             budget_s: float = STEP_BUDGET_S, groups: int = GROUPS,
             log: Callable[[str], None] | None = None) -> Plan:
     """`plan` keeping only the changes the whole step confirms (see the module docstring),
-    with what was measured in its `checks`. ValueError for an unknown mode."""
-    if mode not in MODES:
-        raise ValueError(f"unknown step mode {mode!r}; valid: {', '.join(MODES)}")
+    with what was measured in its `checks`. `mode`: a step mode, or `FOLLOW` (the model's own,
+    `mode_of`). ValueError for an unknown mode, or a step that cannot run on the input
+    (`step_mode`)."""
+    mode = step_mode(model, example_input, mode)
     log = log or (lambda line: None)
     changed = changed_layers(plan)
     names = [lp.layer for lp in changed]
