@@ -4,7 +4,7 @@ skip and every other test of their modules still runs; the device's ceilings fak
 env.json measures them: seconds each on a machine whose cache misses), unless a test asks for
 the real `ceilings.measure` (`real_ceilings`), and for runs in subprocesses a cache of the
 session's own that holds the fake; Winograd's compiled transforms only in the tests that ask
-for them (`compiled_winograd`)."""
+for them (`compiled_winograd`); a pretend GPU with a queue (`gpu_queue`)."""
 
 import sys
 import types
@@ -204,3 +204,68 @@ def _gemm_winograd(request, monkeypatch):
     from convbench.algos import winograd_jit
 
     monkeypatch.setattr(winograd_jit, "MIN_BYTES", 1 << 62)
+
+
+class GpuQueue:
+    """CuPy on a pretend GPU with a queue, as a real one has: the host issues work and goes on;
+    each piece starts at the later of the host's time when it was issued and the time the
+    device is free; an event reads the device's time when the queue reaches it; a synchronize
+    waits for the queue. Both clocks in ms; `clock()` is the host's in seconds (a timer's)."""
+
+    #: The device's time zeroing the L2 flush buffer.
+    FLUSH_MS = 0.02
+
+    def __init__(self):
+        self.host = self.free = 0.0
+        queue = self
+
+        class Event:
+            def record(self):
+                self.t = queue.free = max(queue.host, queue.free)
+
+            def synchronize(self):
+                queue.host = max(queue.host, self.t)
+
+        class Buffer:
+            nbytes = 1 << 26
+
+            def fill(self, value):
+                queue.launch(0.0, queue.FLUSH_MS)
+
+        device = types.SimpleNamespace(attributes={"L2CacheSize": 1 << 20},
+                                       synchronize=self.synchronize)
+        self.module = types.SimpleNamespace(
+            uint8="uint8", empty=lambda n, dtype: Buffer(),
+            cuda=types.SimpleNamespace(Event=Event, get_elapsed_time=lambda a, b: b.t - a.t,
+                                       Device=lambda: device))
+
+    def clock(self) -> float:
+        return self.host / 1e3
+
+    def launch(self, host_ms: float, device_ms: float) -> None:
+        """The host takes `host_ms` to issue work that runs `device_ms` on the device."""
+        self.host += host_ms
+        self.free = max(self.host, self.free) + device_ms
+
+    def synchronize(self) -> None:
+        self.host = max(self.host, self.free)
+
+    def spin(self, ms: float) -> None:
+        """A head start: `ms` of device work, issued at once."""
+        self.launch(0.0, ms)
+
+    def step(self, launches: int, host_ms: float, device_ms: float):
+        """A call of `launches` launches taking the host `host_ms` and the device `device_ms`
+        in all, in equal parts."""
+        def call(*args) -> None:
+            for _ in range(launches):
+                self.launch(host_ms / launches, device_ms / launches)
+        return call
+
+
+@pytest.fixture
+def gpu_queue(monkeypatch):
+    """A `GpuQueue` standing in for CuPy (`sys.modules["cupy"]`)."""
+    queue = GpuQueue()
+    monkeypatch.setitem(sys.modules, "cupy", queue.module)
+    return queue

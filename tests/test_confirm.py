@@ -153,3 +153,23 @@ def test_the_callers_model_is_never_changed(store):
     confirm.confirm(model, x, plan, "train", budget_s=0.05)
     assert [type(m) for m in model.modules()] == before
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_step_heavy_on_the_host_is_not_hidden_behind_one_heavy_on_the_gpu(gpu_queue):
+    """On a pretend GPU with a queue: a plan whose step the host takes 10 ms to issue (2 ms of
+    device work) against a default whose step the GPU takes 8 ms to run. Interleaved, the
+    plan's step queued behind the default's work would read its device's tail (`timing`'s
+    fake-queue test shows it); timed from an idle device it reads at least its host's time,
+    the comparison calls it slower, and the host's time per step is kept beside each (read
+    on this machine's clock: `timing`'s fake-queue test checks its value)."""
+    import types
+
+    plan = types.SimpleNamespace(backend="cuda", cudnn={"benchmark": False,
+                                                        "deterministic": False})
+    host_heavy = gpu_queue.step(20, host_ms=10.0, device_ms=2.0)
+    device_heavy = gpu_queue.step(5, host_ms=0.5, device_ms=8.0)
+    ratio, plan_ms, default_ms, *host = confirm.compare(
+        plan, host_heavy, device_heavy, torch.zeros(1), "inference", budget_s=0.2)
+    assert plan_ms >= 10 and default_ms == pytest.approx(8.1)
+    assert ratio.low > 1  # the plan's step is the slower: its host sets the pace
+    assert len(host) == 2 and None not in host

@@ -135,6 +135,9 @@ MODELS = textwrap.dedent("""
                                    torch.nn.Conv2d(4, 4, 1))
     def noconv():
         return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 6 * 6, 4))
+    def normed():
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(1),
+                                   torch.nn.BatchNorm2d(4))
 """)
 
 
@@ -171,6 +174,22 @@ def test_a_model_without_conv_layers_says_so(tiny_models, capsys):
         assert code == 2, err
         assert "no nn.Conv2d layer" in err or "has no conv layer" in err, err
         assert len(err.strip().splitlines()) == 1
+
+
+def test_a_training_step_torch_refuses_is_one_line_naming_the_fix(tiny_models, capsys):
+    """Batch 1 into batch norm on one value per channel (Inception v3 at 1x3x80x80 did it):
+    exit 2 and one line saying what to do, before anything is measured; on inference it runs."""
+    from test_cli import run_cli
+
+    args = ("tune", "--model", "newcomer_models:normed", "--input", "1,3,6,6", "--algos",
+            "gemm", "--layouts", "nchw", "--budget", "0.002", "--step-budget", "0.05",
+            "--store", str(tiny_models / "store"))
+    code, _, err = run_cli(capsys, *args)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "Expected more than 1 value per channel when training" in err
+    assert "give a batch of 2 or more, or confirm on inference" in err
+    code, _, err = run_cli(capsys, *args, "--step", "inference")
+    assert code == 0, err
 
 
 @pytest.fixture(scope="module")

@@ -290,6 +290,41 @@ def test_cuda_phases_are_timed_with_events():
     assert got["large"].median > got["small"].median  # 512x the flops
 
 
+@pytest.mark.gpu
+def test_cuda_timer_times_a_tiny_call_on_the_device_not_the_host():
+    """A call far shorter than the host's time to issue it (a 1 KiB fill): with its head start
+    the GPU never waits between the events, so the time is the device's, below the host's."""
+    import cupy
+
+    a = cupy.empty(256, dtype=cupy.float32)
+    m = timing.time_cuda(lambda: a.fill(1), budget_s=0.05)
+    assert m.median < m.host_median and not m.host_bound
+
+
+@pytest.mark.gpu
+def test_cuda_whole_steps_read_the_host_s_time_beside_a_step_heavy_on_the_gpu():
+    """On the real queue: a step the host takes 5 ms over (a sleep, then a tiny kernel) timed
+    in rounds beside products that keep the GPU busy longer reads at least its host's time."""
+    import time
+
+    import cupy
+
+    a, big = cupy.empty(256, dtype=cupy.float32), cupy.ones((4096, 4096), dtype=cupy.float32)
+
+    def host_heavy():
+        time.sleep(0.005)
+        a.fill(1)
+
+    def device_heavy():
+        for _ in range(4):
+            big @ big
+
+    light, heavy = timing.time_steps([timing.Contender.call(host_heavy),
+                                      timing.Contender.call(device_heavy)], 0.2, "cuda")
+    assert light.total.min >= 5 and min(light.total.host_ms) >= 5
+    assert heavy.total.median > heavy.total.host_median
+
+
 class FakeDevice:
     """CuPy's events on a pretend GPU: each call of `fn` runs `device_ms` on the device and
     takes the host `host_ms` to issue; the two clocks only move then."""
@@ -364,7 +399,23 @@ def test_a_host_slower_than_its_head_start_is_flagged_and_the_head_start_grows(m
     late = [h > s for h, s in zip(m.host_ms, m.slack_ms)]
     assert late[0] and not late[-1]  # the first chunk ran late; the head start then grew
     assert m.slack_ms[-1] == pytest.approx(2 * 0.31)
-    assert m.host_bound is (sum(late) > 0.1 * m.reps)
+    assert m.host_bound is (m.host_gap_ms >= 0.05 * m.median)
+
+
+def test_a_gpu_time_is_host_bound_by_the_share_the_host_may_have_held_it_idle():
+    """With a head start, the flag weighs how long the GPU may have waited (the host's time
+    beyond its head start, median over the repetitions) against the time: one late repetition
+    of six, or a host a hair late on every one, leaves the median as it was and flags nothing;
+    a host late by a tenth of the time on most repetitions does."""
+    def m(hosts, slack=0.15, device_ms=10.0):
+        return Measurement((device_ms,) * len(hosts), hosts, slack_ms=(slack,) * len(hosts))
+
+    one_late = m((0.1,) * 5 + (3.0,))  # 2.85 ms late once: the old rule's 1 of 6 > 10%
+    hair = m((0.154,) * 6)  # 0.004 ms late every time: 0.04% of the time
+    held = m((1.15,) * 4 + (0.1,) * 2)  # 1 ms late on four of six: 10% of the time
+    assert [one_late.host_bound, hair.host_bound, held.host_bound] == [False, False, True]
+    assert not m((0.6,) * 6).host_bound and m((0.7,) * 6).host_bound  # 4.5% and 5.5%
+    assert [x.host_gap_ms for x in (one_late, hair, held)] == pytest.approx([0, 0.004, 1])
 
 
 def test_host_bound_rule_without_a_head_start():
@@ -484,3 +535,41 @@ def test_warm_makes_no_call_between_a_flush_and_the_timed_repetition():
                                  probe=None, warm=True)
     warmup = len(calls) - t.total.reps
     assert flushes == list(range(warmup, warmup + t.total.reps))
+
+
+def test_the_per_call_timer_gives_the_gpu_a_head_start(gpu_queue, monkeypatch):
+    """A call the host takes 0.1 ms to issue and the GPU 0.05 ms to run: without a head start
+    the GPU waits for the launch after the first event, and the time holds that wait (0.08 ms:
+    the queue the flush leaves is shorter than the host's issue); with one (`gpu_head_start`,
+    a spin queued before the first event) the call is queued before the GPU reaches it, and
+    the time is the device's."""
+    call = gpu_queue.step(1, host_ms=0.1, device_ms=0.05)
+    (late,) = timing.rounds_cuda([timing.Contender.call(call)], 0.05, clock=gpu_queue.clock)
+    assert late.total.median == pytest.approx(0.08)  # the trap the fake reproduces
+    monkeypatch.setattr(timing, "gpu_head_start", lambda: gpu_queue.spin, raising=False)
+    m = timing.time_cuda(call, budget_s=0.05, clock=gpu_queue.clock)
+    assert m.times_ms == pytest.approx((0.05,) * m.reps)
+    assert m.slack_ms == pytest.approx((0.2,) * m.reps)  # twice the host's time to issue it
+    assert not m.host_bound
+
+
+def test_whole_steps_start_from_an_idle_gpu_so_a_step_heavy_on_the_host_reads_its_host_time(
+        gpu_queue):
+    """A step the host takes 10 ms to issue (20 small launches, 2 ms of device work) timed in
+    rounds beside one the device takes 8 ms to run (0.5 ms of host): queued behind the other's
+    work, the light step's events start late and it reads its device's tail only (what
+    `time_rounds` reads). Each whole step from an idle device (`time_steps`), it reads at least
+    its host's 10 ms, which its host's time beside it says."""
+    def contenders():
+        return [timing.Contender.call(gpu_queue.step(20, host_ms=10.0, device_ms=2.0)),
+                timing.Contender.call(gpu_queue.step(5, host_ms=0.5, device_ms=8.0))]
+
+    hidden, _ = timing.time_rounds(contenders(), 0.2, "cuda", clock=gpu_queue.clock)
+    assert hidden.total.min < 5  # the trap the fake reproduces
+    host_heavy, device_heavy = timing.time_steps(contenders(), 0.2, "cuda",
+                                                 clock=gpu_queue.clock)
+    assert host_heavy.total.min >= 10 and host_heavy.total.host_ms == pytest.approx(
+        (10.0,) * host_heavy.total.reps)
+    assert device_heavy.total.median == pytest.approx(8.1)
+    assert host_heavy.total.slack_ms == () and host_heavy.total.host_bound
+    assert not device_heavy.total.host_bound

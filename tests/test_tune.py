@@ -319,3 +319,43 @@ def test_ctrl_c_in_convbench_tune_is_one_line(store, monkeypatch, capsys, tmp_pa
     last = err.splitlines()[-1]
     assert last.startswith("convbench: interrupted; 4 of 8 measurements kept in the plan store")
     assert last.endswith("the same command measures the rest")
+
+
+class Normed(nn.Module):
+    """A conv, a global pool, a 1x1 conv and batch norm (a classifier's head, as Inception's):
+    at batch 1 the norm sees one value per channel, and torch refuses the training step."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 1)
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return self.bn(self.b(torch.relu(self.a(x)).mean((2, 3), keepdim=True)))
+
+
+def test_a_model_in_eval_mode_is_confirmed_on_inference(store):
+    """Batch 1 through batch norm: in eval mode the plan is confirmed on the inference step
+    (the model's own) without being asked, and the model is left in eval mode."""
+    model, x = Normed().eval(), torch.randn(1, 3, 6, 6)
+    plan = tune.tune(model, x, algos="direct,gemm", budget_s=0.001, step_budget_s=0.05,
+                     progress=None)
+    assert [c.mode for c in plan.checks] == ["inference"] and not model.training
+
+
+def test_a_training_step_that_cannot_run_is_one_line_naming_the_fix(store):
+    """The same model in training mode (or asked for the training step) at batch 1: torch's
+    batch norm refuses one value per channel; tune says so in one line, with what to do,
+    before measuring anything."""
+    x, measured = torch.randn(1, 3, 6, 6), []
+    for model, step in ((Normed(), "model"), (Normed().eval(), "train")):
+        with pytest.raises(ValueError) as err:
+            tune.tune(model, x, algos="direct,gemm", budget_s=0.001, step=step,
+                      progress=measured.append)
+        text = str(err.value)
+        assert "\n" not in text and text.startswith("the model's train step cannot run on an "
+                                                    "input of shape 1,3,6,6: Expected more")
+        assert text.endswith("give a batch of 2 or more, or confirm on inference "
+                             "(step='inference', --step inference, or the model in eval mode)")
+    assert measured == []

@@ -35,8 +35,11 @@ CONTENDED_SHARE = 0.8
 #: Without a head start (below), a GPU time whose host took at least this share of it to issue
 #: may include idle gaps: the event pair brackets the host's work too when the queue runs dry.
 HOST_SHARE = 0.5
-#: Share of repetitions whose host outran the GPU's head start beyond which a time is host-bound.
-HOST_GAP_SHARE = 0.1
+#: With a head start, a GPU time is host-bound where the GPU may have waited for the host this
+#: share of it or more: the host's time to issue a repetition beyond the head start it gave,
+#: median over the repetitions. A share, not a count of late repetitions: a host a microsecond
+#: late, or one late repetition of six, leaves the median time as it was.
+HOST_GAP_SHARE = 0.05
 
 
 def is_host_bound(host_ms: float | None, device_ms: float) -> bool:
@@ -152,13 +155,22 @@ class Measurement:
         return float(np.median(self.host_ms)) if self.host_ms else None
 
     @property
+    def host_gap_ms(self) -> float | None:
+        """The most a repetition's GPU may have waited for the host inside the timed region (its
+        host's time to issue it beyond its head start, or 0), median over the repetitions; None
+        without a record of the head start."""
+        if not self.slack_ms or len(self.slack_ms) != len(self.host_ms):
+            return None
+        return float(np.median([max(0.0, h - s) for h, s in zip(self.host_ms, self.slack_ms)]))
+
+    @property
     def host_bound(self) -> bool:
-        """Whether the GPU may have waited for the host inside the timed region: in more than
-        `HOST_GAP_SHARE` of the repetitions the host took longer to issue the pass than the head
-        start the GPU had; without a head start, `is_host_bound`."""
-        if self.slack_ms and len(self.slack_ms) == len(self.host_ms):
-            late = sum(h > s for h, s in zip(self.host_ms, self.slack_ms))
-            return late > HOST_GAP_SHARE * len(self.host_ms)
+        """Whether the GPU may have waited for the host for a sizeable share of the time: with a
+        head start, `host_gap_ms` at least `HOST_GAP_SHARE` of the median; without one,
+        `is_host_bound`."""
+        gap = self.host_gap_ms
+        if gap is not None:
+            return gap >= HOST_GAP_SHARE * self.median
         return is_host_bound(self.host_median, self.median)
 
     # --- the raw times as one CSV cell ----------------------------------------------------

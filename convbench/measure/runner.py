@@ -63,7 +63,6 @@ from ..algos.reference import DTYPES, array_module
 from ..algos.registry import UnsupportedError
 from ..catalogs.layers import Layer
 from ..core.fmt import first_line
-from ..cuda import kernels
 from ..machine import threads
 from ..machine.faults import is_sticky_fault
 from . import memory, opcount, timing, verify
@@ -416,13 +415,6 @@ def _contender(index: int, ready: Ready) -> Contender:
     return Contender.call(_guarded(index, ready.call))
 
 
-def _head_start(backend: str) -> dict:
-    """The GPU timer's head start (`kernels.head_start`), where kernels compile here."""
-    if backend != "cuda" or kernels.available("cuda"):
-        return {}
-    return {"head_start": kernels.head_start("cuda")}
-
-
 def warm_pools(backend: str) -> bool:
     """Whether each timed repetition follows an untimed call of its own (`timing.WARM_POOLS`):
     on the host with more than one thread, where a pool's sleeping workers would otherwise
@@ -444,7 +436,8 @@ def _time_part(part: list[tuple[Case, Ready]], budget_s: float, target: float,
     if not part:
         return []
     backend, group = part[0][0].backend, f"{_PROCESS}-{next(_GROUPS)}"
-    options = {"target": target, "seed": seed, **_head_start(backend),
+    options = {"target": target, "seed": seed,
+               **({"head_start": timing.gpu_head_start()} if backend == "cuda" else {}),
                **({"warm": True} if warm_pools(backend) else {})}
     try:
         with _stage("time"):

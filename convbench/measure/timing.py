@@ -38,7 +38,16 @@ may be timed but left out of the contender's time (`excluded`: the copy of a lib
   head start grows. Rounds are synchronised in chunks; NVML is read before and after each chunk,
   and each contender is flagged by the share of its own time held down (`nvml.row_throttled`):
   a chunk's violation time, spread over the chunk's GPU time from its first event to its last,
-  falls on each contender in proportion to its time in the chunk.
+  falls on each contender in proportion to its time in the chunk. The head start is the one
+  `gpu_head_start` gives wherever kernels compile, for one call (`time_cuda`) as for rounds, as
+  nvbench holds the stream with a blocking kernel until its launches are queued: without it a
+  repetition whose host is slower than its GPU times the host's issue gap as well.
+- Whole steps (`time_steps`, `time_step`: a model's training or inference step) on the GPU: each
+  repetition starts from an idle device (synchronised after the flush, before its first event)
+  and gets no head start, so its events span from the host's first launch to the device's last
+  work: a step heavy on the host reads at least the host's time, as it takes in training, where
+  a head start (or the previous repetition's queued work) would hide it behind the device's.
+  The host's time to issue each step is kept beside the device's (`Measurement.host_ms`).
 """
 
 from __future__ import annotations
@@ -261,17 +270,30 @@ def _no_head_start(ms: float) -> None:
     """The GPU gets no head start (what a caller without a spin kernel gives)."""
 
 
+def gpu_head_start() -> Callable[[float], None]:
+    """The GPU timer's head start (`kernels.head_start`) where kernels compile here; else
+    none, and a repetition whose host outruns the GPU says so (`Measurement.host_bound`)."""
+    from ..cuda import kernels
+
+    return _no_head_start if kernels.available("cuda") else kernels.head_start("cuda")
+
+
 def rounds_cuda(contenders: Sequence[Contender], budget_s: float, *,
                 target: float = TARGET_NOISE, max_reps: int = MAX_REPS_GPU,
                 min_reps: int = MIN_REPS, clock: Callable[[], float] = time.perf_counter,
                 seed: int = 0,
                 head_start: Callable[[float], None] = _no_head_start,
-                gpu_probe: Callable[[], nvml.Sample | None] = nvml.sample) -> list[Timed]:
+                gpu_probe: Callable[[], nvml.Sample | None] = nvml.sample,
+                idle: bool = False) -> list[Timed]:
     """Time `contenders` in shuffled rounds on the GPU with CUDA events (see the module's
     docstring). `head_start(ms)` queues work that keeps the GPU busy for about `ms`
-    (`kernels.head_start`); `gpu_probe` reads the clocks (NVML) between chunks of rounds."""
+    (`kernels.head_start`); `gpu_probe` reads the clocks (NVML) between chunks of rounds.
+    `idle`: each repetition starts from an idle device and gets no head start (whole steps,
+    whose time is the host's where it is the longer)."""
     import cupy
 
+    if idle:
+        head_start = _no_head_start
     flush = l2_flush_buffer()
     estimates, slack = _cuda_warmup(contenders, budget_s, flush, clock)
     # Synchronise about ten times over the budget: often enough to stop near the target.
@@ -286,7 +308,8 @@ def rounds_cuda(contenders: Sequence[Contender], budget_s: float, *,
     before = gpu_probe()
     while stop is None:
         count = min(chunk, max_reps - rounds)
-        pending = _issue_rounds(contenders, count, order, rng, flush, head_start, slack, clock)
+        pending = _issue_rounds(contenders, count, order, rng, flush, head_start, slack, clock,
+                                idle)
         rounds += count
         pending[-1][1][-1].synchronize()
         in_chunk = [0.0] * len(contenders)
@@ -295,6 +318,8 @@ def rounds_cuda(contenders: Sequence[Contender], budget_s: float, *,
                             for a, b in itertools.pairwise(events)])
             in_chunk[i] += _counted(contenders[i], reps[i][-1])
             hosts[i].append(issued)
+            if idle:
+                continue
             slacks[i].append(given)
             if sum(issued) > given:  # the GPU may have waited: a longer head start next time
                 slack[i] = min(MAX_SLACK_MS, SLACK_FACTOR * sum(issued))
@@ -341,9 +366,11 @@ def _cuda_warmup(contenders: Sequence[Contender], budget_s: float, flush,
 
 def _issue_rounds(contenders: Sequence[Contender], count: int, order: list[int],
                   rng: random.Random, flush, head_start: Callable[[float], None],
-                  slack: list[float], clock: Callable[[], float]) -> list[tuple]:
-    """Queue `count` shuffled rounds without waiting for the GPU: per repetition (contender i,
-    its events around each step, the host's ms issuing each step, the head start given)."""
+                  slack: list[float], clock: Callable[[], float],
+                  idle: bool = False) -> list[tuple]:
+    """Queue `count` shuffled rounds without waiting for the GPU (`idle`: waiting for it before
+    each repetition's first event): per repetition (contender i, its events around each step,
+    the host's ms issuing each step, the head start given)."""
     import cupy
 
     pending = []
@@ -353,6 +380,8 @@ def _issue_rounds(contenders: Sequence[Contender], count: int, order: list[int],
             c = contenders[i]
             events = [cupy.cuda.Event() for _ in range(len(c.steps) + 1)]
             flush.fill(0)  # before the head start and the first event: not timed
+            if idle:
+                cupy.cuda.Device().synchronize()
             head_start(slack[i])
             events[0].record()
             issued = []
@@ -381,10 +410,12 @@ def _attribute(held_ms: dict[str, float], reasons: list[str], span_ms: float,
 
 
 def time_cuda(fn: Fn, budget_s: float, max_reps: int = MAX_REPS_GPU,
-              target: float = TARGET_NOISE, min_reps: int = MIN_REPS_ALONE) -> Measurement:
-    """Time `fn()` alone on the GPU with CUDA events, flushing L2 before each repetition."""
+              target: float = TARGET_NOISE, min_reps: int = MIN_REPS_ALONE,
+              clock: Callable[[], float] = time.perf_counter) -> Measurement:
+    """Time `fn()` alone on the GPU with CUDA events, flushing L2 and giving the GPU its head
+    start (`gpu_head_start`) before each repetition: the device's time, not the host's."""
     (timed,) = rounds_cuda([Contender.call(fn)], budget_s, target=target, max_reps=max_reps,
-                           min_reps=min_reps)
+                           min_reps=min_reps, clock=clock, head_start=gpu_head_start())
     return timed.total
 
 
@@ -392,6 +423,21 @@ def time_rounds(contenders: Sequence[Contender], budget_s: float, backend: str,
                 **options) -> list[Timed]:
     """`rounds_cuda` on `cuda`, `rounds_cpu` elsewhere (options: theirs)."""
     return (rounds_cuda if backend == "cuda" else rounds_cpu)(contenders, budget_s, **options)
+
+
+def time_steps(contenders: Sequence[Contender], budget_s: float, backend: str,
+               **options) -> list[Timed]:
+    """Whole steps of a model timed in rounds: on `cuda` each repetition from an idle device
+    (see the module's docstring), so a step reads at least the host's time to issue it."""
+    if backend == "cuda":
+        options["idle"] = True
+    return time_rounds(contenders, budget_s, backend, **options)
+
+
+def time_step(fn: Fn, budget_s: float, backend: str) -> Measurement:
+    """One whole step timed alone (`time_steps`), its spread judged by its IQR."""
+    (timed,) = time_steps([Contender.call(fn)], budget_s, backend, min_reps=MIN_REPS_ALONE)
+    return timed.total
 
 
 def timer_for(backend: str) -> Callable[[Fn, float], Measurement]:

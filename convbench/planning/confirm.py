@@ -4,10 +4,12 @@ A layer's time in isolation predicts its time in the model; it is not the fact. 
 replaced layer also pays the module call, the autograd Function, the tensor/array hand-off, the
 thread pools handing over, and caches its neighbours left cold, while torch's own convolution
 runs as the model calls it. So `confirm` times the model's whole step (training: forward, a
-loss, backward; or inference: forward without gradients, in eval mode) with a plan applied and
-without it, interleaved in rounds in one process (`timing.time_rounds`, so drifting load falls on
-both), and keeps a plan's changes only where the step is faster beyond noise (the 95% interval
-of the ratio of their medians, paired by round, below 1):
+loss, backward; or inference: forward without gradients, in eval mode; by default the mode the
+model is in, `FOLLOW`) with a plan applied and without it, interleaved in rounds in one process
+(`timing.time_steps`, so drifting load falls on both; on a GPU each step from an idle device,
+so a step heavy on the host is not hidden behind the other's queued work), and keeps a plan's
+changes only where the step is faster beyond noise (the 95% interval of the ratio of their
+medians, paired by round, below 1):
 
 1. the whole plan against torch's default;
 2. where the plan changes layouts as well as algorithms, its layouts alone (torch's own
@@ -26,8 +28,9 @@ of the ratio of their medians, paired by round, below 1):
 
 A plan confirmed so is never slower than torch's default beyond noise, on this machine, for
 this input. What was measured goes into the plan (`StepCheck`): the speed-up and its interval,
-the layers kept and dropped, and `apply`'s table says it. Each trial applies the plan to a deep
-copy of the model (the caller's model is never changed). On a GPU both steps run in one process
+the two steps' times and, on a GPU, their hosts' times, the layers kept and dropped, and
+`apply`'s table says it. Each trial applies the plan to a deep copy of the model (the caller's
+model is never changed). On a GPU both steps run in one process
 under the plan's cuDNN flags (torch's plan cache is per thread and keyed without the benchmark
 flag, and backward runs on autograd's device thread for both), so there the figure is against
 torch with the plan's flags; `convbench train-step` compares against torch's own flags in
@@ -40,13 +43,18 @@ import copy
 import dataclasses
 import warnings
 from collections.abc import Callable
+from typing import NamedTuple
 
 from ..core import stats
+from ..core.fmt import first_line
 from ..measure import timing
 from .plan import LayerPlan, Plan, StepCheck
 
 #: The step modes a plan can be confirmed for.
 MODES = ("train", "inference")
+#: The step mode that follows the model's own (`mode_of`): the caller put a model in eval mode
+#: to run it so, and a training step could not even run on some inputs (batch 1 with batch norm).
+FOLLOW = "model"
 #: Seconds of timed steps per contender in each comparison.
 STEP_BUDGET_S = 2.0
 #: At most this many groups of changed layers are tried one by one when the whole plan is not
@@ -102,6 +110,11 @@ def replaced(lp: LayerPlan) -> bool:
     return any(c is not None for c in lp.passes.values())
 
 
+def mode_of(model) -> str:
+    """The step a model is set up for: train in training mode, inference in eval mode."""
+    return "train" if model.training else "inference"
+
+
 def step_function(model, example_input, mode: str) -> Callable[[], None]:
     """One step of `model` on `example_input`: training (gradients freed, forward, the mean of
     the output as the loss, backward) or inference (forward without gradients)."""
@@ -146,17 +159,60 @@ def _with_flags(plan: Plan, fn: Callable[[], None]) -> Callable[[], None]:
     return call
 
 
+class Compared(NamedTuple):
+    """Two models' whole steps timed side by side: the first's median step time over the
+    second's with its interval (paired by round), each one's median step time (ms), and on a
+    GPU each one's host's median time to issue a step (ms; None on the CPU, where the step's
+    time is the host's)."""
+
+    ratio: stats.Ratio
+    fast_ms: float
+    slow_ms: float
+    fast_host_ms: float | None
+    slow_host_ms: float | None
+
+    def text(self) -> str:
+        """`12.3 / 14.1 ms`, and on a GPU `(host 9.8 / 4.2 ms)`."""
+        host = (f" (host {self.fast_host_ms:.4g} / {self.slow_host_ms:.4g} ms)"
+                if self.fast_host_ms is not None else "")
+        return f"{self.fast_ms:.4g} / {self.slow_ms:.4g} ms{host}"
+
+
 def compare(plan: Plan, fast_model, slow_model, example_input, mode: str,
-            budget_s: float) -> tuple[stats.Ratio, float, float]:
-    """(median step time of `fast_model` over `slow_model`'s with its interval, paired by
-    round; the two medians in ms): both timed interleaved in rounds."""
-    timed = timing.time_rounds(
+            budget_s: float) -> Compared:
+    """`fast_model`'s step against `slow_model`'s, both timed interleaved in rounds as whole
+    steps (`timing.time_steps`: on a GPU each from an idle device, so neither hides its host's
+    time behind the other's queued work)."""
+    timed = timing.time_steps(
         [timing.Contender.call(_with_flags(plan, step_function(m, example_input, mode)))
          for m in (fast_model, slow_model)], budget_s, plan.backend)
     a, b = (t.total.times_ms for t in timed)
     n = min(len(a), len(b))
-    return (stats.ratio(a[:n], b[:n], paired=True), float(timed[0].total.median),
-            float(timed[1].total.median))
+    return Compared(stats.ratio(a[:n], b[:n], paired=True),
+                    *(float(t.total.median) for t in timed),
+                    *(t.total.host_median for t in timed))
+
+
+def step_mode(model, example_input, mode: str) -> str:
+    """`mode` (`FOLLOW`: the model's own, `mode_of`), once a step of a copy of `model` in it
+    has run on `example_input`. ValueError for an unknown mode, and, in one line naming the
+    fix, where torch refuses the input (a ValueError: batch norm's training step on one value
+    per channel, at batch 1), rather than torch's traceback from the middle of the timing."""
+    if mode == FOLLOW:
+        mode = mode_of(model)
+    if mode not in MODES:
+        raise ValueError(f"unknown step mode {mode!r}; valid: {', '.join(MODES)}, {FOLLOW}")
+    trial = copy.deepcopy(model)
+    trial.train(mode == "train")
+    try:
+        step_function(trial, example_input, mode)()
+    except ValueError as exc:
+        fix = ("; give a batch of 2 or more, or confirm on inference (step='inference', "
+               "--step inference, or the model in eval mode)" if mode == "train" else "")
+        raise ValueError(f"the model's {mode} step cannot run on an input of shape "
+                         f"{','.join(map(str, example_input.shape))}: {first_line(exc)}"
+                         f"{fix}") from None
+    return mode
 
 
 def faster(r: stats.Ratio) -> bool:
@@ -164,13 +220,14 @@ def faster(r: stats.Ratio) -> bool:
     return r.high is not None and r.high < 1
 
 
-def confirm(model, example_input, plan: Plan, mode: str = "train",
+def confirm(model, example_input, plan: Plan, mode: str = FOLLOW,
             budget_s: float = STEP_BUDGET_S, groups: int = GROUPS,
             log: Callable[[str], None] | None = None) -> Plan:
     """`plan` keeping only the changes the whole step confirms (see the module docstring),
-    with what was measured in its `checks`. ValueError for an unknown mode."""
-    if mode not in MODES:
-        raise ValueError(f"unknown step mode {mode!r}; valid: {', '.join(MODES)}")
+    with what was measured in its `checks`. `mode`: a step mode, or `FOLLOW` (the model's own,
+    `mode_of`). ValueError for an unknown mode, or a step that cannot run on the input
+    (`step_mode`)."""
+    mode = step_mode(model, example_input, mode)
     log = log or (lambda line: None)
     changed = changed_layers(plan)
     names = [lp.layer for lp in changed]
@@ -184,16 +241,16 @@ def confirm(model, example_input, plan: Plan, mode: str = "train",
     default_model = _applied(model, subplan(plan, set()), mode)
     plan_model = _applied(model, plan, mode)
     tried = 1
-    whole, plan_ms, default_ms = compare(plan, plan_model, default_model, example_input, mode,
-                                         budget_s)
+    measured = compare(plan, plan_model, default_model, example_input, mode, budget_s)
+    whole = measured.ratio
     log(f"{mode} step: the whole plan takes {whole.text()} torch's default's time "
-        f"({plan_ms:.4g} / {default_ms:.4g} ms)")
+        f"({measured.text()})")
     kept, current, candidates, layouts = [], default_model, changed, False
     whole_kept = faster(whole)
     layout_plan = layouts_only(plan)
     if changed_layers(layout_plan) and any(replaced(lp) for lp in changed):
         layout_model = _applied(model, layout_plan, mode)
-        r, _, _ = compare(plan, layout_model, default_model, example_input, mode, budget_s)
+        r = compare(plan, layout_model, default_model, example_input, mode, budget_s).ratio
         tried += 1
         layouts = faster(r)
         log(f"{mode} step: the plan's layouts alone, torch's algorithms in them: "
@@ -203,14 +260,14 @@ def confirm(model, example_input, plan: Plan, mode: str = "train",
             kept = [lp.layer for lp in changed if not replaced(lp)]
             candidates = [lp for lp in changed if replaced(lp)]
         if layouts and whole_kept:  # the replacements must beat torch in the layouts kept
-            on_top, _, _ = compare(plan, plan_model, layout_model, example_input, mode,
-                                   budget_s)
+            on_top = compare(plan, plan_model, layout_model, example_input, mode,
+                             budget_s).ratio
             tried += 1
             log(f"{mode} step: the whole plan takes {on_top.text()} the time of its layouts "
                 "alone")
             whole_kept = faster(on_top)
     if whole_kept:
-        kept, layouts, final = list(names), False, whole
+        kept, layouts = list(names), False
     else:
         order = sorted(candidates, key=lambda lp: predicted_gain_ms(
             plan, lp, lp.layout if layouts else "nchw"), reverse=True)
@@ -219,7 +276,7 @@ def confirm(model, example_input, plan: Plan, mode: str = "train",
         for chunk in chunks:
             trial_names = kept + [lp.layer for lp in chunk]
             trial = _applied(model, subplan(plan, set(trial_names), layouts), mode)
-            r, _, _ = compare(plan, trial, current, example_input, mode, budget_s)
+            r = compare(plan, trial, current, example_input, mode, budget_s).ratio
             tried += 1
             verdict = "kept" if faster(r) else "dropped"
             log(f"{mode} step: {', '.join(lp.layer for lp in chunk)}: {r.text()} the step "
@@ -227,21 +284,23 @@ def confirm(model, example_input, plan: Plan, mode: str = "train",
             if faster(r):
                 kept, current = trial_names, trial
         something = bool(kept) or layouts
-        final, plan_ms, default_ms = (compare(plan, current, default_model, example_input,
-                                              mode, budget_s) if something
-                                      else (whole, 0.0, 0.0))
-        tried += something
-        if something and not faster(final):
-            log(f"{mode} step: what was kept takes {final.text()} torch's default's time: "
-                "not faster beyond noise, nothing kept")
-            kept, layouts = [], False
+        if something:
+            measured = compare(plan, current, default_model, example_input, mode, budget_s)
+            tried += 1
+            if not faster(measured.ratio):
+                log(f"{mode} step: what was kept takes {measured.ratio.text()} torch's "
+                    f"default's time ({measured.text()}): not faster beyond noise, nothing kept")
+                kept, layouts = [], False
         if not kept and not layouts:
-            final = stats.Ratio(1.0, None, None, False)
-            plan_ms = default_ms = 0.0
+            measured = None
+    final = measured.ratio if measured else stats.Ratio(1.0, None, None, False)
     check = StepCheck(
         mode=mode, time_ratio=final.value, low=final.low, high=final.high,
-        plan_ms=plan_ms or None, default_ms=default_ms or None, whole_ratio=whole.value,
+        plan_ms=measured.fast_ms if measured else None,
+        default_ms=measured.slow_ms if measured else None, whole_ratio=whole.value,
         whole_low=whole.low, whole_high=whole.high, trials=tried, kept=kept,
-        dropped=[n for n in names if n not in kept], layouts_kept=layouts)
+        dropped=[n for n in names if n not in kept], layouts_kept=layouts,
+        plan_host_ms=measured.fast_host_ms if measured else None,
+        default_host_ms=measured.slow_host_ms if measured else None)
     out = subplan(plan, set(kept), layouts)
     return dataclasses.replace(out, checks=[*[c for c in plan.checks if c.mode != mode], check])

@@ -192,6 +192,11 @@ class StepCheck:
     #: Whether every layer keeps the plan's layout, the dropped ones running torch's own
     #: algorithms in it (the step confirmed the layouts alone before the replacements).
     layouts_kept: bool = False
+    #: On a GPU, the host's median time to issue a step with the changes kept and torch's
+    #: default's (ms), beside the steps' times: a step whose host takes longer than its device
+    #: runs at the host's pace. None on the CPU, where the step's time is the host's.
+    plan_host_ms: float | None = None
+    default_host_ms: float | None = None
 
     def text(self) -> str:
         """One line: `train step: 0.87× [0.84, 0.90] torch's default's time; 12 of 20
@@ -420,7 +425,9 @@ _PLAN = obj({
                            "whole_ratio": number, "whole_low": _OPT_NUMBER,
                            "whole_high": _OPT_NUMBER, "trials": integer(),
                            "kept": list_of(text), "dropped": list_of(text),
-                           "layouts_kept": flag}, StepCheck, optional=("layouts_kept",))),
+                           "layouts_kept": flag, "plan_host_ms": _OPT_NUMBER,
+                           "default_host_ms": _OPT_NUMBER}, StepCheck,
+                          optional=("layouts_kept", "plan_host_ms", "default_host_ms"))),
 }, lambda format, version, **fields: Plan(**fields), optional=("checks",))
 
 

@@ -140,7 +140,7 @@ def tune(model, example_input, *, algos: str = "all", layouts: tuple[str, ...] =
          store: PlanStore | str | Path | None = None, input_layout: str = "nchw",
          output_layout: str = "nchw", log: Callable[[str], None] | None = None,
          progress: Callable[[str], None] | None = stderr_progress,
-         step: str | None = "train", step_budget_s: float = confirm.STEP_BUDGET_S,
+         step: str | None = confirm.FOLLOW, step_budget_s: float = confirm.STEP_BUDGET_S,
          cold: bool = False) -> Plan:
     """Measure the conv layers of `model` as `example_input` exercises them, and plan them
     (`tune_advice`'s plan; its arguments are this one's, spelt out so a misspelt one is a
@@ -157,17 +157,21 @@ def tune_advice(model, example_input, *, algos: str = "all",
                 store: PlanStore | str | Path | None = None, input_layout: str = "nchw",
                 output_layout: str = "nchw", log: Callable[[str], None] | None = None,
                 progress: Callable[[str], None] | None = stderr_progress,
-                step: str | None = "train", step_budget_s: float = confirm.STEP_BUDGET_S,
+                step: str | None = confirm.FOLLOW,
+                step_budget_s: float = confirm.STEP_BUDGET_S,
                 cold: bool = False) -> tuple[Plan, Advice]:
     """Measure the conv layers of `model` as `example_input` exercises them, and plan them:
     the plan, and the advice it was built from (what `convbench tune` prints).
 
-    `step` (train, inference; None: not at all): the plan is then confirmed on the model's
+    `step` (train, inference; `confirm.FOLLOW`, the default: the model's own mode, inference
+    for a model in eval mode; None: not at all): the plan is then confirmed on the model's
     whole step (`confirm.confirm`, `step_budget_s` seconds of steps per contender and
     comparison): a change is kept only where the step is faster with it beyond noise, so the
     plan is never slower than torch's default beyond noise; what was measured is in the plan's
-    `checks`. `cold`: each repetition of the per-layer measurements on the CPU is timed from
-    cold caches (`timing.cold_caches`), as a layer finds them in a model.
+    `checks`; ValueError, in one line and before anything is measured, where that step cannot
+    run on the input (`confirm.step_mode`). `cold`: each repetition of the per-layer
+    measurements on the CPU is timed from cold caches (`timing.cold_caches`), as a layer finds
+    them in a model.
 
     Measurements the plan store holds for this environment are reused; the rest are made by the
     runner on the input's device (`algos`: a comma list as on the command line; `budget_s`:
@@ -181,6 +185,8 @@ def tune_advice(model, example_input, *, algos: str = "all",
     progress = progress or (lambda line: None)
     _check_layouts(layouts, input_layout, output_layout)
     backend, precision = _backend_precision(example_input)
+    if step is not None:  # before minutes of measurements, a step that cannot run says so
+        step = confirm.step_mode(model, example_input, step)
     algo_list = registry.expand_algos(algos, backend)
     store = store if isinstance(store, PlanStore) else PlanStore(store)
     sites, unplanned = _find_sites(model, example_input)

@@ -243,7 +243,7 @@ def probe_here(net: str, strategy: str, batch: int, device: str, budget: int,
     except torch.cuda.OutOfMemoryError:
         return Probe(batch, budget + 1, oom=True)
     peak = max(p.peak for p in trace.points)
-    times = list(timing.timer_for(backend)(step, time_s).times_ms) if time_s > 0 else []
+    times = list(timing.time_step(step, time_s, backend).times_ms) if time_s > 0 else []
     return Probe(batch, peak, times)
 
 

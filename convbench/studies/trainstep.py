@@ -17,8 +17,9 @@ All run at one precision (`PRECISIONS`: strict fp32, TF32, bf16 autocast), as a 
 measured in one. Each configuration runs in its own process, since cuDNN remembers the
 algorithm it picked for a shape for the life of a process (per thread) and torch reads some
 settings once (`TORCH_CUDNN_V8_API_DISABLED`); every process seeds the same weights and data,
-so their first-step losses agree. Steps are timed as every other time
-(`convbench.measure.timing`) after one untimed step (cuDNN's autotuning), the processes taking
+so their first-step losses agree. Steps are timed as whole steps
+(`timing.time_step`: on a GPU each from an idle device, so a step's host time shows) after one
+untimed step (cuDNN's autotuning), the processes taking
 turns a few rounds each, so drifting load slows all alike; each configuration's row goes to
 `LINES` in the output folder as its last round ends, so a run cut short keeps what finished.
 On the CPU every process, the tuning one included, runs with idle threads sleeping
@@ -217,7 +218,7 @@ class ConfigTrainer:
             faults.append(minor_faults() - before)
             return loss
 
-        times = list(timing.timer_for(self.backend)(step, budget_s).times_ms)
+        times = list(timing.time_step(step, budget_s, self.backend).times_ms)
         return times, faults
 
 
