@@ -10,17 +10,15 @@ import warnings
 
 import pytest
 import torch
-from test_cudnn_find import SOURCE, fake  # noqa: F401  (the fixture)
+from test_cudnn_find import fake  # noqa: F401  (the fixture)
 from torch import nn
 
 from convbench import nn as cbnn
-from convbench.algos import cudnn
+from convbench.algos import cudnn, cudnn_pinned
 from convbench.algos import cudnn_find as cf
-from convbench.algos import cudnn_pinned
 from convbench.core.problem import PASSES
 from convbench.planning import apply, models
-from convbench.planning.plan import Choice, Constraints, LayerPlan, Plan, PlanError, \
-    current_env_key
+from convbench.planning.plan import Choice, Constraints, LayerPlan, Plan, PlanError, current_env_key
 
 GEOMETRY = {"in_channels": 4, "out_channels": 6, "kernel_size": (3, 2), "stride": (2, 1),
             "padding": (1, 0), "dilation": (1, 2), "groups": 2}
@@ -99,7 +97,8 @@ def step(model, x):
 
 
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
-def test_a_pinned_plan_runs_its_algorithms_in_a_training_step(on_fake, fake, tmp_path, layout):
+def test_a_pinned_plan_runs_its_algorithms_in_a_training_step(on_fake, fake, tmp_path,  # noqa: F811
+                                                               layout):
     torch.manual_seed(0)
     model, x = Net(), torch.randn(2, 4, 7, 6)
     reference = Net()
@@ -190,8 +189,8 @@ def test_swapped_layers_work_under_autocast(on_fake):
     autocast runs torch's convolution, once said; neither fails."""
     torch.manual_seed(0)
     x = torch.randn(2, 4, 7, 6)
-    for precision, words in (("bf16", "cuDNN refuses"), ("fp32", "measured in fp32, this call "
-                                                          "runs in bf16")):
+    said_for = {"bf16": "cuDNN refuses", "fp32": "measured in fp32, this call runs in bf16"}
+    for precision, words in said_for.items():
         model = Net()
         reference = Net()
         reference.load_state_dict(model.state_dict())
