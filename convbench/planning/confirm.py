@@ -47,6 +47,7 @@ from typing import NamedTuple
 
 from ..core import stats
 from ..core.fmt import first_line
+from ..core.results import TIMED
 from ..measure import timing
 from .plan import LayerPlan, Plan, StepCheck
 
@@ -71,7 +72,8 @@ def changed_layers(plan: Plan) -> list[LayerPlan]:
 
 def predicted_gain_ms(plan: Plan, lp: LayerPlan, layout: str = "nchw") -> float:
     """torch's measured time for the layer's passes (its default algorithm, in `layout`) less
-    the plan's choices' times; 0 where a time is missing."""
+    the plan's choices' times (torch's inexact time too: it is the baseline); 0 where a time is
+    missing."""
     default = DEFAULT_ALGO.get(plan.backend)
     gain = 0.0
     for pass_, choice in lp.passes.items():
@@ -79,7 +81,7 @@ def predicted_gain_ms(plan: Plan, lp: LayerPlan, layout: str = "nchw") -> float:
             continue
         torch_ms = [e["median_ms"] for e in plan.measurements
                     if e["problem"] == lp.problem and e["pass"] == pass_
-                    and e["algo"] == default and e["layout"] == layout and e["status"] == "ok"
+                    and e["algo"] == default and e["layout"] == layout and e["status"] in TIMED
                     and e.get("median_ms") is not None]
         if torch_ms:
             gain += min(torch_ms) - choice.median_ms
