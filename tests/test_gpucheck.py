@@ -6,6 +6,7 @@ import contextlib
 import importlib.abc
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -383,6 +384,37 @@ def test_the_first_tests_are_pins_first_and_each_exists():
     assert kinds == sorted(kinds)  # "pin" < "suite": every pin first
     for pin in PINS:
         assert any(i.startswith(pin) for i in ids), pin
+
+
+def test_the_commands_own_default_gives_pytest_the_marker_expression_whole(tmp_path, capsys,
+                                                                        monkeypatch):
+    """`gpu-first` and `gpu-check --tests` without `--pytest-args`: what each command hands
+    pytest from its own default is the default's arguments, the marker expression one argument
+    of `-m` (split into words, pytest took `and` for a path and ran nothing), and pytest
+    collecting with them selects the marked tests of a file and deselects the rest."""
+    handed = {}
+
+    def first(out, device, **kwargs):
+        handed["gpu-first"] = tuple(kwargs["pytest_args"])
+        return gpucheck.First([], "", True)
+
+    def tests(folder, pytest_args, timeout_s):
+        handed["gpu-check"] = tuple(pytest_args)
+        return gpucheck.Tests(0, "1 passed", tuple(pytest_args))
+
+    monkeypatch.setattr(gpucheck, "first", first)
+    monkeypatch.setattr(gpucheck, "tests", tests)
+    assert run_cli(capsys, "gpu-first", "--device", "cpu", "--out", str(tmp_path))[0] == 0
+    assert run_cli(capsys, "gpu-check", "--device", "cpu", "--tests", "--out",
+                   str(tmp_path))[0] == 0
+    assert handed == {"gpu-first": gpucheck.FIRST_TESTS, "gpu-check": gpucheck.PYTEST_ARGS}
+    args = handed["gpu-first"]
+    assert args[args.index("-m") + 1] == gpucheck.FIRST_MARKERS
+    collected = gpucheck.run_tests(tmp_path / "collect.log",
+                                   (*args, "--collect-only", "tests/test_cudnn.py"), 120)
+    assert collected.returncode == 0, (tmp_path / "collect.log").read_text()[-2000:]
+    assert re.search(r"\d+/\d+ tests collected \(\d+ deselected\)", collected.line), \
+        collected.line
 
 
 def test_packing_counts_its_own_files_and_warns_rather_than_fails(tmp_path, capsys):

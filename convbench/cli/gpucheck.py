@@ -197,7 +197,9 @@ def _options(p, tests_default: float, pytest_default: tuple[str, ...]) -> None:
                         f"alexnet; {DEVICES['cpu'].batch} on cpu)")
     time_budget_option(p, "seconds of timed repetitions per measurement (default "
                           f"{DEVICES['cuda'].budget_s} on cuda)")
-    p.add_argument("--pytest-args", default=" ".join(pytest_default),
+    # quoted as a shell would (`shlex.join`), the way `_common` splits it back: a marker
+    # expression is one argument of `-m`, not words pytest would take for paths
+    p.add_argument("--pytest-args", default=shlex.join(pytest_default),
                    help="what the tests run pytest with, given with '=' since it starts "
                         "with '-' (--pytest-args='-m gpu -x'; default: %(default)s)")
     p.add_argument("--tests-timeout", type=positive(float), default=tests_default,
