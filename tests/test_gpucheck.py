@@ -170,6 +170,38 @@ def test_bad_input_is_one_line(capsys):
         assert code == 2 and err.count("\n") == 1 and words in err
 
 
+def test_the_precisions_reach_the_check_and_the_visit(tmp_path, capsys, monkeypatch):
+    """`--precisions` is the check's axis: each command hands its list on, and the check's run
+    has a case per precision (fp32 alone where not told)."""
+    handed = {}
+
+    def check(folder, device, **kwargs):
+        handed["gpu-check"] = kwargs["precisions"]
+        raise SystemExit(0)
+
+    def first(out, device, **kwargs):
+        handed["gpu-first"] = kwargs["precisions"]
+        return gpucheck.First([], "", True)
+
+    monkeypatch.setattr(gpucheck, "run_check", check)
+    monkeypatch.setattr(gpucheck, "first", first)
+    run_cli(capsys, "gpu-check", "--device", "cpu", "--out", str(tmp_path), "--precisions",
+            "fp32,tf32,bf16")
+    run_cli(capsys, "gpu-first", "--device", "cpu", "--out", str(tmp_path), "--precisions",
+            "bf16")
+    assert handed == {"gpu-check": ("fp32", "tf32", "bf16"), "gpu-first": ("bf16",)}
+    run_cli(capsys, "gpu-check", "--device", "cpu", "--out", str(tmp_path))
+    assert handed["gpu-check"] == ("fp32",)
+    registry.load()
+    spec = gpucheck.check_spec(DEVICES["cpu"], "alexnet", ["conv3"], "gemm", 1,
+                               precisions=("fp32", "bf16"))
+    kept = gpucheck.tiled(spec)[1]
+    assert spec.precisions == ("fp32", "bf16") and len(kept) == 2 * 3 * 2
+    assert {c.precision for c in kept} == {"fp32", "bf16"}
+    with pytest.raises(ValueError, match="unknown precision 'fp8'"):
+        gpucheck.check_spec(DEVICES["cpu"], "alexnet", None, None, 1, precisions=("fp8",))
+
+
 def test_fft_tiled_is_left_out_where_it_never_tiles():
     registry.load()
     conv2, conv1_1 = net_layers("alexnet")[1].problem, net_layers("vgg16")[0].problem

@@ -25,7 +25,14 @@ import numpy as np
 from ..algos import registry
 from ..algos.reference import DTYPES, array_module
 from ..core.measurement import Measurement
-from ..core.problem import LAYOUTS, PASSES, PRECISION_OF_DTYPE, ConvProblem, check_choice
+from ..core.problem import (
+    LAYOUTS,
+    PASSES,
+    PRECISION_OF_DTYPE,
+    PRECISIONS,
+    ConvProblem,
+    check_choice,
+)
 from ..core.results import entry_from_row, frame, load_run, problem_from_row, row_from_entry
 from ..machine import backends, devices
 from ..measure import runner, timing
@@ -141,14 +148,14 @@ def tune(model, example_input, *, algos: str = "all", layouts: tuple[str, ...] =
          output_layout: str = "nchw", log: Callable[[str], None] | None = None,
          progress: Callable[[str], None] | None = stderr_progress,
          step: str | None = "train", step_budget_s: float = confirm.STEP_BUDGET_S,
-         cold: bool = False) -> Plan:
+         cold: bool = False, precision: str | None = None) -> Plan:
     """Measure the conv layers of `model` as `example_input` exercises them, and plan them
     (`tune_advice`'s plan; its arguments are this one's, spelt out so a misspelt one is a
     TypeError at the call)."""
     return tune_advice(model, example_input, algos=algos, layouts=layouts, budget_s=budget_s,
                        constraints=constraints, store=store, input_layout=input_layout,
                        output_layout=output_layout, log=log, progress=progress, step=step,
-                       step_budget_s=step_budget_s, cold=cold)[0]
+                       step_budget_s=step_budget_s, cold=cold, precision=precision)[0]
 
 
 def tune_advice(model, example_input, *, algos: str = "all",
@@ -158,7 +165,7 @@ def tune_advice(model, example_input, *, algos: str = "all",
                 output_layout: str = "nchw", log: Callable[[str], None] | None = None,
                 progress: Callable[[str], None] | None = stderr_progress,
                 step: str | None = "train", step_budget_s: float = confirm.STEP_BUDGET_S,
-                cold: bool = False) -> tuple[Plan, Advice]:
+                cold: bool = False, precision: str | None = None) -> tuple[Plan, Advice]:
     """Measure the conv layers of `model` as `example_input` exercises them, and plan them:
     the plan, and the advice it was built from (what `convbench tune` prints).
 
@@ -167,7 +174,8 @@ def tune_advice(model, example_input, *, algos: str = "all",
     comparison): a change is kept only where the step is faster with it beyond noise, so the
     plan is never slower than torch's default beyond noise; what was measured is in the plan's
     `checks`. `cold`: each repetition of the per-layer measurements on the CPU is timed from
-    cold caches (`timing.cold_caches`), as a layer finds them in a model.
+    cold caches (`timing.cold_caches`), as a layer finds them in a model. `precision`: the
+    one to measure and plan in (`PRECISIONS`; None: the input's dtype's).
 
     Measurements the plan store holds for this environment are reused; the rest are made by the
     runner on the input's device (`algos`: a comma list as on the command line; `budget_s`:
@@ -180,7 +188,9 @@ def tune_advice(model, example_input, *, algos: str = "all",
     log = log or (lambda line: None)
     progress = progress or (lambda line: None)
     _check_layouts(layouts, input_layout, output_layout)
-    backend, precision = _backend_precision(example_input)
+    backend, dtype_precision = _backend_precision(example_input)
+    precision = dtype_precision if precision is None else check_choice(
+        "precision", precision, PRECISIONS)
     algo_list = registry.expand_algos(algos, backend)
     store = store if isinstance(store, PlanStore) else PlanStore(store)
     sites, unplanned = _find_sites(model, example_input)
