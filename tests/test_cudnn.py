@@ -229,6 +229,24 @@ def test_describe_names_the_fp32_kernel(algo, pass_):
     assert "tf32" not in note.lower(), f"fp32 ran a TF32 kernel: {note}"
 
 
+@pytest.mark.gpu_pins
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_row_says_whether_tensor_cores_ran(precision):
+    """What ran, from the kernels' names (`kernelnames`): fp32 (TF32 off) never on tensor
+    cores; bf16, on a GPU that has them for it (sm_80 on), on them for a layer of AlexNet's
+    width. The prediction pinned: cuDNN's bf16 convolutions are tensor-core kernels."""
+    from convbench.algos.kernelnames import tensor_cores
+
+    impl = _impl_or_skip("cudnn")
+    problem = ConvProblem(n=8, c=64, h=28, w=28, k=64, r=3, s=3, pad=1)
+    reason = registry.supports(impl, problem, "fwd", "nhwc", precision)
+    if reason:
+        pytest.skip(reason)
+    names = impl.kernels(problem, "fwd", "nhwc", precision)
+    assert tensor_cores(names) is (precision == "bf16"), names
+
+
 def test_a_warm_up_leaves_nothing_alive():
     """cuDNN's prepare warms up on scratch operands, then drops their views and the replay's
     arrays, so the memory the prepared pass is seen to hold is its own, not a whole operand
