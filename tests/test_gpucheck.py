@@ -95,8 +95,9 @@ def test_the_run_leaves_its_folder_and_summary_and_resumes(tmp_path, capsys, dry
         "convbench gpu-check")
     text = (folder / "summary.md").read_text()
     assert out.startswith("# GPU check: ") and text.rstrip("\n") == out.rstrip("\n")
-    for section in ("## Own SGEMM / cuBLAS", "## Best own kernel / cudnn-autotune",
-                    "## NCHW / NHWC", "## Achieved FP32 TFLOP/s"):
+    assert "\n## fp32 (TF32 off)\n" in text  # the run's one precision, its setting named
+    for section in ("### Own SGEMM / cuBLAS", "### Best own kernel / cudnn-autotune",
+                    "### NCHW / NHWC", "### Achieved FP32 TFLOP/s"):
         assert section in text
     stages = next(ln for ln in text.splitlines() if ln.startswith("- host stages of the run: "))
     assert all(f"{name} " in stages for name in runner.STAGES)
@@ -296,8 +297,9 @@ def test_gpu_first_dry_form_finishes_and_packs_at_most_eight_files(tmp_path, cap
     assert text.rstrip("\n") == stdout.rstrip("\n")
     assert "- gpu-first: 300 s of wall time" in text and "1 skipped" in text
     assert "- checked: layers conv3 in this order" in text and "not reached" not in text
-    for section in ("## The heuristic's regret", "## cuDNN's algorithms one by one",
-                    "## Tuning cost"):
+    assert "pass and layout in fp32" in text
+    for section in ("### The heuristic's regret", "### cuDNN's algorithms one by one",
+                    "### Tuning cost"):
         assert section in text
     df, _ = results.load_run(work / "run")
     assert len(df) == 2 * 3 * 2
