@@ -133,6 +133,30 @@ def test_the_second_part_samples_each_class_the_net_lacks(dry_check):
     assert "| depthwise" in section and "| best of ours" in section and "torch-cpu" in section
 
 
+def test_the_classes_table_keeps_each_precision_apart():
+    """A second part in fp32 and bf16: its per-class table has a line per precision (a
+    speed-up is of one precision's rows), and its head names both."""
+    from convbench.core.measurement import Measurement
+    from convbench.core.problem import ConvProblem
+    from convbench.measure import verify
+    from convbench.runs.run import Outcome
+
+    depthwise = ConvProblem(n=1, c=8, h=8, w=8, k=8, r=3, s=3, pad=1, groups=8)
+    rows = [runner.row(runner.Case("convset", "dw", depthwise, algo, "cuda", "fwd", "nhwc",
+                                   precision), "ok", check=verify.Check(True, 1e-7, 1e-6, 1e-5),
+                       m=Measurement((ms,) * 3))
+            for precision, scale in (("fp32", 1.0), ("bf16", 0.25))
+            for algo, ms in (("cudnn-autotune", 1.0), ("direct", 2.0 * scale))]
+    env = {"run": {"precisions": ["fp32", "bf16"], "algos": ["direct", "cudnn-autotune"]}}
+    text = gpucheck.classes_markdown(Outcome(results.frame(rows), None, False, 0), env, "cuda",
+                                     1.0)
+    assert "every pass and layout in fp32, bf16: 4 ok" in text
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines()
+             if line.startswith("| ")]
+    direct = [c for c in cells if c[3] == "direct"]
+    assert [(c[0], c[8]) for c in direct] == [("fp32", "0.5×"), ("bf16", "2×")]
+
+
 def test_the_second_part_can_be_left_out(tmp_path, capsys):
     folder = tmp_path / "check"
     code, out, err = run_cli(capsys, *DRY, "--algos", "direct", "--classes", "none", "--out",

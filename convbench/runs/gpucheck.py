@@ -327,8 +327,9 @@ def run_classes(folder: Path, spec: RunSpec, env: dict, cases: list[runner.Case]
 
 def classes_markdown(outcome: Outcome, env: dict, backend: str,
                      seconds: float) -> str:
-    """summary.md's section of the second part: what ran, and per class and pass the speed-up
-    of `CLASSES_LINES` over the device's baseline (`speedup.summary`)."""
+    """summary.md's section of the second part: what ran, and per class and pass (and
+    precision, where it ran several: a speed-up is within one) the speed-up of `CLASSES_LINES`
+    over the device's baseline (`speedup.summary`)."""
     run = env.get("run", {})
     baseline = speedup.default_baseline(backend)
     counts = outcome.frame["status"].value_counts() if len(outcome.frame) else {}
@@ -339,17 +340,20 @@ def classes_markdown(outcome: Outcome, env: dict, backend: str,
              f"{CLASSES_RUN}/ ({CLASSES_RUN}/report.md): {sample}: a stratified sample, "
              f"seed {run.get('seed', CLASSES_SEED)}) at batch "
              f"{run.get('batch')}, algos {', '.join(run.get('algos', []))}, every pass and "
-             "layout: " + ", ".join(f"{counts[s]} {s}" for s in getattr(counts, "index", []))
+             f"layout in {', '.join(run.get('precisions', PRECISIONS_DEFAULT))}: "
+             + ", ".join(f"{counts[s]} {s}" for s in getattr(counts, "index", []))
              + f", in {seconds:.0f} s" + (", interrupted" if outcome.interrupted else "")
              + (f"; GPU fault: {outcome.fault}" if outcome.fault else "") + ".", "",
-             (f"Speed-up over {baseline} per class and pass, each in its fastest layout: "
+             (f"Speed-up over {baseline} per class and pass (and precision, where it ran "
+              "several), each in its fastest layout: "
               f"{speedup.BEST_OF_OURS}, direct (kernels/depthwise.cu where groups = C) and "
               "cudnn (the heuristic's pick through torch's dispatch; its rows' notes name "
               "the kernel that ran)."), ""]
     sp = speedup.speedups(outcome.frame, baseline) if len(outcome.frame) else pd.DataFrame()
     sp = sp[sp["algo"].isin(CLASSES_LINES)] if len(sp) else sp
-    table = speedup.summary(speedup.class_order(sp), ["class", "pass", "algo"]) if len(
-        sp) else pd.DataFrame()
+    several = len(sp) > 0 and sp["precision"].nunique() > 1
+    by = (["precision"] if several else []) + ["class", "pass", "algo"]
+    table = speedup.summary(speedup.class_order(sp), by) if len(sp) else pd.DataFrame()
     lines += [md_table(table) if not table.empty else "(no rows to compare in this run)", ""]
     return "\n".join(lines)
 
