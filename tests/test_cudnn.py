@@ -247,6 +247,29 @@ def test_the_row_says_whether_tensor_cores_ran(precision):
     assert tensor_cores(names) is (precision == "bf16"), names
 
 
+def test_a_case_is_profiled_once_for_its_row_its_note_and_its_judging(monkeypatch):
+    """The kernels a case launched are profiled once in a process: the row's `kernels`, the
+    note's family and the tolerance it is judged by all read that one profile (torch keeps the
+    plan it made for the shape and settings, so a second would name the same kernels)."""
+    from convbench.algos import cudnn
+
+    profiled = []
+
+    def profile(self, problem, pass_, layout, precision):
+        profiled.append((self.algo, pass_, precision))
+        return [FILL, FFT_R2C, GEMV, FFT_C2R]
+
+    monkeypatch.setattr(cudnn.CuDNN, "_profiled", profile)
+    monkeypatch.setattr(cudnn, "_KERNELS", {})
+    impl = registry.get("cudnn", "cuda")
+    problem = ConvProblem(n=1, c=4, h=8, w=8, k=4, r=3, s=3, pad=1)
+    assert impl.kernels(problem, "fwd", "nhwc", "tf32") == [FILL, FFT_R2C, GEMV, FFT_C2R]
+    assert impl.describe(problem, "fwd", "nhwc", "tf32").startswith("FFT (kernel: fft2d_r2c")
+    assert impl.judged_as(problem, "fwd", "nhwc", "tf32") == "cudnn-find-fft"
+    impl.kernels(problem, "fwd", "nhwc", "fp32")  # another precision: another case
+    assert profiled == [("cudnn", "fwd", "tf32"), ("cudnn", "fwd", "fp32")]
+
+
 def test_a_warm_up_leaves_nothing_alive():
     """cuDNN's prepare warms up on scratch operands, then drops their views and the replay's
     arrays, so the memory the prepared pass is seen to hold is its own, not a whole operand

@@ -524,8 +524,8 @@ def first(out: str | Path, device: Device, *, work: str | Path | None = None,
     work = Path(work) if work else default_folder(net, device.backend, "-gpu-first", FINDINGS)
     names = layers or [n for n in FIRST_LAYERS if n in
                        {layer.name for layer in catalogs.net_layers(net)}] or None
-    tiled(check_spec(device, net, names, algos, batch, precisions=precisions))  # bad input
-    # is refused before anything runs
+    # bad input is refused before anything runs
+    tiled(check_spec(device, net, names, algos, batch, precisions=precisions))
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     log = _logger(out / FIRST_LOG)
