@@ -338,8 +338,8 @@ def test_cudnn_peak_excludes_the_warm_up_operands():
 ], ids=str)
 def test_math_settings_never_raise_and_are_restored(setup):
     """`_math` only sets flags, so this runs without a GPU: whatever TF32 API the program used
-    before, it sets cuDNN on, the mode's benchmark flag and IEEE fp32 (or TF32 for tf32) inside,
-    and leaves every flag as it found it."""
+    before, it sets cuDNN on, the mode's benchmark flag and IEEE fp32 (TF32 for tf32 alone: fp16
+    and bf16 compute in their own type) inside, and leaves every flag as it found it."""
     import torch
 
     from convbench.algos.cudnn import _math
@@ -361,7 +361,8 @@ def test_math_settings_never_raise_and_are_restored(setup):
             if op in setup:
                 getattr(cudnn, op).fp32_precision = setup[op]
         before = state()
-        for precision, autotune in (("fp32", True), ("tf32", False)):
+        for precision, autotune in (("fp32", True), ("tf32", False), ("bf16", True),
+                                    ("fp16", False)):
             with _math(precision, autotune):
                 inside = state()
                 assert inside[0] == inside[2] == ("tf32" if precision == "tf32" else "ieee")
