@@ -252,7 +252,7 @@ class Dispatch:
         has no plan's precision)."""
         if self.precision is None:
             return None
-        now = live_precision(x)
+        now = live_precision(x.device.type, x.dtype)
         if now == self.precision:
             return None
         return f"the plan was measured in {self.precision}, this call runs in {now}"
@@ -299,7 +299,7 @@ class Dispatch:
         called directly (`functional.prepared`; the shapes are the problem's by construction,
         so `functional.run`'s checks are not paid every call)."""
         algo, backend = self.algos[pass_]
-        precision = self.precision or live_precision(a)
+        precision = self.precision or live_precision(a.device.type, a.dtype)
         pin = self._pin(pass_, precision)
         if pin is None and not self._runs(algo, backend, a.dtype):
             self.fall_back(pass_, f"{algo} does not run {a.dtype}")
@@ -387,22 +387,38 @@ class Dispatch:
         return grads["bwd_data"], grads["bwd_filter"]
 
 
-def live_precision(x: torch.Tensor) -> str:
-    """The precision torch would run a convolution of `x` in, here and now: an active
-    autocast's dtype, else `x`'s dtype, fp32 as tf32 where torch's cuDNN convolutions run TF32
-    (its default on a GPU)."""
-    device = x.device.type
-    if torch.is_autocast_enabled(device):
-        dtype = torch.get_autocast_dtype(device)
-    else:
-        dtype = x.dtype
+def live_precision(device_type: str, dtype: torch.dtype) -> str:
+    """The precision torch would run a convolution of `dtype` tensors on `device_type` in, here
+    and now: an active autocast's dtype, else `dtype`, fp32 as tf32 where torch's cuDNN
+    convolutions run TF32 (its default on a GPU)."""
+    if torch.is_autocast_enabled(device_type):
+        dtype = torch.get_autocast_dtype(device_type)
     precision = PRECISION_OF_DTYPE.get(str(dtype).removeprefix("torch."), str(dtype))
-    if precision == "fp32" and x.is_cuda:
+    if precision == "fp32" and device_type == "cuda":
         from .algos.cudnn import conv_runs_tf32
 
         if conv_runs_tf32():
             return "tf32"
     return precision
+
+
+@contextlib.contextmanager
+def precision_setting(precision: str, device_type: str):
+    """The block runs convolutions in `precision` (`live_precision`'s inverse) for fp32 inputs:
+    TF32 on for tf32 and off for fp32 on a GPU, `torch.autocast` for bf16 and fp16; the TF32
+    flags are restored after."""
+    check_choice("precision", precision, PRECISIONS)
+    with contextlib.ExitStack() as stack:
+        if device_type == "cuda" and precision in ("fp32", "tf32"):
+            from .algos.cudnn import conv_runs_tf32, set_tf32
+
+            was = conv_runs_tf32()
+            set_tf32(precision == "tf32")
+            stack.callback(set_tf32, was)
+        if precision in ("bf16", "fp16"):
+            stack.enter_context(torch.autocast(device_type, dtype={
+                "bf16": torch.bfloat16, "fp16": torch.float16}[precision]))
+        yield
 
 
 #: Every live layer's Dispatch by id: the operators below take the id, as an operator's

@@ -39,6 +39,14 @@ def run_cli(capsys, *argv):
     (["layer", "conv2", "--passes", "fwd,sideways"], "unknown pass 'sideways'; valid: fwd"),
     (["layer", "conv2", "--layouts", "chwn"], "unknown layout 'chwn'; valid: nchw, nhwc"),
     (["layer", "conv2", "--precision", "fp8"], "unknown precision 'fp8'"),
+    (["bench", "--precisions", "fp32,fp8"], "unknown precision 'fp8'; valid: fp64, fp32"),
+    (["gpu-check", "--device", "cpu", "--precisions", "tf16"], "unknown precision 'tf16'"),
+    (["gpu-first", "--device", "cpu", "--out", "x", "--precisions", "bf8"],
+     "unknown precision 'bf8'"),
+    (["tune", "--model", "m:f", "--input", "1,3,8,8", "--precisions", "fp33"],
+     "unknown precision 'fp33'"),
+    (["tune", "--model", "m:f", "--input", "1,3,8,8", "--precisions", "fp32,bf16"],
+     "a plan is made in one precision"),
     (["layer", "n=1,c=2,h=6"], "malformed layer spec"),
     (["layer", "n=1,c=2,h=6,w=6,k=3,r=9,s=3"], "larger than the padded input"),
     (["layer", "conv2", "--batch", "0"], "'0' is not positive"),
@@ -67,6 +75,31 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, names):
     assert code == 2
     assert err.count("\n") == 1 and names in err and "Traceback" not in err
     assert out == ""
+
+
+def test_tune_hands_its_precision_to_the_library(capsys, monkeypatch):
+    """`tune --precisions P` measures and plans in P (the library's `precision`), the input's
+    dtype's where not given; the library refuses an unknown one itself."""
+    import torch
+
+    from convbench.cli import tune as cli_tune
+    from convbench.planning import tune
+
+    handed = []
+
+    def fake(model, x, **kwargs):
+        handed.append(kwargs["precision"])
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(cli_tune.models, "load", lambda spec: torch.nn.Conv2d(3, 4, 3))
+    monkeypatch.setattr(cli_tune, "tune_advice", fake)
+    for extra in (["--precisions", "tf32"], ["--precision", "bf16"], []):
+        code, _, err = run_cli(capsys, "tune", "--model", "m:f", "--input", "1,3,8,8",
+                               "--device", "cpu", *extra)
+        assert code == 2 and "stop here" in err
+    assert handed == ["tf32", "bf16", None]
+    with pytest.raises(ValueError, match="unknown precision 'fp8'"):
+        tune.tune_advice(torch.nn.Conv2d(3, 4, 3), torch.randn(1, 3, 8, 8), precision="fp8")
 
 
 #: A cheap run's other options: were an empty list read as not given, the run is small.

@@ -229,6 +229,47 @@ def test_describe_names_the_fp32_kernel(algo, pass_):
     assert "tf32" not in note.lower(), f"fp32 ran a TF32 kernel: {note}"
 
 
+@pytest.mark.gpu_pins
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_row_says_whether_tensor_cores_ran(precision):
+    """What ran, from the kernels' names (`kernelnames`): fp32 (TF32 off) never on tensor
+    cores; bf16, on a GPU that has them for it (sm_80 on), on them for a layer of AlexNet's
+    width. The prediction pinned: cuDNN's bf16 convolutions are tensor-core kernels."""
+    from convbench.algos.kernelnames import tensor_cores
+
+    impl = _impl_or_skip("cudnn")
+    problem = ConvProblem(n=8, c=64, h=28, w=28, k=64, r=3, s=3, pad=1)
+    reason = registry.supports(impl, problem, "fwd", "nhwc", precision)
+    if reason:
+        pytest.skip(reason)
+    names = impl.kernels(problem, "fwd", "nhwc", precision)
+    assert tensor_cores(names) is (precision == "bf16"), names
+
+
+def test_a_case_is_profiled_once_for_its_row_its_note_and_its_judging(monkeypatch):
+    """The kernels a case launched are profiled once in a process: the row's `kernels`, the
+    note's family and the tolerance it is judged by all read that one profile (torch keeps the
+    plan it made for the shape and settings, so a second would name the same kernels)."""
+    from convbench.algos import cudnn
+
+    profiled = []
+
+    def profile(self, problem, pass_, layout, precision):
+        profiled.append((self.algo, pass_, precision))
+        return [FILL, FFT_R2C, GEMV, FFT_C2R]
+
+    monkeypatch.setattr(cudnn.CuDNN, "_profiled", profile)
+    monkeypatch.setattr(cudnn, "_KERNELS", {})
+    impl = registry.get("cudnn", "cuda")
+    problem = ConvProblem(n=1, c=4, h=8, w=8, k=4, r=3, s=3, pad=1)
+    assert impl.kernels(problem, "fwd", "nhwc", "tf32") == [FILL, FFT_R2C, GEMV, FFT_C2R]
+    assert impl.describe(problem, "fwd", "nhwc", "tf32").startswith("FFT (kernel: fft2d_r2c")
+    assert impl.judged_as(problem, "fwd", "nhwc", "tf32") == "cudnn-find-fft"
+    impl.kernels(problem, "fwd", "nhwc", "fp32")  # another precision: another case
+    assert profiled == [("cudnn", "fwd", "tf32"), ("cudnn", "fwd", "fp32")]
+
+
 def test_a_warm_up_leaves_nothing_alive():
     """cuDNN's prepare warms up on scratch operands, then drops their views and the replay's
     arrays, so the memory the prepared pass is seen to hold is its own, not a whole operand
@@ -297,8 +338,8 @@ def test_cudnn_peak_excludes_the_warm_up_operands():
 ], ids=str)
 def test_math_settings_never_raise_and_are_restored(setup):
     """`_math` only sets flags, so this runs without a GPU: whatever TF32 API the program used
-    before, it sets cuDNN on, the mode's benchmark flag and IEEE fp32 (or TF32 for tf32) inside,
-    and leaves every flag as it found it."""
+    before, it sets cuDNN on, the mode's benchmark flag and IEEE fp32 (TF32 for tf32 alone: fp16
+    and bf16 compute in their own type) inside, and leaves every flag as it found it."""
     import torch
 
     from convbench.algos.cudnn import _math
@@ -320,7 +361,8 @@ def test_math_settings_never_raise_and_are_restored(setup):
             if op in setup:
                 getattr(cudnn, op).fp32_precision = setup[op]
         before = state()
-        for precision, autotune in (("fp32", True), ("tf32", False)):
+        for precision, autotune in (("fp32", True), ("tf32", False), ("bf16", True),
+                                    ("fp16", False)):
             with _math(precision, autotune):
                 inside = state()
                 assert inside[0] == inside[2] == ("tf32" if precision == "tf32" else "ieee")

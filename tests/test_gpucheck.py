@@ -6,6 +6,7 @@ import contextlib
 import importlib.abc
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -94,8 +95,9 @@ def test_the_run_leaves_its_folder_and_summary_and_resumes(tmp_path, capsys, dry
         "convbench gpu-check")
     text = (folder / "summary.md").read_text()
     assert out.startswith("# GPU check: ") and text.rstrip("\n") == out.rstrip("\n")
-    for section in ("## Own SGEMM / cuBLAS", "## Best own kernel / cudnn-autotune",
-                    "## NCHW / NHWC", "## Achieved FP32 TFLOP/s"):
+    assert "\n## fp32 (TF32 off)\n" in text  # the run's one precision, its setting named
+    for section in ("### Own SGEMM / cuBLAS", "### Best own kernel / cudnn-autotune",
+                    "### NCHW / NHWC", "### Achieved FP32 TFLOP/s"):
         assert section in text
     stages = next(ln for ln in text.splitlines() if ln.startswith("- host stages of the run: "))
     assert all(f"{name} " in stages for name in runner.STAGES)
@@ -129,6 +131,30 @@ def test_the_second_part_samples_each_class_the_net_lacks(dry_check):
     assert "classes/ (classes/report.md): 3 problems of convset (" in text
     section = text.split("## Depthwise, grouped, pointwise (convset)")[1]
     assert "| depthwise" in section and "| best of ours" in section and "torch-cpu" in section
+
+
+def test_the_classes_table_keeps_each_precision_apart():
+    """A second part in fp32 and bf16: its per-class table has a line per precision (a
+    speed-up is of one precision's rows), and its head names both."""
+    from convbench.core.measurement import Measurement
+    from convbench.core.problem import ConvProblem
+    from convbench.measure import verify
+    from convbench.runs.run import Outcome
+
+    depthwise = ConvProblem(n=1, c=8, h=8, w=8, k=8, r=3, s=3, pad=1, groups=8)
+    rows = [runner.row(runner.Case("convset", "dw", depthwise, algo, "cuda", "fwd", "nhwc",
+                                   precision), "ok", check=verify.Check(True, 1e-7, 1e-6, 1e-5),
+                       m=Measurement((ms,) * 3))
+            for precision, scale in (("fp32", 1.0), ("bf16", 0.25))
+            for algo, ms in (("cudnn-autotune", 1.0), ("direct", 2.0 * scale))]
+    env = {"run": {"precisions": ["fp32", "bf16"], "algos": ["direct", "cudnn-autotune"]}}
+    text = gpucheck.classes_markdown(Outcome(results.frame(rows), None, False, 0), env, "cuda",
+                                     1.0)
+    assert "every pass and layout in fp32, bf16: 4 ok" in text
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines()
+             if line.startswith("| ")]
+    direct = [c for c in cells if c[3] == "direct"]
+    assert [(c[0], c[8]) for c in direct] == [("fp32", "0.5×"), ("bf16", "2×")]
 
 
 def test_the_second_part_can_be_left_out(tmp_path, capsys):
@@ -167,6 +193,38 @@ def test_bad_input_is_one_line(capsys):
                         (["--class-algos", "magic"], "unknown algo 'magic'")):
         code, _, err = run_cli(capsys, "gpu-check", "--device", "cpu", *argv)
         assert code == 2 and err.count("\n") == 1 and words in err
+
+
+def test_the_precisions_reach_the_check_and_the_visit(tmp_path, capsys, monkeypatch):
+    """`--precisions` is the check's axis: each command hands its list on, and the check's run
+    has a case per precision (fp32 alone where not told)."""
+    handed = {}
+
+    def check(folder, device, **kwargs):
+        handed["gpu-check"] = kwargs["precisions"]
+        raise SystemExit(0)
+
+    def first(out, device, **kwargs):
+        handed["gpu-first"] = kwargs["precisions"]
+        return gpucheck.First([], "", True)
+
+    monkeypatch.setattr(gpucheck, "run_check", check)
+    monkeypatch.setattr(gpucheck, "first", first)
+    run_cli(capsys, "gpu-check", "--device", "cpu", "--out", str(tmp_path), "--precisions",
+            "fp32,tf32,bf16")
+    run_cli(capsys, "gpu-first", "--device", "cpu", "--out", str(tmp_path), "--precisions",
+            "bf16")
+    assert handed == {"gpu-check": ("fp32", "tf32", "bf16"), "gpu-first": ("bf16",)}
+    run_cli(capsys, "gpu-check", "--device", "cpu", "--out", str(tmp_path))
+    assert handed["gpu-check"] == ("fp32",)
+    registry.load()
+    spec = gpucheck.check_spec(DEVICES["cpu"], "alexnet", ["conv3"], "gemm", 1,
+                               precisions=("fp32", "bf16"))
+    kept = gpucheck.tiled(spec)[1]
+    assert spec.precisions == ("fp32", "bf16") and len(kept) == 2 * 3 * 2
+    assert {c.precision for c in kept} == {"fp32", "bf16"}
+    with pytest.raises(ValueError, match="unknown precision 'fp8'"):
+        gpucheck.check_spec(DEVICES["cpu"], "alexnet", None, None, 1, precisions=("fp8",))
 
 
 def test_fft_tiled_is_left_out_where_it_never_tiles():
@@ -263,8 +321,9 @@ def test_gpu_first_dry_form_finishes_and_packs_at_most_eight_files(tmp_path, cap
     assert text.rstrip("\n") == stdout.rstrip("\n")
     assert "- gpu-first: 300 s of wall time" in text and "1 skipped" in text
     assert "- checked: layers conv3 in this order" in text and "not reached" not in text
-    for section in ("## The heuristic's regret", "## cuDNN's algorithms one by one",
-                    "## Tuning cost"):
+    assert "pass and layout in fp32" in text
+    for section in ("### The heuristic's regret", "### cuDNN's algorithms one by one",
+                    "### Tuning cost"):
         assert section in text
     df, _ = results.load_run(work / "run")
     assert len(df) == 2 * 3 * 2
@@ -357,7 +416,9 @@ def test_the_tests_at_their_limit_are_interrupted_and_still_summarised(tmp_path)
 PINS = ("tests/test_timing.py::", "tests/test_cudnn.py::test_the_first_call_is_timed_once",
         "tests/test_cudnn.py::test_cudnn_peak_excludes_the_warm_up_operands",
         "tests/test_cudnn.py::test_tf32_setting_does_not_leak",
-        "tests/test_cudnn.py::test_describe_names_the_fp32_kernel", "tests/test_cudnn_find.py::",
+        "tests/test_cudnn.py::test_describe_names_the_fp32_kernel",
+        "tests/test_cudnn.py::test_the_row_says_whether_tensor_cores_ran",
+        "tests/test_cudnn_find.py::",
         "tests/test_runner.py::test_a_gpu_case_is_verified_on_the_device",
         "tests/test_memory.py::", "tests/test_nn.py::",
         "tests/test_depthwise.py::test_depthwise_kernel_matches_reference")
@@ -383,6 +444,37 @@ def test_the_first_tests_are_pins_first_and_each_exists():
     assert kinds == sorted(kinds)  # "pin" < "suite": every pin first
     for pin in PINS:
         assert any(i.startswith(pin) for i in ids), pin
+
+
+def test_the_commands_own_default_gives_pytest_the_marker_expression_whole(tmp_path, capsys,
+                                                                        monkeypatch):
+    """`gpu-first` and `gpu-check --tests` without `--pytest-args`: what each command hands
+    pytest from its own default is the default's arguments, the marker expression one argument
+    of `-m` (split into words, pytest took `and` for a path and ran nothing), and pytest
+    collecting with them selects the marked tests of a file and deselects the rest."""
+    handed = {}
+
+    def first(out, device, **kwargs):
+        handed["gpu-first"] = tuple(kwargs["pytest_args"])
+        return gpucheck.First([], "", True)
+
+    def tests(folder, pytest_args, timeout_s):
+        handed["gpu-check"] = tuple(pytest_args)
+        return gpucheck.Tests(0, "1 passed", tuple(pytest_args))
+
+    monkeypatch.setattr(gpucheck, "first", first)
+    monkeypatch.setattr(gpucheck, "tests", tests)
+    assert run_cli(capsys, "gpu-first", "--device", "cpu", "--out", str(tmp_path))[0] == 0
+    assert run_cli(capsys, "gpu-check", "--device", "cpu", "--tests", "--out",
+                   str(tmp_path))[0] == 0
+    assert handed == {"gpu-first": gpucheck.FIRST_TESTS, "gpu-check": gpucheck.PYTEST_ARGS}
+    args = handed["gpu-first"]
+    assert args[args.index("-m") + 1] == gpucheck.FIRST_MARKERS
+    collected = gpucheck.run_tests(tmp_path / "collect.log",
+                                   (*args, "--collect-only", "tests/test_cudnn.py"), 120)
+    assert collected.returncode == 0, (tmp_path / "collect.log").read_text()[-2000:]
+    assert re.search(r"\d+/\d+ tests collected \(\d+ deselected\)", collected.line), \
+        collected.line
 
 
 def test_packing_counts_its_own_files_and_warns_rather_than_fails(tmp_path, capsys):

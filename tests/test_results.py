@@ -31,7 +31,7 @@ def test_the_row_record_fixes_the_columns_and_their_kinds():
     assert results.COLUMNS == tuple(results.Row.__annotations__)
     assert results.COLUMNS[:len(results.KEY)] == results.KEY
     assert set(results.INTEGER) <= set(results.NUMERIC)
-    assert {"noisy", "contended", "host_bound"} == set(results.FLAGS)
+    assert {"noisy", "contended", "host_bound", "tensor_cores"} == set(results.FLAGS)
     row = a_row()
     assert list(row) == list(results.COLUMNS)
     assert isinstance(row["median_ms"], float) and isinstance(row["n"], int)

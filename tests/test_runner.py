@@ -419,6 +419,45 @@ def test_a_failing_description_keeps_the_measurement():
     assert r["note"] == "(no description: RuntimeError: profiler unavailable)"
 
 
+def test_the_kernels_a_library_ran_are_in_its_row_with_whether_on_tensor_cores(tmp_path):
+    """A library that names the kernels its pass launched (cuDNN through torch: profiled)
+    gets them in its row, and whether one ran on tensor cores, read from the names (the TF32
+    setting only allows it); an implementation that names none leaves both empty, and one whose
+    naming fails keeps its measurement. Through the explicit-pad wrapper alike."""
+    xmma = ("sm80_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x128x16"
+            "_stage4_warpsize2x2x1_g1_tensor16x8x8_execute_kernel__5x_cudnn")
+    fill = "void at::native::vectorized_elementwise_kernel<4, FillFunctor<float> >(int)"
+
+    class Naming(Fake):
+        def __init__(self, algo, names):
+            super().__init__(algo)
+            self.names = names
+
+        def kernels(self, *args):
+            if isinstance(self.names, Exception):
+                raise self.names
+            return self.names
+
+    impls = {"a": registry.ExplicitPad(Naming("a", [fill, xmma, xmma])),
+             "b": Naming("b", ["void cudnn::detail::implicit_convolve_sgemm<float>(int)"]),
+             "c": Naming("c", RuntimeError("no profiler")), "good": Fake("good")}
+    rows = {r["algo"]: r for r in runner.run(cases(["a", "b", "c", "good"]), BUDGET, impls)}
+    assert all(r["status"] == "ok" for r in rows.values())
+    assert rows["a"]["tensor_cores"] is True
+    assert rows["a"]["kernels"] == f"vectorized_elementwise_kernel; {xmma}"
+    assert (rows["b"]["tensor_cores"], rows["b"]["kernels"]) == (False,
+                                                                  "implicit_convolve_sgemm")
+    for algo in ("c", "good"):
+        assert rows[algo]["tensor_cores"] is None and rows[algo]["kernels"] is None
+    sink = results.CsvSink(tmp_path / results.RESULTS_CSV)
+    for r in rows.values():
+        sink.append(r)
+    back = results.frame(results.read_rows(sink.path)).set_index("algo")
+    assert back["tensor_cores"].map(repr).to_dict() == {"a": "True", "b": "False",
+                                                        "c": "nan", "good": "nan"}
+    assert back.loc["b", "kernels"] == "implicit_convolve_sgemm" and back.loc["c", "kernels"] == ""
+
+
 def test_reference_is_computed_once_per_problem_and_pass(monkeypatch):
     calls = []
     real = reference.reference

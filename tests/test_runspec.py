@@ -109,7 +109,8 @@ def test_the_command_line_resumes_a_run_the_library_made(tmp_path, capsys, monke
     interrupt(2)
     start(folder).measure()
     for argv, expected in ((["--algos", "gemm"], "--algos gemm contradicts the run in"),
-                           (["--precision", "fp16"], "--precision fp16 contradicts the run"),
+                           (["--precisions", "fp16"], "--precisions fp16 contradicts the run"),
+                           (["--precision", "fp16"], "--precisions fp16 contradicts the run"),
                            (["--layouts", "nchw"], "--layouts nchw contradicts the run"),
                            (["--batch", "2"], ("--batch 2 contradicts the run in {f}, made "
                                                "with --batch 1"))):

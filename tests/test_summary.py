@@ -1,6 +1,7 @@
 """The GPU summary's ratios, from synthetic rows of a run (no GPU needed to check the sums)."""
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -18,12 +19,13 @@ P = ConvProblem(n=2, c=8, h=8, w=8, k=8, r=3, s=3, pad=1)
 L1, L2 = Layer("net", "l1", P), Layer("net", "l2", P.with_batch(4))
 
 
-def rows(times: dict) -> list[dict]:
-    """{(algo, layer, pass, layout): median ms} as `ok` rows (three repetitions, flat)."""
+def rows(times: dict, precision: str = "fp32") -> list[dict]:
+    """{(algo, layer, pass, layout): median ms} as `ok` rows of `precision` (three
+    repetitions, flat)."""
     out = []
     for (algo, layer, pass_, layout), ms in times.items():
         problem = {"l1": L1, "l2": L2}[layer].problem
-        case = runner.Case("net", layer, problem, algo, "cuda", pass_, layout, "fp32")
+        case = runner.Case("net", layer, problem, algo, "cuda", pass_, layout, precision)
         out.append(runner.row(case, "ok", check=verify.Check(True, 1e-7, 1e-6, 1e-5),
                               m=Measurement((ms,) * 3)))
     return out
@@ -88,10 +90,59 @@ def test_the_markdown_says_what_a_run_lacks():
     text = summary.markdown(df, {})
     assert text.count("(no rows to compare in this run)") == 8
     assert "the device's FP32 peak is not known here" in text
-    assert "## Own SGEMM / cuBLAS" in text and "## Achieved FP32 TFLOP/s" in text
+    assert "\n### Own SGEMM / cuBLAS\n" in text and "\n### Achieved FP32 TFLOP/s\n" in text
+    assert text.startswith("## fp32 (TF32 off)\n") and text.count("\n## ") == 0
     full = summary.markdown(results.frame(rows(TIMES)), {"gpu": {"fp32_peak_tflops": 66.9}})
     # TIMES has no cudnn-find rows and no first calls: those two study tables say so
     assert full.count("(no rows to compare") == 2 and "66.9 TFLOP/s" in full
+
+
+def _section(text: str, heading: str) -> str:
+    """The part of a summary under `heading` (a `## ` line), up to the next such line."""
+    return text.split(f"\n{heading}\n" if not text.startswith(heading) else heading, 1)[1] \
+        .split("\n## ", 1)[0]
+
+
+def _heuristic_l1(part: str) -> str:
+    """l1's fwd cell of the cudnn / cudnn-autotune table in a part of a summary."""
+    table = part.split("### cudnn / cudnn-autotune\n", 1)[1].split("###", 1)[0]
+    return re.search(r"^\| l1 +\| +(\S+) +\|", table, re.MULTILINE).group(1)
+
+
+def test_each_precision_has_its_own_tables_under_its_setting():
+    """A run in fp32, tf32 and bf16: each precision's tables from its own rows (a ratio of
+    tf32 rows is not mixed with fp32's), in `PRECISIONS`' order, every caption naming the
+    setting; the FP32 peak bounds only fp32's; a run without fp32 rows still has its tables."""
+    tf32 = {k: ms / 2 if k[0] == "cudnn-autotune" else ms for k, ms in TIMES.items()}
+    bf16 = {("cudnn", "l1", "fwd", "nhwc"): 0.3, ("cudnn-autotune", "l1", "fwd", "nhwc"): 0.2}
+    df = results.frame(rows(bf16, "bf16") + rows(TIMES) + rows(tf32, "tf32"))
+    text = summary.markdown(df, {"gpu": {"fp32_peak_tflops": 66.9}})
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    assert headings == ["## fp32 (TF32 off)", "## tf32 (cuDNN allow_tf32 on)", "## bf16"]
+    for heading in headings:
+        part, setting = _section(text, heading), heading.removeprefix("## ")
+        captions = [line for line in part.splitlines()
+                    if line and not line.startswith(("#", "|", "("))]
+        assert len(captions) == 9 and all(c.startswith(f"{setting}: ") for c in captions)
+    fp32, tf32_part = _section(text, headings[0]), _section(text, headings[1])
+    # cudnn / cudnn-autotune on l1 fwd: 1.8 / 0.6 in fp32, 1.8 / 0.3 in tf32
+    assert _heuristic_l1(fp32) == "3×" and _heuristic_l1(tf32_part) == "6×"
+    assert "66.9 TFLOP/s" in fp32 and "### Achieved FP32 TFLOP/s" in fp32
+    assert "66.9" not in tf32_part and "the FP32 peak does not bound them" in tf32_part
+    bf16_part = _section(text, "## bf16")
+    assert "### Own GEMM / cuBLAS" in bf16_part and _heuristic_l1(bf16_part) == "1.5×"
+    alone = summary.markdown(results.frame(rows(bf16, "bf16")), {})
+    assert alone.startswith("## bf16\n") and _heuristic_l1(alone) == "1.5×"
+
+
+def test_the_cudnn_table_says_where_a_pick_ran_on_tensor_cores(study):
+    _, df = study
+    df = df.copy()
+    df.loc[df["algo"] == "cudnn-autotune", "tensor_cores"] = True
+    df.loc[df["algo"] == "cudnn", "tensor_cores"] = False
+    cell = summary.cudnn_algorithms(df).loc[("conv3", "fwd", "nchw")]
+    assert cell["cudnn-autotune"].endswith("FFT, on tensor cores")
+    assert "tensor cores" not in cell["cudnn"]
 
 
 @pytest.mark.parametrize("cc, sms, khz, peak", [
@@ -201,7 +252,7 @@ def test_tuning_cost_and_break_even_from_the_notes(study):
 def test_the_summary_renders_the_study_tables(study):
     _, df = study
     text = summary.markdown(df, {})
-    for title in ("## cuDNN's algorithms one by one", "## The heuristic's regret",
-                  "## Tuning cost"):
-        part = text.split(title)[1].split("## ")[0]
+    for title in ("### cuDNN's algorithms one by one", "### The heuristic's regret",
+                  "### Tuning cost"):
+        part = text.split(title)[1].split("### ")[0]
         assert "| layer" in part and "(no rows" not in part

@@ -27,8 +27,10 @@ row times, so the summary can say after how many calls the search pays for itsel
 (`summary.tuning_cost`).
 
 Precisions: fp32 runs with TF32 off for cuDNN and cuBLAS, tf32 with it allowed (both set around
-each call and restored, so nothing leaks); fp16 and bf16 run in their storage type.
-`describe` profiles one call and names the kernel family that ran (`classify_kernels`).
+each call and restored, so nothing leaks); fp16 and bf16 run in their storage type. What is
+allowed is not what runs: `kernels` profiles one call, once per case in a process, and the row
+keeps the kernels' names and whether one ran on tensor cores (`kernelnames`); `describe` names
+the kernel family from them (`classify_kernels`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..core.problem import ConvProblem
 from ._aten import PHASES, Views, aten_phased
+from .kernelnames import is_helper, short_name
 from .registry import Implementation, register
 from .traits import Algorithm
 
@@ -69,10 +72,6 @@ _FAMILIES = (
     ("implicit GEMM", r"implicit_convolve|implicit_gem|fprop|dgrad|wgrad"),
     ("GEMM", r"gemm|gemv|nvjet"),
 )
-#: Kernels that prepare or finish another's work (and torch's own fills and copies): never the
-#: one a result row names.
-_HELPERS = (r"computeOffsets|flip_filter|generateWinogradTiles|im2col|nchwToNhwc|nhwcToNchw"
-            r"|transpose|scalePackedTensor|splitKreduce|elementwise|fill|copy")
 _TRANSPOSES = r"nchwToNhwc|nhwcToNchw"
 
 
@@ -91,46 +90,12 @@ def _matches(pattern: str, name: str) -> bool:
     return re.search(pattern, name, re.IGNORECASE) is not None
 
 
-def _outline(name: str) -> tuple[str, str]:
-    """(the name outside template arguments and parameters, its first template argument with
-    that argument's own template arguments dropped)."""
-    base, first, depth, in_first = [], [], 0, True
-    for ch in name:
-        if ch == "<":
-            depth += 1
-        elif ch == ">":
-            depth = max(0, depth - 1)
-            in_first = in_first and depth > 0
-        elif depth == 0:
-            if ch == "(":
-                break
-            base.append(ch)
-        elif depth == 1 and in_first:
-            if ch == ",":
-                in_first = False
-            else:
-                first.append(ch)
-    return "".join(base).strip(), "".join(first).strip()
-
-
-def short_name(name: str) -> str:
-    """A demangled kernel name without `void`, namespaces, template arguments and parameters;
-    for a generic wrapper (CUTLASS's `Kernel<cutlass_tensorop_...>`) its first template
-    argument, where the telling name is."""
-    clean = re.sub(r"^void\s+", "", name.strip()).replace("(anonymous namespace)::", "")
-    base, first = _outline(clean)
-    short = base.rsplit("::", 1)[-1]
-    if re.fullmatch(r"(device_)?kernel\d*", short, re.IGNORECASE) and first:
-        return first
-    return short
-
-
 def classify_kernels(names: list[str]) -> str:
     """The algorithm family of a pass from the CUDA kernels it launched, with the kernel that
     shows it: e.g. "Winograd (kernel: maxwell_scudnn_winograd_128x128_...)"."""
     if not names:
         return "unknown (no CUDA kernel ran)"
-    workers = [n for n in names if not _matches(_HELPERS, n)]
+    workers = [n for n in names if not is_helper(n)]
     in_any = [n for n in workers if any(_matches(p, n) for _, p in _FAMILIES)]
     family, main = "unknown", (workers or names)[0]
     for fam, pattern in _FAMILIES:
@@ -265,6 +230,10 @@ def first_call_ms(algo: str, problem, pass_: str, layout: str, precision: str) -
     return _FIRST_CALLS.get((algo, problem, pass_, layout, precision))
 
 
+#: The CUDA kernels one call of each (algo, problem, pass, layout, precision) launched in this
+#: process (`CuDNN.kernels`).
+_KERNELS: dict[tuple, list[str]] = {}
+
 #: The seconds each worker's warm-up took (`_warm`), by mode: env.json and the docs say it.
 WARM_UP_S: dict[bool, float] = {}
 
@@ -380,7 +349,16 @@ class CuDNN(Implementation):
 
     def kernels(self, problem: ConvProblem, pass_: str, layout: str,
                 precision: str) -> list[str]:
-        """The CUDA kernels one call launches, profiled after the plan is made."""
+        """The CUDA kernels one call launches, profiled after the plan is made: once per case
+        in this process (torch keeps the plan it made for a shape and its settings, so a second
+        profile names the same kernels), for the row, its note and its judging alike."""
+        key = (self.algo, problem, pass_, layout, precision)
+        if key not in _KERNELS:
+            _KERNELS[key] = self._profiled(problem, pass_, layout, precision)
+        return _KERNELS[key]
+
+    def _profiled(self, problem: ConvProblem, pass_: str, layout: str,
+                  precision: str) -> list[str]:
         import torch
         from torch.profiler import ProfilerActivity, profile
 

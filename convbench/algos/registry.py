@@ -105,6 +105,13 @@ class Implementation(abc.ABC):
         """A note for the results row (which FFT library, which cuDNN kernel ran); "" for none."""
         return ""
 
+    def kernels(self, problem: ConvProblem, pass_: str, layout: str,
+                precision: str) -> list[str] | None:
+        """For a library that picks its own kernels: the GPU kernels one call launches, by
+        name, so the row says what ran (`kernelnames`: whether on tensor cores), not only what
+        was allowed. None: not said (our own algorithms are what they are named)."""
+        return None
+
     def compile(self, problem: ConvProblem, pass_: str, layout: str, precision: str) -> None:
         """Compile what the pass will run (a JIT's machine code), before the runner traces
         `prepare`'s memory: the compiler's one-time memory in a process is not the pass's
@@ -201,6 +208,10 @@ class ExplicitPad(Implementation):
         sym, _, _ = self.route(problem, pass_, layout, precision)
         return self.inner.judged_as(sym, pass_, layout, precision)
 
+    def kernels(self, problem, pass_, layout, precision):
+        sym, _, _ = self.route(problem, pass_, layout, precision)
+        return self.inner.kernels(sym, pass_, layout, precision)
+
     def workspace_bytes(self, problem, pass_, layout, precision):
         sym, explicit, _ = self.route(problem, pass_, layout, precision)
         inner = self.inner.workspace_bytes(sym, pass_, layout, precision)
@@ -288,6 +299,9 @@ class DilationSplit(Implementation):
 
     def judged_as(self, problem, pass_, layout, precision):
         return self.inner.judged_as(self.undilated(problem)[0], pass_, layout, precision)
+
+    def kernels(self, problem, pass_, layout, precision):
+        return self.inner.kernels(self.undilated(problem)[0], pass_, layout, precision)
 
     def workspace_bytes(self, problem, pass_, layout, precision):
         sub, s = self.undilated(problem)

@@ -1,9 +1,11 @@
 """The ratios a GPU run is read by: convbench's kernels against cuBLAS and cuDNN, and against the
 device's peak.
 
-From one run's fp32 rows (`results.frame`), each ratio is of medians measured side by side in
-that run, every pass and layer taken in the layout where it ran fastest unless the ratio is
-about layouts:
+From one precision's rows of a run (`results.frame`), each ratio is of medians measured side
+by side in that run, every pass and layer taken in the layout where it ran fastest unless the
+ratio is about layouts; `markdown` gives each precision the run measured its own tables, under
+its setting (`SETTINGS`: fp32 with TF32 off, tf32 with cuDNN's allow_tf32 on, ...), which every
+caption names, since a ratio across settings compares the math, not the kernels:
 
 - own SGEMM / cuBLAS: `gemm` over `gemm-cublas`, per layer, pass and layout (the same lowering,
   so the ratio is the GEMM's);
@@ -12,15 +14,15 @@ about layouts:
 - cudnn / cudnn-autotune: what cuDNN's heuristic gives away against its own search (the
   study's "up to 2x from algorithm options");
 - NCHW / NHWC per algorithm, the geometric mean over layers and passes;
-- achieved FP32 TFLOP/s (direct-convolution flops over the median) of the best own kernel and
-  of cudnn-autotune, as a share of the device's FP32 peak where env.json knows it.
+- achieved TFLOP/s (direct-convolution flops over the median) of the best own kernel and
+  of cudnn-autotune, in fp32 as a share of the device's FP32 peak where env.json knows it.
 
 And the study's tables, each built from rows alone (so tested on the CPU with made-up rows):
 
 - cuDNN's algorithms one by one (`cudnn_algorithms`, the ISPASS-style table): per layer, pass
   and layout, each `cudnn-find-*` algorithm's time and workspace, the kernel family the
   heuristic (`cudnn`) and the search (`cudnn-autotune`) ran with their times, and our best
-  kernel beside them;
+  kernel beside them, and whether a pick ran on tensor cores (the row's `tensor_cores`);
 - the heuristic's regret (`regret`): per layer, pass and layout, `cudnn` and `cudnn-autotune`
   over the fastest verified algorithm measured (cuDNN's one by one and ours), with the paired
   interval (`ranking.Candidate.ratio_to`), flagged where over `REGRET_FLAG` with an interval
@@ -45,6 +47,7 @@ import pandas as pd
 
 from ..algos import registry
 from ..core.fmt import fmt_ratio, md_table
+from ..core.problem import PRECISIONS
 from ..core.results import TIMED
 from .inexact import INEXACT
 from .ranking import Candidate, busy_mask
@@ -57,6 +60,11 @@ HEURISTIC = "cudnn"
 FIND_PREFIX = "cudnn-find-"
 #: The regret flagged: more than 5% slower than the fastest, the interval excluding 1.
 REGRET_FLAG = 1.05
+#: Each precision's math as the tables' captions name it: fp32 is IEEE single precision (TF32
+#: off for cuDNN and cuBLAS, `algos.cudnn`), tf32 lets cuDNN run fp32 data in TF32 on tensor
+#: cores, fp16 and bf16 compute in their storage type.
+SETTINGS = {"fp64": "fp64", "fp32": "fp32 (TF32 off)", "tf32": "tf32 (cuDNN allow_tf32 on)",
+            "fp16": "fp16", "bf16": "bf16"}
 #: The first call's wall time in a cudnn row's note (`algos.cudnn.FIRST_CALL_NOTE`).
 _FIRST_CALL = re.compile(r"first call ([0-9.eE+-]+) ms")
 
@@ -67,12 +75,12 @@ def ratio_text(x: float) -> str:
 
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
-    """The fp32 rows with a time (`results.TIMED`)."""
-    return df[df["status"].isin(TIMED) & (df["precision"] == "fp32")]
+    """The rows with a time (`results.TIMED`), every precision's."""
+    return df[df["status"].isin(TIMED)]
 
 
 def best(df: pd.DataFrame, algos) -> pd.DataFrame:
-    """Per (layer, pass), the fastest `ok` fp32 row of `algos`, any layout."""
+    """Per (layer, pass), the fastest `ok` row of `algos`, any layout."""
     rows = _ok(df)
     rows = rows[rows["algo"].isin(list(algos))]
     if rows.empty:
@@ -167,7 +175,7 @@ def layouts(df: pd.DataFrame) -> pd.DataFrame:
 
 def tflops(df: pd.DataFrame, peak_tflops: float | None) -> pd.DataFrame:
     """Per (layer, pass): achieved TFLOP/s of the best own kernel and of cudnn-autotune, with
-    their share of the FP32 peak when it is known."""
+    their share of `peak_tflops` when it is given (the FP32 peak, for fp32 rows)."""
     own = best(df, [a for a in dict.fromkeys(df["algo"]) if is_ours(a)])
     lib = best(df, [AUTOTUNE])
 
@@ -186,7 +194,7 @@ def tflops(df: pd.DataFrame, peak_tflops: float | None) -> pd.DataFrame:
 
 
 def _keyed(df: pd.DataFrame) -> pd.DataFrame:
-    """The `ok` fp32 rows not timed on a busy machine."""
+    """The `ok` rows not timed on a busy machine."""
     ok = _ok(df)
     return ok[~busy_mask(ok)] if len(ok) else ok
 
@@ -217,9 +225,15 @@ def find_workspace(r) -> float | None:
     return float(m.group(1)) if m else None
 
 
+def _on_tensor_cores(r) -> str:
+    """", on tensor cores" where a row's kernels ran on them (`tensor_cores`), else ""."""
+    return ", on tensor cores" if str(r.get("tensor_cores")) == "True" else ""
+
+
 def cudnn_algorithms(df: pd.DataFrame) -> pd.DataFrame:
     """Per (layer, pass, layout): each cudnn-find algorithm's median ms and workspace, what
-    the heuristic and the search ran (family, ms), our best kernel (algo, ms)."""
+    the heuristic and the search ran (family, ms, whether on tensor cores), our best kernel
+    (algo, ms)."""
     ok = _ok(df)
     finds = [a for a in dict.fromkeys(ok["algo"]) if a.startswith(FIND_PREFIX)]
     if not finds:
@@ -233,7 +247,8 @@ def cudnn_algorithms(df: pd.DataFrame) -> pd.DataFrame:
                  if a in by.index else "" for a in finds}
         for algo in (HEURISTIC, AUTOTUNE):
             cells[algo] = (f"{by.loc[algo, 'median_ms']:.3g} ms {_family(by.loc[algo, 'note'])}"
-                           .strip() if algo in by.index else "")
+                           .strip() + _on_tensor_cores(by.loc[algo]) if algo in by.index
+                           else "")
         own = group[group["algo"].map(is_ours).astype(bool)]
         cells["best own"] = ("" if own.empty else
                              "{1:.3g} ms {0}".format(*own.loc[own["median_ms"].idxmin(),
@@ -311,13 +326,27 @@ def tuning_cost(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def markdown(df: pd.DataFrame, env: dict) -> str:
-    """The summary's sections, each a table, or a line saying what the run lacks for it."""
+    """The summary's sections for each precision the run measured, in `PRECISIONS`' order
+    (fp32 alone for a run without rows), each under its setting (`SETTINGS`): a table, or a
+    line saying what the run lacks for it."""
+    present = set(df["precision"]) if "precision" in df else set()
+    out = []
+    for precision in [p for p in PRECISIONS if p in present] or ["fp32"]:
+        out += [f"## {SETTINGS[precision]}", ""]
+        out += _sections(df[df["precision"] == precision] if present else df, env, precision)
+    return "\n".join(out)
+
+
+def _sections(df: pd.DataFrame, env: dict, precision: str) -> list[str]:
+    """The lines of one precision's sections, from its rows `df`; every caption names the
+    precision's setting. The device's FP32 peak bounds only fp32 rows."""
     gpu = env.get("gpu") or {}
-    peak = gpu.get("fp32_peak_tflops")
+    peak = gpu.get("fp32_peak_tflops") if precision == "fp32" else None
+    setting = SETTINGS[precision]
     sections = [
-        ("Own SGEMM / cuBLAS", ("gemm / gemm-cublas median, the same im2col lowering (cuBLAS's "
-                                "NCHW bwd_filter: one product over N·P·Q, dy copied)"),
-         sgemm_vs_cublas(df)),
+        ("Own SGEMM / cuBLAS" if precision in ("fp32", "tf32") else "Own GEMM / cuBLAS",
+         ("gemm / gemm-cublas median, the same im2col lowering (cuBLAS's NCHW bwd_filter: one "
+          "product over N·P·Q, dy copied)"), sgemm_vs_cublas(df)),
         ("Best own kernel / cudnn-autotune", "per layer and pass, each in its fastest layout",
          own_vs_autotune(df)),
         ("FFT and Winograd / cudnn-autotune", "each in its fastest layout",
@@ -326,14 +355,16 @@ def markdown(df: pd.DataFrame, env: dict) -> str:
          heuristic_vs_autotune(df)),
         ("NCHW / NHWC", "per algorithm, over the layers and passes both layouts ran",
          layouts(df)),
-        ("Achieved FP32 TFLOP/s",
-         (f"direct-convolution flops over the median; in brackets the share of the FP32 peak, "
-          f"{peak:.4g} TFLOP/s" if peak else "the device's FP32 peak is not known here"),
+        (f"Achieved {precision.upper()} TFLOP/s",
+         ("direct-convolution flops over the median; "
+          + (f"in brackets the share of the FP32 peak, {peak:.4g} TFLOP/s" if peak else
+             "the device's FP32 peak is not known here" if precision == "fp32" else
+             "the FP32 peak does not bound them")),
          tflops(df, peak)),
         ("cuDNN's algorithms one by one",
          ("per layer, pass and layout: each cudnn-find algorithm's median and workspace, the "
           "family and time of the heuristic's pick (cudnn) and the search's (cudnn-autotune), "
-          "and our fastest kernel"), cudnn_algorithms(df)),
+          "whether it ran on tensor cores, and our fastest kernel"), cudnn_algorithms(df)),
         ("The heuristic's regret",
          ("cudnn and cudnn-autotune over the fastest verified algorithm measured (cuDNN's one "
           "by one and ours, same layout; busy rows left out), with the interval, paired where "
@@ -346,7 +377,7 @@ def markdown(df: pd.DataFrame, env: dict) -> str:
     ]
     out = []
     for title, what, table in sections:
-        out += [f"## {title}", "", f"{what}.", ""]
+        out += [f"### {title}", "", f"{setting}: {what}.", ""]
         filled = not table.empty and (table != "").to_numpy().any()
         out += [md_table(table) if filled else "(no rows to compare in this run)", ""]
-    return "\n".join(out)
+    return out

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..core import results
 from ..core.fmt import first_line, fmt_duration
-from ..core.problem import FIELD_MAX, check_choice
+from ..core.problem import FIELD_MAX, PRECISIONS, check_choice
 from ..machine import devices
 from ..measure import memory
 
@@ -136,6 +136,24 @@ def time_budget_option(p, help: str, default: float | None = None,
     if old_spelling:
         p.add_argument("--budget", type=positive(float), dest="time_budget",
                        default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def precision_list(text: str) -> tuple[str, ...]:
+    """`--precisions`: a comma list of `PRECISIONS` (`all`: every one), checked where it is
+    parsed, so a wrong one is one line and exit 2 before anything runs."""
+    try:
+        return tuple(choices(text, "precision", PRECISIONS))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def precisions_option(p, help: str, default: tuple[str, ...] | None = None) -> None:
+    """--precisions LIST (dest `precisions`, a tuple): the precisions a GPU command measures,
+    one spelling for every one of them; also the unlisted --precision it was called before."""
+    p.add_argument("--precisions", type=precision_list, default=default, metavar="LIST",
+                   help=help)
+    p.add_argument("--precision", type=precision_list, dest="precisions",
+                   default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def step_budget_option(p, what: str = "each comparison") -> None:

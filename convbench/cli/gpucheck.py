@@ -17,6 +17,7 @@ from .. import runs
 from ..algos import registry
 from ..catalogs import layers, selection
 from ..core.fmt import first_line
+from ..core.problem import PRECISIONS
 from ..machine.devices import DEVICES
 from ..planning import models
 from ..runs import gpucheck
@@ -26,6 +27,7 @@ from .common import (
     choices,
     device_option,
     positive,
+    precisions_option,
     resolve_device,
     time_budget_option,
     usage_errors,
@@ -151,7 +153,7 @@ def cmd_gpu_check(args) -> int:
     done = gpucheck.run_check(
         folder, device, net=args.net, layers=chosen, algos=args.algos, batch=args.batch,
         budget_s=args.time_budget, command=_command(args), classes=classes,
-        sample=args.sample, class_algos=args.class_algos)
+        sample=args.sample, class_algos=args.class_algos, precisions=args.precisions)
     if specs and done.fault is None:
         text = done.text.rstrip("\n") + "\n\n" + model_steps(folder, device, specs, shape,
                                                                algos)
@@ -179,7 +181,8 @@ def cmd_gpu_first(args) -> int:
             args.out, device, work=args.work, net=args.net, layers=chosen, algos=args.algos,
             batch=args.batch, budget_s=args.time_budget, wall_s=args.wall,
             pytest_args=pytest_args, tests_timeout_s=args.tests_timeout,
-            command=_command(args), tests=not args.no_tests, extra=extra)
+            command=_command(args), tests=not args.no_tests, extra=extra,
+            precisions=args.precisions)
     print(first.text.rstrip("\n"))
     print(f"convbench: {', '.join(p.name for p in first.files)} in {args.out}", file=sys.stderr)
     return 0 if first.ok else EXIT_FAULT
@@ -197,7 +200,14 @@ def _options(p, tests_default: float, pytest_default: tuple[str, ...]) -> None:
                         f"alexnet; {DEVICES['cpu'].batch} on cpu)")
     time_budget_option(p, "seconds of timed repetitions per measurement (default "
                           f"{DEVICES['cuda'].budget_s} on cuda)")
-    p.add_argument("--pytest-args", default=" ".join(pytest_default),
+    precisions_option(p, f"comma list of {', '.join(PRECISIONS)}, each measured and summarised "
+                         "on its own: fp32 with TF32 off, tf32 with cuDNN's allow_tf32 on, fp16 "
+                         "and bf16 in their storage type (default "
+                         f"{','.join(gpucheck.PRECISIONS_DEFAULT)})",
+                      gpucheck.PRECISIONS_DEFAULT)
+    # quoted as a shell would (`shlex.join`), the way `_common` splits it back: a marker
+    # expression is one argument of `-m`, not words pytest would take for paths
+    p.add_argument("--pytest-args", default=shlex.join(pytest_default),
                    help="what the tests run pytest with, given with '=' since it starts "
                         "with '-' (--pytest-args='-m gpu -x'; default: %(default)s)")
     p.add_argument("--tests-timeout", type=positive(float), default=tests_default,

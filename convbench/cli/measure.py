@@ -46,6 +46,7 @@ from .common import (
     model_options,
     percent,
     positive,
+    precisions_option,
     resolve_device,
     size,
     time_budget_option,
@@ -56,7 +57,7 @@ from .common import (
 _OPTION = {"device": "--device", "net": "--net", "layers": "--layers", "problems": "--problems",
            "model": "--model", "input": "--input", "classes": "--class", "sample": "--sample",
            "seed": "--seed", "stratify": "--stratify", "batches": "--batch", "algos": "--algos", "passes": "--passes",
-           "layouts": "--layouts", "precisions": "--precision", "budget_s": "--time-budget",
+           "layouts": "--layouts", "precisions": "--precisions", "budget_s": "--time-budget",
            "target_noise": "--target-noise", "memory_limit_bytes": "--memory-limit",
            "threads": "--threads"}
 
@@ -89,8 +90,7 @@ def _given(args, subcommand: str, backend: str, net: str) -> dict:
             "passes": choices(args.passes, "pass", PASSES) if args.passes is not None else None,
             "layouts": (choices(args.layouts, "layout", LAYOUTS) if args.layouts is not None
                         else None),
-            "precisions": (choices(args.precision, "precision", PRECISIONS)
-                           if args.precision is not None else None),
+            "precisions": args.precisions,
             "budget_s": args.time_budget, "target_noise": args.target_noise,
             "memory_limit_bytes": args.memory_limit, "threads": args.threads}
     if layer_names is not None:
@@ -393,8 +393,10 @@ def _spec_options(p, batch_list: bool) -> None:
                         "fused tiles; `all` (default)")
     p.add_argument("--passes", help=f"comma list of {', '.join(PASSES)}; all (default)")
     p.add_argument("--layouts", help=f"comma list of {', '.join(LAYOUTS)}; all (default)")
-    p.add_argument("--precision",
-                   help=f"comma list of {', '.join(PRECISIONS)} (default fp32)")
+    precisions_option(p, f"comma list of {', '.join(PRECISIONS)} (default fp32): on cuda fp32 "
+                         "runs with TF32 off, tf32 with cuDNN's allow_tf32 on, fp16 and bf16 "
+                         "in their storage type (a cudnn row's tensor_cores says whether a "
+                         "tensor-core kernel ran)")
     if batch_list:
         p.add_argument("--batch", type=batches, help="comma list of batch sizes (default: "
                        + "; ".join(f"{d} {','.join(map(str, b))}"

@@ -10,10 +10,11 @@ the plan on the model's whole step (`--step`, `planning.confirm`), and prints th
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 
-from ..core.problem import LAYOUTS
+from ..core.problem import LAYOUTS, PRECISIONS
 from ..machine import threads
 from ..planning import confirm, models
 from ..planning.advice import plan_text
@@ -21,10 +22,12 @@ from ..planning.plan import Constraints
 from ..planning.tune import TuneInterrupted, interrupted_text, tune_advice
 from .common import (
     EXIT_INTERRUPTED,
+    UsageError,
     choices,
     device_option,
     model_options,
     positive,
+    precisions_option,
     resolve_device,
     step_budget_option,
     tie_options,
@@ -37,7 +40,12 @@ from .common import (
 def cmd_tune(args) -> int:
     import torch
 
+    from ..nn import precision_setting
+
     device = resolve_device(args.device).name  # tune measures our algorithms there too
+    if args.precisions is not None and len(args.precisions) > 1:
+        raise UsageError(f"--precisions {','.join(args.precisions)}: a plan is made in one "
+                         "precision; give one (tune once per precision)")
     with usage_errors():
         threads.use(threads.check(args.threads))
     started = time.monotonic()
@@ -46,14 +54,19 @@ def cmd_tune(args) -> int:
         model = models.load(args.model).to(device)
         layouts = tuple(choices(args.layouts, "layout", LAYOUTS))
         x = torch.randn(*shape, generator=torch.Generator().manual_seed(0)).to(device)
+        precision = args.precisions[0] if args.precisions else None
+        setting = (precision_setting(precision, x.device.type) if precision
+                   else contextlib.nullcontext())
         try:
-            plan, advice = tune_advice(
-                model, x, algos=args.algos, layouts=layouts, budget_s=args.time_budget,
-                constraints=Constraints(args.workspace_budget, args.deterministic,
-                                        args.max_error, args.tie_break, args.include_busy),
-                store=args.store, log=lambda line: print(f"convbench: {line}", file=sys.stderr),
-                step=None if args.step == "none" else args.step,
-                step_budget_s=args.step_budget, cold=args.cold)
+            with setting:
+                plan, advice = tune_advice(
+                    model, x, algos=args.algos, layouts=layouts, budget_s=args.time_budget,
+                    constraints=Constraints(args.workspace_budget, args.deterministic,
+                                            args.max_error, args.tie_break, args.include_busy),
+                    store=args.store,
+                    log=lambda line: print(f"convbench: {line}", file=sys.stderr),
+                    step=None if args.step == "none" else args.step,
+                    step_budget_s=args.step_budget, cold=args.cold, precision=precision)
         except TuneInterrupted as stop:
             print(f"convbench: interrupted; {interrupted_text(stop)}", file=sys.stderr)
             return EXIT_INTERRUPTED
@@ -78,6 +91,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--layouts", default="all", help=f"comma list of {', '.join(LAYOUTS)}; all")
     time_budget_option(p, "seconds of timed repetitions per measurement (the device's "
                           "default)")
+    precisions_option(p, f"the precision to measure and plan in, one of {', '.join(PRECISIONS)} "
+                         "(default: the input's dtype's)")
     workspace_budget_option(p)
     p.add_argument("--deterministic", action="store_true",
                    help="only algorithms with bitwise-reproducible results")

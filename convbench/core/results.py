@@ -39,7 +39,7 @@ PROBLEM_FIELDS = tuple(f.name for f in dataclasses.fields(ConvProblem))
 #: measurements.csv's columns (`Row`). env.json says it (`schema`); every reader checks it
 #: (`schema_of`): a folder without one is version 0 (before run specs; its file may lack later
 #: columns, which read as empty), a newer one is refused. A change to either bumps it.
-SCHEMA = 1
+SCHEMA = 2
 
 #: A text column: empty, not missing, where it does not apply.
 Text = NewType("Text", str)
@@ -60,7 +60,8 @@ Row = TypedDict("Row", {
     "phases_ms": Text, "algo_ops": int, "max_abs_error": float, "tolerance": float,
     "note": Text, "host_ms": float, "ci_low_ms": float, "ci_high_ms": float, "stop": Text,
     "round_group": Text, "cpu_ms": float, "cpu_share": float, "contended": Flag,
-    "throttled": Text, "host_bound": Flag, "stolen": float})
+    "throttled": Text, "host_bound": Flag, "stolen": float, "tensor_cores": Flag,
+    "kernels": Text})
 
 #: A row as measurements.csv holds it, read back (`read_rows`): every column as text, the
 #: empty string where the row holds None; `frame` types it as `Row` says.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..algos import registry
+from ..algos import kernelnames, registry
 from ..algos.phases import CROP, EXPLICIT_PAD, OUTPUT_COPY
 from ..core import results
 from ..core.measurement import Measurement
@@ -85,12 +85,14 @@ def median_repetition(t: Timed) -> dict[str, Measurement]:
             for name, m in t.steps.items()}
 
 
-def timed_row(case: Case, ready: Ready, t: Timed, group: str, note: str) -> dict:
+def timed_row(case: Case, ready: Ready, t: Timed, group: str, note: str,
+              kernels: list[str] | None = None) -> dict:
     """`case`'s timed row: `ok`, or `inexact` with its check's error against the tolerance as
     the reason (a library's result beyond its tolerance, `verify.verdict`); its rounds' time
     `t`, its phases where it has them (timed as the pass, in the same repetitions:
-    `median_repetition`'s, which add up to its time), and `note` with what the time leaves out
-    (an explicit pad, a crop, a library's copy)."""
+    `median_repetition`'s, which add up to its time), `note` with what the time leaves out
+    (an explicit pad, a crop, a library's copy), and the `kernels` a library's pass launched,
+    where it says (`Implementation.kernels`)."""
     for step, what in ((EXPLICIT_PAD, "explicit pad of x"), (CROP, "crop of dx"),
                        (OUTPUT_COPY, "copy of the library's result into the output")):
         if step in t.steps:
@@ -100,18 +102,21 @@ def timed_row(case: Case, ready: Ready, t: Timed, group: str, note: str) -> dict
     return row(case, status, reason, ready.check, t.total, note, ready.workspace,
                ready.peak_bytes, ready.memory_method,
                median_repetition(t) if ready.phase_fns else None, stop=t.stop,
-               round_group=group, throttled="; ".join(t.throttled))
+               round_group=group, throttled="; ".join(t.throttled), kernels=kernels)
 
 
 def row(case: Case, status: str, reason: str = "", check: verify.Check | None = None,
         m: Measurement | None = None, note: str = "", workspace: int | None = None,
         peak_bytes: int | None = None, memory_method: str | None = None,
         phases: dict[str, Measurement] | None = None, *, stop: str = "",
-        round_group: str = "", throttled: str = "") -> results.Row:
+        round_group: str = "", throttled: str = "",
+        kernels: list[str] | None = None) -> results.Row:
     """A results row (`results.Row`); columns that do not apply (a time for a failed case,
     phases for a pass without them) are None. `stop`: why its rounds ended; `round_group`: the
     id its rounds share with the cases timed beside it; `throttled`: why the GPU's clocks were
-    held down while it was timed (empty: they were not)."""
+    held down while it was timed (empty: they were not); `kernels`: the GPU kernels its pass
+    launched (None: not known), kept by name with whether one ran on tensor cores
+    (`kernelnames.tensor_cores`)."""
     try:
         ops = opcount.op_count(case.algo, case.problem, case.pass_, case.precision,
                                case.backend)
@@ -136,4 +141,7 @@ def row(case: Case, status: str, reason: str = "", check: verify.Check | None = 
                    host_bound=m.host_bound if m.host_ms else None)
     if phases:
         out["phases_ms"] = results.phases_text(phases)
+    if kernels is not None:
+        out.update(kernels=kernelnames.kernels_text(kernels),
+                   tensor_cores=kernelnames.tensor_cores(kernels))
     return out

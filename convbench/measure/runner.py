@@ -369,10 +369,23 @@ def _describe(impl, args: tuple) -> str:
         return f"(no description: {type(exc).__name__}: {first_line(exc)})"
 
 
-def _note(case: Case, ready: Ready) -> str:
-    """`_describe` of a timed case, its seconds counted as the `describe` stage."""
+def _kernels(impl, args: tuple) -> list[str] | None:
+    """`impl.kernels` (the GPU kernels a library's pass launched), None where it cannot say; a
+    GPU fault is raised (as `_describe` does)."""
+    try:
+        return impl.kernels(*args)
+    except Exception as exc:
+        if is_sticky_fault(exc):
+            raise
+        return None
+
+
+def _note(case: Case, ready: Ready) -> tuple[str, list[str] | None]:
+    """`_describe` of a timed case and the kernels it ran (`_kernels`), their seconds counted
+    as the `describe` stage."""
+    args = (case.problem, case.pass_, case.layout, case.precision)
     with _stage("describe"):
-        return _describe(ready.impl, (case.problem, case.pass_, case.layout, case.precision))
+        return _describe(ready.impl, args), _kernels(ready.impl, args)
 
 
 def competing(cases: Iterable[Case]) -> Iterator[list[Case]]:
@@ -479,7 +492,7 @@ def _timed_rows(part: list[tuple[Case, Ready]], timed: list, group: str,
                 f"{faulted['algo']} {faulted['layout']})"), case, ready, ceilings))
             continue
         try:
-            out.append(guarded_row(timed_row(case, ready, t, group, _note(case, ready)),
+            out.append(guarded_row(timed_row(case, ready, t, group, *_note(case, ready)),
                                    case, ready, ceilings))
         except Exception as exc:  # noqa: BLE001 - the row's, unless the GPU faulted
             nm = _not_measured(exc)

@@ -25,7 +25,14 @@ import numpy as np
 from ..algos import registry
 from ..algos.reference import DTYPES, array_module
 from ..core.measurement import Measurement
-from ..core.problem import LAYOUTS, PASSES, PRECISION_OF_DTYPE, ConvProblem, check_choice
+from ..core.problem import (
+    LAYOUTS,
+    PASSES,
+    PRECISION_OF_DTYPE,
+    PRECISIONS,
+    ConvProblem,
+    check_choice,
+)
 from ..core.results import entry_from_row, frame, load_run, problem_from_row, row_from_entry
 from ..machine import backends, devices
 from ..measure import runner, timing
@@ -85,14 +92,32 @@ def measure_conversions(keys, backend: str, precision: str) -> list[dict]:
     return out
 
 
-def _backend_precision(example_input) -> tuple[str, str]:
+def _backend_precision(example_input, named: str | None = None) -> tuple[str, str]:
+    """The backend the input's device measures on, and the precision to measure in: the
+    setting of the call (`nn.live_precision`: an active autocast's dtype, else the input's,
+    fp32 as tf32 where torch runs convolutions in TF32). `named` must be that setting: a plan
+    is measured, confirmed and applied in the precision it trains in, so one line says what
+    to set where they differ."""
+    from ..nn import live_precision
+
     backend = {"cpu": "numpy", "cuda": "cuda"}.get(example_input.device.type)
     if backend is None:
         raise ValueError(f"convbench measures on cpu or cuda, not {example_input.device.type}")
     dtype = str(example_input.dtype).removeprefix("torch.")
     if dtype not in PRECISION_OF_DTYPE:
         raise ValueError(f"dtype {dtype} has no convbench precision")
-    return backend, PRECISION_OF_DTYPE[dtype]
+    live = live_precision(example_input.device.type, example_input.dtype)
+    if named is None or check_choice("precision", named, PRECISIONS) == live:
+        return backend, live
+    how = {"tf32": "turn TF32 on (torch.backends.cudnn.allow_tf32 = True) on a GPU",
+           "fp32": "with an fp32 input, TF32 off (torch.backends.cudnn.allow_tf32 = False) "
+                   "on a GPU and no autocast",
+           "bf16": "call tune inside torch.autocast(dtype=torch.bfloat16), or give a bf16 "
+                   "input",
+           "fp16": "call tune inside torch.autocast(dtype=torch.float16), or give an fp16 "
+                   "input"}.get(named, f"give a {named} input")
+    raise ValueError(f"precision {named} asked, and this call runs convolutions in {live}: "
+                     f"{how} (a plan is measured and confirmed in the setting it trains in)")
 
 
 class TuneInterrupted(KeyboardInterrupt):
@@ -115,20 +140,6 @@ def interrupted_text(stop: TuneInterrupted) -> str:
                    if stop.confirming else "; the same command measures the rest")
 
 
-def tf32_note(backend: str, precision: str) -> str | None:
-    """Why an fp32 plan on a GPU would be weighed against TF32 convolutions, or None: its cuDNN
-    passes are measured with TF32 off, while torch runs its own convolutions in TF32 unless
-    told otherwise (`cudnn.conv.fp32_precision`, or the older `allow_tf32`), so the step's
-    confirmation, under the caller's flags, sets the plan's fp32 layers against TF32 ones."""
-    from ..algos.cudnn import conv_runs_tf32
-
-    if backend != "cuda" or precision != "fp32" or not conv_runs_tf32():
-        return None
-    return ("torch's own convolutions run in TF32 here (torch.backends.cudnn.conv.fp32_precision"
-            " or allow_tf32), this plan's passes were measured in fp32, and the step confirms "
-            "it against TF32 convolutions; turn TF32 off to train in fp32 as measured")
-
-
 def stderr_progress(line: str) -> None:
     """The default `progress` of `tune`: the line on stderr, so a caller's stdout stays its own.
     A real model's tune takes minutes; a silent one reads as hung."""
@@ -141,14 +152,14 @@ def tune(model, example_input, *, algos: str = "all", layouts: tuple[str, ...] =
          output_layout: str = "nchw", log: Callable[[str], None] | None = None,
          progress: Callable[[str], None] | None = stderr_progress,
          step: str | None = confirm.FOLLOW, step_budget_s: float = confirm.STEP_BUDGET_S,
-         cold: bool = False) -> Plan:
+         cold: bool = False, precision: str | None = None) -> Plan:
     """Measure the conv layers of `model` as `example_input` exercises them, and plan them
     (`tune_advice`'s plan; its arguments are this one's, spelt out so a misspelt one is a
     TypeError at the call)."""
     return tune_advice(model, example_input, algos=algos, layouts=layouts, budget_s=budget_s,
                        constraints=constraints, store=store, input_layout=input_layout,
                        output_layout=output_layout, log=log, progress=progress, step=step,
-                       step_budget_s=step_budget_s, cold=cold)[0]
+                       step_budget_s=step_budget_s, cold=cold, precision=precision)[0]
 
 
 def tune_advice(model, example_input, *, algos: str = "all",
@@ -159,7 +170,7 @@ def tune_advice(model, example_input, *, algos: str = "all",
                 progress: Callable[[str], None] | None = stderr_progress,
                 step: str | None = confirm.FOLLOW,
                 step_budget_s: float = confirm.STEP_BUDGET_S,
-                cold: bool = False) -> tuple[Plan, Advice]:
+                cold: bool = False, precision: str | None = None) -> tuple[Plan, Advice]:
     """Measure the conv layers of `model` as `example_input` exercises them, and plan them:
     the plan, and the advice it was built from (what `convbench tune` prints).
 
@@ -171,7 +182,9 @@ def tune_advice(model, example_input, *, algos: str = "all",
     `checks`; ValueError, in one line and before anything is measured, where that step cannot
     run on the input (`confirm.step_mode`). `cold`: each repetition of the per-layer
     measurements on the CPU is timed from cold caches (`timing.cold_caches`), as a layer finds
-    them in a model.
+    them in a model. `precision`: the one to measure and plan in (`PRECISIONS`); None: the
+    setting the call is made in (`user_precision`: an active autocast's dtype, else the input's,
+    fp32 as tf32 where torch runs convolutions in TF32), as the plan must hold where it trains.
 
     Measurements the plan store holds for this environment are reused; the rest are made by the
     runner on the input's device (`algos`: a comma list as on the command line; `budget_s`:
@@ -184,10 +197,14 @@ def tune_advice(model, example_input, *, algos: str = "all",
     log = log or (lambda line: None)
     progress = progress or (lambda line: None)
     _check_layouts(layouts, input_layout, output_layout)
-    backend, precision = _backend_precision(example_input)
+    backend, precision = _backend_precision(example_input, precision)
     if step is not None:  # before minutes of measurements, a step that cannot run says so
         step = confirm.step_mode(model, example_input, step)
     algo_list = registry.expand_algos(algos, backend)
+    if backend == "cuda" and "all" in (a.strip() for a in algos.split(",")):
+        # cuDNN's algorithms one by one, which a plan pins: torch's own pick misses some
+        algo_list += [a for a in registry.expand_algos("cudnn-find", backend)
+                      if a not in algo_list]
     store = store if isinstance(store, PlanStore) else PlanStore(store)
     sites, unplanned = _find_sites(model, example_input)
     env = current_env_key(backend)
@@ -224,9 +241,6 @@ def _confirmed(model, example_input, plan: Plan, step: str, step_budget_s: float
                counts: tuple[int, int]) -> Plan:
     """`confirm.confirm`, the measurements saved in the store first: a Ctrl-C while the whole
     steps are timed (minutes on a real model) keeps them (TuneInterrupted)."""
-    note = tf32_note(plan.backend, plan.precision)
-    if note:
-        log(note)
     path = store.save(plan)
     try:
         return confirm.confirm(model, example_input, plan, step, step_budget_s, log=log)

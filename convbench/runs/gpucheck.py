@@ -62,7 +62,7 @@ from ..analysis import speedup, summary
 from ..catalogs import layers as catalogs
 from ..catalogs import selection
 from ..core.fmt import first_line, md_table
-from ..core.problem import LAYOUTS, PASSES
+from ..core.problem import LAYOUTS, PASSES, PRECISIONS, check_choice
 from ..core.results import ENV_JSON, RunFolder, row_key
 from ..core.runspec import RunSpec
 from ..machine import backends, devices, launch
@@ -78,6 +78,8 @@ SUMMARY_MD = "summary.md"
 PYTEST_ARGS = ("-m", "gpu", "-q", "-p", "no:cacheprovider")
 #: What `gpu-check` runs by default: every algo, and on a GPU cuDNN's algorithms one by one.
 ALGOS = {"cuda": "all,cudnn-find"}
+#: The precisions a check measures unless told others (`--precisions`): fp32, TF32 off.
+PRECISIONS_DEFAULT = ("fp32",)
 #: Seconds the tests may take (`--tests-timeout`): within a ten-minute command.
 TESTS_TIMEOUT_S = 480
 
@@ -269,14 +271,18 @@ class _Deadline:
 
 
 def check_spec(device: Device, net: str, layers: list[str] | None, algos: str | None,
-               batch: int | None, budget_s: float | None = None) -> RunSpec:
+               batch: int | None, budget_s: float | None = None,
+               precisions: Sequence[str] = PRECISIONS_DEFAULT) -> RunSpec:
     """The run of a check as data: `layers` of `net` (all where None), every algo of `algos`
-    (`ALGOS` by default), pass and layout, fp32, at `batch` (the device's default where None),
-    with `budget_s` (the device's); ValueError for a bad net, layer or algo list."""
+    (`ALGOS` by default), pass and layout, in each of `precisions` (fp32 by default), at
+    `batch` (the device's default where None), with `budget_s` (the device's); ValueError for a
+    bad net, layer, algo or precision list."""
+    for precision in precisions:
+        check_choice("precision", precision, PRECISIONS)
     names = layers or [layer.name for layer in catalogs.net_layers(net)]
     return RunSpec(device=device.name, algos=tuple(registry.expand_algos(
         algos or ALGOS.get(device.backend, "all"), device.backend)), passes=PASSES,
-        layouts=LAYOUTS, precisions=("fp32",), budget_s=budget_s or device.budget_s,
+        layouts=LAYOUTS, precisions=tuple(precisions), budget_s=budget_s or device.budget_s,
         target_noise=TARGET_NOISE, net=net, layers=tuple(f"{net}:{name}" for name in names),
         batches=(batch,) if batch else ())
 
@@ -321,8 +327,9 @@ def run_classes(folder: Path, spec: RunSpec, env: dict, cases: list[runner.Case]
 
 def classes_markdown(outcome: Outcome, env: dict, backend: str,
                      seconds: float) -> str:
-    """summary.md's section of the second part: what ran, and per class and pass the speed-up
-    of `CLASSES_LINES` over the device's baseline (`speedup.summary`)."""
+    """summary.md's section of the second part: what ran, and per class and pass (and
+    precision, where it ran several: a speed-up is within one) the speed-up of `CLASSES_LINES`
+    over the device's baseline (`speedup.summary`)."""
     run = env.get("run", {})
     baseline = speedup.default_baseline(backend)
     counts = outcome.frame["status"].value_counts() if len(outcome.frame) else {}
@@ -333,17 +340,20 @@ def classes_markdown(outcome: Outcome, env: dict, backend: str,
              f"{CLASSES_RUN}/ ({CLASSES_RUN}/report.md): {sample}: a stratified sample, "
              f"seed {run.get('seed', CLASSES_SEED)}) at batch "
              f"{run.get('batch')}, algos {', '.join(run.get('algos', []))}, every pass and "
-             "layout: " + ", ".join(f"{counts[s]} {s}" for s in getattr(counts, "index", []))
+             f"layout in {', '.join(run.get('precisions', PRECISIONS_DEFAULT))}: "
+             + ", ".join(f"{counts[s]} {s}" for s in getattr(counts, "index", []))
              + f", in {seconds:.0f} s" + (", interrupted" if outcome.interrupted else "")
              + (f"; GPU fault: {outcome.fault}" if outcome.fault else "") + ".", "",
-             (f"Speed-up over {baseline} per class and pass, each in its fastest layout: "
+             (f"Speed-up over {baseline} per class and pass (and precision, where it ran "
+              "several), each in its fastest layout: "
               f"{speedup.BEST_OF_OURS}, direct (kernels/depthwise.cu where groups = C) and "
               "cudnn (the heuristic's pick through torch's dispatch; its rows' notes name "
               "the kernel that ran)."), ""]
     sp = speedup.speedups(outcome.frame, baseline) if len(outcome.frame) else pd.DataFrame()
     sp = sp[sp["algo"].isin(CLASSES_LINES)] if len(sp) else sp
-    table = speedup.summary(speedup.class_order(sp), ["class", "pass", "algo"]) if len(
-        sp) else pd.DataFrame()
+    several = len(sp) > 0 and sp["precision"].nunique() > 1
+    by = (["precision"] if several else []) + ["class", "pass", "algo"]
+    table = speedup.summary(speedup.class_order(sp), by) if len(sp) else pd.DataFrame()
     lines += [md_table(table) if not table.empty else "(no rows to compare in this run)", ""]
     return "\n".join(lines)
 
@@ -353,14 +363,17 @@ def run_check(folder: str | Path, device: Device, *, net: str = "alexnet",
               batch: int | None = None, budget_s: float | None = None, command: str = "",
               deadline: float | None = None, classes: Sequence[str] = CLASSES,
               sample: int = CLASSES_SAMPLE, class_algos: str | None = None,
+              precisions: Sequence[str] = PRECISIONS_DEFAULT,
               clock: Callable[[], float] = time.monotonic) -> CheckRun:
     """Run the check into `folder` (a resumed run if it has one), then its second part
     (`run_classes`: `sample` of convset's `classes`, with `class_algos`; none where `classes`
-    is empty, or the first part faulted or was cut short) and write its summary; see the
-    module docstring. `deadline` (a `clock` time): stop between groups once it has passed.
-    ValueError for a bad net, layer, class or algo list, before anything runs."""
+    is empty, or the first part faulted or was cut short) and write its summary; both parts
+    in each of `precisions`. See the module docstring. `deadline` (a `clock` time): stop
+    between groups once it has passed. ValueError for a bad net, layer, class, algo or
+    precision list, before anything runs."""
     folder = Path(folder)
-    spec, cases, untiled = tiled(check_spec(device, net, layers, algos, batch, budget_s))
+    spec, cases, untiled = tiled(check_spec(device, net, layers, algos, batch, budget_s,
+                                            precisions))
     second_spec, more, _ = (tiled(class_spec(spec, classes, sample, class_algos)) if classes
                             else (spec, [], []))
     folder.mkdir(parents=True, exist_ok=True)
@@ -496,21 +509,23 @@ def first(out: str | Path, device: Device, *, work: str | Path | None = None,
           tests_timeout_s: float = FIRST_TESTS_TIMEOUT_S, reserve_s: float = FIRST_RESERVE_S,
           command: str = "", clock: Callable[[], float] = time.monotonic,
           tests: bool = True, extra: Callable[[Path, float], str] | None = None,
-          extra_min_s: float = EXTRA_MIN_S) -> First:
+          extra_min_s: float = EXTRA_MIN_S,
+          precisions: Sequence[str] = PRECISIONS_DEFAULT) -> First:
     """A first GPU visit in `wall_s` seconds (see the module docstring): the probe and the log
     into `out`, the tests (none where not `tests`: a resumed visit), the environment and
     ceilings, the check in `FIRST_LAYERS` order up to the deadline, the summary, then `out`
     packed (`pack`). A failure of any stage is logged with its traceback and the stages after
     it still run: the probe, the log and the tests' summary come back whatever happens. `work`:
     the check's folder (default results/<date>-<device>-<net>-gpu-first), which `gpu-check
-    --out` or `gpu-first --work` resumes. ValueError for a bad layer or algo list, before
-    anything runs."""
+    --out` or `gpu-first --work` resumes. The check measures each of `precisions`. ValueError
+    for a bad layer, algo or precision list, before anything runs."""
     started = clock()
     out = Path(out)
     work = Path(work) if work else default_folder(net, device.backend, "-gpu-first", FINDINGS)
     names = layers or [n for n in FIRST_LAYERS if n in
                        {layer.name for layer in catalogs.net_layers(net)}] or None
-    tiled(check_spec(device, net, names, algos, batch))  # bad input: before anything runs
+    # bad input is refused before anything runs
+    tiled(check_spec(device, net, names, algos, batch, precisions=precisions))
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     log = _logger(out / FIRST_LOG)
@@ -528,13 +543,14 @@ def first(out: str | Path, device: Device, *, work: str | Path | None = None,
     with _stage_logged(log, "check"):
         done = run_check(work, device, net=net, layers=names, algos=algos, batch=batch,
                          budget_s=budget_s, command=command, classes=(),
-                         deadline=started + wall_s - reserve_s, clock=clock)
+                         deadline=started + wall_s - reserve_s, clock=clock,
+                         precisions=precisions)
     if done is not None:
         log.info("check: %s", "; ".join(f"{k} {v:.1f} s" for k, v in done.seconds.items()))
     extra_text = "" if extra is None else _extra_stage(
         extra, work, log, started + wall_s - reserve_s - clock(), extra_min_s)
     text = _first_summary(device, done, tested, extra_text, wall_s, tests_s, tests, names,
-                          algos)
+                          algos, precisions)
     text = text.rstrip("\n") + "\n" + \
         f"\n(total {clock() - started:.0f} s before packing)\n"
     (work / SUMMARY_MD).write_text(text)
@@ -561,7 +577,7 @@ def _extra_stage(extra: Callable[[Path, float], str], work: Path, log: logging.L
 
 def _first_summary(device: Device, done: CheckRun | None, tested: Tests, extra_text: str,
                    wall_s: float, tests_s: float, tests: bool, names: list[str] | None,
-                   algos: str | None) -> str:
+                   algos: str | None, precisions: Sequence[str] = PRECISIONS_DEFAULT) -> str:
     """gpu-first's summary.md, less its last line: the check's summary (or that it failed)
     under what the visit spent and reached, then the whole step's section."""
     spent = {"tests": tested.seconds, **(done.seconds if done else {})}
@@ -572,7 +588,8 @@ def _first_summary(device: Device, done: CheckRun | None, tested: Tests, extra_t
                                               if k in ("tests", "environment and ceilings",
                                                        "run")),
             f"- checked: layers {', '.join(names or ['all'])} in this order, every algo "
-            f"({algos or ALGOS.get(device.backend, 'all')}), pass and layout"
+            f"({algos or ALGOS.get(device.backend, 'all')}), pass and layout in "
+            f"{', '.join(precisions)}"
             + (f"; not reached: {'; '.join(done.not_reached)}" if done and done.not_reached
                else ""),
             tests_line(tested)]
