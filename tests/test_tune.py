@@ -260,16 +260,41 @@ def test_ctrl_c_while_the_step_confirms_keeps_every_measurement(store, monkeypat
     assert "convbench: 8 measurements from the plan store" in capsys.readouterr().err
 
 
-def test_an_fp32_plan_on_a_gpu_says_when_torchs_convolutions_run_tf32(monkeypatch):
-    """torch runs its convolutions in TF32 unless told otherwise; an fp32 plan confirmed so is
-    weighed against TF32 steps, and the log says it."""
+def test_tune_measures_in_the_setting_it_is_called_in(monkeypatch, tmp_path):
+    """The plan's precision is the caller's: an input's dtype, TF32 where torch runs cuDNN's
+    convolutions in it, an active autocast's dtype; a named precision that differs is one line
+    saying what to set. Under bf16 autocast on the CPU the plan is bf16, our NumPy passes (no
+    bf16) are not candidates, and the planned model runs under autocast."""
+    from convbench import nn as cbnn
     from convbench.algos import cudnn
 
+    x = torch.randn(2, 3, 8, 8)
+    assert tune._backend_precision(x) == ("numpy", "fp32")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert tune._backend_precision(x) == ("numpy", "bf16")
+    with pytest.raises(ValueError, match=r"precision bf16 asked, and this call runs "
+                       r"convolutions in fp32: call tune inside torch.autocast"):
+        tune._backend_precision(x, "bf16")
     monkeypatch.setattr(cudnn, "conv_runs_tf32", lambda: True)
-    assert "run in TF32 here" in tune.tf32_note("cuda", "fp32")
-    assert tune.tf32_note("cuda", "tf32") is None and tune.tf32_note("numpy", "fp32") is None
+    assert cbnn.live_precision("cuda", torch.float32) == "tf32"
+    assert cbnn.live_precision("cpu", torch.float32) == "fp32"  # TF32 is cuDNN's
     monkeypatch.setattr(cudnn, "conv_runs_tf32", lambda: False)
-    assert tune.tf32_note("cuda", "fp32") is None
+    assert cbnn.live_precision("cuda", torch.float32) == "fp32"
+    with cbnn.precision_setting("bf16", "cpu"):
+        assert cbnn.live_precision("cpu", torch.float32) == "bf16"
+    assert cbnn.live_precision("cpu", torch.float32) == "fp32"
+
+    model, x = SmallCNN(), torch.randn(2, 3, 10, 10)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plan = tune.tune(model, x, **FAST, store=tmp_path)
+        assert plan.precision == "bf16"
+        chosen = {c.algo for lp in plan.layers for c in lp.passes.values() if c}
+        # what runs bf16 here: torch's, where the CPU computes bf16 (else nothing is chosen)
+        assert chosen <= {"torch-cpu"}
+        assert {e["status"] for e in plan.measurements if e["algo"] != "torch-cpu"} == {
+            "unsupported"}
+        apply.apply(model, plan)
+        assert model(x).dtype == torch.bfloat16
 
 
 def test_torch_s_tf32_setting_is_read_and_set_through_either_api():

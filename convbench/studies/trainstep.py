@@ -50,7 +50,7 @@ import numpy as np
 import pandas as pd
 
 from ..algos import registry
-from ..algos.cudnn import conv_runs_tf32, set_tf32, strict_fp32
+from ..algos.cudnn import conv_runs_tf32, set_tf32
 from ..core import stats
 from ..core.fmt import first_line, fmt_ms, tabulate
 from ..core.measurement import Measurement
@@ -138,8 +138,7 @@ def check(configs: tuple[str, ...], backend: str, precision: str, plan_file=None
     """The saved plan of `plan_file` (None: none given), once everything asked for is known to
     run here; else ValueError, in one line: an unknown configuration or precision, one that
     sets only what cuDNN reads (`Config.gpu_only`) or TF32 on the CPU (it would time fp32 under
-    another name), the plan in a precision `tune` does not measure in (a saved one is needed),
-    a saved plan without `plan` among the configurations, or one made for another backend or
+    another name), a saved plan without `plan` among the configurations, or one made for another backend or
     precision (`apply` would refuse it in the plan's process)."""
     for name in configs:
         check_choice("configuration", name, tuple(CONFIGURATIONS))
@@ -151,10 +150,6 @@ def check(configs: tuple[str, ...], backend: str, precision: str, plan_file=None
         raise ValueError("precision tf32 is a GPU's tensor-core mode: on the CPU it would time "
                          "fp32 under another name (use fp32 or bf16)")
     if plan_file is None:
-        if "plan" in configs and precision != "fp32":
-            raise ValueError(f"the plan in {precision} needs a saved plan (--plan FILE, e.g. "
-                             f"from convbench advise RUN --precision {precision}): tuning here "
-                             "measures and confirms in fp32")
         return None
     if "plan" not in configs:
         raise ValueError(f"the saved plan {plan_file} is timed as the configuration 'plan', "
@@ -444,18 +439,22 @@ def _verdict(ratio: stats.Ratio) -> str:
 
 def tune_here(net: str, batch: int, device: str, plan_file: str, budget_s: float | None,
               algos: str, store: str | None, mode: str = "train",
-              step_budget_s: float = confirm.STEP_BUDGET_S) -> None:
+              step_budget_s: float = confirm.STEP_BUDGET_S, precision: str = "fp32") -> None:
     """`tune.tune` on the workload's model (`net`: its text form), confirmed on its step in
     `mode`, the plan saved to `plan_file`; progress on stderr. Ctrl-C: one line, exit 130 (the
-    measurements made are in the plan store). TF32 is off here as in the timed processes: left
-    with torch's default TF32 convolutions, the confirmation here weighs the fp32 plan against
-    TF32 steps (the case: results/2026-11-28-nvidia-h100-resnet50-tune)."""
-    strict_fp32()
+    measurements made are in the plan store). It measures and confirms in the run's
+    `precision`, set as in the timed processes (TF32 on only for tf32; bf16 under autocast):
+    a plan measured in another setting than the steps it is timed in is refused by `apply`
+    (the case that showed why: results/2026-11-28-nvidia-h100-resnet50-tune)."""
+    from ..nn import precision_setting
+
+    set_tf32(precision == "tf32")
     run = Workload.parse(net).prepare(batch, device)
     try:
-        plan = tune.tune(run.model, run.x, algos=algos, budget_s=budget_s, store=store,
-                         log=lambda line: print(f"convbench: {line}", file=sys.stderr),
-                         step=mode, step_budget_s=step_budget_s)
+        with precision_setting(precision, run.x.device.type):
+            plan = tune.tune(run.model, run.x, algos=algos, budget_s=budget_s, store=store,
+                             log=lambda line: print(f"convbench: {line}", file=sys.stderr),
+                             step=mode, step_budget_s=step_budget_s)
     except tune.TuneInterrupted as stop:
         print(f"convbench: tuning interrupted: {tune.interrupted_text(stop)}", file=sys.stderr)
         sys.exit(130)
@@ -512,7 +511,7 @@ def compare(load: Workload, batch: int, device: str, *, budget_s: float = STEP_B
         job = {"net": load.name, "batch": batch, "device": device, "plan_file": plan_file,
                "budget_s": tune_budget_s, "algos": algos,
                "store": None if store is None else str(store), "mode": mode,
-               "step_budget_s": step_budget_s}
+               "step_budget_s": step_budget_s, "precision": precision}
         code = _tuned(_command("tune", job), worker_environment(device), deadline, started)
         if code:
             raise RuntimeError(f"train-step: tuning exited with {code} (its error is above)")
