@@ -140,6 +140,22 @@ def test_layer_table_and_csv(capsys):
     assert lines[0] == ",".join(results.COLUMNS) and len(lines) == 2
 
 
+def test_layer_ends_on_its_verdict_and_its_data_stays_parseable(capsys):
+    """#70: `convbench layer conv2 --algos all` gave 48 rows and no answer; it ends on the
+    verdict of ours against torch's per layer and pass. As JSON the verdict goes to stderr."""
+    argv = ["layer", TINY, "--algos", "gemm,torch-cpu", "--passes", "fwd", "--layouts", "nchw",
+            "--quiet", *FAST]
+    code, out, _ = run_cli(capsys, *argv)
+    assert code == 0
+    verdict = out[out.index("Verdict (fp32): the fastest of ours against torch's"):]
+    last = verdict.strip().splitlines()[-1]
+    assert last.startswith(f"| {TINY} | fwd "), last
+    assert re.search(r"\| (ours faster|torch's faster|tie within noise|not decided: .*) \|$",
+                     last), last
+    code, out, err = run_cli(capsys, *argv, "--format", "json")
+    assert code == 0 and len(json.loads(out)) == 2 and "Verdict (fp32)" in err
+
+
 BENCH = ["bench", "--algos", "torch-cpu", "--batch", "1", "--passes", "fwd,bwd_data",
          "--layouts", "nhwc", *FAST]
 

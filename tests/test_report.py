@@ -394,6 +394,64 @@ def test_which_wins_lists_every_pair_a_busy_one_not_decided():
     assert tables.UNDECIDED_NONE in report.markdown(df, {}).split("## Which wins")[1]
 
 
+def test_which_wins_calls_no_winner_over_what_remains_when_torch_s_times_were_busy():
+    """#70: on a busy machine "Which wins" called `direct` the winner of conv1 bwd_data over the
+    one row left when torch's rows were set aside as busy: the time every other is read against
+    was not known, so the pair is not decided; beside a quiet torch time it is decided as
+    before."""
+    for times in ({("gemm", "conv3"): FAST, ("torch-cpu", "conv3"): SHARED},  # one row left
+                  {("gemm", "conv3"): FAST, ("winograd-2x2", "conv3"): SLOW,
+                   ("torch-cpu", "conv3"): SHARED}):
+        table = tables.winner_table(results.frame(rows(times)))
+        verdict = table.loc[("conv3", "fwd"), "verdict"]
+        assert verdict == (f"{tables.UNDECIDED_BASELINE}; not competing (busy machine): "
+                           "torch-cpu nchw"), verdict
+        assert table.loc[("conv3", "fwd"), "fastest"] == "gemm nchw"  # shown, winning nothing
+    quiet = results.frame(rows({("gemm", "conv3"): FAST, ("winograd-2x2", "conv3"): SHARED,
+                                ("torch-cpu", "conv3"): SLOW}))
+    assert tables.winner_table(quiet).loc[("conv3", "fwd"), "verdict"] == \
+        "wins; not competing (busy machine): winograd-2x2 nchw"
+    text = report.markdown(results.frame(rows({("gemm", "conv3"): FAST,
+                                               ("torch-cpu", "conv3"): SHARED})), {})
+    assert "the fastest of the rest is not called a winner" in text.split("## Which wins")[1]
+
+
+def test_the_layer_verdict_sets_the_best_of_ours_against_torch_or_says_why_not():
+    """#70: `convbench layer` printed its rows and no answer. Its verdict per (layer, pass):
+    the fastest of ours against torch's with the ratio's interval (the report's "Best of ours
+    against torch", the same numbers), or `not decided` and why where busy or missing rows left
+    no comparison."""
+    from convbench.analysis import speedup
+
+    df = results.frame(rows({("gemm", "conv3"): SLOW, ("winograd-2x2", "conv3"): FAST,
+                             ("torch-cpu", "conv3"): NOISY, ("gemm", "conv4"): FAST,
+                             ("torch-cpu", "conv4"): SHARED}))
+    table = tables.verdict_table(df)
+    assert list(table.columns) == ["best own", "torch's", "own / torch [95% interval]",
+                                   "verdict"]
+    vs = speedup.against_torch(df).set_index(["layer", "pass"]).loc[("conv3", "fwd")]
+    conv3 = table.loc[("conv3", "fwd")]
+    assert conv3["best own"] == "winograd-2x2 nchw 1.01 ms"
+    assert conv3["torch's"] == "torch-cpu nchw 3.1 ms"
+    assert conv3["own / torch [95% interval]"] == \
+        f"{vs['ratio']:.2f} [{vs['low']:.2f}, {vs['high']:.2f}]"
+    assert conv3["verdict"] == "ours faster"
+    conv4 = table.loc[("conv4", "fwd")]  # torch's only time busy: no comparison left
+    assert conv4["verdict"] == "not decided: torch's measured on a busy machine only"
+    assert conv4["best own"] == conv4["own / torch [95% interval]"] == ""
+    failed = results.frame(rows({("gemm", "conv3"): FAST, ("torch-cpu", "conv3"): "oom"}))
+    assert tables.verdict_table(failed).loc[("conv3", "fwd"), "verdict"] == \
+        "not decided: torch's did not run (torch-cpu oom)"
+    busy = results.frame(rows({("gemm", "conv3"): SHARED, ("torch-cpu", "conv3"): SHARED}))
+    assert tables.verdict_table(busy).loc[("conv3", "fwd"), "verdict"] == \
+        "not decided: both measured on a busy machine only"
+    text = prose.layer_verdict(df)
+    assert text.startswith("Verdict (fp32): the fastest of ours against torch's")
+    assert text.splitlines()[-1].startswith("| conv4   | bwd_data ")
+    alone = prose.layer_verdict(df[df["algo"] != "torch-cpu"])
+    assert alone.startswith("Verdict: This run measured none of torch's convolution")
+
+
 def test_the_busy_table_says_which_rule_flagged_each_row():
     """#35: a row flagged by the noisy lower-quartile rule showed share 1.00, stolen 0.00, as if
     flagged for nothing; `flagged by` names the rule of each row."""

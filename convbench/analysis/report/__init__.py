@@ -22,7 +22,13 @@ from ...core.results import REPORT_MD
 from . import sweep
 from .cells import BEST, BUSY, HOST_BOUND, NOISY, TIED
 from .plots import plot
-from .prose import ceilings_lines, layer_table, markdown, speedup_section
+from .prose import (
+    ceilings_lines,
+    layer_table,
+    layer_verdict,
+    markdown,
+    speedup_section,
+)
 from .tables import (
     UNDECIDED_BUSY,
     UNDECIDED_NONE,
@@ -37,8 +43,8 @@ from .tables import (
 
 __all__ = ["BEST", "BUSY", "HOST_BOUND", "NOISY", "REPORT_MD", "TIED", "UNDECIDED_BUSY",
            "UNDECIDED_NONE", "busy_table", "ceilings_lines", "choice_totals", "cost_table",
-           "layer_table", "markdown", "not_measured", "plot", "speedup_section", "time_table",
-           "where", "winner_table", "write"]
+           "layer_table", "layer_verdict", "markdown", "not_measured", "plot",
+           "speedup_section", "time_table", "where", "winner_table", "write"]
 
 
 def write(folder: str | Path, df: pd.DataFrame, env: dict, baseline: str | None = None) -> str:
