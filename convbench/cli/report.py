@@ -27,8 +27,9 @@ def cmd_report(args) -> int:
     if args.baseline and args.baseline not in set(df["algo"]):
         raise UsageError(f"--baseline {args.baseline} was not measured in {args.run}; "
                          f"measured: {', '.join(dict.fromkeys(df['algo']))}")
-    if args.out is None:
-        emit(df, args.format, report.text(df, env, args.baseline))
+    if args.out is None:  # the markdown only where it is what is printed
+        emit(df, args.format,
+             report.text(df, env, args.baseline) if args.format == "table" else "")
         return 0
     out = Path(args.out)
     try:

@@ -441,8 +441,7 @@ def verdict_table(df: pd.DataFrame) -> pd.DataFrame:
     time: a faster time a busy machine spoiled would make any winner named there a guess. Empty
     where the run measured only one side."""
     vs = speedup.against_torch(df)
-    keys = ["layer", "pass"]
-    groups = dict(iter(df.groupby(keys, sort=False)))
+    groups = dict(list(df.groupby(["layer", "pass"], sort=False)))
     verdicts = [VERDICTS.get(r["outcome"]) or _undecided(groups[r["layer"], r["pass"]])
                 for _, r in vs.iterrows()]
     return _side_by_side(vs, verdicts, "verdict")
