@@ -101,8 +101,8 @@ def plot(df: pd.DataFrame, folder: str | Path, env: dict | None = None,
 
 #: How a phase bar's label is laid out: inches a character takes at its size ("small"), and a
 #: line's height; the least room a bar takes; the longest line set level (longer ones, a
-#: catalog's layer names, are set upright, where a bar's room is its lines' heights); and the
-#: room beside the panels (the y label, and the legend outside on the right).
+#: problem file's or a model's layer names, are set upright, where a bar's room is its lines'
+#: heights); and the room beside the panels (the y label, and the legend outside on the right).
 LABEL_CHAR_IN, LABEL_LINE_IN, BAR_IN, LEVEL_CHARS, PANEL_SIDES_IN = 0.075, 0.17, 0.5, 10, 3.2
 
 
@@ -134,7 +134,7 @@ def phase_plot(plt, df: pd.DataFrame, folder: Path) -> list[str]:
     lines = [line for *_, labels in panels.values() for label in labels
              for line in label.split("\n")]
     upright = max(map(len, lines)) > LEVEL_CHARS
-    per_bar = max(BAR_IN, (LABEL_LINE_IN * (1 + sum(several.values())) if upright
+    per_bar = max(BAR_IN, (LABEL_LINE_IN * (2 + sum(several.values())) if upright
                            else LABEL_CHAR_IN * max(map(len, lines))) + 0.15)
     bars = max(len(rows) for rows, *_ in panels.values())
     fig, axes = plt.subplots(len(algos), len(passes), squeeze=False, layout="constrained",
