@@ -133,13 +133,16 @@ def phase_plot(plt, df: pd.DataFrame, folder: Path) -> list[str]:
             panels[algo, pass_] = rows, totals, phase_labels(rows, totals, several)
     lines = [line for *_, labels in panels.values() for label in labels
              for line in label.split("\n")]
-    upright = max(map(len, lines)) > LEVEL_CHARS
+    longest = max(map(len, lines))
+    upright = longest > LEVEL_CHARS
     per_bar = max(BAR_IN, (LABEL_LINE_IN * (2 + sum(several.values())) if upright
-                           else LABEL_CHAR_IN * max(map(len, lines))) + 0.15)
+                           else LABEL_CHAR_IN * longest) + 0.15)
     bars = max(len(rows) for rows, *_ in panels.values())
+    # an upright label's length is height a panel gives it beyond the bars' own
+    height = 3.4 + (LABEL_CHAR_IN * longest if upright else 0.0)
     fig, axes = plt.subplots(len(algos), len(passes), squeeze=False, layout="constrained",
                              figsize=(max(5.5, per_bar * bars + PANEL_SIDES_IN) * len(passes),
-                                      3.4 * len(algos) + 0.5))
+                                      height * len(algos) + 0.5))
     for ax_row, algo in zip(axes, algos):
         for ax, pass_ in zip(ax_row, passes):
             rows, totals, labels = panels[algo, pass_]
