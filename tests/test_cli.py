@@ -1,6 +1,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ import pytest
 
 from convbench import cli
 from convbench.algos import registry
+from convbench.analysis import report
 from convbench.cli import common
 from convbench.core import results
 from convbench.core.problem import PASSES
@@ -173,6 +175,22 @@ def test_layer_table_and_csv(capsys):
     assert lines[0] == ",".join(results.COLUMNS) and len(lines) == 2
 
 
+def test_layer_ends_on_its_verdict_and_its_data_stays_parseable(capsys):
+    """#70: `convbench layer conv2 --algos all` gave 48 rows and no answer; it ends on the
+    verdict of ours against torch's per layer and pass. As JSON the verdict goes to stderr."""
+    argv = ["layer", TINY, "--algos", "gemm,torch-cpu", "--passes", "fwd", "--layouts", "nchw",
+            "--quiet", *FAST]
+    code, out, _ = run_cli(capsys, *argv)
+    assert code == 0
+    verdict = out[out.index("Verdict (fp32): the fastest of ours against torch's"):]
+    last = verdict.strip().splitlines()[-1]
+    assert last.startswith(f"| {TINY} | fwd "), last
+    assert re.search(r"\| (ours faster|torch's faster|tie within noise|not decided: .*) \|$",
+                     last), last
+    code, out, err = run_cli(capsys, *argv, "--format", "json")
+    assert code == 0 and len(json.loads(out)) == 2 and "Verdict (fp32)" in err
+
+
 BENCH = ["bench", "--algos", "torch-cpu", "--batch", "1", "--passes", "fwd,bwd_data",
          "--layouts", "nhwc", *FAST]
 
@@ -191,8 +209,11 @@ def test_bench_writes_a_run_folder_and_report_compare_work(tmp_path, capsys):
     assert "## Time per layer" in out and "conv5" in out
 
     (folder / "report.md").unlink()
-    code, out, _ = run_cli(capsys, "report", str(folder))
-    assert code == 0 and (folder / "report.md").exists() and "## Operation counts" in out
+    code, out, _ = run_cli(capsys, "report", str(folder))  # read: nothing written
+    assert code == 0 and not (folder / "report.md").exists() and "## Operation counts" in out
+    code, out, err = run_cli(capsys, "report", str(folder), "--out", str(folder))
+    assert code == 0 and (folder / "report.md").read_text() == out.rstrip("\n") + "\n"
+    assert f"report.md and its plots written to {folder}" in err
 
     code, out, _ = run_cli(capsys, "compare", str(folder), str(folder), "--format", "json")
     cmp = json.loads(out)
@@ -200,6 +221,34 @@ def test_bench_writes_a_run_folder_and_report_compare_work(tmp_path, capsys):
 
     code, _, err = run_cli(capsys, *BENCH, "--out", str(folder))
     assert code == 2 and "already holds results; pass --resume" in err
+
+
+def _files(folder: Path) -> dict:
+    """Every file under `folder`: its modification time (ns) and bytes."""
+    return {p.relative_to(folder): (p.stat().st_mtime_ns, p.read_bytes())
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_reading_a_run_folder_writes_nothing(tmp_path, capsys):
+    """#70: the README's `convbench report results/... --format json | head -3` rewrote that
+    committed folder's report.md and five plots (the checkout left dirty). Reading in any format
+    changes no file; the report is written only where --out asks, there alone."""
+    pytest.importorskip("matplotlib")
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "results" / "2026-11-25-cpu-2core-alexnet", run)
+    before = _files(run)
+    for fmt in ("json", "csv", "table"):
+        code, out, err = run_cli(capsys, "report", str(run), "--format", fmt)
+        assert code == 0 and out, err
+        assert _files(run) == before, fmt
+    assert report.NOT_DRAWN in out  # the markdown read says where its plots would be drawn
+    code, out, err = run_cli(capsys, "report", str(run), "--format", "json", "--out",
+                             str(tmp_path / "rendered"))
+    assert code == 0 and json.loads(out) and _files(run) == before
+    written = {p.name for p in (tmp_path / "rendered").iterdir()}
+    assert "report.md" in written and "time_fwd.png" in written
+    code, _, err = run_cli(capsys, "report", str(run), "--out", str(run / "report.md"))
+    assert code == 2 and "cannot write a report there" in err and _files(run) == before
 
 
 def test_interrupted_bench_keeps_rows_and_resume_finishes(tmp_path, capsys, monkeypatch,

@@ -437,3 +437,21 @@ def test_a_model_zoo_installs_beside_the_pinned_torch_and_is_measured():
     found = models.conv_layers(models.load("timm.models:resnet50"), (1, 3, 64, 64), "timm",
                                "cpu")
     assert sum(found.occurrences.values()) >= 50
+
+
+def test_code_blocks_scroll_with_a_scrollbar_one_can_see():
+    """#70: the site cut code blocks at the column's edge at 1280 px: Material scrolls them,
+    but its bar is 0.2rem of its lightest grey, hidden by overlay scrollbars. The site's own
+    stylesheet (mkdocs.yml's `extra_css`) keeps the lines whole, scrolling, with a bar drawn
+    always, thick enough to find."""
+    config = (DOCS / "mkdocs.yml").read_text()
+    listed = re.search(r"^extra_css:\n((?:  - .+\n)+)", config, re.MULTILINE)
+    assert listed, "mkdocs.yml names no extra_css"
+    names = [line.strip().removeprefix("- ") for line in listed[1].splitlines()]
+    css = re.sub(r"/\*.*?\*/", "", "".join((DOCS / "pages" / n).read_text() for n in names),
+                 flags=re.DOTALL)
+    rules = {k.strip(): v for k, v in re.findall(r"([^{}]+)\{([^}]*)\}", css)}
+    code = rules[".md-typeset pre > code"]
+    assert "overflow-x: auto" in code and "scrollbar-width: auto" in code
+    bar = re.search(r"height: ([\d.]+)rem", rules[".md-typeset pre > code::-webkit-scrollbar"])
+    assert bar and float(bar[1]) >= 0.5

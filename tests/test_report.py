@@ -398,6 +398,64 @@ def test_which_wins_lists_every_pair_a_busy_one_not_decided():
     assert tables.UNDECIDED_NONE in report.markdown(df, {}).split("## Which wins")[1]
 
 
+def test_which_wins_calls_no_winner_over_what_remains_when_torch_s_times_were_busy():
+    """#70: on a busy machine "Which wins" called `direct` the winner of conv1 bwd_data over the
+    one row left when torch's rows were set aside as busy: the time every other is read against
+    was not known, so the pair is not decided; beside a quiet torch time it is decided as
+    before."""
+    for times in ({("gemm", "conv3"): FAST, ("torch-cpu", "conv3"): SHARED},  # one row left
+                  {("gemm", "conv3"): FAST, ("winograd-2x2", "conv3"): SLOW,
+                   ("torch-cpu", "conv3"): SHARED}):
+        table = tables.winner_table(results.frame(rows(times)))
+        verdict = table.loc[("conv3", "fwd"), "verdict"]
+        assert verdict == (f"{tables.UNDECIDED_BASELINE}; not competing (busy machine): "
+                           "torch-cpu nchw"), verdict
+        assert table.loc[("conv3", "fwd"), "fastest"] == "gemm nchw"  # shown, winning nothing
+    quiet = results.frame(rows({("gemm", "conv3"): FAST, ("winograd-2x2", "conv3"): SHARED,
+                                ("torch-cpu", "conv3"): SLOW}))
+    assert tables.winner_table(quiet).loc[("conv3", "fwd"), "verdict"] == \
+        "wins; not competing (busy machine): winograd-2x2 nchw"
+    text = report.markdown(results.frame(rows({("gemm", "conv3"): FAST,
+                                               ("torch-cpu", "conv3"): SHARED})), {})
+    assert "the fastest of the rest is not called a winner" in text.split("## Which wins")[1]
+
+
+def test_the_layer_verdict_sets_the_best_of_ours_against_torch_or_says_why_not():
+    """#70: `convbench layer` printed its rows and no answer. Its verdict per (layer, pass):
+    the fastest of ours against torch's with the ratio's interval (the report's "Best of ours
+    against torch", the same numbers), or `not decided` and why where busy or missing rows left
+    no comparison."""
+    from convbench.analysis import speedup
+
+    df = results.frame(rows({("gemm", "conv3"): SLOW, ("winograd-2x2", "conv3"): FAST,
+                             ("torch-cpu", "conv3"): NOISY, ("gemm", "conv4"): FAST,
+                             ("torch-cpu", "conv4"): SHARED}))
+    table = tables.verdict_table(df)
+    assert list(table.columns) == ["best own", "torch's", "own / torch [95% interval]",
+                                   "verdict"]
+    vs = speedup.against_torch(df).set_index(["layer", "pass"]).loc[("conv3", "fwd")]
+    conv3 = table.loc[("conv3", "fwd")]
+    assert conv3["best own"] == "winograd-2x2 nchw 1.01 ms"
+    assert conv3["torch's"] == "torch-cpu nchw 3.1 ms"
+    assert conv3["own / torch [95% interval]"] == \
+        f"{vs['ratio']:.2f} [{vs['low']:.2f}, {vs['high']:.2f}]"
+    assert conv3["verdict"] == "ours faster"
+    conv4 = table.loc[("conv4", "fwd")]  # torch's only time busy: no comparison left
+    assert conv4["verdict"] == "not decided: torch's measured on a busy machine only"
+    assert conv4["best own"] == conv4["own / torch [95% interval]"] == ""
+    failed = results.frame(rows({("gemm", "conv3"): FAST, ("torch-cpu", "conv3"): "oom"}))
+    assert tables.verdict_table(failed).loc[("conv3", "fwd"), "verdict"] == \
+        "not decided: torch's did not run (torch-cpu oom)"
+    busy = results.frame(rows({("gemm", "conv3"): SHARED, ("torch-cpu", "conv3"): SHARED}))
+    assert tables.verdict_table(busy).loc[("conv3", "fwd"), "verdict"] == \
+        "not decided: both measured on a busy machine only"
+    text = prose.layer_verdict(df)
+    assert text.startswith("Verdict (fp32): the fastest of ours against torch's")
+    assert text.splitlines()[-1].startswith("| conv4   | bwd_data ")
+    alone = prose.layer_verdict(df[df["algo"] != "torch-cpu"])
+    assert alone.startswith("Verdict: This run measured none of torch's convolution")
+
+
 def test_the_busy_table_says_which_rule_flagged_each_row():
     """#35: a row flagged by the noisy lower-quartile rule showed share 1.00, stolen 0.00, as if
     flagged for nothing; `flagged by` names the rule of each row."""
@@ -720,22 +778,35 @@ def test_log_axes_read_in_plain_numbers(monkeypatch):
         plt.close(fig)
 
 
-def test_the_phase_plot_s_labels_do_not_run_into_each_other(monkeypatch):
+#: A committed run of 10 catalog problems in both layouts: 20 bars a panel of its phase plot.
+DILATED = ROOFED.parent / "2026-11-29-cpu-2core-epyc-convset-dilated-409810e"
+
+
+@pytest.mark.parametrize("folder, algos, bars, named", [
+    (ROOFED, ["winograd-4x4", "gemm"], 10, ""), (DILATED, ["gemm", "fft"], 20, ""),
+    (DILATED, ["gemm"], 20, ":resnet_layer4_branch2b")])  # a problem file's names: upright
+def test_the_phase_plot_s_labels_do_not_run_into_each_other(monkeypatch, folder, algos, bars,
+                                                            named):
     """phases.png wrote each bar's total above it and its layer under it, ten bars a panel,
-    one into the next: every label of a panel stands clear of the others."""
+    one into the next; at twenty bars (#70) the totals under them (`1.494 ms1.842 ms`) still
+    ran together: every label of a panel stands clear of the others, within the figure."""
     plt = pytest.importorskip("matplotlib.pyplot")
-    df, _ = results.load_run(ROOFED)
-    one = df[df["algo"].isin(["winograd-4x4", "gemm"])]
+    df, _ = results.load_run(folder)
+    one = df[df["algo"].isin(algos)]
+    one = one.assign(layer=one["layer"] + named)
     (fig,) = _drawn(plt, monkeypatch, lambda p: plots.phase_plot(p, one, Path("unused")))
     renderer = fig.canvas.get_renderer()
     for ax in fig.axes:
         texts = [t for t in ax.get_xticklabels() + ax.texts if t.get_text()]
-        assert len(texts) >= 10
+        assert len(texts) >= bars
         boxes = [t.get_window_extent(renderer) for t in texts]
         clash = [(texts[i].get_text(), texts[j].get_text())
                  for i in range(len(boxes)) for j in range(i + 1, len(boxes))
                  if boxes[i].overlaps(boxes[j])]
         assert clash == [], ax.get_title()
+        assert all(fig.bbox.contains(b.x0, b.y0) and fig.bbox.contains(b.x1, b.y1)
+                   for b in boxes), ax.get_title()
+        assert {t.get_rotation() for t in ax.get_xticklabels()} == {90 if named else 0}
     plt.close(fig)
 
 

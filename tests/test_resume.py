@@ -128,7 +128,7 @@ def test_remeasure_busy_times_the_busy_rows_group_again_and_replaces_its_rows(
     code, _, err = run_cli(capsys, *RUN, "--out", str(folder))
     assert code == 0, err
     busy = _plant_busy(folder, "gemm", "fwd")
-    code, _, _ = run_cli(capsys, "report", str(folder))
+    code, _, _ = run_cli(capsys, "report", str(folder), "--out", str(folder))
     assert code == 0 and "busy machine" in _verdict(folder, "fwd")
     keys = [results.row_key(r) for r in _rows(folder)]
 

@@ -102,6 +102,49 @@ def _steps(ms: float, rng) -> list[float]:
     return list(ms * (1 + 0.03 * rng.standard_normal(30)))
 
 
+def test_the_first_loss_column_is_named_for_what_it_shows():
+    """#70: the column headed `first step` showed each configuration's first loss (the check
+    that every configuration computes the same thing), not its first step's time."""
+    rows = trainstep.with_speedups([
+        {"config": c, "median_ms": 10.0, "iqr_ms": 0.5, "reps": 9, "noisy": False,
+         "first_loss": 6.9, "applied": "", "times_ms": [10.0] * 9}
+        for c in ("defaults", "plan")])
+    header, _, first = trainstep.table(rows, "numpy").splitlines()[:3]
+    cells = [c.strip() for c in header.split("|")]
+    assert "first loss" in cells and "first step" not in cells
+    assert [c.strip() for c in first.split("|")][cells.index("first loss")] == "6.9"
+
+
+def test_the_step_plot_keeps_its_labels_clear_and_within_the_figure(monkeypatch, tmp_path):
+    """#70: trainstep.png cut its title at the top and wrote each median over its whisker,
+    past the frame: every text lies within the figure, each median past its whisker's end."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    from convbench.core import fmt
+
+    figures = []
+    monkeypatch.setattr(fmt, "save_figure", lambda fig, path, legend=True: figures.append(fig))
+    rows = [{"config": "eager", "median_ms": 77.75, "times_ms": [76.9, 77.75, 78.6]},
+            {"config": "plan", "median_ms": 93.38, "times_ms": [82.0, 93.38, 99.5]}]
+    trainstep.plot(rows, tmp_path / "unused.png",
+                   "torchvision.models:resnet50@3,224,224, batch 64, train")
+    (fig,) = figures
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    (ax,) = fig.axes
+    lo, hi = ax.get_xlim()
+    drawn = [t for x, t in zip(ax.get_xticks(), ax.get_xticklabels()) if lo <= x <= hi]
+    texts = [ax.title, ax.xaxis.label, *ax.get_yticklabels(), *drawn, *ax.texts]
+    for t in (t for t in texts if t.get_text()):
+        box = t.get_window_extent(renderer)
+        assert fig.bbox.contains(box.x0, box.y0) and fig.bbox.contains(box.x1, box.y1), \
+            t.get_text()
+    medians = sorted(ax.texts, key=lambda t: t.get_window_extent(renderer).y0, reverse=True)
+    for t, r, i in zip(medians, rows, range(len(rows))):
+        whisker_end = ax.transData.transform((max(r["times_ms"]), i))[0]
+        assert t.get_window_extent(renderer).x0 > whisker_end, t.get_text()
+    plt.close(fig)
+
+
 def test_on_the_cpu_the_plan_must_also_beat_the_control():
     """Where the control (a configuration that changes nothing) is itself apart from defaults
     beyond the steps' noise, that distance is the processes' noise: a plan as far as the

@@ -9,7 +9,8 @@ Each turns its options into the run as data (`RunSpec`, its defaults resolved), 
 `--resume` reads the run's own back from its folder and refuses an option that contradicts it;
 then hands the spec whole to `runs`: its layers (`runs.source.layers_of`; a model's through
 `planning.models`), its cases (`runs.cases`), its folder, new or resumed (`runs.open_folder`),
-its run (`runs.Run`), and prints the rows or the report.
+its run (`runs.Run`), and prints the rows or the report; `layer` ends on its verdict, the
+fastest of ours against torch's per layer and pass (`report.layer_verdict`).
 """
 
 from __future__ import annotations
@@ -327,8 +328,14 @@ def _run(args, subcommand: str, kind: str | None = "") -> int:
     folder = (Path(args.out) if args.out else None if kind is None
               else runs.default_folder(spec.net, dev.backend, kind))
     outcome = _measure(args, spec, found, found_source, dev, folder)
-    emit(outcome.frame, args.format, report.layer_table(outcome.frame) if kind is None
-         else outcome.report)
+    if kind is not None:
+        emit(outcome.frame, args.format, outcome.report)
+    else:  # `layer` ends on its verdict; as CSV or JSON, the data stays parseable
+        verdict = report.layer_verdict(outcome.frame)
+        emit(outcome.frame, args.format, "\n\n".join(
+            text for text in (report.layer_table(outcome.frame), verdict) if text))
+        if verdict and args.format != "table":
+            print(verdict, file=sys.stderr)
     with said:
         return finish(outcome, folder)
 

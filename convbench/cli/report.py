@@ -1,10 +1,16 @@
-"""`convbench report RUN` and `convbench compare RUN_A RUN_B`: a run folder re-rendered, and
-two run folders' medians side by side (what differs between their machines first; runs of other
-problems or batches refused unless --force; --fail-above PCT exits 1 on a regression)."""
+"""`convbench report RUN` and `convbench compare RUN_A RUN_B`: a run folder's report, and two
+run folders' medians side by side (what differs between their machines first; runs of other
+problems or batches refused unless --force; --fail-above PCT exits 1 on a regression).
+
+Reading never writes: `report RUN` prints the report (or, `--format csv|json`, the rows) and
+leaves RUN as it was, so reading a committed run folder leaves the checkout clean; the report
+and its plots are written only where `--out DIR` asks (`--out RUN` re-renders RUN in place).
+"""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from ..analysis import compare, report
 from ..core import results
@@ -21,7 +27,18 @@ def cmd_report(args) -> int:
     if args.baseline and args.baseline not in set(df["algo"]):
         raise UsageError(f"--baseline {args.baseline} was not measured in {args.run}; "
                          f"measured: {', '.join(dict.fromkeys(df['algo']))}")
-    emit(df, args.format, report.write(args.run, df, env, args.baseline))
+    if args.out is None:  # the markdown only where it is what is printed
+        emit(df, args.format,
+             report.text(df, env, args.baseline) if args.format == "table" else "")
+        return 0
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # --out names a file, or a folder this process cannot make
+        raise UsageError(f"--out {out}: cannot write a report there "
+                         f"({exc.strerror or exc})") from None
+    emit(df, args.format, report.write(out, df, env, args.baseline))
+    print(f"convbench: {report.REPORT_MD} and its plots written to {out}", file=sys.stderr)
     return 0
 
 
@@ -58,9 +75,13 @@ def cmd_compare(args) -> int:
 
 
 def add_parsers(sub) -> None:
-    p = sub.add_parser("report", help="re-render a run folder")
+    p = sub.add_parser("report", help="a run folder's report, printed (--out DIR: written "
+                       "there with its plots)")
     p.add_argument("run", metavar="RUN")
     p.add_argument("--format", choices=FORMATS, default="table")
+    p.add_argument("--out", metavar="DIR",
+                   help="write report.md and its plots into DIR (RUN itself re-renders it); "
+                        "without it nothing is written")
     p.add_argument("--baseline", metavar="ALGO",
                    help="for a run of many problems: the algorithm the sorted speed-ups are "
                         "over (default cudnn-autotune on a GPU run, torch-cpu on a CPU run)")

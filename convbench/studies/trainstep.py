@@ -549,7 +549,9 @@ def _tuned(command: list[str], env, deadline: float | None, started: float) -> i
 
 
 def table(rows: list[dict], backend: str) -> str:
-    """The configurations side by side."""
+    """The configurations side by side. `first loss` is the loss of each configuration's first
+    (untimed) step: every process starts from the same weights and data, so a configuration
+    whose numbers differ (a plan that computes something else) shows there."""
     body = [[r["config"], ("~" if r["noisy"] else "") + fmt_ms(r["median_ms"])
              if r["median_ms"] is not None else "", fmt_ms(r["iqr_ms"])
              if r["iqr_ms"] is not None else "", r["reps"], _speedup_text(r), r["verdict"],
@@ -557,7 +559,7 @@ def table(rows: list[dict], backend: str) -> str:
              _faults_text(r.get("faults_per_step")), _note(r["config"], backend)]
             for r in rows]
     return tabulate(body, headers=["configuration", "ms/step", "IQR ms", "steps", "speed-up",
-                                   "verdict", "first step", "page faults/step", "note"],
+                                   "verdict", "first loss", "page faults/step", "note"],
                     tablefmt="github", disable_numparse=True)
 
 
@@ -633,20 +635,26 @@ PLOT = "trainstep.png"
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:
-    """ms per step of each configuration that ran, with the interquartile range."""
+    """ms per step of each configuration that ran, with whiskers to its fastest and slowest
+    step, and its median written past the whisker's end, in room the axis keeps for it (written
+    at the bar's end, it ran into the whisker and past the frame), the whole laid out so the
+    title and labels stay within the figure."""
     from ..core.fmt import save_figure
 
     ran = [r for r in rows if r["median_ms"] is not None]
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 0.5 + 0.45 * max(1, len(ran))))
+    fig, ax = plt.subplots(figsize=(7, 0.9 + 0.45 * max(1, len(ran))), layout="constrained")
     names = [r["config"] for r in ran]
     medians = [r["median_ms"] for r in ran]
     q = [[r["median_ms"] - min(r["times_ms"]) if r["times_ms"] else 0 for r in ran],
          [max(r["times_ms"]) - r["median_ms"] if r["times_ms"] else 0 for r in ran]]
     ax.barh(names, medians, xerr=q, color="#4c72b0", capsize=3)
-    for i, m in enumerate(medians):
-        ax.text(m, i, f" {m:.4g}", va="center", fontsize=8)
+    ends = [m + above for m, above in zip(medians, q[1])]
+    for i, (m, end) in enumerate(zip(medians, ends)):
+        ax.annotate(f"{m:.4g}", (end, i), xytext=(4, 0), textcoords="offset points",
+                    va="center", fontsize=8)
+    ax.set_xlim(0, max(ends, default=1.0) * 1.2)
     ax.invert_yaxis()
     ax.set_xlabel("ms per step (median; whiskers: fastest and slowest step)")
     ax.set_title(title, fontsize=9)

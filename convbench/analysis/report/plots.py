@@ -102,44 +102,74 @@ def plot(df: pd.DataFrame, folder: str | Path, env: dict | None = None,
                     *roofline_plot(plt, df, env, folder)]
 
 
+#: How a phase bar's label is laid out: inches a character takes at its size ("small"), and a
+#: line's height; the least room a bar takes; the longest line set level (longer ones, a
+#: problem file's or a model's layer names, are set upright, where a bar's room is its lines'
+#: heights); and the room beside the panels (the y label, and the legend outside on the right).
+LABEL_CHAR_IN, LABEL_LINE_IN, BAR_IN, LEVEL_CHARS, PANEL_SIDES_IN = 0.075, 0.17, 0.5, 10, 3.2
+
+
+def phase_labels(rows: pd.DataFrame, totals: list[float], several: dict[str, bool]) -> list[str]:
+    """Each phase bar's label: its layer, its layout and precision where the plot has several,
+    and the phases' total in ms (the figure's x label says so; a unit on every bar ran each
+    label into the next)."""
+    return [r["layer"] + "".join(f"\n{r[c]}" for c in several if several[c])
+            + f"\n{fmt_ms(total)}" for (_, r), total in zip(rows.iterrows(), totals)]
+
+
 def phase_plot(plt, df: pd.DataFrame, folder: Path) -> list[str]:
     """phases.png: a panel per algorithm (rows) and pass (columns), one bar per layer (and
     layout) stacked by phase as shares of the phases' sum, the sum in ms under it, so the
     bottleneck of each layer shows at a glance whatever its size; busy and noisy rows marked as
-    in the time plots. [] when no row has phases."""
+    in the time plots. Each panel is as wide as its labels need, level where they are short,
+    upright where they are long, so no label runs into the next. [] when no row has phases."""
     phased = phase_frame(df)
     if phased.empty:
         return []
     algos, passes = algo_order(phased), order(phased["pass"])
     several = {c: phased[c].nunique() > 1 for c in ("layout", "precision")}
-    # each bar's label (layer, layout, its total ms) under it, the panel wide enough for them
-    bars = phased.groupby(["algo", "pass"]).size().max()
+    panels = {}
+    for algo in algos:
+        for pass_ in passes:
+            rows = phased[(phased["algo"] == algo) & (phased["pass"] == pass_)]
+            totals = [sum(p.values()) for p in rows["phases"]]
+            panels[algo, pass_] = rows, totals, phase_labels(rows, totals, several)
+    lines = [line for *_, labels in panels.values() for label in labels
+             for line in label.split("\n")]
+    longest = max(map(len, lines))
+    upright = longest > LEVEL_CHARS
+    per_bar = max(BAR_IN, (LABEL_LINE_IN * (2 + sum(several.values())) if upright
+                           else LABEL_CHAR_IN * longest) + 0.15)
+    bars = max(len(rows) for rows, *_ in panels.values())
+    # an upright label's length is height a panel gives it beyond the bars' own
+    height = 3.4 + (LABEL_CHAR_IN * longest if upright else 0.0)
     fig, axes = plt.subplots(len(algos), len(passes), squeeze=False, layout="constrained",
-                             figsize=(max(5.5, 0.65 * bars + 2.5) * len(passes),
-                                      3.4 * len(algos) + 0.5))
+                             figsize=(max(5.5, per_bar * bars + PANEL_SIDES_IN) * len(passes),
+                                      height * len(algos) + 0.5))
     for ax_row, algo in zip(axes, algos):
         for ax, pass_ in zip(ax_row, passes):
-            rows = phased[(phased["algo"] == algo) & (phased["pass"] == pass_)]
+            rows, totals, labels = panels[algo, pass_]
             ax.set_title(f"{algo}, {pass_}")
             ax.set_ylim(0, 100)
             ax.set_ylabel("share of phases (%)")
-            totals = [sum(p.values()) for p in rows["phases"]]
-            labels = [r["layer"] + "".join(f"\n{r[c]}" for c in several if several[c])
-                      + f"\n{fmt_ms(total)} ms" for (_, r), total in zip(rows.iterrows(), totals)]
             bottom = [0.0] * len(rows)
             busy = pd.Series(ranking.busy_mask(rows).values)
             noisy = pd.Series(rows["noisy"].map(flag).values)
             for i, name in enumerate(order(n for p in rows["phases"] for n in p)):
                 shares = [100 * p.get(name, 0.0) / t if t else 0.0
                           for p, t in zip(rows["phases"], totals)]
-                bars = ax.bar(range(len(rows)), shares, 0.6, bottom=bottom, color=f"C{i}")
+                drawn = ax.bar(range(len(rows)), shares, 0.6, bottom=bottom, color=f"C{i}")
                 legend_entry(ax, f"C{i}", name)
-                _time_marks(bars, list(range(len(rows))), busy, noisy)
+                _time_marks(drawn, list(range(len(rows))), busy, noisy)
                 bottom = [b + v for b, v in zip(bottom, shares)]
-            ax.set_xticks(range(len(rows)), labels, fontsize="small")
+            ax.set_xticks(range(len(rows)), labels, fontsize="small",
+                          rotation=90 if upright else 0)
             mark_legend(ax, rows)
             if len(rows):
                 ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="x-small")
+    fig.supxlabel("under each bar: its layer"
+                  + "".join(f", {c}" for c in several if several[c])
+                  + " and the phases' total ms", fontsize="small")
     save_figure(fig, folder / "phases.png", legend=False)
     return ["phases.png"]
 

@@ -70,6 +70,7 @@ from .tables import (
     product_share,
     time_table,
     torch_table,
+    verdict_table,
     winner_table,
     workspace_table,
 )
@@ -391,6 +392,34 @@ def inexact_section(df: pd.DataFrame) -> list[str]:
             *(f"- {sentence(r)}." for r in algo_major(rows).to_dict("records")), ""]
 
 
+def _one_side(ours: bool) -> str:
+    """What a run that measured only one side of ours against torch's says instead."""
+    missing = "torch's convolution (torch-cpu, cudnn)" if ours else "our algorithms"
+    return (f"This run measured none of {missing}: nothing to set against each other (add it "
+            "to `--algos`).")
+
+
+def layer_verdict(df: pd.DataFrame) -> str:
+    """The lines `convbench layer` ends on: per precision, its (layer, pass) verdicts of the
+    fastest of ours against torch's (`tables.verdict_table`, the report's "Best of ours against
+    torch"), each `not decided` and why where busy or missing rows left no comparison; or why
+    there is none. The question a layer's run is asked is answered where it is read last."""
+    algos = set(df["algo"])
+    ours, torchs = any(map(speedup.is_ours, algos)), any(map(speedup.is_torchs, algos))
+    if not (ours or torchs):
+        return ""
+    if not (ours and torchs):
+        return f"Verdict: {_one_side(ours)}"
+    out = []
+    for precision, rows in df.groupby("precision", sort=False):
+        out += [(f"Verdict ({precision}): the fastest of ours against torch's, each in its "
+                 "faster layout (own / torch below 1: ours is faster; faster only where the 95% "
+                 "interval excludes 1)"), "",
+                tabulate(verdict_table(rows).reset_index(), headers="keys",
+                         tablefmt="github", showindex=False, disable_numparse=True), ""]
+    return "\n".join(out).rstrip()
+
+
 def torch_section(df: pd.DataFrame) -> list[str]:
     """The first question of a reader: how the best of ours does against torch's own
     convolution, per layer and pass (`speedup.against_torch`), a table per precision, the
@@ -402,9 +431,7 @@ def torch_section(df: pd.DataFrame) -> list[str]:
         return []
     out = ["## Best of ours against torch", ""]
     if not (ours and torchs):
-        missing = "torch's convolution (torch-cpu, cudnn)" if ours else "our algorithms"
-        return out + [(f"This run measured none of {missing}: nothing to set against each "
-                       "other (add it to `--algos`)."), ""]
+        return out + [_one_side(ours), ""]
     vs = speedup.against_torch(df)
     out += [("Per layer and pass, the fastest of our own algorithms against torch's fastest "
              "convolution (oneDNN's `torch-cpu` on the CPU, `cudnn` or `cudnn-autotune` on a "
@@ -514,8 +541,9 @@ def _winners(run: _Run) -> list[str]:
             continue
         out += [f"## Which wins ({precision})", "",
                 (WINNERS_PROSE.format(share=share)
-                 + (" Times measured on a busy machine do not compete." if len(run.busy)
-                    else "")),
+                 + (" Times measured on a busy machine do not compete; where torch's "
+                    "convolution was among them, the fastest of the rest is not called a "
+                    "winner (its baseline is not known)." if len(run.busy) else "")),
                 "", md_table(winners), ""]
     return out
 

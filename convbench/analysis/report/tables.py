@@ -87,6 +87,16 @@ def _not_run(rows: pd.DataFrame) -> str:
 #: and of one with no verified time at all.
 UNDECIDED_BUSY = "not decided: measured on a busy machine"
 UNDECIDED_NONE = "not decided: nothing ran verified"
+#: The verdict of a (layer, pass) whose torch convolution (the baseline every other time is
+#: read against) was measured on a busy machine only: the fastest of the rest wins nothing.
+UNDECIDED_BASELINE = "not decided: torch's convolution measured on a busy machine only"
+
+
+def _baseline_set_aside(ok: pd.DataFrame) -> bool:
+    """Whether torch's convolution (`speedup.is_torchs`) ran verified among `ok` but only on
+    a busy machine: set aside, it may be faster than whatever is left."""
+    torch = ok[ok["algo"].map(speedup.is_torchs)]
+    return bool(len(torch)) and bool(ranking.busy_mask(torch).all())
 
 
 def winner_table(df: pd.DataFrame, peak_gflops: float | None = None,
@@ -97,7 +107,9 @@ def winner_table(df: pd.DataFrame, peak_gflops: float | None = None,
     (`peak_gflops`, where known; `peak_name` says which), and the algorithms that did not run,
     by status. Rows measured on a busy machine do not compete, nor `inexact` ones (named in the
     verdict with their time); every (layer, pass) measured has its row, a pair with nothing to
-    compete `not decided` and why, so none goes missing from the table unsaid."""
+    compete `not decided` and why, so none goes missing from the table unsaid. Where torch's
+    convolution was set aside as busy, the fastest of what remains wins nothing
+    (`UNDECIDED_BASELINE`): the time every other is read against is not known."""
     out = []
     for (layer, pass_), rows in df.groupby(["layer", "pass"], sort=False):
         ok = rows[rows["status"] == "ok"]
@@ -113,6 +125,7 @@ def winner_table(df: pd.DataFrame, peak_gflops: float | None = None,
                         else UNDECIDED_NONE) + apart, "did not run": _not_run(rows)})
             continue
         busy = ok[ranking.busy_mask(ok)]
+        set_aside = _baseline_set_aside(ok)
         ok = fair
         first = ranked[0]
         row = ok.sort_values("median_ms", kind="stable").iloc[0]
@@ -131,6 +144,8 @@ def winner_table(df: pd.DataFrame, peak_gflops: float | None = None,
                          "runner-up / fastest": up.ratio_to(first).text(),
                          "verdict": "wins" if len(tied) == 1 else "tie within noise with "
                          + ", ".join(f"{c.algo} {c.layout}" for c in tied[1:])})
+        if set_aside:
+            cell["verdict"] = UNDECIDED_BASELINE
         if len(busy):
             cell["verdict"] += "; not competing (busy machine): " + ", ".join(
                 f"{a} {lay}" for a, lay in zip(busy["algo"], busy["layout"]))
@@ -389,11 +404,7 @@ def torch_table(vs: pd.DataFrame, wide: bool) -> pd.DataFrame:
     layers), the README's shape: a row per pass of ratios, columns the layers, then per pass a
     row naming our best and torch's fastest; else a row per (layer, pass)."""
     if not wide:
-        cells = {"best own": [_pick(r, "own") for _, r in vs.iterrows()],
-                 "torch's": [_pick(r, "torch") for _, r in vs.iterrows()],
-                 "own / torch [95% interval]": [_interval(r) for _, r in vs.iterrows()],
-                 "faster": list(vs["outcome"])}
-        return pd.DataFrame(cells, index=pd.MultiIndex.from_frame(vs[["layer", "pass"]]))
+        return _side_by_side(vs, list(vs["outcome"]), "faster")
     layers, passes = order(vs["layer"]), order(vs["pass"])
     torch = order(a for a in vs["torch"] if a)
     corner = f"best own / {torch[0] if len(torch) == 1 else 'torch'} [95% interval]"
@@ -407,3 +418,49 @@ def torch_table(vs: pd.DataFrame, wide: bool) -> pd.DataFrame:
         out[f"{p}: best own"] = line(p, lambda r: _pick(r, "own"))
         out[f"{p}: torch's"] = line(p, lambda r: _pick(r, "torch"))
     return pd.DataFrame.from_dict(out, orient="index", columns=layers).rename_axis(corner)
+
+
+def _side_by_side(vs: pd.DataFrame, outcome: list[str], name: str) -> pd.DataFrame:
+    """A row per (layer, pass) of `speedup.against_torch`'s `vs`: our best and torch's fastest,
+    the ratio with its interval, and `outcome` in a column called `name`."""
+    cells = {"best own": [_pick(r, "own") for _, r in vs.iterrows()],
+             "torch's": [_pick(r, "torch") for _, r in vs.iterrows()],
+             "own / torch [95% interval]": [_interval(r) for _, r in vs.iterrows()],
+             name: outcome}
+    return pd.DataFrame(cells, index=pd.MultiIndex.from_frame(vs[["layer", "pass"]]))
+
+
+#: A verdict of ours against torch's, by `speedup.against_torch`'s outcome.
+VERDICTS = {"ours": "ours faster", "torch": "torch's faster", "tie": "tie within noise"}
+#: The start of every verdict where no comparison was left.
+NOT_DECIDED = "not decided"
+
+
+def _undecided(rows: pd.DataFrame) -> str:
+    """Why one (layer, pass)'s rows set none of ours against torch's: the side with no fair
+    verified time, taken by a busy machine or by its statuses (`oom`, `failed`, ...)."""
+    why = []
+    for side, belongs in (("ours", speedup.is_ours), ("torch's", speedup.is_torchs)):
+        mine = rows[rows["algo"].map(belongs)]
+        ok = mine[mine["status"] == "ok"]
+        if ok.empty:
+            why.append(f"{side} did not run ({_not_run(mine)})")
+        elif ranking.busy_mask(ok).all():
+            why.append(f"{side} measured on a busy machine only")
+    if len(why) == 2 and all(w.endswith("busy machine only") for w in why):
+        why = ["both measured on a busy machine only"]
+    return f"{NOT_DECIDED}: " + "; ".join(why)
+
+
+def verdict_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The answer `convbench layer` ends on, for the rows of one precision: per (layer, pass),
+    the fastest of ours against torch's fastest, each in its faster layout, the ratio of their
+    medians with its 95% interval and who is faster (`speedup.against_torch`, the report's "Best
+    of ours against torch"), or `NOT_DECIDED` and why where either side has no fair verified
+    time: a faster time a busy machine spoiled would make any winner named there a guess. Empty
+    where the run measured only one side."""
+    vs = speedup.against_torch(df)
+    groups = dict(list(df.groupby(["layer", "pass"], sort=False)))
+    verdicts = [VERDICTS.get(r["outcome"]) or _undecided(groups[r["layer"], r["pass"]])
+                for _, r in vs.iterrows()]
+    return _side_by_side(vs, verdicts, "verdict")
