@@ -420,7 +420,7 @@ PINS = ("tests/test_timing.py::", "tests/test_cudnn.py::test_the_first_call_is_t
         "tests/test_cudnn.py::test_the_row_says_whether_tensor_cores_ran",
         "tests/test_cudnn_find.py::",
         "tests/test_runner.py::test_a_gpu_case_is_verified_on_the_device",
-        "tests/test_memory.py::", "tests/test_nn.py::",
+        "tests/test_memory.py::", "tests/test_nn.py::", "tests/test_pinned.py::",
         "tests/test_depthwise.py::test_depthwise_kernel_matches_reference")
 SUITES = ("tests/test_gemm_kernels.py::", "tests/test_cudnn.py::test_fp32_matches_reference",
           "tests/test_cudnn.py::test_reduced_precisions_match_reference")

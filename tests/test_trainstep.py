@@ -108,7 +108,7 @@ def test_the_first_loss_column_is_named_for_what_it_shows():
     rows = trainstep.with_speedups([
         {"config": c, "median_ms": 10.0, "iqr_ms": 0.5, "reps": 9, "noisy": False,
          "first_loss": 6.9, "applied": "", "times_ms": [10.0] * 9}
-        for c in ("defaults", "plan")])
+        for c in ("eager", "plan")])
     header, _, first = trainstep.table(rows, "numpy").splitlines()[:3]
     cells = [c.strip() for c in header.split("|")]
     assert "first loss" in cells and "first step" not in cells
@@ -247,23 +247,29 @@ def test_a_model_form_that_cannot_run_is_one_line(capsys, argv, message):
     assert code == 2 and out == "" and err.count("\n") == 1 and message in err
 
 
-def test_the_tuning_process_runs_strict_fp32_like_the_timed_ones(monkeypatch, tmp_path):
-    """The plan is confirmed in the tuning process: TF32 must be off there as in the timed
-    processes, or an fp32 plan is weighed against TF32 convolutions (on a GPU)."""
+@pytest.mark.parametrize("precision, tf32, autocast", [
+    ("fp32", False, None), ("tf32", True, None), ("bf16", False, torch.bfloat16)])
+def test_the_tuning_process_runs_in_the_timed_ones_precision(monkeypatch, tmp_path, precision,
+                                                           tf32, autocast):
+    """The plan is measured and confirmed in the tuning process: in the run's precision, set as
+    in the timed processes (TF32 off but for tf32, bf16 under autocast), or `apply` refuses it
+    there (or, were it not checked, an fp32 plan would be weighed against TF32 steps)."""
     from convbench.planning import tune
 
     calls = []
 
     def fake_tune(model, x, **kw):
-        calls.append("tune")
+        calls.append(("tune", torch.is_autocast_enabled("cpu") and
+                      torch.get_autocast_dtype("cpu")))
         raise tune.TuneInterrupted(3, 5, tmp_path / "p.json", confirming=True)
 
-    monkeypatch.setattr(trainstep, "strict_fp32", lambda: calls.append("strict_fp32"))
+    monkeypatch.setattr(trainstep, "set_tf32", lambda on: calls.append(("tf32", on)))
     monkeypatch.setattr(tune, "tune", fake_tune)
     with pytest.raises(SystemExit) as stop:
         trainstep.tune_here("alexnet", 1, "cpu", str(tmp_path / "plan.json"), 0.001,
-                            "torch-cpu", None)
-    assert stop.value.code == 130 and calls == ["strict_fp32", "tune"]
+                            "torch-cpu", None, precision=precision)
+    assert stop.value.code == 130
+    assert calls == [("tf32", tf32), ("tune", autocast or False)]
 
 
 def test_ctrl_c_in_train_step_is_one_line(monkeypatch, capsys):
