@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 from torch.nn.utils import parametrize
 
 from . import functional
@@ -224,6 +225,7 @@ class Dispatch:
         self._problems: dict[tuple, ConvProblem] = {}
         self._pinned: dict[tuple, cudnn_pinned.PinnedPass] = {}
         self._runs_dtype: dict[tuple, bool] = {}
+        self._pin_of: dict[tuple, tuple[cudnn_pinned.Pin | None, str]] = {}
         self._warned: set[str] = set()
         self.id = next(_IDS)
         _DISPATCHES[self.id] = self
@@ -263,6 +265,7 @@ class Dispatch:
                               f"convolution instead of {self.describe(pass_)}: {why}")
         self.algos[pass_] = None
         self.pins.pop(pass_, None)
+        self._pin_of.clear()
 
     def _torch_mode(self, pass_: str) -> tuple[bool, bool | None]:
         """(runs in torch, the cudnn.benchmark it runs with)."""
@@ -284,12 +287,18 @@ class Dispatch:
                                                         **self.geometry)
         return problem
 
-    def _pin(self, pass_: str, precision: str) -> cudnn_pinned.Pin | None:
-        """The cuDNN algorithm pinned for `pass_`, or None where its choice is not cuDNN's."""
-        pin = self.pins.get(pass_)
-        if pin is None and self.algos[pass_] is not None:
-            pin = cudnn_pinned.Pin.of(self.algos[pass_][0], pass_, precision)
-        return pin
+    def _pin(self, pass_: str, a: torch.Tensor) -> tuple[cudnn_pinned.Pin | None, str]:
+        """(the cuDNN algorithm pinned for `pass_`, or None where its choice is not cuDNN's;
+        the precision it runs in), for operands like `a`: asked once per pass, device and
+        dtype, as it is on every call's path."""
+        key = (pass_, a.device.type, a.dtype)
+        if key not in self._pin_of:
+            precision = self.precision or live_precision(a.device.type, a.dtype)
+            pin = self.pins.get(pass_)
+            if pin is None and self.algos[pass_] is not None:
+                pin = cudnn_pinned.Pin.of(self.algos[pass_][0], pass_, precision)
+            self._pin_of[key] = (pin, precision)
+        return self._pin_of[key]
 
     def _ours(self, pass_: str, problem: ConvProblem, a: torch.Tensor, b: torch.Tensor,
               out_shape) -> torch.Tensor | None:
@@ -299,8 +308,7 @@ class Dispatch:
         called directly (`functional.prepared`; the shapes are the problem's by construction,
         so `functional.run`'s checks are not paid every call)."""
         algo, backend = self.algos[pass_]
-        precision = self.precision or live_precision(a.device.type, a.dtype)
-        pin = self._pin(pass_, precision)
+        pin, precision = self._pin(pass_, a)
         if pin is None and not self._runs(algo, backend, a.dtype):
             self.fall_back(pass_, f"{algo} does not run {a.dtype}")
             return None
@@ -432,6 +440,26 @@ def _empty_in(layout: str, like: torch.Tensor, shape) -> torch.Tensor:
                        memory_format=MEMORY_FORMAT[layout])
 
 
+class _PlannedConv(torch.autograd.Function):
+    """The eager path of `planned_conv`: the same Dispatch calls in a plain autograd Function,
+    as the custom operator's Python wrappers (its autograd Function, the dispatcher's
+    redispatch, argument defaults) cost about 0.17 ms of CPU time a layer's step, and eager
+    training needs none of what they give (docs/pages/advisor.md)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, layer: int):
+        ctx.save_for_backward(x, weight)
+        ctx.layer = layer
+        return _DISPATCHES[layer].forward(x, weight)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        dx, dw = _DISPATCHES[ctx.layer].backward(x, weight, dy, *ctx.needs_input_grad[:2])
+        return dx, dw, None
+
+
 @torch.library.custom_op("convbench::planned_conv", mutates_args=())
 def planned_conv(x: torch.Tensor, weight: torch.Tensor, layer: int) -> torch.Tensor:
     """y = conv(x, weight) as layer `layer`'s Dispatch runs it; x and weight in its layout.
@@ -517,7 +545,9 @@ class Conv2d(nn.Conv2d):
             x, weight = x.to(dtype), weight.to(dtype)
             bias = None if bias is None else bias.to(dtype)
         d = self.dispatch
-        y = planned_conv(d.to_layout(x), d.to_layout(weight), d.id)
+        # torch.compile sees one opaque operator; eager runs the same passes without its wrappers
+        run = planned_conv if torch.compiler.is_compiling() else _PlannedConv.apply
+        y = run(d.to_layout(x), d.to_layout(weight), d.id)
         return y if bias is None else y + bias.view(1, -1, 1, 1)
 
     def extra_repr(self) -> str:

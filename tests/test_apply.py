@@ -43,8 +43,8 @@ def trained_twins(plan, x, requires_grad=False):
     return out, summary, model
 
 
-#: The autograd node of a replaced layer: convbench's operator `convbench::planned_conv`.
-PLANNED_NODE = "GeneratedBackwardFor_convbench_planned_conv_defaultBackward"
+#: The autograd node of a replaced layer in eager mode (`nn._PlannedConv`).
+PLANNED_NODE = "_PlannedConvBackward"
 
 
 def graph_nodes(y) -> list[str]:

@@ -220,7 +220,7 @@ def test_double_backward_is_refused():
                    {"fwd": ("gemm", "numpy"), "bwd_data": ("gemm", "numpy")})
     x = torch.randn(1, 2, 5, 5, dtype=torch.float64, requires_grad=True)
     (dx,) = torch.autograd.grad(ours(x).pow(2).sum(), x, create_graph=True)
-    with pytest.raises(RuntimeError, match="planned_conv_backward.*no autograd formula"):
+    with pytest.raises(RuntimeError, match="once_differentiable|double backward"):
         dx.sum().backward()
 
 
