@@ -2,6 +2,7 @@
 model's step confirms them, on fakes that make a layer slow in place or torch slow, so the
 verdicts do not hang on this machine's speed."""
 
+import copy
 import time
 
 import pytest
@@ -81,7 +82,9 @@ def test_a_replacement_that_wins_alone_but_loses_in_place_is_dropped(store, quie
     b = next(lp for lp in out.layers if lp.layer == "b")
     planned = next(lp for lp in plan.layers if lp.layer == "b").layout
     assert all(c is None for c in b.passes.values())
-    assert b.layout == (planned if check.layouts_kept else "nchw")  # torch's, in which layout
+    # torch's, in which layout: channels_last's, the plan's, or torch's default's
+    assert b.layout == ("nhwc" if check.alternative else planned if check.layouts_kept
+                        else "nchw")
     assert check.trials >= 2  # the whole plan, then groups (its ratio is this machine's)
     assert check.low is None or check.high < 1  # kept: confirmed faster; else nothing kept
     summary = apply.apply(model, out)
@@ -93,16 +96,18 @@ def test_a_replacement_that_wins_alone_but_loses_in_place_is_dropped(store, quie
 
 def test_a_plan_the_step_confirms_is_kept_whole(store, quiet, monkeypatch):
     """Where torch's own convolution is slow in place (60 ms a call more, a stand-in for a
-    poor default), the whole plan is confirmed in one comparison and kept as tuned."""
+    poor default), the whole plan is confirmed in one comparison and kept as tuned, beside
+    channels_last too."""
     model, x, plan = ours_plan(store)
     slow(monkeypatch, nn.Conv2d, 60)
     out = confirm.confirm(model, x, plan, "inference", budget_s=0.3)
     (check,) = out.checks
     assert check.mode == "inference" and check.dropped == [] and not check.layouts_kept
-    # one comparison; where the plan also changes layouts, its layouts alone are weighed too,
-    # and (if they win) the whole plan against them
-    assert check.trials == 1 or confirm.changed_layers(confirm.layouts_only(plan))
-    assert not check.busy
+    # the whole plan, then channels_last against it (slow too: torch's layer is slow in any
+    # layout); where the plan also changes layouts, its layouts alone are weighed too, and (if
+    # they win) the whole plan against them
+    assert check.trials == 2 or confirm.changed_layers(confirm.layouts_only(plan))
+    assert check.alternative == "" and not check.busy
     assert sorted(check.kept) == ["a", "b", "c"] and check.high < 1
     assert [lp.passes for lp in out.layers] == [lp.passes for lp in plan.layers]
     assert "inference step: " in check.text() and "3 of 3 changed layers kept" in check.text()
@@ -259,6 +264,7 @@ def test_a_comparison_timed_on_a_busy_machine_is_timed_again_and_decided_quiet(
     assert lines[0].startswith("inference step: timed while the machine was busy (contended:")
     assert lines[0].endswith("; timing it again (try 2 of 3)")
     assert check.whole_ratio == pytest.approx(6) and check.kept == [] and check.busy == ""
+    assert check.alternative == ""  # channels_last: torch's time here whatever its layout
     assert all(not confirm.replaced(lp) and lp.layout == "nchw" for lp in out.layers)
     assert check.trials == load.tries - 1  # one comparison took two tries
     assert "stayed busy" not in check.text()
@@ -307,6 +313,41 @@ def test_what_was_confirmed_before_the_machine_got_busy_is_kept(store, monkeypat
     assert not check.layouts_kept and check.trials == 2
     assert [lp.passes for lp in out.layers] == [lp.passes for lp in plan.layers]
     assert "3 of 3 changed layers kept" in check.text() and "stayed busy" in check.text()
+
+
+def test_channels_last_faster_than_the_plan_becomes_the_plan(store, monkeypatch):
+    """torch's convolution is 8x faster with a channels_last weight (40 ms against 5), ours
+    20 ms in place: the plan of ours in NCHW beats torch's default, and all channels_last beats
+    the plan. The plan becomes every layer NHWC with torch's algorithms, and says so."""
+    model, x, plan = nchw_plan(store)
+
+    def cost(module, busy):
+        if ours(module):
+            return 20
+        return 5 if module.weight.is_contiguous(memory_format=torch.channels_last) else 40
+
+    Load(monkeypatch, lambda tries: False, cost)
+    lines = []
+    out = confirm.confirm(model, x, plan, "inference", budget_s=0.3, log=lines.append)
+    (check,) = out.checks
+    assert check.alternative == confirm.CHANNELS_LAST and check.kept == []
+    assert sorted(check.dropped) == ["a", "b", "c"] and not check.layouts_kept
+    assert check.whole_ratio < 1  # the plan alone was faster than torch's default
+    assert check.high < check.whole_low  # channels_last, against the default, faster still
+    assert check.trials == 3  # the whole plan; channels_last against it, then the default
+    assert out.layers == confirm.channels_last(plan).layers
+    assert all(lp.layout == "nhwc" and not confirm.replaced(lp) for lp in out.layers)
+    assert any(line.startswith("inference step: channels_last (every layer nhwc, torch's "
+                               "algorithms) takes") and "the time of what was kept" in line
+               and line.endswith(": faster beyond noise") for line in lines)
+    assert lines[-1] == "inference step: the plan becomes channels_last"
+    assert "channels_last (torch's algorithms) was faster than the plan and runs instead" in \
+        check.text()
+    assert Plan.from_json(out.to_json()) == out
+    applied = copy.deepcopy(model)
+    assert apply.apply(applied, out).replaced == []
+    assert all(m.weight.is_contiguous(memory_format=torch.channels_last)
+               for m in applied.modules() if isinstance(m, nn.Conv2d))
 
 
 def test_faster_means_below_one_by_the_margin():

@@ -24,7 +24,11 @@ their medians, paired by round, below 1 by `MARGIN`):
    torch in the layout kept), in at most `GROUPS` groups, each added to what is kept only if
    the step with it is faster than the step without it beyond noise;
 4. where a group was kept, what was kept against torch's default once more: unless faster
-   beyond noise, nothing is kept, and the plan runs torch's default everywhere.
+   beyond noise, nothing is kept, and the plan runs torch's default everywhere;
+5. the change a user tries first, all channels_last (`channels_last`: every layer NHWC, torch's
+   own algorithms), against what was kept (torch's default where nothing was): faster beyond
+   noise, the plan becomes it (measured against torch's default once more where something else
+   was kept, as in 4), so a plan is never behind that one-line change.
 
 The machine is read as `bench` reads it: a comparison whose steps' repetitions were held back
 (`busy`: threads kept off their cores by another process or the hypervisor's steal, or the
@@ -37,12 +41,13 @@ over both steps, but not alike (a step whose threads wait on each other loses mo
 A plan confirmed so is never slower than torch's default beyond noise, on this machine, for
 this input. What was measured goes into the plan (`StepCheck`): the speed-up and its interval,
 the two steps' times and, on a GPU, their hosts' times, the layers kept and dropped, the
-busy machine that stopped it, and `apply`'s table says it. Each
+alternative that won or the busy machine that stopped it, and `apply`'s table says it. Each
 trial applies the plan to a deep copy of the model (the caller's model is never changed). On a
 GPU both steps run in one process under the plan's cuDNN flags (torch's plan cache is per
 thread and keyed without the benchmark flag, and backward runs on autograd's device thread for
-both), so there the figure is against torch with the plan's flags; `convbench train-step`
-compares against torch's own flags in processes of their own.
+both), so there the figure is against torch with the plan's flags, and `cudnn.benchmark=True`
+cannot be weighed as an alternative in the same process: `convbench train-step` compares
+against torch's own flags and against `cudnn.benchmark` in processes of their own.
 """
 
 from __future__ import annotations
@@ -75,6 +80,8 @@ DEFAULT_ALGO = {"numpy": "torch-cpu", "cuda": "cudnn"}
 MARGIN = 0.02
 #: Tries of a comparison in all, while the machine is busy through its repetitions (`compare`).
 TRIES = 3
+#: The name of the alternative that is all channels_last (`channels_last`), as a check says it.
+CHANNELS_LAST = "channels_last"
 
 
 def changed_layers(plan: Plan) -> list[LayerPlan]:
@@ -117,6 +124,15 @@ def subplan(plan: Plan, keep: set[str], layouts: bool = False) -> Plan:
 def layouts_only(plan: Plan) -> Plan:
     """The plan's layouts with torch's own algorithms in every layer."""
     return subplan(plan, set(), layouts=True)
+
+
+def channels_last(plan: Plan) -> Plan:
+    """Every layer in `nhwc` with torch's own algorithms: the model in `torch.channels_last`,
+    what a user tries first. The input stays as the caller gives it (a plan cannot lay it
+    out): the first layer's channels_last weight makes torch convert it."""
+    return dataclasses.replace(plan, layers=[
+        LayerPlan(lp.layer, lp.problem, "nhwc", {p: None for p in lp.passes})
+        for lp in plan.layers])
 
 
 def replaced(lp: LayerPlan) -> bool:
@@ -274,13 +290,14 @@ class _Busy(Exception):
 
 class _Kept(NamedTuple):
     """What the confirmation keeps: the plan that runs and the model running it, the changed
-    layers it keeps, whether the plan's layouts are kept, and its step against torch's default
-    (None: it is torch's default)."""
+    layers it keeps, whether the plan's layouts are kept, the alternative it is ("": the
+    plan's own), and its step against torch's default (None: it is torch's default)."""
 
     plan: Plan
     model: object
     layers: list[str]
     layouts: bool
+    alternative: str
     measured: Compared | None
 
 
@@ -314,7 +331,7 @@ def confirm(model, example_input, plan: Plan, mode: str = FOLLOW,
                                                  nothing])
     default_plan = subplan(plan, set())
     default_model = _applied(model, default_plan, mode)
-    torch_default = _Kept(default_plan, default_model, [], False, None)
+    torch_default = _Kept(default_plan, default_model, [], False, "", None)
     done = _Confirmed(torch_default, torch_default)
     tried, why = 0, ""
 
@@ -328,6 +345,7 @@ def confirm(model, example_input, plan: Plan, mode: str = FOLLOW,
 
     try:
         _steps(model, plan, mode, changed, groups, weigh, log, done)
+        _alternative(model, plan, mode, weigh, log, done)
     except _Busy as stop:
         why = stop.why
         log(f"{mode} step: the machine stayed busy through {tries} tries ({why}): stopped; "
@@ -341,13 +359,15 @@ def confirm(model, example_input, plan: Plan, mode: str = FOLLOW,
         whole_ratio=whole.value, whole_low=whole.low, whole_high=whole.high, trials=tried,
         kept=kept.layers, dropped=[n for n in names if n not in kept.layers],
         layouts_kept=kept.layouts, plan_host_ms=m.fast_host_ms if m else None,
-        default_host_ms=m.slow_host_ms if m else None, busy=why)
+        default_host_ms=m.slow_host_ms if m else None, busy=why, alternative=kept.alternative)
     return dataclasses.replace(kept.plan,
                                checks=[*[c for c in plan.checks if c.mode != mode], check])
 
 
 def _kept_text(kept: _Kept) -> str:
     """What `kept` runs, in a few words."""
+    if kept.alternative:
+        return f"the plan is {kept.alternative}"
     if kept.measured is None:
         return "nothing kept"
     layouts = " and its layouts" if kept.layouts else ""
@@ -367,7 +387,7 @@ def _steps(model, plan: Plan, mode: str, changed: list[LayerPlan], groups: int,
         f"({whole.text()})")
     whole_kept = faster(whole.ratio)
     if whole_kept:
-        done.kept = _Kept(plan, plan_model, list(names), False, whole)
+        done.kept = _Kept(plan, plan_model, list(names), False, "", whole)
     kept, current, candidates, layouts = [], default_model, changed, False
     layout_plan = layouts_only(plan)
     if changed_layers(layout_plan) and any(replaced(lp) for lp in changed):
@@ -380,14 +400,14 @@ def _steps(model, plan: Plan, mode: str, changed: list[LayerPlan], groups: int,
             current = layout_model
             kept = [lp.layer for lp in changed if not replaced(lp)]
             candidates = [lp for lp in changed if replaced(lp)]
-            done.kept = _Kept(layout_plan, layout_model, list(kept), True, alone)
+            done.kept = _Kept(layout_plan, layout_model, list(kept), True, "", alone)
         if layouts and whole_kept:  # the replacements must beat torch in the layouts kept
             on_top = weigh(plan_model, layout_model).ratio
             log(f"{mode} step: the whole plan takes {on_top.text()} the time of its layouts "
                 "alone")
             whole_kept = faster(on_top)
             if whole_kept:
-                done.kept = _Kept(plan, plan_model, list(names), False, whole)
+                done.kept = _Kept(plan, plan_model, list(names), False, "", whole)
     if whole_kept:
         return
     order = sorted(candidates, key=lambda lp: predicted_gain_ms(
@@ -406,10 +426,37 @@ def _steps(model, plan: Plan, mode: str, changed: list[LayerPlan], groups: int,
         return
     measured = weigh(current, default_model)
     if faster(measured.ratio):
-        done.kept = _Kept(subplan(plan, set(kept), layouts), current, kept, layouts,
+        done.kept = _Kept(subplan(plan, set(kept), layouts), current, kept, layouts, "",
                           measured)
         return
     log(f"{mode} step: what was kept takes {measured.ratio.text()} torch's default's time "
         f"({measured.text()}): not faster beyond noise, nothing kept")
     done.kept = done.default
 
+
+def _alternative(model, plan: Plan, mode: str, weigh: Callable[..., Compared],
+                 log: Callable[[str], None], done: _Confirmed) -> None:
+    """Step 5 of the module docstring: all channels_last against what `done` keeps."""
+    alt = channels_last(plan)
+    kept = done.kept
+    if alt.layers in (kept.plan.layers, done.default.plan.layers):  # nothing else to weigh
+        return
+    alt_model = _applied(model, alt, mode)
+    r = weigh(alt_model, kept.model)
+    won = faster(r.ratio)
+    against = "torch's default" if kept.measured is None else "what was kept"
+    log(f"{mode} step: {CHANNELS_LAST} (every layer nhwc, torch's algorithms) takes "
+        f"{r.ratio.text()} the time of {against} ({r.text()}): "
+        f"{'faster' if won else 'not faster'} beyond noise")
+    if not won:
+        return
+    measured = r if kept.measured is None else weigh(alt_model, done.default.model)
+    if not faster(measured.ratio):
+        log(f"{mode} step: {CHANNELS_LAST} takes {measured.ratio.text()} torch's default's "
+            f"time: not faster beyond noise; the plan keeps what was confirmed")
+        return
+    if measured is not r:
+        log(f"{mode} step: {CHANNELS_LAST} takes {measured.ratio.text()} torch's default's "
+            f"time ({measured.text()})")
+    log(f"{mode} step: the plan becomes {CHANNELS_LAST}")
+    done.kept = _Kept(alt, alt_model, [], False, CHANNELS_LAST, measured)

@@ -201,11 +201,14 @@ class StepCheck:
     #: confirmation (contended cores, throttled clocks); "" where it ran to its end. Stopped,
     #: the plan keeps what was confirmed before, torch's default for the rest.
     busy: str = ""
+    #: The alternative the plan became, faster than what it kept (`confirm.CHANNELS_LAST`:
+    #: every layer channels_last, torch's algorithms); "" where the plan is its own.
+    alternative: str = ""
 
     def text(self) -> str:
         """One line: `train step: 0.87× [0.84, 0.90] torch's default's time; 12 of 20
-        changed layers kept`, and that a busy machine stopped the confirmation where one
-        did."""
+        changed layers kept`, and what made it so where a busy machine stopped the
+        confirmation or an alternative won."""
         n = len(self.kept) + len(self.dropped)
         if not n:
             return f"{self.mode} step: the plan changes no layer; torch's default runs it all"
@@ -216,10 +219,12 @@ class StepCheck:
                  else "")
         layouts = ("; the plan's layouts kept, torch's algorithms in them where replacements "
                    "were dropped" if self.layouts_kept else "")
+        alternative = (f"; {self.alternative} (torch's algorithms) was faster than the plan "
+                       "and runs instead" if self.alternative else "")
         busy = (f"; the machine stayed busy ({self.busy}): stopped, torch's default for what "
                 "was not confirmed" if self.busy else "")
         return (f"{self.mode} step: {ratio}; {len(self.kept)} of {n} changed layers kept"
-                f"{layouts}{whole}{busy}")
+                f"{layouts}{alternative}{whole}{busy}")
 
 
 @dataclass
@@ -433,9 +438,10 @@ _PLAN = obj({
                            "whole_high": _OPT_NUMBER, "trials": integer(),
                            "kept": list_of(text), "dropped": list_of(text),
                            "layouts_kept": flag, "plan_host_ms": _OPT_NUMBER,
-                           "default_host_ms": _OPT_NUMBER, "busy": text}, StepCheck,
-                          optional=("layouts_kept", "plan_host_ms", "default_host_ms",
-                                    "busy"))),
+                           "default_host_ms": _OPT_NUMBER, "busy": text,
+                           "alternative": text}, StepCheck,
+                          optional=("layouts_kept", "plan_host_ms", "default_host_ms", "busy",
+                                    "alternative"))),
 }, lambda format, version, **fields: Plan(**fields), optional=("checks",))
 
 
