@@ -8,8 +8,8 @@ loss, backward; or inference: forward without gradients, in eval mode; by defaul
 model is in, `FOLLOW`) with a plan applied and without it, interleaved in rounds in one process
 (`timing.time_steps`, so drifting load falls on both; on a GPU each step from an idle device,
 so a step heavy on the host is not hidden behind the other's queued work), and keeps a plan's
-changes only where the step is faster beyond noise (the 95% interval of the ratio of their
-medians, paired by round, below 1):
+changes only where the step is faster beyond noise (`faster`: the 95% interval of the ratio of
+their medians, paired by round, below 1 by `MARGIN`):
 
 1. the whole plan against torch's default;
 2. where the plan changes layouts as well as algorithms, its layouts alone (torch's own
@@ -23,18 +23,31 @@ medians, paired by round, below 1):
    predicted gain (torch's measured time less the plan's, from the plan's own measurements,
    torch in the layout kept), in at most `GROUPS` groups, each added to what is kept only if
    the step with it is faster than the step without it beyond noise;
-4. what was kept, against torch's default once more: unless faster beyond noise, nothing is
-   kept, and the plan runs torch's default everywhere.
+4. where a group was kept, what was kept against torch's default once more: unless faster
+   beyond noise, nothing is kept, and the plan runs torch's default everywhere;
+5. the change a user tries first, all channels_last (`channels_last`: every layer NHWC, torch's
+   own algorithms), against what was kept (torch's default where nothing was): faster beyond
+   noise, the plan becomes it (measured against torch's default once more where something else
+   was kept, as in 4), so a plan is never behind that one-line change.
+
+The machine is read as `bench` reads it: a comparison whose steps' repetitions were held back
+(`busy`: threads kept off their cores by another process or the hypervisor's steal, or the
+GPU's clocks held down) is measured again, `TRIES` times in all. One the machine stayed busy
+through decides nothing: the confirmation stops there, and the plan keeps what was confirmed
+against torch's default before it (else torch's default), saying so (`StepCheck.busy`). On a
+busy machine the times measure the load as much as the plan: interleaving spreads the load
+over both steps, but not alike (a step whose threads wait on each other loses more).
 
 A plan confirmed so is never slower than torch's default beyond noise, on this machine, for
 this input. What was measured goes into the plan (`StepCheck`): the speed-up and its interval,
-the two steps' times and, on a GPU, their hosts' times, the layers kept and dropped, and
-`apply`'s table says it. Each trial applies the plan to a deep copy of the model (the caller's
-model is never changed). On a GPU both steps run in one process
-under the plan's cuDNN flags (torch's plan cache is per thread and keyed without the benchmark
-flag, and backward runs on autograd's device thread for both), so there the figure is against
-torch with the plan's flags; `convbench train-step` compares against torch's own flags in
-processes of their own.
+the two steps' times and, on a GPU, their hosts' times, the layers kept and dropped, the
+alternative that won or the busy machine that stopped it, and `apply`'s table says it. Each
+trial applies the plan to a deep copy of the model (the caller's model is never changed). On a
+GPU both steps run in one process under the plan's cuDNN flags (torch's plan cache is per
+thread and keyed without the benchmark flag, and backward runs on autograd's device thread for
+both), so there the figure is against torch with the plan's flags, and `cudnn.benchmark=True`
+cannot be weighed as an alternative in the same process: `convbench train-step` compares
+against torch's own flags and against `cudnn.benchmark` in processes of their own.
 """
 
 from __future__ import annotations
@@ -63,6 +76,12 @@ STEP_BUDGET_S = 2.0
 GROUPS = 4
 #: torch's own algorithm on each backend: the default a replacement is weighed against.
 DEFAULT_ALGO = {"numpy": "torch-cpu", "cuda": "cudnn"}
+#: A step is faster only where its ratio's interval lies below 1 by this much (`faster`).
+MARGIN = 0.02
+#: Tries of a comparison in all, while the machine is busy through its repetitions (`compare`).
+TRIES = 3
+#: The name of the alternative that is all channels_last (`channels_last`), as a check says it.
+CHANNELS_LAST = "channels_last"
 
 
 def changed_layers(plan: Plan) -> list[LayerPlan]:
@@ -105,6 +124,15 @@ def subplan(plan: Plan, keep: set[str], layouts: bool = False) -> Plan:
 def layouts_only(plan: Plan) -> Plan:
     """The plan's layouts with torch's own algorithms in every layer."""
     return subplan(plan, set(), layouts=True)
+
+
+def channels_last(plan: Plan) -> Plan:
+    """Every layer in `nhwc` with torch's own algorithms: the model in `torch.channels_last`,
+    what a user tries first. The input stays as the caller gives it (a plan cannot lay it
+    out): the first layer's channels_last weight makes torch convert it."""
+    return dataclasses.replace(plan, layers=[
+        LayerPlan(lp.layer, lp.problem, "nhwc", {p: None for p in lp.passes})
+        for lp in plan.layers])
 
 
 def replaced(lp: LayerPlan) -> bool:
@@ -163,15 +191,17 @@ def _with_flags(plan: Plan, fn: Callable[[], None]) -> Callable[[], None]:
 
 class Compared(NamedTuple):
     """Two models' whole steps timed side by side: the first's median step time over the
-    second's with its interval (paired by round), each one's median step time (ms), and on a
-    GPU each one's host's median time to issue a step (ms; None on the CPU, where the step's
-    time is the host's)."""
+    second's with its interval (paired by round), each one's median step time (ms), on a GPU
+    each one's host's median time to issue a step (ms; None on the CPU, where the step's time
+    is the host's), and what held the machine back through every try (`busy`; "": a try was
+    quiet, and these are its times)."""
 
     ratio: stats.Ratio
     fast_ms: float
     slow_ms: float
     fast_host_ms: float | None
     slow_host_ms: float | None
+    busy: str = ""
 
     def text(self) -> str:
         """`12.3 / 14.1 ms`, and on a GPU `(host 9.8 / 4.2 ms)`."""
@@ -180,19 +210,43 @@ class Compared(NamedTuple):
         return f"{self.fast_ms:.4g} / {self.slow_ms:.4g} ms{host}"
 
 
+def busy(timed: list[timing.Timed]) -> str:
+    """What held steps' repetitions back, by the rules a row of `bench` is flagged busy by
+    (`ranking.busy`): threads kept off their cores by other processes or the hypervisor's
+    steal (`Measurement.contended`), or the GPU's clocks held down (`Timed.throttled`: a GPU's
+    rounds read no host contention); "" where nothing did."""
+    why = []
+    if any(t.total.contended for t in timed):
+        why.append("contended: other processes or the hypervisor held the cores")
+    throttled = sorted({r for t in timed for r in t.throttled})
+    if throttled:
+        why.append(f"throttled: the GPU's clocks held down ({', '.join(throttled)})")
+    return "; ".join(why)
+
+
 def compare(plan: Plan, fast_model, slow_model, example_input, mode: str,
-            budget_s: float) -> Compared:
+            budget_s: float, tries: int = TRIES,
+            log: Callable[[str], None] | None = None) -> Compared:
     """`fast_model`'s step against `slow_model`'s, both timed interleaved in rounds as whole
     steps (`timing.time_steps`: on a GPU each from an idle device, so neither hides its host's
-    time behind the other's queued work)."""
-    timed = timing.time_steps(
-        [timing.Contender.call(_with_flags(plan, step_function(m, example_input, mode)))
-         for m in (fast_model, slow_model)], budget_s, plan.backend)
+    time behind the other's queued work). Timed while the machine was busy (`busy`), they are
+    timed again, `tries` times in all: the first quiet try is returned, else the last, saying
+    what held it back."""
+    contenders = [timing.Contender.call(_with_flags(plan, step_function(m, example_input, mode)))
+                  for m in (fast_model, slow_model)]
+    for attempt in range(1, tries + 1):
+        timed = timing.time_steps(contenders, budget_s, plan.backend)
+        why = busy(timed)
+        if not why:
+            break
+        if log and attempt < tries:
+            log(f"{mode} step: timed while the machine was busy ({why}); timing it again "
+                f"(try {attempt + 1} of {tries})")
     a, b = (t.total.times_ms for t in timed)
     n = min(len(a), len(b))
     return Compared(stats.ratio(a[:n], b[:n], paired=True),
                     *(float(t.total.median) for t in timed),
-                    *(t.total.host_median for t in timed))
+                    *(t.total.host_median for t in timed), why)
 
 
 def step_mode(model, example_input, mode: str) -> str:
@@ -218,17 +272,52 @@ def step_mode(model, example_input, mode: str) -> str:
 
 
 def faster(r: stats.Ratio) -> bool:
-    """Faster beyond noise: the interval of the time ratio lies below 1."""
-    return r.high is not None and r.high < 1
+    """Faster beyond noise: the interval of the time ratio lies below 1 by `MARGIN`. The
+    paired interval holds the ratio of this run's medians; a second run on a quiet machine
+    lands a little apart (fresh copies of the model, the allocator's and the caches' state,
+    drift that pairing by round does not cancel), so a change decided by less than the margin
+    would be kept by one run and dropped by the next."""
+    return r.high is not None and r.high < 1 - MARGIN
+
+
+class _Busy(Exception):
+    """A comparison the machine stayed busy through: the confirmation stops."""
+
+    def __init__(self, why: str):
+        super().__init__(why)
+        self.why = why
+
+
+class _Kept(NamedTuple):
+    """What the confirmation keeps: the plan that runs and the model running it, the changed
+    layers it keeps, whether the plan's layouts are kept, the alternative it is ("": the
+    plan's own), and its step against torch's default (None: it is torch's default)."""
+
+    plan: Plan
+    model: object
+    layers: list[str]
+    layouts: bool
+    alternative: str
+    measured: Compared | None
+
+
+@dataclasses.dataclass
+class _Confirmed:
+    """torch's default; what was confirmed against it so far; and the whole plan's step
+    against it once measured: a busy machine that stops the confirmation leaves these."""
+
+    default: _Kept
+    kept: _Kept
+    whole: Compared | None = None
 
 
 def confirm(model, example_input, plan: Plan, mode: str = FOLLOW,
             budget_s: float = STEP_BUDGET_S, groups: int = GROUPS,
-            log: Callable[[str], None] | None = None) -> Plan:
+            log: Callable[[str], None] | None = None, tries: int = TRIES) -> Plan:
     """`plan` keeping only the changes the whole step confirms (see the module docstring),
     with what was measured in its `checks`. `mode`: a step mode, or `FOLLOW` (the model's own,
-    `mode_of`). ValueError for an unknown mode, or a step that cannot run on the input
-    (`step_mode`)."""
+    `mode_of`); `tries`: of each comparison while the machine is busy. ValueError for an
+    unknown mode, or a step that cannot run on the input (`step_mode`)."""
     mode = step_mode(model, example_input, mode)
     log = log or (lambda line: None)
     changed = changed_layers(plan)
@@ -240,69 +329,134 @@ def confirm(model, example_input, plan: Plan, mode: str = FOLLOW,
                             trials=0, kept=[], dropped=[])
         return dataclasses.replace(plan, checks=[*[c for c in plan.checks if c.mode != mode],
                                                  nothing])
-    default_model = _applied(model, subplan(plan, set()), mode)
+    default_plan = subplan(plan, set())
+    default_model = _applied(model, default_plan, mode)
+    torch_default = _Kept(default_plan, default_model, [], False, "", None)
+    done = _Confirmed(torch_default, torch_default)
+    tried, why = 0, ""
+
+    def weigh(fast, slow) -> Compared:
+        nonlocal tried
+        tried += 1
+        measured = compare(plan, fast, slow, example_input, mode, budget_s, tries, log)
+        if measured.busy:
+            raise _Busy(measured.busy)
+        return measured
+
+    try:
+        _steps(model, plan, mode, changed, groups, weigh, log, done)
+        _alternative(model, plan, mode, weigh, log, done)
+    except _Busy as stop:
+        why = stop.why
+        log(f"{mode} step: the machine stayed busy through {tries} tries ({why}): stopped; "
+            f"{_kept_text(done.kept)}, torch's default for what was not confirmed")
+    kept, m = done.kept, done.kept.measured
+    final = m.ratio if m else stats.Ratio(1.0, None, None, False)
+    whole = done.whole.ratio if done.whole else stats.Ratio(1.0, None, None, False)
+    check = StepCheck(
+        mode=mode, time_ratio=final.value, low=final.low, high=final.high,
+        plan_ms=m.fast_ms if m else None, default_ms=m.slow_ms if m else None,
+        whole_ratio=whole.value, whole_low=whole.low, whole_high=whole.high, trials=tried,
+        kept=kept.layers, dropped=[n for n in names if n not in kept.layers],
+        layouts_kept=kept.layouts, plan_host_ms=m.fast_host_ms if m else None,
+        default_host_ms=m.slow_host_ms if m else None, busy=why, alternative=kept.alternative)
+    return dataclasses.replace(kept.plan,
+                               checks=[*[c for c in plan.checks if c.mode != mode], check])
+
+
+def _kept_text(kept: _Kept) -> str:
+    """What `kept` runs, in a few words."""
+    if kept.alternative:
+        return f"the plan is {kept.alternative}"
+    if kept.measured is None:
+        return "nothing kept"
+    layouts = " and its layouts" if kept.layouts else ""
+    return f"{len(kept.layers)} changed layers kept{layouts}"
+
+
+def _steps(model, plan: Plan, mode: str, changed: list[LayerPlan], groups: int,
+           weigh: Callable[..., Compared], log: Callable[[str], None],
+           done: _Confirmed) -> None:
+    """Steps 1 to 4 of the module docstring, `done` updated as each confirms a plan against
+    torch's default."""
+    names = [lp.layer for lp in changed]
+    default_model = done.default.model
     plan_model = _applied(model, plan, mode)
-    tried = 1
-    measured = compare(plan, plan_model, default_model, example_input, mode, budget_s)
-    whole = measured.ratio
-    log(f"{mode} step: the whole plan takes {whole.text()} torch's default's time "
-        f"({measured.text()})")
+    whole = done.whole = weigh(plan_model, default_model)
+    log(f"{mode} step: the whole plan takes {whole.ratio.text()} torch's default's time "
+        f"({whole.text()})")
+    whole_kept = faster(whole.ratio)
+    if whole_kept:
+        done.kept = _Kept(plan, plan_model, list(names), False, "", whole)
     kept, current, candidates, layouts = [], default_model, changed, False
-    whole_kept = faster(whole)
     layout_plan = layouts_only(plan)
     if changed_layers(layout_plan) and any(replaced(lp) for lp in changed):
         layout_model = _applied(model, layout_plan, mode)
-        r = compare(plan, layout_model, default_model, example_input, mode, budget_s).ratio
-        tried += 1
-        layouts = faster(r)
+        alone = weigh(layout_model, default_model)
+        layouts = faster(alone.ratio)
         log(f"{mode} step: the plan's layouts alone, torch's algorithms in them: "
-            f"{r.text()} torch's default's time: {'kept' if layouts else 'dropped'}")
+            f"{alone.ratio.text()} torch's default's time: {'kept' if layouts else 'dropped'}")
         if layouts:
             current = layout_model
             kept = [lp.layer for lp in changed if not replaced(lp)]
             candidates = [lp for lp in changed if replaced(lp)]
+            done.kept = _Kept(layout_plan, layout_model, list(kept), True, "", alone)
         if layouts and whole_kept:  # the replacements must beat torch in the layouts kept
-            on_top = compare(plan, plan_model, layout_model, example_input, mode,
-                             budget_s).ratio
-            tried += 1
+            on_top = weigh(plan_model, layout_model).ratio
             log(f"{mode} step: the whole plan takes {on_top.text()} the time of its layouts "
                 "alone")
             whole_kept = faster(on_top)
+            if whole_kept:
+                done.kept = _Kept(plan, plan_model, list(names), False, "", whole)
     if whole_kept:
-        kept, layouts = list(names), False
-    else:
-        order = sorted(candidates, key=lambda lp: predicted_gain_ms(
-            plan, lp, lp.layout if layouts else "nchw"), reverse=True)
-        size = -(-len(order) // max(1, min(groups, len(order))))
-        chunks = [order[i:i + size] for i in range(0, len(order), size)]
-        for chunk in chunks:
-            trial_names = kept + [lp.layer for lp in chunk]
-            trial = _applied(model, subplan(plan, set(trial_names), layouts), mode)
-            r = compare(plan, trial, current, example_input, mode, budget_s).ratio
-            tried += 1
-            verdict = "kept" if faster(r) else "dropped"
-            log(f"{mode} step: {', '.join(lp.layer for lp in chunk)}: {r.text()} the step "
-                f"without them: {verdict}")
-            if faster(r):
-                kept, current = trial_names, trial
-        something = bool(kept) or layouts
-        if something:
-            measured = compare(plan, current, default_model, example_input, mode, budget_s)
-            tried += 1
-            if not faster(measured.ratio):
-                log(f"{mode} step: what was kept takes {measured.ratio.text()} torch's "
-                    f"default's time ({measured.text()}): not faster beyond noise, nothing kept")
-                kept, layouts = [], False
-        if not kept and not layouts:
-            measured = None
-    final = measured.ratio if measured else stats.Ratio(1.0, None, None, False)
-    check = StepCheck(
-        mode=mode, time_ratio=final.value, low=final.low, high=final.high,
-        plan_ms=measured.fast_ms if measured else None,
-        default_ms=measured.slow_ms if measured else None, whole_ratio=whole.value,
-        whole_low=whole.low, whole_high=whole.high, trials=tried, kept=kept,
-        dropped=[n for n in names if n not in kept], layouts_kept=layouts,
-        plan_host_ms=measured.fast_host_ms if measured else None,
-        default_host_ms=measured.slow_host_ms if measured else None)
-    out = subplan(plan, set(kept), layouts)
-    return dataclasses.replace(out, checks=[*[c for c in plan.checks if c.mode != mode], check])
+        return
+    order = sorted(candidates, key=lambda lp: predicted_gain_ms(
+        plan, lp, lp.layout if layouts else "nchw"), reverse=True)
+    size = -(-len(order) // max(1, min(groups, len(order))))
+    added = False
+    for chunk in [order[i:i + size] for i in range(0, len(order), size)]:
+        trial_names = kept + [lp.layer for lp in chunk]
+        trial = _applied(model, subplan(plan, set(trial_names), layouts), mode)
+        r = weigh(trial, current).ratio
+        log(f"{mode} step: {', '.join(lp.layer for lp in chunk)}: {r.text()} the step "
+            f"without them: {'kept' if faster(r) else 'dropped'}")
+        if faster(r):
+            kept, current, added = trial_names, trial, True
+    if not added:  # what is kept, torch's default or the layouts alone, was measured so
+        return
+    measured = weigh(current, default_model)
+    if faster(measured.ratio):
+        done.kept = _Kept(subplan(plan, set(kept), layouts), current, kept, layouts, "",
+                          measured)
+        return
+    log(f"{mode} step: what was kept takes {measured.ratio.text()} torch's default's time "
+        f"({measured.text()}): not faster beyond noise, nothing kept")
+    done.kept = done.default
+
+
+def _alternative(model, plan: Plan, mode: str, weigh: Callable[..., Compared],
+                 log: Callable[[str], None], done: _Confirmed) -> None:
+    """Step 5 of the module docstring: all channels_last against what `done` keeps."""
+    alt = channels_last(plan)
+    kept = done.kept
+    if alt.layers in (kept.plan.layers, done.default.plan.layers):  # nothing else to weigh
+        return
+    alt_model = _applied(model, alt, mode)
+    r = weigh(alt_model, kept.model)
+    won = faster(r.ratio)
+    against = "torch's default" if kept.measured is None else "what was kept"
+    log(f"{mode} step: {CHANNELS_LAST} (every layer nhwc, torch's algorithms) takes "
+        f"{r.ratio.text()} the time of {against} ({r.text()}): "
+        f"{'faster' if won else 'not faster'} beyond noise")
+    if not won:
+        return
+    measured = r if kept.measured is None else weigh(alt_model, done.default.model)
+    if not faster(measured.ratio):
+        log(f"{mode} step: {CHANNELS_LAST} takes {measured.ratio.text()} torch's default's "
+            f"time: not faster beyond noise; the plan keeps what was confirmed")
+        return
+    if measured is not r:
+        log(f"{mode} step: {CHANNELS_LAST} takes {measured.ratio.text()} torch's default's "
+            f"time ({measured.text()})")
+    log(f"{mode} step: the plan becomes {CHANNELS_LAST}")
+    done.kept = _Kept(alt, alt_model, [], False, CHANNELS_LAST, measured)

@@ -197,22 +197,34 @@ class StepCheck:
     #: runs at the host's pace. None on the CPU, where the step's time is the host's.
     plan_host_ms: float | None = None
     default_host_ms: float | None = None
+    #: What held the machine back through every try of the comparison that stopped the
+    #: confirmation (contended cores, throttled clocks); "" where it ran to its end. Stopped,
+    #: the plan keeps what was confirmed before, torch's default for the rest.
+    busy: str = ""
+    #: The alternative the plan became, faster than what it kept (`confirm.CHANNELS_LAST`:
+    #: every layer channels_last, torch's algorithms); "" where the plan is its own.
+    alternative: str = ""
 
     def text(self) -> str:
         """One line: `train step: 0.87× [0.84, 0.90] torch's default's time; 12 of 20
-        replacements kept`."""
+        changed layers kept`, and what made it so where a busy machine stopped the
+        confirmation or an alternative won."""
         n = len(self.kept) + len(self.dropped)
         if not n:
             return f"{self.mode} step: the plan changes no layer; torch's default runs it all"
         ratio = (f"{self.time_ratio:.3g}× [{self.low:.3g}, {self.high:.3g}] torch's default's "
                  "time" if self.low is not None else "torch's default (nothing confirmed)")
-        whole = (f"; the whole plan measured {self.whole_ratio:.3g}×"
-                 + (f" [{self.whole_low:.3g}, {self.whole_high:.3g}]"
-                    if self.whole_low is not None else ""))
+        whole = (f"; the whole plan measured {self.whole_ratio:.3g}× [{self.whole_low:.3g}, "
+                 f"{self.whole_high:.3g}]" if self.dropped and self.whole_low is not None
+                 else "")
         layouts = ("; the plan's layouts kept, torch's algorithms in them where replacements "
                    "were dropped" if self.layouts_kept else "")
+        alternative = (f"; {self.alternative} (torch's algorithms) was faster than the plan "
+                       "and runs instead" if self.alternative else "")
+        busy = (f"; the machine stayed busy ({self.busy}): stopped, torch's default for what "
+                "was not confirmed" if self.busy else "")
         return (f"{self.mode} step: {ratio}; {len(self.kept)} of {n} changed layers kept"
-                f"{layouts}{whole if self.dropped else ''}")
+                f"{layouts}{alternative}{whole}{busy}")
 
 
 @dataclass
@@ -426,8 +438,10 @@ _PLAN = obj({
                            "whole_high": _OPT_NUMBER, "trials": integer(),
                            "kept": list_of(text), "dropped": list_of(text),
                            "layouts_kept": flag, "plan_host_ms": _OPT_NUMBER,
-                           "default_host_ms": _OPT_NUMBER}, StepCheck,
-                          optional=("layouts_kept", "plan_host_ms", "default_host_ms"))),
+                           "default_host_ms": _OPT_NUMBER, "busy": text,
+                           "alternative": text}, StepCheck,
+                          optional=("layouts_kept", "plan_host_ms", "default_host_ms", "busy",
+                                    "alternative"))),
 }, lambda format, version, **fields: Plan(**fields), optional=("checks",))
 
 
