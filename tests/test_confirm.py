@@ -91,7 +91,7 @@ def test_a_plan_the_step_confirms_is_kept_whole(store, monkeypatch):
     assert check.trials == 1 or confirm.changed_layers(confirm.layouts_only(plan))
     assert sorted(check.kept) == ["a", "b", "c"] and check.high < 1
     assert [lp.passes for lp in out.layers] == [lp.passes for lp in plan.layers]
-    assert "inference step: " in check.text() and "3 of 3 changed layers kept" in check.text()
+    assert "inference step: " in check.text() and "3 of 3 changes confirmed" in check.text()
 
 
 @pytest.mark.parametrize("ours_ms", [120, 10], ids=["whole plan slower", "layouts' gain"])

@@ -200,7 +200,7 @@ class StepCheck:
 
     def text(self) -> str:
         """One line: `train step: 0.87× [0.84, 0.90] torch's default's time; 12 of 20
-        replacements kept`."""
+        changes confirmed`."""
         n = len(self.kept) + len(self.dropped)
         if not n:
             return f"{self.mode} step: the plan changes no layer; torch's default runs it all"
@@ -211,7 +211,8 @@ class StepCheck:
                     if self.whole_low is not None else ""))
         layouts = ("; the plan's layouts kept, torch's algorithms in them where replacements "
                    "were dropped" if self.layouts_kept else "")
-        return (f"{self.mode} step: {ratio}; {len(self.kept)} of {n} changed layers kept"
+        return (f"{self.mode} step: {ratio}; {len(self.kept)} of {n} "
+                f"{'change' if n == 1 else 'changes'} confirmed"
                 f"{layouts}{whole if self.dropped else ''}")
 
 
