@@ -246,7 +246,7 @@ def confirm(model, example_input, plan: Plan, mode: str = FOLLOW,
     measured = compare(plan, plan_model, default_model, example_input, mode, budget_s)
     whole = measured.ratio
     log(f"{mode} step: the whole plan takes {whole.text()} torch's default's time "
-        f"({measured.text()})")
+        f"({measured.text()}): {'faster' if faster(whole) else 'not faster'} beyond noise")
     kept, current, candidates, layouts = [], default_model, changed, False
     whole_kept = faster(whole)
     layout_plan = layouts_only(plan)
@@ -266,7 +266,7 @@ def confirm(model, example_input, plan: Plan, mode: str = FOLLOW,
                              budget_s).ratio
             tried += 1
             log(f"{mode} step: the whole plan takes {on_top.text()} the time of its layouts "
-                "alone")
+                f"alone: {'faster' if faster(on_top) else 'not faster'} beyond noise")
             whole_kept = faster(on_top)
     if whole_kept:
         kept, layouts = list(names), False
