@@ -3,6 +3,7 @@ import io
 import json
 import logging
 import sys
+import warnings
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from torch import nn
 from convbench.catalogs.layers import Layer
 from convbench.core import results
 from convbench.core.problem import ConvProblem
+from convbench.machine.threads import CPU_THREAD_ENV
 from convbench.measure import envinfo, runner
 from convbench.planning import advice, apply, models, tune
 from convbench.planning.plan import Constraints, Plan
@@ -267,6 +269,34 @@ def test_each_confirmation_step_and_its_verdict_is_said(store, said):
     assert "changes confirmed" in check.text() or "change confirmed" in check.text()
 
 
+def test_numpy_passes_measured_without_the_thread_settings_warn_once(store, monkeypatch,
+                                                                   tmp_path):
+    """Without the thread settings NumPy's and torch's idle threads spin against each other
+    and every time measured beside them is off (ResNet-18's plan: 2.73x slower without, 1.65x
+    with), whatever the plan ends up running: one warning, naming the caller's line, where
+    NumPy passes were measured; none where nothing was, or the settings are there."""
+    for name in CPU_THREAD_ENV:
+        monkeypatch.delenv(name, raising=False)
+    model, x = SmallCNN(), torch.randn(2, 3, 10, 10)
+
+    def hints(**kwargs) -> list[warnings.WarningMessage]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            tune.tune(model, x, **{**FAST, **kwargs})
+        return [w for w in caught if "start Python with" in str(w.message)]
+
+    (hint,) = hints()
+    assert str(hint.message).startswith("NumPy passes were measured with idle threads")
+    assert ("start Python with OMP_WAIT_POLICY=PASSIVE OPENBLAS_THREAD_TIMEOUT=4 "
+            "GOMP_SPINCOUNT=10000 and tune into a fresh plan store") in str(hint.message)
+    assert hint.filename == __file__ and str(store) in str(hint.message)
+    assert hints() == []  # all from the store: nothing measured here
+    assert hints(algos="torch-cpu", store=tmp_path / "torch") == []  # torch's passes alone
+    for name, value in CPU_THREAD_ENV.items():
+        monkeypatch.setenv(name, value)
+    assert hints(store=tmp_path / "set") == []
+
+
 def test_a_misspelt_tune_argument_is_a_type_error_at_the_call():
     with pytest.raises(TypeError, match=r"^tune\(\) got an unexpected keyword argument 'budget'"):
         tune.tune(SmallCNN(), torch.randn(2, 3, 10, 10), budget=0.1)
@@ -368,6 +398,26 @@ def test_ctrl_c_while_the_step_confirms_keeps_every_measurement(store, monkeypat
     assert err.splitlines()[-1].endswith("reuses them and confirms the plan on the step again")
     assert cli.main([*argv, "--step", "none"]) == 0
     assert "convbench: 8 measurements from the plan store" in capsys.readouterr().err
+
+
+def test_the_tune_command_says_the_thread_hint_once(store, monkeypatch, capsys, tmp_path):
+    """The command line says tune's warnings as its own lines: the thread hint once, where
+    NumPy passes were measured without the settings."""
+    from convbench import cli
+
+    (tmp_path / "tiny_hint_model.py").write_text(
+        "import torch.nn as nn\n"
+        "def small():\n    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in CPU_THREAD_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert cli.main(["tune", "--model", "tiny_hint_model:small", "--input", "2,3,8,8",
+                     "--algos", "gemm,torch-cpu", "--time-budget", "0.001", "--step",
+                     "none"]) == 0
+    err = capsys.readouterr().err
+    hints = [line for line in err.splitlines() if "start Python with" in line]
+    assert len(hints) == 1 and hints[0].startswith(
+        "convbench: warning: NumPy passes were measured with idle threads spinning"), err
 
 
 def test_tune_measures_in_the_setting_it_is_called_in(monkeypatch, tmp_path):

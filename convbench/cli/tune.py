@@ -6,7 +6,7 @@ Builds the model, finds the convolutions it computes (`models.find_convs`), look
 (problem, pass) up in the plan store, measures the rest (a progress bar on a terminal), confirms
 the plan on the model's whole step (`--step`, `planning.confirm`), and prints the plan
 `advisor.apply` makes training code run; the plan goes to the store and to --out if given.
-What tune says (`tune.LOG`) is `convbench:` lines on stderr.
+What tune says (`tune.LOG`) and its warnings are `convbench:` lines on stderr.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+import warnings
 
 from ..core.problem import LAYOUTS, PRECISIONS
 from ..machine import threads
@@ -59,7 +60,8 @@ def cmd_tune(args) -> int:
         setting = (precision_setting(precision, x.device.type) if precision
                    else contextlib.nullcontext())
         try:
-            with setting, reporting(always=True):
+            with setting, reporting(always=True), warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("default")
                 plan, advice = tune_advice(
                     model, x, algos=args.algos, layouts=layouts, budget_s=args.time_budget,
                     constraints=Constraints(args.workspace_budget, args.deterministic,
@@ -69,6 +71,8 @@ def cmd_tune(args) -> int:
         except TuneInterrupted as stop:
             print(f"convbench: interrupted; {interrupted_text(stop)}", file=sys.stderr)
             return EXIT_INTERRUPTED
+        for w in said:
+            print(f"convbench: warning: {w.message}", file=sys.stderr)
         if args.out:
             print(f"convbench: plan written to {plan.save(args.out)}", file=sys.stderr)
     if args.format == "json":

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +34,7 @@ import numpy as np
 
 from ..algos import registry
 from ..algos.reference import DTYPES, array_module
+from ..algos.registry import TORCH_ALGOS
 from ..core.fmt import fmt_duration
 from ..core.measurement import Measurement
 from ..core.problem import (
@@ -44,6 +47,7 @@ from ..core.problem import (
 )
 from ..core.results import entry_from_row, frame, load_run, problem_from_row, row_from_entry
 from ..machine import backends, devices
+from ..machine.threads import CPU_THREAD_ENV
 from ..measure import runner, timing
 from . import confirm
 from .advice import (
@@ -226,7 +230,9 @@ def tune_advice(model, example_input, *, algos: str = "all",
     `reporting`), and nothing on stdout: store hits and the time it expects, what was measured,
     the layers `apply` leaves to torch, each step of the confirmation and its verdict, where
     the plan went. `progress`: a bar over the cases on stderr (tqdm) if True, none if False;
-    None: where stderr is a terminal."""
+    None: where stderr is a terminal. Where NumPy passes were measured in a process started
+    without `CPU_THREAD_ENV`, a warning says so: their times, torch's beside them too, are
+    off."""
     with reporting():
         return _tune(model, example_input, algos, layouts, budget_s, constraints, store,
                      input_layout, output_layout, progress, step, step_budget_s, cold,
@@ -269,6 +275,7 @@ def _tune(model, example_input, algos, layouts, budget_s, constraints, store, in
                                      input_layout, output_layout))
 
     _measure(cases, budget, cold, known, progress, save_interrupted)
+    _warn_threads(known.made, store)
     advice = known.advice(constraints)
     conversions = _conversions(advice, stored.conversions, input_layout, output_layout,
                                backend, precision)
@@ -312,6 +319,32 @@ def _confirmed(model, example_input, plan: Plan, step: str, step_budget_s: float
         if check.mode == step:
             LOG.info(check.text())
     return plan
+
+
+def _warn_threads(made: list[dict], store: PlanStore) -> None:
+    """One warning where NumPy passes were measured here in a process started without
+    `CPU_THREAD_ENV`: NumPy's and torch's idle threads then spin, each pool slowing the
+    other's next call, so the times measured, torch's among them, are not the ones a process
+    with the settings gets (design §5: one thread policy for every algorithm)."""
+    unset = {k: v for k, v in CPU_THREAD_ENV.items() if k not in os.environ}
+    ours = any(r["backend"] == "numpy" and r["algo"] not in TORCH_ALGOS
+               and r["status"] != "unsupported" for r in made)
+    if ours and unset:
+        warnings.warn("NumPy passes were measured with idle threads spinning beside torch's, so "
+                      "their times and torch's are off: start Python with "
+                      + " ".join(f"{k}={v}" for k, v in unset.items())
+                      + f" and tune into a fresh plan store (these times are kept in "
+                      f"{store.folder})", stacklevel=_caller_level())
+
+
+def _caller_level() -> int:
+    """The `stacklevel` that names, for a warning raised by the caller of this function, the
+    first frame outside this module: the line of the user's code that called tune, as
+    `skip_file_prefixes` (Python 3.12) would."""
+    level, frame = 2, sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 def _check_layouts(layouts, input_layout: str, output_layout: str) -> None:
