@@ -10,7 +10,15 @@ from convbench import nn as cbnn
 from convbench.core.problem import PASSES, PRECISION_OF_DTYPE
 from convbench.machine.threads import CPU_THREAD_ENV
 from convbench.planning import apply, models, tune
-from convbench.planning.plan import Choice, Constraints, LayerPlan, Plan, PlanError, current_env_key
+from convbench.planning.plan import (
+    Choice,
+    Constraints,
+    LayerPlan,
+    Plan,
+    PlanError,
+    StepCheck,
+    current_env_key,
+)
 
 
 def hand_plan(model, x, layouts, passes) -> Plan:
@@ -83,7 +91,7 @@ def test_apply_keeps_outputs_and_gradients_and_dispatches_as_planned(monkeypatch
     # its channels_last input back to NCHW; body.4: torch alone runs it NHWC.
     assert calls == [(3, "fwd", "gemm", "nhwc"), (3, "bwd_filter", "direct", "nhwc")]
     assert [(c.layer, c.action) for c in summary.changes] == [
-        ("stem", "replaced"), ("body.2", "replaced"), ("body.4", "kept"), ("odd", "skipped")]
+        ("stem", "replaced"), ("body.2", "replaced"), ("body.4", "as is"), ("odd", "skipped")]
     assert summary.replaced == ["stem", "body.2"]
     assert graph_nodes(model(x)).count(PLANNED_NODE) == 2  # one per replaced layer
     assert isinstance(model.stem, cbnn.Conv2d) and isinstance(model.body[2], cbnn.Conv2d)
@@ -100,6 +108,35 @@ def test_apply_keeps_outputs_and_gradients_and_dispatches_as_planned(monkeypatch
     assert "start Python" in str(summary)  # the spin count is still missing
     monkeypatch.setenv("GOMP_SPINCOUNT", "10000")
     assert "start Python" not in str(summary)
+
+
+def test_apply_s_table_says_one_word_per_meaning():
+    """What apply did to a layer is `replaced`, `as is` (torch runs the module itself, in the
+    layout its row says) or `skipped`; what the whole step retained of the plan is counted as
+    changes confirmed. `kept` said both once ("kept" rows, then "0 of 16 changed layers
+    kept")."""
+    x = torch.randn(2, 3, 10, 10, dtype=torch.float64)
+    plan = hand_plan(SmallCNN().double(), x, ["nhwc", "nchw", "nhwc"], [
+        {"fwd": "gemm", "bwd_data": None, "bwd_filter": "direct"},
+        {"fwd": "torch-cpu", "bwd_data": "torch-cpu", "bwd_filter": "torch-cpu"},
+        {"fwd": "torch-cpu", "bwd_data": "torch-cpu", "bwd_filter": "torch-cpu"}])
+    plan.checks = [StepCheck(mode="train", time_ratio=1.0, low=None, high=None, plan_ms=None,
+                             default_ms=None, whole_ratio=2.14, whole_low=2.06, whole_high=2.26,
+                             trials=3, kept=[], dropped=["stem", "body.2", "body.4"])]
+    summary = apply.apply(SmallCNN().double(), plan)
+    text = str(summary)
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip()
+            for line in text.splitlines()[2:6]}
+    assert rows == {"stem": "replaced", "body.2": "replaced", "body.4": "as is",
+                    "odd": "skipped"}
+    assert "kept" not in text
+    assert ("measured on the whole train step: torch's default (nothing confirmed); 0 of 3 "
+            "changes confirmed; the whole plan measured 2.14× [2.06, 2.26]") in text
+    one = StepCheck(mode="inference", time_ratio=0.9, low=0.85, high=0.95, plan_ms=9.0,
+                    default_ms=10.0, whole_ratio=0.9, whole_low=0.85, whole_high=0.95,
+                    trials=1, kept=["stem"], dropped=[])
+    assert one.text() == ("inference step: 0.9× [0.85, 0.95] torch's default's time; 1 of 1 "
+                          "change confirmed")
 
 
 def test_apply_computes_the_first_data_gradient_only_when_asked(monkeypatch):

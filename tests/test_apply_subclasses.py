@@ -114,7 +114,7 @@ def test_apply_keeps_what_it_cannot_prove_and_the_model_computes_what_it_did(cas
     before, kind = outputs(copy.deepcopy(model), x), type(model.conv)
     summary = apply.apply(model, plan)
     change = summary.changes[0]
-    assert (change.layer, change.action, change.layout) == ("conv", "kept", "")
+    assert (change.layer, change.action, change.layout) == ("conv", "as is", "")
     assert change.reason == f"{says}: convbench cannot prove it reproduces it; torch runs it"
     assert type(model.conv) is kind and summary.replaced == []
     assert model.conv.weight.is_contiguous()  # not even its layout changed
@@ -145,7 +145,7 @@ def test_the_check_refuses_a_wrong_replacement_and_keeps_the_original(monkeypatc
     before = outputs(copy.deepcopy(model), x)
     summary = apply.apply(model, plan, check=x)
     change = summary.changes[0]
-    assert (change.action, change.layout) == ("kept", "")
+    assert (change.action, change.layout) == ("as is", "")
     assert change.reason.startswith("refused by the check: bwd_filter (direct) differs from "
                                     "torch's by 0.001 > tolerance 1e-12")
     assert type(model.conv) is nn.Conv2d and model.conv.weight.is_contiguous()

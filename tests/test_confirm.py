@@ -110,7 +110,7 @@ def test_a_plan_the_step_confirms_is_kept_whole(store, quiet, monkeypatch):
     assert check.alternative == "" and not check.busy
     assert sorted(check.kept) == ["a", "b", "c"] and check.high < 1
     assert [lp.passes for lp in out.layers] == [lp.passes for lp in plan.layers]
-    assert "inference step: " in check.text() and "3 of 3 changed layers kept" in check.text()
+    assert "inference step: " in check.text() and "3 of 3 changes confirmed" in check.text()
 
 
 @pytest.mark.parametrize("ours_ms", [120, 10], ids=["whole plan slower", "layouts' gain"])
@@ -312,7 +312,7 @@ def test_what_was_confirmed_before_the_machine_got_busy_is_kept(store, monkeypat
     assert sorted(check.kept) == ["a", "b", "c"] and check.high < 1 and check.busy
     assert not check.layouts_kept and check.trials == 2
     assert [lp.passes for lp in out.layers] == [lp.passes for lp in plan.layers]
-    assert "3 of 3 changed layers kept" in check.text() and "stayed busy" in check.text()
+    assert "3 of 3 changes confirmed" in check.text() and "stayed busy" in check.text()
 
 
 def test_channels_last_faster_than_the_plan_becomes_the_plan(store, monkeypatch):

@@ -1,4 +1,9 @@
+import contextlib
+import io
 import json
+import logging
+import sys
+import warnings
 
 import pytest
 import torch
@@ -7,6 +12,7 @@ from torch import nn
 from convbench.catalogs.layers import Layer
 from convbench.core import results
 from convbench.core.problem import ConvProblem
+from convbench.machine.threads import CPU_THREAD_ENV
 from convbench.measure import envinfo, runner
 from convbench.planning import advice, apply, models, tune
 from convbench.planning.plan import Constraints, Plan
@@ -95,6 +101,29 @@ def measured(monkeypatch):
     return counts
 
 
+@pytest.fixture
+def said(caplog):
+    """What tune says at INFO on its logger (`tune.LOG`, under `convbench`): `said()` is the
+    lines so far, in order."""
+    caplog.set_level(logging.INFO, logger="convbench")
+    return lambda: [r.getMessage() for r in caplog.records if r.name.startswith("convbench")]
+
+
+@contextlib.contextmanager
+def no_logging():
+    """The process as a caller who set up no logging has it: pytest's own handlers (added to
+    the root logger as each test runs) off it for the block."""
+    root = logging.getLogger()
+    handlers = root.handlers[:]
+    for h in handlers:
+        root.removeHandler(h)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            root.addHandler(h)
+
+
 def test_find_convs_in_call_order_with_refusals():
     model = SmallCNN()
     model.train()
@@ -124,17 +153,16 @@ def test_find_convs_refuses_a_layer_called_with_two_shapes():
     assert sites == [] and "several input shapes" in refused[0].reason
 
 
-def test_tune_measures_then_reuses_the_store(store, measured):
+def test_tune_measures_then_reuses_the_store(store, measured, said):
     torch.manual_seed(0)
     model, x = SmallCNN(), torch.randn(2, 3, 10, 10)
-    lines = []
-    plan = tune.tune(model, x, log=lines.append, **FAST)
+    plan = tune.tune(model, x, **FAST)
     assert measured == [(2 + 3 + 3) * 3 * 2]  # passes x algos x layouts
     assert [lp.layer for lp in plan.layers] == ["stem", "body.2", "body.4"]
     assert plan.layers[0].passes["bwd_data"] is None
     assert [u.layer for u in plan.unplanned] == ["odd"]
     assert plan.network is not None and plan.backend == "numpy" and plan.precision == "fp32"
-    assert any(line.startswith("plan saved to " + str(store)) for line in lines)
+    assert any(line.startswith("plan saved to " + str(store)) for line in said())
     again = tune.tune(model, x, **FAST)
     assert measured[-1] == 0  # everything came from the store
     assert [lp.passes for lp in again.layers] == [lp.passes for lp in plan.layers]
@@ -142,17 +170,131 @@ def test_tune_measures_then_reuses_the_store(store, measured):
     assert measured[-1] == 8 * 2  # only the algorithm the store lacks
 
 
-def test_tune_reports_each_measured_case_on_stderr_or_to_progress(store, capsys):
-    """A real model's tune takes minutes: a line per measured case, on stderr by default (the
-    caller's stdout stays its own), to `progress` if given."""
+def test_tune_says_a_few_lines_not_one_per_case(store, capsys):
+    """A real model's tune measures thousands of cases: it says a few lines, on stderr where the
+    caller set up no logging (the caller's stdout stays its own), and not one per case; the
+    caller's own logging takes them where it has some."""
     model, x = SmallCNN(), torch.randn(2, 3, 10, 10)
-    lines = []
-    tune.tune(model, x, progress=lines.append, **FAST)
-    assert len(lines) == 48 and lines[0].startswith("1/48 stem fwd ")
-    assert capsys.readouterr() == ("", "")
-    tune.tune(model, x, algos="direct,gemm,torch-cpu,fft", budget_s=0.001, step=None)
+    with no_logging():
+        tune.tune(model, x, **FAST)
     out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 16 and err.startswith("convbench: 1/16 stem fwd fft")
+    lines = err.splitlines()
+    assert out == "" and 4 <= len(lines) <= 6, err  # of 48 cases
+    assert all(line.startswith("convbench: ") for line in lines)
+    assert lines[0] == f"convbench: 0 measurements from the plan store {store}, 48 to make"
+    assert lines[1].startswith("convbench: expected to take up to about ")
+    assert any(line.startswith("convbench: measured 48 of 48 in ") for line in lines)
+    assert lines[-1].startswith("convbench: plan saved to ")
+    package = logging.getLogger("convbench")
+    assert package.handlers == [] and package.level == logging.NOTSET  # as it was
+
+    class Kept(logging.Handler):
+        def emit(self, record):
+            taken.append(record.getMessage())
+
+    taken, handler = [], Kept()
+    package.addHandler(handler)
+    package.setLevel(logging.INFO)
+    try:
+        with no_logging():
+            tune.tune(model, x, **FAST)
+    finally:
+        package.removeHandler(handler)
+        package.setLevel(logging.NOTSET)
+    assert capsys.readouterr() == ("", "")
+    assert taken[0] == f"48 measurements from the plan store {store}, 0 to make"
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_tune_shows_a_bar_over_the_cases_on_a_terminal(store, monkeypatch, tmp_path):
+    """On a terminal the cases show as one bar, redrawn in place; `progress=False` hides it,
+    `progress=True` shows it anywhere."""
+    model, x = SmallCNN(), torch.randn(2, 3, 10, 10)
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    tune.tune(model, x, **FAST)
+    shown = terminal.getvalue()
+    assert "convbench: measuring" in shown and "/48" in shown and "\r" in shown
+    assert "\n" not in shown  # redrawn, not a line per case
+    quiet = Terminal()
+    monkeypatch.setattr(sys, "stderr", quiet)
+    tune.tune(model, x, **{**FAST, "algos": "direct,gemm,torch-cpu,fft"}, progress=False)
+    assert quiet.getvalue() == ""
+    piped = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", piped)
+    tune.tune(model, x, **FAST, layouts=("nchw",), store=tmp_path / "other", progress=True)
+    assert "/24" in piped.getvalue()
+
+
+def test_tune_says_how_long_it_expects_before_it_measures(store, said, monkeypatch):
+    """Before minutes of measurements, the time they and the confirmation should take: each
+    case's budget of repetitions and the confirmation's most comparisons of two steps, warm-up
+    included."""
+    heard = []
+    real = runner.run
+
+    def spy(cases, *args, **kwargs):
+        heard.append(said())
+        return real(cases, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "run", spy)
+    model, x = SmallCNN(), torch.randn(2, 3, 10, 10)
+    tune.tune(model, x, **FAST)
+    assert heard[0][1] == tune.expected_text(48, 0.001, None, 2.0)
+    assert tune.expected_text(100, 0.5, "train", 2.0) == (
+        "expected to take up to about 1m42s: 100 cases to measure × 0.5 s of timed "
+        "repetitions, then confirming on the train step, at most 8 comparisons of two steps × "
+        "2 s (warm-up included)")  # 100 x 0.5 s x 1.25 + 8 x 2 x 2 s x 1.25 = 102.5 s
+    assert tune.expected_text(0, 0.5, "inference", 1.0) == (
+        "expected to take up to about 0m20s: then confirming on the inference step, at most 8 "
+        "comparisons of two steps × 1 s (warm-up included)")
+
+
+def test_each_confirmation_step_and_its_verdict_is_said(store, said):
+    """What `train-step` prints of the confirmation reaches a Python caller too: each
+    comparison with its verdict, then the plan's (`plan.checks`), as INFO lines."""
+    torch.manual_seed(0)
+    model, x = SmallCNN().eval(), torch.randn(2, 3, 10, 10)
+    plan = tune.tune(model, x, algos="direct,gemm", budget_s=0.001, step_budget_s=0.02)
+    lines = said()
+    (check,) = plan.checks
+    steps = [line for line in lines if line.startswith("inference step: ")]
+    assert steps[0].startswith("inference step: the whole plan takes ")
+    assert steps[0].endswith(("): faster beyond noise", "): not faster beyond noise"))
+    assert steps[-1] == check.text() and lines[-1].startswith("plan saved to ")
+    assert "changes confirmed" in check.text() or "change confirmed" in check.text()
+
+
+def test_numpy_passes_measured_without_the_thread_settings_warn_once(store, monkeypatch,
+                                                                   tmp_path):
+    """Without the thread settings NumPy's and torch's idle threads spin against each other
+    and every time measured beside them is off (ResNet-18's plan: 2.73x slower without, 1.65x
+    with), whatever the plan ends up running: one warning, naming the caller's line, where
+    NumPy passes were measured; none where nothing was, or the settings are there."""
+    for name in CPU_THREAD_ENV:
+        monkeypatch.delenv(name, raising=False)
+    model, x = SmallCNN(), torch.randn(2, 3, 10, 10)
+
+    def hints(**kwargs) -> list[warnings.WarningMessage]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            tune.tune(model, x, **{**FAST, **kwargs})
+        return [w for w in caught if "start Python with" in str(w.message)]
+
+    (hint,) = hints()
+    assert str(hint.message).startswith("NumPy passes were measured with idle threads")
+    assert ("start Python with OMP_WAIT_POLICY=PASSIVE OPENBLAS_THREAD_TIMEOUT=4 "
+            "GOMP_SPINCOUNT=10000 and tune into a fresh plan store") in str(hint.message)
+    assert hint.filename == __file__ and str(store) in str(hint.message)
+    assert hints() == []  # all from the store: nothing measured here
+    assert hints(algos="torch-cpu", store=tmp_path / "torch") == []  # torch's passes alone
+    for name, value in CPU_THREAD_ENV.items():
+        monkeypatch.setenv(name, value)
+    assert hints(store=tmp_path / "set") == []
 
 
 def test_a_misspelt_tune_argument_is_a_type_error_at_the_call():
@@ -160,7 +302,7 @@ def test_a_misspelt_tune_argument_is_a_type_error_at_the_call():
         tune.tune(SmallCNN(), torch.randn(2, 3, 10, 10), budget=0.1)
 
 
-def test_tune_measures_a_layer_apply_keeps_and_says_so(store):
+def test_tune_measures_a_layer_apply_leaves_as_is_and_says_so(store, said):
     """A conv subclass with a forward of its own is measured as it computes (TF-SAME: on
     the padded input) and planned; the log says apply will leave it to torch."""
 
@@ -168,24 +310,22 @@ def test_tune_measures_a_layer_apply_keeps_and_says_so(store):
         def forward(self, x):
             return super().forward(torch.nn.functional.pad(x, [0, 1, 0, 1]))
 
-    lines = []
     plan = tune.tune(nn.Sequential(SameStem(3, 4, 3, stride=2)), torch.randn(1, 3, 8, 8),
-                     log=lines.append, progress=None, **FAST)
+                     **FAST)
     assert [(lp.layer, lp.problem.h, lp.problem.p) for lp in plan.layers] == [("0", 9, 4)]
-    assert "0: measured, but apply keeps it as torch runs it (SameStem has its own forward)" \
-        in lines
+    assert "0: measured, but apply leaves it as is, torch runs it (SameStem has its own " \
+        "forward)" in said()
 
 
-def test_a_stale_store_is_measured_again(store, measured, monkeypatch):
+def test_a_stale_store_is_measured_again(store, measured, monkeypatch, said):
     model, x = SmallCNN(), torch.randn(2, 3, 10, 10)
     tune.tune(model, x, **FAST)
     real = tune.current_env_key
     monkeypatch.setattr(tune, "current_env_key",
                         lambda backend: {**real(backend), "torch": "9.9.9"})
-    lines = []
-    tune.tune(model, x, log=lines.append, **FAST)
+    tune.tune(model, x, **FAST)
     assert measured == [48, 48]
-    assert any("not used: torch changed" in line for line in lines)
+    assert any("not used: torch changed" in line for line in said())
 
 
 def test_tune_refuses_what_it_cannot_measure():
@@ -209,7 +349,7 @@ def test_deterministic_plan_on_a_gpu_avoids_cudnn(store):
     torch.backends.cudnn.deterministic = False
 
 
-def test_ctrl_c_in_tune_keeps_what_it_measured_in_the_store(store, monkeypatch):
+def test_ctrl_c_in_tune_keeps_what_it_measured_in_the_store(store, monkeypatch, said):
     torch.manual_seed(0)
     model, x = SmallCNN(), torch.randn(2, 3, 10, 10)
     real, seen = runner.prepare, []
@@ -226,10 +366,10 @@ def test_ctrl_c_in_tune_keeps_what_it_measured_in_the_store(store, monkeypatch):
     assert stop.value.planned == 48 and 0 < stop.value.made <= 20
     assert stop.value.path.parent == store and isinstance(stop.value, KeyboardInterrupt)
     monkeypatch.setattr(runner, "prepare", real)
-    lines = []
-    tune.tune(model, x, log=lines.append, **FAST)
-    assert lines[0] == (f"{stop.value.made} measurements from the plan store {store}, "
-                        f"{48 - stop.value.made} to make")
+    before = len(said())
+    tune.tune(model, x, **FAST)
+    assert said()[before] == (f"{stop.value.made} measurements from the plan store {store}, "
+                              f"{48 - stop.value.made} to make")
 
 
 def test_ctrl_c_while_the_step_confirms_keeps_every_measurement(store, monkeypatch, capsys,
@@ -258,6 +398,26 @@ def test_ctrl_c_while_the_step_confirms_keeps_every_measurement(store, monkeypat
     assert err.splitlines()[-1].endswith("reuses them and confirms the plan on the step again")
     assert cli.main([*argv, "--step", "none"]) == 0
     assert "convbench: 8 measurements from the plan store" in capsys.readouterr().err
+
+
+def test_the_tune_command_says_the_thread_hint_once(store, monkeypatch, capsys, tmp_path):
+    """The command line says tune's warnings as its own lines: the thread hint once, where
+    NumPy passes were measured without the settings."""
+    from convbench import cli
+
+    (tmp_path / "tiny_hint_model.py").write_text(
+        "import torch.nn as nn\n"
+        "def small():\n    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in CPU_THREAD_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert cli.main(["tune", "--model", "tiny_hint_model:small", "--input", "2,3,8,8",
+                     "--algos", "gemm,torch-cpu", "--time-budget", "0.001", "--step",
+                     "none"]) == 0
+    err = capsys.readouterr().err
+    hints = [line for line in err.splitlines() if "start Python with" in line]
+    assert len(hints) == 1 and hints[0].startswith(
+        "convbench: warning: NumPy passes were measured with idle threads spinning"), err
 
 
 def test_tune_measures_in_the_setting_it_is_called_in(monkeypatch, tmp_path):
@@ -369,15 +529,14 @@ def test_a_model_in_eval_mode_is_confirmed_on_inference(store):
     assert [c.mode for c in plan.checks] == ["inference"] and not model.training
 
 
-def test_a_training_step_that_cannot_run_is_one_line_naming_the_fix(store):
+def test_a_training_step_that_cannot_run_is_one_line_naming_the_fix(store, measured):
     """The same model in training mode (or asked for the training step) at batch 1: torch's
     batch norm refuses one value per channel; tune says so in one line, with what to do,
     before measuring anything."""
-    x, measured = torch.randn(1, 3, 6, 6), []
+    x = torch.randn(1, 3, 6, 6)
     for model, step in ((Normed(), "model"), (Normed().eval(), "train")):
         with pytest.raises(ValueError) as err:
-            tune.tune(model, x, algos="direct,gemm", budget_s=0.001, step=step,
-                      progress=measured.append)
+            tune.tune(model, x, algos="direct,gemm", budget_s=0.001, step=step)
         text = str(err.value)
         assert "\n" not in text and text.startswith("the model's train step cannot run on an "
                                                     "input of shape 1,3,6,6: Expected more")

@@ -3,9 +3,10 @@
     convbench tune --model torchvision.models:resnet18 --input 8,3,224,224 --out plan.json
 
 Builds the model, finds the convolutions it computes (`models.find_convs`), looks each
-(problem, pass) up in the plan store, measures the rest (a line per case on stderr), confirms
+(problem, pass) up in the plan store, measures the rest (a progress bar on a terminal), confirms
 the plan on the model's whole step (`--step`, `planning.confirm`), and prints the plan
-`advisor.apply` makes training code run; the plan goes to the store (unless --no-store) and to --out if given.
+`advisor.apply` makes training code run; the plan goes to the store and to --out if given.
+What tune says (`tune.LOG`) and its warnings are `convbench:` lines on stderr.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+import warnings
 
 from ..core.problem import LAYOUTS, PRECISIONS
 from ..machine import threads
 from ..planning import confirm, models
 from ..planning.advice import plan_text
 from ..planning.plan import Constraints
-from ..planning.tune import TuneInterrupted, interrupted_text, tune_advice
+from ..planning.tune import TuneInterrupted, interrupted_text, reporting, tune_advice
 from .common import (
     EXIT_INTERRUPTED,
     UsageError,
@@ -58,18 +60,19 @@ def cmd_tune(args) -> int:
         setting = (precision_setting(precision, x.device.type) if precision
                    else contextlib.nullcontext())
         try:
-            with setting:
+            with setting, reporting(always=True), warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("default")
                 plan, advice = tune_advice(
                     model, x, algos=args.algos, layouts=layouts, budget_s=args.time_budget,
                     constraints=Constraints(args.workspace_budget, args.deterministic,
                                             args.max_error, args.tie_break, args.include_busy),
-                    store=args.store,
-                    log=lambda line: print(f"convbench: {line}", file=sys.stderr),
-                    step=None if args.step == "none" else args.step,
+                    store=args.store, step=None if args.step == "none" else args.step,
                     step_budget_s=args.step_budget, cold=args.cold, precision=precision)
         except TuneInterrupted as stop:
             print(f"convbench: interrupted; {interrupted_text(stop)}", file=sys.stderr)
             return EXIT_INTERRUPTED
+        for w in said:
+            print(f"convbench: warning: {w.message}", file=sys.stderr)
         if args.out:
             print(f"convbench: plan written to {plan.save(args.out)}", file=sys.stderr)
     if args.format == "json":

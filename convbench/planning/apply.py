@@ -34,8 +34,9 @@ class Change:
     """What `apply` did to one layer of the plan."""
 
     layer: str
-    # "replaced" (by convbench.nn.Conv2d); "kept": torch runs it, as planned or, where a swap is
-    # not proved or the check refused it, as the model has it (layout ""); "skipped"
+    # One word per meaning: "replaced" (by convbench.nn.Conv2d); "as is": the module itself,
+    # torch runs it, in the plan's layout or, where a swap is not proved or the check refused
+    # it, as the model has it (layout ""); "skipped": the plan has nothing that fits it.
     action: str
     layout: str
     passes: dict[str, str]
@@ -126,7 +127,7 @@ def _why_not(model, lp: LayerPlan):
         module = model.get_submodule(lp.layer)
     except AttributeError:
         return None, "the model has no such module"
-    if cbnn.unprovable(module):  # kept as it is: it must only be the plan's convolution
+    if cbnn.unprovable(module):  # left as it is: it must only be the plan's convolution
         p = lp.problem
         weight = getattr(module, "weight", None)
         if isinstance(weight, torch.Tensor) and tuple(weight.shape) == p.w_shape():
@@ -156,7 +157,7 @@ def apply(model, plan: Plan | str | Path, check=None) -> Summary:
     the table says why, as a swap would drop what it does. `check`: an example input; each
     replacement is then run once against the module it replaces, on the input that module
     receives from it, and one whose output, input gradient or weight gradient differs by
-    more than its algorithm's tolerance (`verify.tolerance`) is refused, the original kept;
+    more than its algorithm's tolerance (`verify.tolerance`) is refused, the original left as is;
     then the whole model, before and after, and in channels_last alone, is compared with its
     float64 run in train and eval mode (`numerics`), and the table says where the plan or the
     layout alone moves its numbers.
@@ -199,9 +200,9 @@ def apply(model, plan: Plan | str | Path, check=None) -> Summary:
 def _changes(model, plan: Plan, misfits: dict[str, str]) -> tuple[list[Change], dict]:
     """What `apply` does to each planned layer, in the plan's order, and the replacements it
     would make ({layer: (its LayerPlan, the module, the convbench.nn.Conv2d)}): a misfit is
-    skipped, a module convbench cannot prove it reproduces kept, a layer torch runs as planned
-    given its layout (channels_last weights for NHWC), any other replaced. A layout arrives
-    from the layer before it, the first from the plan's input layout."""
+    skipped, a module convbench cannot prove it reproduces left as is, a layer torch runs as
+    planned given its layout (channels_last weights for NHWC) as is, any other replaced. A
+    layout arrives from the layer before it, the first from the plan's input layout."""
     from .. import nn as cbnn
 
     changes, arriving, swaps = [], plan.input_layout, {}
@@ -211,10 +212,10 @@ def _changes(model, plan: Plan, misfits: dict[str, str]) -> tuple[list[Change], 
             changes.append(Change(lp.layer, "skipped", lp.layout, passes, misfits[lp.layer]))
             continue
         module, _ = _why_not(model, lp)
-        kept = cbnn.unprovable(module)
-        if kept:
-            changes.append(Change(lp.layer, "kept", "", passes,
-                                  f"{kept}: convbench cannot prove it reproduces it; torch "
+        unproved = cbnn.unprovable(module)
+        if unproved:
+            changes.append(Change(lp.layer, "as is", "", passes,
+                                  f"{unproved}: convbench cannot prove it reproduces it; torch "
                                   "runs it"))
             continue
         ours = sorted({c.algo for c in lp.passes.values()
@@ -223,7 +224,7 @@ def _changes(model, plan: Plan, misfits: dict[str, str]) -> tuple[list[Change], 
             registry.get(algo, plan.backend)
         if _torch_runs_it(lp, arriving, plan.cudnn["benchmark"]):
             module.to(memory_format=cbnn.MEMORY_FORMAT[lp.layout])
-            changes.append(Change(lp.layer, "kept", lp.layout, passes,
+            changes.append(Change(lp.layer, "as is", lp.layout, passes,
                                   "torch runs every pass as planned"))
         else:
             algos = {p: (c.algo, c.backend) if c else None for p, c in lp.passes.items()}
@@ -241,13 +242,14 @@ def _changes(model, plan: Plan, misfits: dict[str, str]) -> tuple[list[Change], 
 def _swapped(model, changes: list[Change], swaps: dict,
              refused: dict[str, str]) -> list[Change]:
     """Make the replacements `_checked` did not refuse (the module in its layout, then swapped
-    into its parent); `changes` with each refused one kept as torch runs it, saying why."""
+    into its parent); `changes` with each refused one left as is, saying why."""
     from .. import nn as cbnn
 
     changes = list(changes)
     for i, change in enumerate(changes):
         if change.layer in refused:
-            changes[i] = Change(change.layer, "kept", "", change.passes, refused[change.layer])
+            changes[i] = Change(change.layer, "as is", "", change.passes,
+                                refused[change.layer])
         elif change.layer in swaps:
             lp, module, new = swaps[change.layer]
             module.to(memory_format=cbnn.MEMORY_FORMAT[lp.layout])

@@ -371,7 +371,8 @@ def _kept_text(kept: _Kept) -> str:
     if kept.measured is None:
         return "nothing kept"
     layouts = " and its layouts" if kept.layouts else ""
-    return f"{len(kept.layers)} changed layers kept{layouts}"
+    n = len(kept.layers)
+    return f"{n} {'change' if n == 1 else 'changes'} confirmed{layouts}"
 
 
 def _steps(model, plan: Plan, mode: str, changed: list[LayerPlan], groups: int,
@@ -383,9 +384,9 @@ def _steps(model, plan: Plan, mode: str, changed: list[LayerPlan], groups: int,
     default_model = done.default.model
     plan_model = _applied(model, plan, mode)
     whole = done.whole = weigh(plan_model, default_model)
-    log(f"{mode} step: the whole plan takes {whole.ratio.text()} torch's default's time "
-        f"({whole.text()})")
     whole_kept = faster(whole.ratio)
+    log(f"{mode} step: the whole plan takes {whole.ratio.text()} torch's default's time "
+        f"({whole.text()}): {'faster' if whole_kept else 'not faster'} beyond noise")
     if whole_kept:
         done.kept = _Kept(plan, plan_model, list(names), False, "", whole)
     kept, current, candidates, layouts = [], default_model, changed, False
@@ -404,7 +405,7 @@ def _steps(model, plan: Plan, mode: str, changed: list[LayerPlan], groups: int,
         if layouts and whole_kept:  # the replacements must beat torch in the layouts kept
             on_top = weigh(plan_model, layout_model).ratio
             log(f"{mode} step: the whole plan takes {on_top.text()} the time of its layouts "
-                "alone")
+                f"alone: {'faster' if faster(on_top) else 'not faster'} beyond noise")
             whole_kept = faster(on_top)
             if whole_kept:
                 done.kept = _Kept(plan, plan_model, list(names), False, "", whole)

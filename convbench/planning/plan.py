@@ -207,8 +207,8 @@ class StepCheck:
 
     def text(self) -> str:
         """One line: `train step: 0.87× [0.84, 0.90] torch's default's time; 12 of 20
-        changed layers kept`, and what made it so where a busy machine stopped the
-        confirmation or an alternative won."""
+        changes confirmed`, and what made it so where a busy machine stopped the confirmation
+        or an alternative won."""
         n = len(self.kept) + len(self.dropped)
         if not n:
             return f"{self.mode} step: the plan changes no layer; torch's default runs it all"
@@ -223,7 +223,8 @@ class StepCheck:
                        "and runs instead" if self.alternative else "")
         busy = (f"; the machine stayed busy ({self.busy}): stopped, torch's default for what "
                 "was not confirmed" if self.busy else "")
-        return (f"{self.mode} step: {ratio}; {len(self.kept)} of {n} changed layers kept"
+        return (f"{self.mode} step: {ratio}; {len(self.kept)} of {n} "
+                f"{'change' if n == 1 else 'changes'} confirmed"
                 f"{layouts}{alternative}{whole}{busy}")
 
 

@@ -5,17 +5,27 @@
 
 `tune` finds the convolutions a model computes (`models.find_convs`), so any `nn.Module` works;
 it looks each (problem, pass) up in the plan store and measures the rest with the runner (CPU
-input: backend `numpy`; CUDA input: `cuda`), reporting each case to `progress`, then measures the NCHW<->NHWC conversions the layout plan weighs,
-and hands the results table to `advice`, which chooses; then the model's whole step decides
-which of the plan's changes stay (`confirm`). `advise_run` does the same for the rows
-of a run folder, measuring the conversions only where this machine is the run's: a conversion
-time is valid only beside the passes it is weighed against.
+input: backend `numpy`; CUDA input: `cuda`), then measures the NCHW<->NHWC conversions the
+layout plan weighs, and hands the results table to `advice`, which chooses; then the model's
+whole step decides which of the plan's changes stay (`confirm`). `advise_run` does the same for
+the rows of a run folder, measuring the conversions only where this machine is the run's: a
+conversion time is valid only beside the passes it is weighed against.
+
+`tune` says what it does through `logging` (`LOG`, under the `convbench` logger), a few lines at
+INFO: what the store holds and how long the rest should take, what was measured, each step of
+the confirmation with its verdict, the plan's verdict and where it went; a caller's own logging
+takes them, and where none is set up they go to stderr (`reporting`). The cases themselves
+show as a progress bar on a terminal (tqdm), not a line each: a real model has thousands.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import sys
+import time
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +34,8 @@ import numpy as np
 
 from ..algos import registry
 from ..algos.reference import DTYPES, array_module
+from ..algos.registry import TORCH_ALGOS
+from ..core.fmt import fmt_duration
 from ..core.measurement import Measurement
 from ..core.problem import (
     LAYOUTS,
@@ -35,6 +47,7 @@ from ..core.problem import (
 )
 from ..core.results import entry_from_row, frame, load_run, problem_from_row, row_from_entry
 from ..machine import backends, devices
+from ..machine.threads import CPU_THREAD_ENV
 from ..measure import runner, timing
 from . import confirm
 from .advice import (
@@ -61,6 +74,13 @@ from .plan import (
 CONVERSION_BUDGET_S = 0.1
 #: Axis order that turns an array stored in the first layout into the second.
 _PERMUTATION = {("nchw", "nhwc"): (0, 2, 3, 1), ("nhwc", "nchw"): (0, 3, 1, 2)}
+#: Where `tune` says what it does, a line per step at INFO (see the module docstring).
+LOG = logging.getLogger(__name__)
+#: The most comparisons of two whole steps `confirm.confirm` makes: the whole plan, its layouts
+#: alone, the whole plan over its layouts, one per group of layers, what was kept against
+#: torch's default once more, and all-channels_last against what was kept and against the
+#: default. What the estimate before a tune counts (a busy machine's tries not included).
+CONFIRM_COMPARISONS = confirm.GROUPS + 6
 
 
 # --- conversions ----------------------------------------------------------------------------
@@ -140,17 +160,33 @@ def interrupted_text(stop: TuneInterrupted) -> str:
                    if stop.confirming else "; the same command measures the rest")
 
 
-def stderr_progress(line: str) -> None:
-    """The default `progress` of `tune`: the line on stderr, so a caller's stdout stays its own.
-    A real model's tune takes minutes; a silent one reads as hung."""
-    print(f"convbench: {line}", file=sys.stderr)
+@contextlib.contextmanager
+def reporting(always: bool = False):
+    """`LOG`'s lines on stderr, as `convbench: ...`, while the block runs: `always` (the command
+    line, whose stderr is its log), else only where the caller has set up no logging handler,
+    as a tune of minutes that says nothing reads as hung; a caller's own logging otherwise
+    decides what it shows and where."""
+    package = logging.getLogger("convbench")
+    if not always and LOG.hasHandlers():
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("convbench: %(message)s"))
+    level = package.level
+    package.addHandler(handler)
+    if always or level == logging.NOTSET:
+        package.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        package.removeHandler(handler)
+        package.setLevel(level)
 
 
 def tune(model, example_input, *, algos: str = "all", layouts: tuple[str, ...] = LAYOUTS,
          budget_s: float | None = None, constraints: Constraints = NO_CONSTRAINTS,
          store: PlanStore | str | Path | None = None, input_layout: str = "nchw",
-         output_layout: str = "nchw", log: Callable[[str], None] | None = None,
-         progress: Callable[[str], None] | None = stderr_progress,
+         output_layout: str = "nchw", progress: bool | None = None,
          step: str | None = confirm.FOLLOW, step_budget_s: float = confirm.STEP_BUDGET_S,
          cold: bool = False, precision: str | None = None) -> Plan:
     """Measure the conv layers of `model` as `example_input` exercises them, and plan them
@@ -158,7 +194,7 @@ def tune(model, example_input, *, algos: str = "all", layouts: tuple[str, ...] =
     TypeError at the call)."""
     return tune_advice(model, example_input, algos=algos, layouts=layouts, budget_s=budget_s,
                        constraints=constraints, store=store, input_layout=input_layout,
-                       output_layout=output_layout, log=log, progress=progress, step=step,
+                       output_layout=output_layout, progress=progress, step=step,
                        step_budget_s=step_budget_s, cold=cold, precision=precision)[0]
 
 
@@ -166,8 +202,7 @@ def tune_advice(model, example_input, *, algos: str = "all",
                 layouts: tuple[str, ...] = LAYOUTS, budget_s: float | None = None,
                 constraints: Constraints = NO_CONSTRAINTS,
                 store: PlanStore | str | Path | None = None, input_layout: str = "nchw",
-                output_layout: str = "nchw", log: Callable[[str], None] | None = None,
-                progress: Callable[[str], None] | None = stderr_progress,
+                output_layout: str = "nchw", progress: bool | None = None,
                 step: str | None = confirm.FOLLOW,
                 step_budget_s: float = confirm.STEP_BUDGET_S,
                 cold: bool = False, precision: str | None = None) -> tuple[Plan, Advice]:
@@ -190,12 +225,26 @@ def tune_advice(model, example_input, *, algos: str = "all",
     runner on the input's device (`algos`: a comma list as on the command line; `budget_s`:
     seconds of timed repetitions per measurement, the device's default if None), and so are the
     NCHW<->NHWC conversions the layout plan weighs. The plan is saved in the store (`store`: a
-    PlanStore or its folder; None: the default one) and returned. `log` receives a line per
-    step (store hits, what is measured, layers `apply` will keep as torch runs them, where the
-    plan went); `progress` one short line per measured case (default: on stderr; None:
-    silent), as the library prints nothing on stdout."""
-    log = log or (lambda line: None)
-    progress = progress or (lambda line: None)
+    PlanStore or its folder; None: the default one) and returned.
+
+    It says what it does at INFO on `LOG` (on stderr where the caller set up no logging:
+    `reporting`), and nothing on stdout: store hits and the time it expects, what was measured,
+    the layers `apply` leaves to torch, each step of the confirmation and its verdict, where
+    the plan went. `progress`: a bar over the cases on stderr (tqdm) if True, none if False;
+    None: where stderr is a terminal. Where NumPy passes were measured in a process started
+    without `CPU_THREAD_ENV`, a warning says so: their times, torch's beside them too, are
+    off."""
+    with reporting():
+        return _tune(model, example_input, algos, layouts, budget_s, constraints, store,
+                     input_layout, output_layout, progress, step, step_budget_s, cold,
+                     precision)
+
+
+def _tune(model, example_input, algos, layouts, budget_s, constraints, store, input_layout,
+          output_layout, progress, step, step_budget_s, cold,
+          precision) -> tuple[Plan, Advice]:
+    """`tune_advice`, said on `LOG`."""
+    log = LOG.info
     _check_layouts(layouts, input_layout, output_layout)
     backend, precision = _backend_precision(example_input, precision)
     if step is not None:  # before minutes of measurements, a step that cannot run says so
@@ -215,6 +264,9 @@ def tune_advice(model, example_input, *, algos: str = "all",
     cases = known.reuse(stored, algo_list, layouts)
     log(f"{known.count()} measurements from the plan store {store.folder}, "
         f"{len(cases)} to make")
+    budget = budget_s or devices.of_backend(backend).budget_s
+    if cases or step is not None:
+        log(expected_text(len(cases), budget, step, step_budget_s))
     _log_unmeasured(sites, log)
 
     def save_interrupted() -> Path:
@@ -223,29 +275,77 @@ def tune_advice(model, example_input, *, algos: str = "all",
         return store.save(known.plan(known.advice(constraints), env, None, unplanned,
                                      input_layout, output_layout))
 
-    _measure(cases, budget_s or devices.of_backend(backend).budget_s, cold, known, log,
-             progress, save_interrupted)
+    _measure(cases, budget, cold, known, progress, save_interrupted)
+    _warn_threads(known.made, store)
     advice = known.advice(constraints)
     conversions = _conversions(advice, stored.conversions, input_layout, output_layout,
                                backend, precision)
     plan = known.plan(advice, env, conversions, unplanned, input_layout, output_layout)
     if step is not None:
-        plan = _confirmed(model, example_input, plan, step, step_budget_s, log, store,
+        plan = _confirmed(model, example_input, plan, step, step_budget_s, store,
                           (len(known.made), len(cases)))
     log(f"plan saved to {store.save(plan)}")
     return plan, advice
 
 
+def expected_text(cases: int, budget_s: float, step: str | None, step_budget_s: float) -> str:
+    """The time a tune expects before it starts, and how it is reckoned: each case to measure
+    its budget of timed repetitions and their warm-up, and the confirmation its most
+    comparisons of two whole steps (`CONFIRM_COMPARISONS`), each step its budget and warm-up.
+    An estimate, said as one: the budgets are ceilings (a case or a comparison stops sooner
+    once its interval is narrow), and a case's float64 reference and check come on top."""
+    per = 1 + timing.WARMUP_FRACTION
+    measuring = cases * budget_s * per
+    parts = [f"{cases} cases to measure × {budget_s:g} s of timed repetitions"] if cases else []
+    confirming = 0.0
+    if step is not None:
+        confirming = CONFIRM_COMPARISONS * 2 * step_budget_s * per
+        parts.append(f"then confirming on the {step} step, at most {CONFIRM_COMPARISONS} "
+                     f"comparisons of two steps × {step_budget_s:g} s")
+    return (f"expected to take up to about {fmt_duration(measuring + confirming)}: "
+            f"{', '.join(parts)} (warm-up included)")
+
+
 def _confirmed(model, example_input, plan: Plan, step: str, step_budget_s: float,
-               log: Callable[[str], None], store: PlanStore,
-               counts: tuple[int, int]) -> Plan:
+               store: PlanStore, counts: tuple[int, int]) -> Plan:
     """`confirm.confirm`, the measurements saved in the store first: a Ctrl-C while the whole
-    steps are timed (minutes on a real model) keeps them (TuneInterrupted)."""
+    steps are timed (minutes on a real model) keeps them (TuneInterrupted). Each comparison's
+    verdict is a line on `LOG`, and the plan's in the end (`StepCheck.text`)."""
     path = store.save(plan)
     try:
-        return confirm.confirm(model, example_input, plan, step, step_budget_s, log=log)
+        plan = confirm.confirm(model, example_input, plan, step, step_budget_s, log=LOG.info)
     except KeyboardInterrupt:
         raise TuneInterrupted(*counts, path, confirming=True) from None
+    for check in plan.checks:
+        if check.mode == step:
+            LOG.info(check.text())
+    return plan
+
+
+def _warn_threads(made: list[dict], store: PlanStore) -> None:
+    """One warning where NumPy passes were measured here in a process started without
+    `CPU_THREAD_ENV`: NumPy's and torch's idle threads then spin, each pool slowing the
+    other's next call, so the times measured, torch's among them, are not the ones a process
+    with the settings gets (design §5: one thread policy for every algorithm)."""
+    unset = {k: v for k, v in CPU_THREAD_ENV.items() if k not in os.environ}
+    ours = any(r["backend"] == "numpy" and r["algo"] not in TORCH_ALGOS
+               and r["status"] != "unsupported" for r in made)
+    if ours and unset:
+        warnings.warn("NumPy passes were measured with idle threads spinning beside torch's, so "
+                      "their times and torch's are off: start Python with "
+                      + " ".join(f"{k}={v}" for k, v in unset.items())
+                      + f" and tune into a fresh plan store (these times are kept in "
+                      f"{store.folder})", stacklevel=_caller_level())
+
+
+def _caller_level() -> int:
+    """The `stacklevel` that names, for a warning raised by the caller of this function, the
+    first frame outside this module: the line of the user's code that called tune, as
+    `skip_file_prefixes` (Python 3.12) would."""
+    level, frame = 2, sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 def _check_layouts(layouts, input_layout: str, output_layout: str) -> None:
@@ -333,7 +433,7 @@ def _conversions(advice: Advice, stored: dict, input_layout: str, output_layout:
 
 
 def _log_unmeasured(sites: list, log: Callable[[str], None]) -> None:
-    """Log the passes training does not run, and the layers apply keeps as torch runs them."""
+    """Log the passes training does not run, and the layers apply leaves as they are."""
     unneeded = [f"{site.name} {p}" for site in sites for p in PASSES if p not in site.passes]
     if unneeded:
         log(f"{len(unneeded)} {'pass' if len(unneeded) == 1 else 'passes'} not measured, "
@@ -341,33 +441,51 @@ def _log_unmeasured(sites: list, log: Callable[[str], None]) -> None:
             f"{', '.join(unneeded)}")
     for site in sites:
         if site.kept:
-            log(f"{site.name}: measured, but apply keeps it as torch runs it ({site.kept})")
+            log(f"{site.name}: measured, but apply leaves it as is, torch runs it "
+                f"({site.kept})")
+
+
+def _bar(total: int, progress: bool | None):
+    """A tqdm bar over `total` cases on stderr (`progress`: True, False, or None for where
+    stderr is a terminal); None without tqdm, which a GPU machine's own environment may lack:
+    the bar is a nicety, never a reason a tune fails."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc="convbench: measuring", unit="case", file=sys.stderr,
+                leave=False, disable=None if progress is None else not progress)
 
 
 def _measure(cases: list[runner.Case], budget: float, cold: bool, known: _Measurements,
-             log: Callable[[str], None], progress: Callable[[str], None],
-             save_interrupted: Callable[[], Path]) -> None:
-    """Run `cases` into `known`, a progress line each; Ctrl-C keeps what was measured (a plan
-    of it in the store, `save_interrupted`) and raises TuneInterrupted."""
+             progress: bool | None, save_interrupted: Callable[[], Path]) -> None:
+    """Run `cases` into `known`, a bar over them (`_bar`) and a line on `LOG` when done;
+    Ctrl-C keeps what was measured (a plan of it in the store, `save_interrupted`) and raises
+    TuneInterrupted."""
+    bar = _bar(len(cases), progress) if cases else None
 
     def measured(row: dict) -> None:
         known.measured(row)
-        result = (f"{row['median_ms']:.3g} ms" if row["status"] == "ok" else
-                  f"{row['median_ms']:.3g} ms, inexact" if row["status"] == "inexact" else
-                  row["status"])
-        progress(f"{len(known.made)}/{len(cases)} {row['layer']} {row['pass']} {row['algo']} "
-                 f"{row['layout']}: {result}")
+        if bar is not None:
+            bar.set_postfix_str(f"{row['layer']} {row['pass']}", refresh=False)
+            bar.update()
 
+    started = time.monotonic()
     try:
         with timing.cold_caches() if cold else contextlib.nullcontext():
             runner.run(cases, budget, on_row=measured)
     except KeyboardInterrupt:
         path = save_interrupted() if known.made else None
         raise TuneInterrupted(len(known.made), len(cases), path) from None
-    if known.made:
-        status = Counter(r["status"] for r in known.made)
-        log(f"measured {len(known.made)} of {len(cases)}: "
-            + ", ".join(f"{n} {s}" for s, n in status.items()))
+    finally:
+        if bar is not None:
+            bar.close()
+    if not cases:
+        return
+    status = Counter(r["status"] for r in known.made)
+    LOG.info(f"measured {len(known.made)} of {len(cases)} in "
+             f"{fmt_duration(time.monotonic() - started)}: "
+             + ", ".join(f"{n} {s}" for s, n in status.items()))
 
 
 def advise_run(folder: str | Path, constraints: Constraints = NO_CONSTRAINTS,

@@ -453,7 +453,6 @@ def tune_here(net: str, batch: int, device: str, plan_file: str, budget_s: float
     try:
         with precision_setting(precision, run.x.device.type):
             plan = tune.tune(run.model, run.x, algos=algos, budget_s=budget_s, store=store,
-                             log=lambda line: print(f"convbench: {line}", file=sys.stderr),
                              step=mode, step_budget_s=step_budget_s)
     except tune.TuneInterrupted as stop:
         print(f"convbench: tuning interrupted: {tune.interrupted_text(stop)}", file=sys.stderr)
