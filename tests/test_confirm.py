@@ -38,16 +38,6 @@ def ours_plan(store) -> tuple[nn.Module, torch.Tensor, Plan]:
     return model, x, plan
 
 
-@pytest.fixture
-def quiet(monkeypatch):
-    """The machine read as quiet (no contention readings): these tests plant their
-    differences as sleeps, which other processes' load cannot hide, and a shared test machine
-    would otherwise stop their confirmations as busy; the busy machine has tests of its own."""
-    real = timing.time_steps
-    monkeypatch.setattr(timing, "time_steps",
-                        lambda *args, **options: real(*args, probe=None, **options))
-
-
 def slow(monkeypatch, cls, ms: float, only=None):
     """`cls.forward` takes `ms` more (for modules in `only`, if given)."""
     real = cls.forward

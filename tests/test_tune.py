@@ -246,15 +246,15 @@ def test_tune_says_how_long_it_expects_before_it_measures(store, said, monkeypat
     tune.tune(model, x, **FAST)
     assert heard[0][1] == tune.expected_text(48, 0.001, None, 2.0)
     assert tune.expected_text(100, 0.5, "train", 2.0) == (
-        "expected to take up to about 1m42s: 100 cases to measure × 0.5 s of timed "
-        "repetitions, then confirming on the train step, at most 8 comparisons of two steps × "
-        "2 s (warm-up included)")  # 100 x 0.5 s x 1.25 + 8 x 2 x 2 s x 1.25 = 102.5 s
+        "expected to take up to about 1m52s: 100 cases to measure × 0.5 s of timed "
+        "repetitions, then confirming on the train step, at most 10 comparisons of two steps × "
+        "2 s (warm-up included)")  # 100 x 0.5 s x 1.25 + 10 x 2 x 2 s x 1.25 = 112.5 s
     assert tune.expected_text(0, 0.5, "inference", 1.0) == (
-        "expected to take up to about 0m20s: then confirming on the inference step, at most 8 "
+        "expected to take up to about 0m25s: then confirming on the inference step, at most 10 "
         "comparisons of two steps × 1 s (warm-up included)")
 
 
-def test_each_confirmation_step_and_its_verdict_is_said(store, said):
+def test_each_confirmation_step_and_its_verdict_is_said(store, said, quiet):
     """What `train-step` prints of the confirmation reaches a Python caller too: each
     comparison with its verdict, then the plan's (`plan.checks`), as INFO lines."""
     torch.manual_seed(0)
