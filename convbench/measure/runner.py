@@ -336,15 +336,22 @@ def _verify(impl, case: Case, args: tuple, out, ref, floor) -> verify.Check:
     return chk
 
 
-def _judged_as(impl, args: tuple) -> str | None:
-    """`impl.judged_as` (the algo whose tolerance judges the pass it ran), None where it cannot
-    say; a GPU fault is raised (as `_describe` does)."""
+def _asked(question, args: tuple, otherwise):
+    """`question(*args)`, an implementation's account of a case it ran; `otherwise(exc)` where
+    it cannot give one, which does not undo the measurement. A GPU fault (`is_sticky_fault`)
+    is raised: swallowed, it would be blamed on the next case."""
     try:
-        return impl.judged_as(*args)
+        return question(*args)
     except Exception as exc:
         if is_sticky_fault(exc):
             raise
-        return None
+        return otherwise(exc)
+
+
+def _judged_as(impl, args: tuple) -> str | None:
+    """`impl.judged_as` (the algo whose tolerance judges the pass it ran), None where it cannot
+    say."""
+    return _asked(impl.judged_as, args, lambda exc: None)
 
 
 def _room(needed: int, known: bool, free: int, total: int, limit: MemoryLimit | None) -> str:
@@ -359,25 +366,14 @@ def _room(needed: int, known: bool, free: int, total: int, limit: MemoryLimit | 
 
 def _describe(impl, args: tuple) -> str:
     """The implementation's note for the row; a note that cannot be made (cuDNN's profiled
-    call failing, say) is said in the note, and does not undo the measurement. A GPU fault
-    (`is_sticky_fault`) is raised: swallowed, it would be blamed on the next case."""
-    try:
-        return impl.describe(*args)
-    except Exception as exc:
-        if is_sticky_fault(exc):
-            raise
-        return f"(no description: {type(exc).__name__}: {first_line(exc)})"
+    call failing, say) is said in the note."""
+    return _asked(impl.describe, args,
+                  lambda exc: f"(no description: {type(exc).__name__}: {first_line(exc)})")
 
 
 def _kernels(impl, args: tuple) -> list[str] | None:
-    """`impl.kernels` (the GPU kernels a library's pass launched), None where it cannot say; a
-    GPU fault is raised (as `_describe` does)."""
-    try:
-        return impl.kernels(*args)
-    except Exception as exc:
-        if is_sticky_fault(exc):
-            raise
-        return None
+    """`impl.kernels` (the GPU kernels a library's pass launched), None where it cannot say."""
+    return _asked(impl.kernels, args, lambda exc: None)
 
 
 def _note(case: Case, ready: Ready) -> tuple[str, list[str] | None]:
