@@ -307,3 +307,21 @@ def test_a_plan_with_padding_before_and_after_round_trips(tmp_path):
     store.save(plan)
     found = store.lookup(ENV, "numpy", "fp32").measurements
     assert {problem for problem, _ in found} == set(ASYMMETRIC)
+
+
+def test_a_saved_plan_is_as_readable_as_any_file_the_user_writes(tmp_path):
+    """mkstemp's private mode (0600) is not left on a plan: the umask decides, as for any file."""
+    import os
+
+    from convbench.planning.plan import ENV_FIELDS, Constraints, Plan
+
+    plan = Plan(env=dict.fromkeys(ENV_FIELDS), backend="numpy", precision="fp32",
+                constraints=Constraints(),
+                cudnn={"benchmark": False, "deterministic": False}, input_layout="nchw",
+                output_layout="nchw", layers=[], network=None)
+    mask = os.umask(0o022)
+    try:
+        path = plan.save(tmp_path / "plan.json")
+    finally:
+        os.umask(mask)
+    assert path.stat().st_mode & 0o777 == 0o644

@@ -324,6 +324,8 @@ class Plan:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
+            # mkstemp's file is private (0600); a plan is a file like any other the user writes
+            os.fchmod(fd, 0o666 & ~_umask())
             with os.fdopen(fd, "w") as f:
                 f.write(text)
             os.replace(tmp, path)
@@ -331,6 +333,13 @@ class Plan:
             Path(tmp).unlink(missing_ok=True)
             raise
         return path
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it, and set back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 # --- the store ------------------------------------------------------------------------------
