@@ -435,6 +435,8 @@ def test_tune_measures_in_the_setting_it_is_called_in(monkeypatch, tmp_path):
     with pytest.raises(ValueError, match=r"precision bf16 asked, and this call runs "
                        r"convolutions in fp32: call tune inside torch.autocast"):
         tune._backend_precision(x, "bf16")
+    with pytest.raises(ValueError, match="precision tf32 is cuDNN's TF32 on a GPU"):
+        tune._backend_precision(x, "tf32")
     monkeypatch.setattr(cudnn, "conv_runs_tf32", lambda: True)
     assert cbnn.live_precision("cuda", torch.float32) == "tf32"
     assert cbnn.live_precision("cpu", torch.float32) == "fp32"  # TF32 is cuDNN's

@@ -129,6 +129,9 @@ def _backend_precision(example_input, named: str | None = None) -> tuple[str, st
     live = live_precision(example_input.device.type, example_input.dtype)
     if named is None or check_choice("precision", named, PRECISIONS) == live:
         return backend, live
+    if named == "tf32" and backend != "cuda":
+        raise ValueError("precision tf32 is cuDNN's TF32 on a GPU: on the CPU convolutions run "
+                         "fp32 (use fp32, or bf16 under autocast)")
     how = {"tf32": "turn TF32 on (torch.backends.cudnn.allow_tf32 = True) on a GPU",
            "fp32": "with an fp32 input, TF32 off (torch.backends.cudnn.allow_tf32 = False) "
                    "on a GPU and no autocast",
