@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -14,6 +15,8 @@ from convbench.planning.plan import Choice, Constraints
 BUSY = "measured on a busy machine (contended or throttled: --include-busy to use them)"
 P1 = ConvProblem(n=2, c=3, h=8, w=8, k=4, r=3, s=3, pad=1)
 P2 = ConvProblem(n=2, c=4, h=8, w=8, k=4, r=3, s=3, pad=1)
+#: What a swapped pass costs per call in a model on the CPU, beyond its time alone.
+O = advice.SWAP_OVERHEAD_MS["numpy"]
 
 
 def times(median: float, spread: float = 0.01) -> Measurement:
@@ -62,7 +65,8 @@ def test_best_runner_up_margin_and_noise():
     assert adv.layers == [("l1", P1), ("l2", P2)]
     table = advice.advice_table(adv)
     assert "tie within noise with winograd-2x2 nhwc" in table and "(not measured)" in table
-    assert "| wins " in table and "1.5× [" in table
+    # the ratio is of their costs in a model, both ours: each pays the module's overhead
+    assert "| wins " in table and f"{(1.5 + O) / (1.0 + O):.3g}× [" in table
 
 
 def test_heuristic_regret_compares_cudnn_with_the_best_in_its_layout():
@@ -141,7 +145,8 @@ def test_layer_costs_and_boundaries():
         ("l2", "bwd_data", "gemm", "nhwc"): times(1.0),
     }))
     adv = advice.advise(df)
-    assert advice.layer_costs(adv) == [{"nchw": 4.0}, {"nhwc": 1.0}]
+    assert advice.layer_costs(adv) == [{"nchw": pytest.approx(4.0 + 2 * O)},
+                                       {"nhwc": pytest.approx(1.0 + O)}]
     bounds = advice.boundaries(adv)
     assert bounds == [advice.Boundary((2, 3, 8, 8), False), advice.Boundary((2, 4, 8, 8), True),
                       advice.Boundary((2, 4, 8, 8), True)]
@@ -197,7 +202,9 @@ def test_a_problem_the_network_has_several_times_counts_that_many_times(tmp_path
     df, env = results.load_run(folder)
     occurrences = env["run"]["occurrences"]
     adv = advice.advise(df, occurrences=occurrences)
-    assert advice.layer_costs(adv) == [{"nchw": 4.5}, {"nchw": 3.0, "nhwc": 4.0}]
+    assert advice.layer_costs(adv) == [{"nchw": pytest.approx(3 * (1.5 + 2 * O))},
+                                       {"nchw": pytest.approx(3.0 + O),
+                                        "nhwc": pytest.approx(4.0 + O)}]
     bounds = advice.boundaries(adv)
     assert [b.count for b in bounds] == [3, 1, 1]
     plan = advice.build_plan(adv, {}, None, measurements=[])
@@ -212,10 +219,12 @@ def test_a_problem_the_network_has_several_times_counts_that_many_times(tmp_path
     assert advice.transition(bounds, advice.conversion_table(conversions))(
         0, "nchw", "nhwc") == pytest.approx(3 * 0.5)
     planned = advice.build_plan(adv, {}, conversions, measurements=[])
-    assert planned.network.total_ms == pytest.approx(total)
+    # the network's total is of costs in a model: the choices' measured total and each of the
+    # seven swapped passes' overhead (l1's two passes three times, l2's one)
+    assert planned.network.total_ms == pytest.approx(total + 7 * O)
     text = advice.plan_text(planned, adv)
     assert "4 conv layers, 2 distinct problems" in text and "occurrences" in text
-    assert f"Network plan: {total:.4g} ms per step" in text
+    assert f"Network plan: {total + 7 * O:.4g} ms per step" in text
 
 
 # --- ties within noise, and busy machines -----------------------------------------------------
@@ -241,7 +250,7 @@ def test_a_tie_within_noise_goes_to_the_tie_break_and_a_real_gap_wins():
     # (it is the runner-up here), and the ratio is its own to the fastest's.
     best, other, ratio = advice.compared(a)
     assert (best.algo, other) == ("direct", "gemm nchw (the fastest)")
-    assert ratio.value == pytest.approx(a.best.median_ms / a.fastest.median_ms)
+    assert ratio.value == pytest.approx(a.best.cost_ms / a.fastest.cost_ms)
     row = next(line for line in table.splitlines() if "| l1 " in line)
     assert row.count("direct nchw") == 0 and "gemm nchw (the fastest)" in row
     best, other, ratio = advice.compared(b)
@@ -263,6 +272,68 @@ def test_times_of_a_busy_machine_are_left_out_unless_asked():
                                             adv)
     assert advice.advise(df, Constraints(include_busy=True)).passes["l1", "fwd"].best.algo == \
         "gemm"
+
+
+# --- a swapped pass's cost in a model (#66) --------------------------------------------------
+def test_many_small_layers_a_little_faster_alone_are_left_to_torch():
+    """Ours 0.05 ms faster than torch's own alone, on every pass of small layers: each would
+    pay the module's overhead per call in a model, so torch's pass wins, decidedly, by the
+    ratio of their costs; without the overhead ours won every pass."""
+    table = {(layer, p, algo, "nchw"): times(ms)
+             for layer in ("l1", "l2") for p in ("fwd", "bwd_data", "bwd_filter")
+             for algo, ms in (("torch-cpu", 0.15), ("gemm", 0.10))}
+    df = results.frame(synthetic(table))
+    adv = advice.advise(df)
+    assert [(a.best.algo, a.runner_up.algo) for a in adv.passes.values()] == \
+        [("torch-cpu", "gemm")] * 6
+    assert adv.overhead_ms == O > 0.05
+    for a in adv.passes.values():
+        assert a.runner_up.cost_ms == pytest.approx(0.10 + O) and a.best.cost_ms == 0.15
+        assert not a.within_noise and a.ratio.value == pytest.approx((0.10 + O) / 0.15)
+    plan = advice.build_plan(adv, {}, None, measurements=[])
+    assert {c.algo for lp in plan.layers for c in lp.passes.values()} == {"torch-cpu"}
+    text = advice.plan_text(plan, adv)
+    assert "in a model ms" in text and f"pays {fmt_ms(O)} ms a call" in text
+    free = advice.advise(df, overhead_ms=0.0)
+    assert {a.best.algo for a in free.passes.values()} == {"gemm"}
+
+
+def test_a_big_layer_much_faster_alone_stays_ours_at_its_measured_time():
+    """The overhead is per call: on a layer where ours is much faster it changes nothing but the
+    cost the table shows; the plan's choice keeps the time measured."""
+    df = results.frame(synthetic({("l1", "fwd", "torch-cpu", "nchw"): times(10.0),
+                                  ("l1", "fwd", "gemm", "nchw"): times(5.0)}))
+    adv = advice.advise(df)
+    a = adv.passes["l1", "fwd"]
+    assert a.best.algo == "gemm" and not a.within_noise
+    assert (a.best.median_ms, a.best.cost_ms) == (5.0, pytest.approx(5.0 + O))
+    plan = advice.build_plan(adv, {}, None, measurements=[])
+    assert plan.layers[0].passes["fwd"].median_ms == 5.0
+    row = next(line for line in advice.advice_table(adv).splitlines() if "| l1 " in line)
+    assert f"| {fmt_ms(5.0)} " in row and f"| {fmt_ms(5.0 + O)} " in row
+
+
+def test_a_swapped_gpu_pass_costs_the_larger_of_its_device_and_host_time():
+    """On a GPU the host issues while the device runs: a swapped pass whose host's issue time
+    plus the module's overhead exceeds its device time costs that, and loses to torch's pass
+    it beat on the device; one whose device time is the longer costs its device time."""
+    host = lambda m, ms: dataclasses.replace(m, host_ms=(ms,) * len(m.times_ms))
+    rows = synthetic({("l1", "fwd", "cudnn", "nchw"): times(0.10),
+                      ("l1", "fwd", "direct", "nchw"): host(times(0.05), 0.20),
+                      ("l2", "fwd", "cudnn", "nchw"): times(0.10),
+                      ("l2", "fwd", "direct", "nchw"): host(times(0.08), 0.01)},
+                     backend="cuda")
+    gpu = advice.SWAP_OVERHEAD_MS["cuda"]
+    adv = advice.advise(results.frame(rows))
+    host_bound = adv.passes["l1", "fwd"]
+    assert (host_bound.best.algo, host_bound.runner_up.algo) == ("cudnn", "direct")
+    assert host_bound.runner_up.cost_ms == pytest.approx(0.20 + gpu)
+    assert host_bound.regret == 0
+    device_bound = adv.passes["l2", "fwd"]
+    assert device_bound.best.algo == "direct" and device_bound.best.cost_ms == 0.08
+    assert device_bound.regret == pytest.approx(0.10 / 0.08 - 1)
+    assert "the larger of its device time and its host's issue time" in advice.plan_text(
+        advice.build_plan(adv, {}, None, measurements=[]), adv)
 
 
 def inexact(layer: str, pass_: str, algo: str, layout: str, m: Measurement,

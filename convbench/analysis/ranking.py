@@ -41,7 +41,10 @@ def rank(rows: pd.DataFrame, baseline: bool = False) -> list[Candidate]:
 @dataclass(frozen=True)
 class Candidate:
     """One timed measurement (`ok`, or `inexact` where a baseline may be): its times (to judge
-    noise by), the rounds it was timed in, and what a tie is broken by."""
+    noise by), the rounds it was timed in, and what a tie is broken by. `shift_ms`: what the
+    pass costs beyond its measured time where it runs (advice's cost of a swapped pass in a
+    model); every comparison, its intervals too, is of the times shifted by it, so a constant
+    cost moves the candidate without changing its noise."""
 
     algo: str
     backend: str
@@ -55,9 +58,15 @@ class Candidate:
     workspace: float = 0.0
     rel_error: float = 0.0
     inexact: bool = False
+    shift_ms: float = 0.0
+
+    @property
+    def cost_ms(self) -> float:
+        """The median as compared: the measured one plus `shift_ms`."""
+        return self.median_ms + self.shift_ms
 
     @classmethod
-    def from_row(cls, r) -> Candidate:
+    def from_row(cls, r, shift_ms: float = 0.0) -> Candidate:
         times: tuple[float, ...] = ()
         if r["times_ms"]:
             m = Measurement.from_text(r["times_ms"])
@@ -71,23 +80,27 @@ class Candidate:
         return cls(r["algo"], r["backend"], r["layout"], float(r["median_ms"]),
                    float(r["iqr_ms"]), q1, q3, times, group if isinstance(group, str) else "",
                    used, 0.0 if error is None or pd.isna(error) else float(error),
-                   r.get("status") == "inexact")
+                   r.get("status") == "inexact", shift_ms)
+
+    def shifted(self) -> tuple[float, ...]:
+        """The repetitions' times plus `shift_ms`."""
+        return tuple(t + self.shift_ms for t in self.times)
 
     def ratio_to(self, other: Candidate) -> stats.Ratio:
-        """This one's median over `other`'s, with its interval: paired by round where the two
-        were timed in the same rounds."""
+        """This one's cost over `other`'s, with its interval (of the shifted times): paired by
+        round where the two were timed in the same rounds."""
         if not self.times or not other.times:
-            return stats.Ratio(self.median_ms / other.median_ms, None, None, False)
+            return stats.Ratio(self.cost_ms / other.cost_ms, None, None, False)
         paired = (bool(self.round_group) and self.round_group == other.round_group
                   and len(self.times) == len(other.times))
-        return stats.ratio(self.times, other.times, paired)
+        return stats.ratio(self.shifted(), other.shifted(), paired)
 
 
 def preferred(tied: list[Candidate], tie_break: str) -> Candidate:
-    """The candidate a tie-break takes among `tied` (the fastest median breaks its own ties)."""
-    key = {"workspace": lambda c: (c.workspace, c.median_ms),
-           "error": lambda c: (c.rel_error, c.median_ms),
-           "time": lambda c: c.median_ms}[tie_break]
+    """The candidate a tie-break takes among `tied` (the least cost breaks its own ties)."""
+    key = {"workspace": lambda c: (c.workspace, c.cost_ms),
+           "error": lambda c: (c.rel_error, c.cost_ms),
+           "time": lambda c: c.cost_ms}[tie_break]
     return min(tied, key=key)
 
 

@@ -3,10 +3,11 @@
 Advice reads results only (`results.frame` of a run folder, or of rows the tuner measured) and
 never times anything: per layer and pass, among the `ok` (algo, backend, layout) candidates
 whose error is within its tolerance and the constraints (and, unless asked, not measured on a
-busy machine), the fastest (an `inexact` row, a library's result beyond its tolerance, is a
-candidate only where the constraints name an error it is within: `_exclusions`, and a pass whose
-every candidate is decidedly slower than torch's inexact pick is left to torch:
-`_left_to_torch`); the runner-up and the ratio of their medians with its interval
+busy machine), the fastest in a model (`in_model_ms`: a swapped pass pays the module's
+overhead per call, torch's own pass does not; an `inexact` row, a library's result beyond its
+tolerance, is a candidate only where the constraints name an error it is within: `_exclusions`,
+and a pass whose every candidate is decidedly slower than torch's inexact pick is left to
+torch: `_left_to_torch`); the runner-up and the ratio of their costs with its interval
 (`stats.ratio`, paired by round where they were timed in the same rounds). The fastest wins only
 where that interval excludes 1; otherwise it is a tie within noise, and among the candidates
 tied with the fastest the advice takes the one the user's tie-break prefers (the least
@@ -40,6 +41,31 @@ from .plan import Choice, Constraints, LayerPlan, NetworkTotals, Plan, Unplanned
 
 NO_CONSTRAINTS = Constraints()
 
+#: What a swapped pass (one not torch's own, which `convbench.nn.Conv2d` runs) costs per call in
+#: a model beyond its time alone, per backend: the module's Python, its autograd Function, its
+#: result in fresh memory, none of which torch's own pass pays. Derived from the in-place
+#: overheads measured (docs/pages/advisor.md): on the CPU a layer's three passes cost 0.20-0.31
+#: ms more in place than alone, about 0.08 ms a pass; on a GPU the host pays the module's Python
+#: per call alike (its operator's wrappers about 0.17 ms of CPU time a layer's step, the Function
+#: 0.01-0.03 ms more), about 0.06 ms a pass. `advise(overhead_ms=...)` takes another.
+SWAP_OVERHEAD_MS = {"numpy": 0.08, "emu": 0.08, "cuda": 0.06}
+
+
+def in_model_ms(r, overhead_ms: float) -> float:
+    """What a result row's pass costs in a model: torch's own (`TORCH_ALGOS`) its time as
+    measured, the model calling it as the harness did; a swapped one pays `overhead_ms` on the
+    host per call, so on the CPU, where its time is the host's, its time plus that, and on a
+    GPU, where the host issues while the device runs, the larger of its device time and the
+    host's issue time (`host_ms`, 0 where the row has none) plus that. Without it a plan of
+    many small swapped layers looks free where each costs a module call."""
+    median = float(r["median_ms"])
+    if r["algo"] in TORCH_ALGOS:
+        return median
+    if r["backend"] != "cuda":
+        return median + overhead_ms
+    host = r.get("host_ms")
+    return max(median, (0.0 if host is None or pd.isna(host) else float(host)) + overhead_ms)
+
 
 def is_deterministic(algo: str) -> bool:
     """Whether `algo` gives bitwise-equal results run to run, as it declares where it registers
@@ -57,10 +83,10 @@ class PassAdvice:
     pass_: str
     by_layout: dict[str, Candidate]  # the choice in each layout
     runner_up: Candidate | None  # the second fastest (algo, backend, layout) of all
-    regret: float | None  # cudnn's median / the best's - 1, in the best's layout
-    best: Candidate  # the choice: the fastest, or the tie-break's among those tied with it
+    regret: float | None  # cudnn's median / the best's cost - 1, in the best's layout
+    best: Candidate  # the choice: the least cost, or the tie-break's among those tied with it
     fastest: Candidate
-    ratio: stats.Ratio | None  # runner-up / fastest, with its interval
+    ratio: stats.Ratio | None  # runner-up / fastest (their costs), with its interval
     tied: tuple[Candidate, ...]  # the candidates tied with the fastest, it included
 
     @property
@@ -94,6 +120,8 @@ class Advice:
     #: decidedly slower: `_left_to_torch`).
     left_to_torch: dict[tuple[str, str], tuple[Candidate, Candidate]] = field(
         default_factory=dict)
+    #: What a swapped pass was charged per call (`SWAP_OVERHEAD_MS`, or the caller's).
+    overhead_ms: float = 0.0
 
     def count(self, layer: str) -> int:
         return self.occurrences.get(layer, 1)
@@ -166,15 +194,21 @@ def choose_precision(df: pd.DataFrame, precision: str | None = None) -> str:
 
 
 def advise(df: pd.DataFrame, constraints: Constraints = NO_CONSTRAINTS,
-           precision: str | None = None, occurrences: dict[str, int] | None = None) -> Advice:
+           precision: str | None = None, occurrences: dict[str, int] | None = None,
+           overhead_ms: float | None = None) -> Advice:
     """Per layer and pass of a results DataFrame (`results.frame`), the fastest admissible
-    candidate in each layout, the runner-up, and the heuristic regret; `occurrences`: how many
-    conv layers of the network have each layer's problem (env.json's run has them)."""
+    candidate in each layout, the runner-up, and the heuristic regret, each candidate at its
+    cost in a model (`in_model_ms`); `occurrences`: how many conv layers of the network have
+    each layer's problem (env.json's run has them); `overhead_ms`: a swapped pass's cost per
+    call (None: the backend's `SWAP_OVERHEAD_MS`). A machine's property, not a constraint on the
+    choice, so it is no part of `Constraints`."""
     precision = choose_precision(df, precision)
     df = df[df["precision"] == precision]
     backends = list(dict.fromkeys(df["backend"]))
     if len(backends) != 1:
         raise ValueError(f"a plan is for one backend; the results have {', '.join(backends)}")
+    if overhead_ms is None:
+        overhead_ms = SWAP_OVERHEAD_MS[backends[0]]
     ok = df[df["status"].isin(TIMED)]
     keep = pd.Series(True, index=ok.index)
     excluded: Counter = Counter()
@@ -193,8 +227,10 @@ def advise(df: pd.DataFrame, constraints: Constraints = NO_CONSTRAINTS,
                          "has one problem per layer: choose a batch")
     passes, left = {}, {}
     for (layer, *_, pass_), rows in df.groupby([*key, "pass"], sort=False):
-        ranked = [Candidate.from_row(r) for r in rows[rows["candidate"]]
-                  .sort_values("median_ms", kind="stable").to_dict("records")]
+        ranked = sorted((Candidate.from_row(r, in_model_ms(r, overhead_ms) - r["median_ms"])
+                         for r in rows[rows["candidate"]]
+                         .sort_values("median_ms", kind="stable").to_dict("records")),
+                        key=lambda c: c.cost_ms)
         if not ranked:
             continue
         tie_break = constraints.tie_break
@@ -209,24 +245,26 @@ def advise(df: pd.DataFrame, constraints: Constraints = NO_CONSTRAINTS,
         runner_up = ranked[1] if len(ranked) > 1 else None
         cudnn = rows[(rows["algo"] == "cudnn") & rows["status"].isin(TIMED)
                      & (rows["layout"] == best.layout)]
-        regret = float(cudnn["median_ms"].min()) / best.median_ms - 1 if len(cudnn) else None
+        regret = float(cudnn["median_ms"].min()) / best.cost_ms - 1 if len(cudnn) else None
         passes[layer, pass_] = PassAdvice(
             layer, problem_from_row(rows.iloc[0]), pass_, by_layout, runner_up, regret, best,
             ranked[0], runner_up.ratio_to(ranked[0]) if runner_up else None, tuple(ties))
     measured = set(zip(df["layer"], df["pass"]))
     return Advice(backends[0], precision, constraints, layers, passes, measured, excluded,
-                  dict(occurrences or {}), df[df["status"] == "inexact"].to_dict("records"), left)
+                  dict(occurrences or {}), df[df["status"] == "inexact"].to_dict("records"), left,
+                  overhead_ms)
 
 # --- the network layout plan ----------------------------------------------------------------
 def layer_costs(advice: Advice, default_layout: str = "nchw") -> list[dict[str, float]]:
     """Per layer, each layout in which every pass with a candidate has one, and the sum of
-    those passes' best times in it, times the layer's occurrences. A layer with no such layout
-    has nothing to plan: it stays in `default_layout` at no cost."""
+    those passes' best costs in a model in it, times the layer's occurrences: layouts are
+    chosen by what the choices cost where they run, as the choices are. A layer with no such
+    layout has nothing to plan: it stays in `default_layout` at no cost."""
     costs = []
     for layer, _ in advice.layers:
         advised = [a for p in PASSES if (a := advice.passes.get((layer, p)))]
         common = set(LAYOUTS).intersection(*(a.by_layout for a in advised)) if advised else set()
-        costs.append({lay: advice.count(layer) * sum(a.by_layout[lay].median_ms
+        costs.append({lay: advice.count(layer) * sum(a.by_layout[lay].cost_ms
                                                       for a in advised)
                       for lay in LAYOUTS if lay in common} or {default_layout: 0.0})
     return costs
@@ -295,7 +333,8 @@ def build_plan(advice: Advice, env: dict, conversions: list[dict] | None, *,
                input_layout: str = "nchw", output_layout: str = "nchw") -> Plan:
     """The plan: layouts from the network DP over measured `conversions` (each layer's own
     best layout when they are None: they could not be measured), then each pass's best in its
-    layer's layout."""
+    layer's layout. A choice keeps its measured time (`Choice.median_ms`, what the store and
+    the plan's totals without a network read); the network's totals are costs in a model."""
     costs = layer_costs(advice, input_layout)
     network = None
     if conversions is None or not advice.layers:
@@ -384,15 +423,16 @@ def inexact_lines(advice: Advice) -> list[str]:
            "kept as the baseline and never chosen (--max-error admits one within it)")
     left = [f"- {layer} {p}: left to torch, whose inexact pick {t.algo} {t.layout} "
             f"({fmt_ms(t.median_ms)} ms) is decidedly faster than the best admissible choice, "
-            f"{b.algo} {b.layout} ({fmt_ms(b.median_ms)} ms)."
+            f"{b.algo} {b.layout} ({fmt_ms(b.cost_ms)} ms in a model)."
             for (layer, p), (t, b) in advice.left_to_torch.items()]
     return [f"`{INEXACT}` inexact, timed but above its tolerance, {why}:",
             *(f"- {sentence(r)}." for r in advice.inexact), *left, ""]
 
 
 def advice_table(advice: Advice) -> str:
-    """Per layer and pass: the choice, the runner-up and the ratio of their medians with its
-    interval, whether the fastest wins or ties, and on a GPU cuDNN's regret."""
+    """Per layer and pass: the choice, its measured time and its cost in a model (what it was
+    chosen by), the runner-up and the ratio of their costs with its interval, whether the
+    fastest wins or ties, and on a GPU cuDNN's regret."""
     regret = _regret_shown(advice)
     rows = []
     for layer, _ in advice.layers:
@@ -402,15 +442,15 @@ def advice_table(advice: Advice) -> str:
                 none = ("(left to torch: its inexact pick is faster)"
                         if (layer, p) in advice.left_to_torch else
                         "(none admissible)" if (layer, p) in advice.measured else "(not measured)")
-                rows.append([layer, p, none, "", "", "", "", "", *([""] if regret else [])])
+                rows.append([layer, p, none, "", "", "", "", "", "", *([""] if regret else [])])
                 continue
             best, other, ratio = compared(a)
             rows.append([layer, p, best.algo, best.layout, fmt_ms(best.median_ms),
-                         other, ratio.text() if ratio else "",
+                         fmt_ms(best.cost_ms), other, ratio.text() if ratio else "",
                          verdict(a, advice.constraints.tie_break),
                          *([_regret_cell(advice, a)] if regret else [])])
     return tabulate(rows, headers=["layer", "pass", "best", "layout", "median ms",
-                                   "compared with", "slower / faster", "verdict",
+                                   "in a model ms", "compared with", "slower / faster", "verdict",
                                    *(["cudnn regret"] if regret else [])],
                     tablefmt="github", disable_numparse=True)
 
@@ -435,8 +475,14 @@ def plan_table(plan: Plan, occurrences: dict[str, int] | None = None) -> str:
 def plan_text(plan: Plan, advice: Advice) -> str:
     """What `convbench advise` prints: the advice, the plan, totals, exclusions."""
     out = [f"## Per-layer best ({advice.backend}, {advice.precision})", "", advice_table(advice),
-           "", ("compared with: the runner-up, or the fastest where a tie-break chose another "
-                "of those tied with it; slower / faster: the ratio of their medians with its 95% "
+           "", ("in a model ms: the choice's predicted cost in a model, which advice compares: "
+                f"a swapped pass (not torch's own) pays {fmt_ms(advice.overhead_ms)} ms a call "
+                "for the module, "
+                + ("the larger of its device time and its host's issue time plus that"
+                   if advice.backend == "cuda" else "on top of its time")
+                + "; torch's own pass its time as measured. "
+                "compared with: the runner-up, or the fastest where a tie-break chose another "
+                "of those tied with it; slower / faster: the ratio of their costs with its 95% "
                 "interval (bootstrap, paired by round where they were timed side by side); the "
                 "fastest wins only where the interval excludes 1, else it is a tie within noise "
                 f"and the {advice.constraints.tie_break} tie-break chooses among the tied"
@@ -455,7 +501,7 @@ def plan_text(plan: Plan, advice: Advice) -> str:
                  "report weighs them."), ""]
     if plan.network:
         n = plan.network
-        out.append(f"Network plan: {n.total_ms:.4g} ms per step of conv passes, "
+        out.append(f"Network plan: {n.total_ms:.4g} ms per step of conv passes in a model, "
                    f"{n.conversion_ms:.4g} ms of it NCHW<->NHWC conversions. Each layer's own "
                    f"best layout ({', '.join(n.per_layer_best_layouts)}) would cost "
                    f"{n.per_layer_best_ms:.4g} ms with its conversions.")
