@@ -239,17 +239,20 @@ def test_a_copied_layer_dispatches_on_its_own():
 @pytest.mark.gpu
 @pytest.mark.gpu_pins
 def test_the_real_cudnn_runs_a_pinned_pass_on_torch_s_stream():
-    """On a GPU: a pin of the algorithm cuDNN's heuristic-free IMPLICIT_GEMM (every cuDNN
-    supports it) runs on a side stream and matches torch's convolution."""
+    """On a GPU: pins of algorithms every cuDNN has for a plain 3x3 layer (IMPLICIT_GEMM,
+    ALGO_1) run on a side stream, with no warning (nothing fell back), and match torch's
+    convolution."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    torch.backends.cudnn.allow_tf32 = False
+    was = cudnn.conv_runs_tf32()
+    cudnn.set_tf32(False)  # through whichever TF32 API this torch has
     try:
         layer = cbnn.Conv2d(8, 16, 3, padding=1, device="cuda", precision="fp32", algos={
             p: (f"cudnn-find-{a}", "cuda") for p, a in
             (("fwd", "implicit-gemm"), ("bwd_data", "algo-1"), ("bwd_filter", "algo-1"))})
         x = torch.randn(4, 8, 12, 12, device="cuda", requires_grad=True)
         side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())  # x and the weights are made there
         with torch.cuda.stream(side), warnings.catch_warnings():
             warnings.simplefilter("error")
             y = layer(x)
@@ -259,4 +262,4 @@ def test_the_real_cudnn_runs_a_pinned_pass_on_torch_s_stream():
                                    padding=1)
         torch.testing.assert_close(y.detach(), ref, rtol=1e-4, atol=1e-4)
     finally:
-        torch.backends.cudnn.allow_tf32 = True
+        cudnn.set_tf32(was)
