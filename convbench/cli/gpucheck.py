@@ -96,7 +96,8 @@ def model_algos(args, device) -> str:
 def model_steps(folder: Path, device, specs: list[str], shape: tuple[int, ...],
                 algos: str = "all", left_s: float | None = None) -> str:
     """Each model's training step (`trainstep.compare` in `STEP_CONFIGS`, its plan tuned from
-    `algos`) into `folder`/trainstep-<model>/, and a summary.md section of their tables; a model
+    `algos`) into `folder`/trainstep-<model>/ (each configuration's line there as it ends, so a
+    visit cut short keeps them), and a summary.md section of their tables; a model
     that cannot run, or that `left_s` seconds (None: no limit) do not see through, is one line
     in it, the others run while time is left."""
     from ..measure import envinfo
@@ -115,7 +116,7 @@ def model_steps(folder: Path, device, specs: list[str], shape: tuple[int, ...],
             rows, plan, tuning_s = trainstep.compare(
                 load, shape[0], device.name, budget_s=STEP_BUDGET_S, store=folder / "plans",
                 log=lambda line: print(f"convbench: {line}", file=sys.stderr),
-                configs=STEP_CONFIGS, algos=algos, deadline=deadline)
+                configs=STEP_CONFIGS, algos=algos, deadline=deadline, folder=sub)
             env = envinfo.collect(device.backend)
             text = trainstep.markdown(rows, plan, load, shape[0], env["device"],
                                       device.backend, tuning_s, default_batch=False)
