@@ -6,6 +6,7 @@ back to torch's convolution with one warning; autocast composes; `apply` refuses
 another precision. The real library is pinned by the `gpu` test at the end."""
 
 import ctypes
+import gc
 import warnings
 
 import pytest
@@ -127,6 +128,9 @@ def test_a_pinned_plan_runs_its_algorithms_in_a_training_step(on_fake, fake, tmp
     assert fake.lib.fake_last_workspace() == last.data_ptr()
     assert fake.lib.fake_last_workspace_size() == 512
     assert fake.lib.fake_last_math() == cf.MATH_TYPES.index("FMA_MATH")
+    del model  # its prepared passes' descriptors go with it
+    gc.collect()
+    assert fake.lib.fake_live_descriptors() == 0
 
 
 def test_what_cudnn_refuses_runs_torch_s_convolution_with_one_warning(on_fake):

@@ -19,6 +19,7 @@ run after it.
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass
 
 from ..core.problem import ConvProblem
@@ -126,12 +127,13 @@ class PinnedPass:
         except cf.CudnnError as exc:
             self.desc.close()
             raise Refused(f"cuDNN refuses {pin.algo} for this pass: {exc}") from None
+        weakref.finalize(self, self.desc.close)  # the descriptors go with the prepared pass
 
     def __call__(self, a, b, out) -> None:
-        handle = _HANDLES.get(self.cudnn, device_index(out))
-        self.cudnn.call("cudnnSetStream", handle, _stream(out))
         import torch
 
+        handle = _HANDLES.get(self.cudnn, device_index(out))
+        self.cudnn.call("cudnnSetStream", handle, _stream(out))
         try:
             scratch = workspace(self.bytes, out.device) if self.bytes else None
         except torch.OutOfMemoryError:
@@ -144,6 +146,3 @@ class PinnedPass:
             if faults.is_sticky_fault(exc):
                 raise
             raise Refused(f"cuDNN refused {self.pin.algo} at run time: {exc}") from None
-
-    def close(self) -> None:
-        self.desc.close()
