@@ -423,10 +423,16 @@ def precision_setting(precision: str, device_type: str):
             was = conv_runs_tf32()
             set_tf32(precision == "tf32")
             stack.callback(set_tf32, was)
-        if precision in ("bf16", "fp16"):
-            stack.enter_context(torch.autocast(device_type, dtype={
-                "bf16": torch.bfloat16, "fp16": torch.float16}[precision]))
+        stack.enter_context(autocast_for(precision, device_type))
         yield
+
+
+def autocast_for(precision: str, device_type: str):
+    """The context convolutions run in at `precision` from fp32 tensors: `torch.autocast` to
+    bf16 or fp16, else none (fp32 and tf32 are the tensors' own dtype)."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device_type,
+                                                                         dtype=dtype)
 
 
 #: Every live layer's Dispatch by id: the operators below take the id, as an operator's

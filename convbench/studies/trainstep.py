@@ -37,6 +37,7 @@ the control too (what the control measured: docs/pages/studies.md).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -176,6 +177,8 @@ class ConfigTrainer:
                  plan_file: str | None = None, mode: str = "train", precision: str = "fp32"):
         import torch
 
+        from ..nn import autocast_for
+
         cfg = CONFIGURATIONS[config]
         set_tf32(precision == "tf32")  # fp32 is strict; bf16 autocast's fp32 ops too
         torch.backends.cudnn.benchmark = cfg.benchmark
@@ -193,7 +196,7 @@ class ConfigTrainer:
         self.backend = backend_of(device)
         self.applied = str(self.run.applied) if cfg.plan else ""
         self.settings = settings()  # after `apply`, which sets the plan's cuDNN flags
-        around = autocast(precision, device)
+        around = functools.partial(autocast_for, precision, torch.device(device).type)
         self.step = ((lambda: self.run.infer(forward, around)) if mode == "inference" else
                      (lambda: self.run.step(forward, around)))
         # untimed: cuDNN autotunes, torch.compile compiles here
@@ -215,17 +218,6 @@ class ConfigTrainer:
 
         times = list(timing.time_step(step, budget_s, self.backend).times_ms)
         return times, faults
-
-
-def autocast(precision: str, device: str):
-    """The context forward and loss run in at `precision`: bf16's autocast on the device's
-    type, else none."""
-    if precision != "bf16":
-        return contextlib.nullcontext
-    import torch
-
-    kind = torch.device(device).type
-    return lambda: torch.autocast(kind, dtype=torch.bfloat16)
 
 
 def settings() -> str:
