@@ -40,6 +40,13 @@ def sleep_idle_threads() -> dict[str, str]:
     return {key: os.environ[key] for key in CPU_THREAD_ENV}
 
 
+def unset_settings() -> str:
+    """The `CPU_THREAD_ENV` settings this process was started without, as the `K=V ...` to
+    start Python with ("" where all are set): they are read when the thread pools start, so a
+    hint to a user names what to put before the command, not what to set in it."""
+    return " ".join(f"{k}={v}" for k, v in CPU_THREAD_ENV.items() if k not in os.environ)
+
+
 def available_cores() -> int:
     """The cores this process may run on (its affinity mask), at least 1."""
     try:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ from ..algos import registry
 from ..algos.registry import TORCH_ALGOS
 from ..core.fmt import tabulate
 from ..core.problem import AXIS_FIELDS, PASSES, PRECISION_OF_DTYPE
-from ..machine.threads import CPU_THREAD_ENV  # the environment a CPU plan with NumPy passes wants
+from ..machine import threads  # the environment a CPU plan with NumPy passes wants
 from ..measure import verify
 from . import numerics
 from .plan import LayerPlan, Plan, PlanError, current_env_key, stale_fields
@@ -79,10 +78,10 @@ class Summary:
             return text
         ours = any(a not in TORCH_ALGOS and a != "torch default"
                    for c in self.changes for a in c.passes.values())
-        unset = {k: v for k, v in CPU_THREAD_ENV.items() if k not in os.environ}
+        unset = threads.unset_settings()
         if ours and unset:
-            text += ("\nNumPy passes share the cores with torch's threads: start Python with "
-                     + " ".join(f"{k}={v}" for k, v in unset.items()) + " so idle threads sleep")
+            text += (f"\nNumPy passes share the cores with torch's threads: start Python with "
+                     f"{unset} so idle threads sleep")
         return text
 
 

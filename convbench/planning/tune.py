@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import sys
 import time
 import warnings
@@ -46,8 +45,7 @@ from ..core.problem import (
     check_choice,
 )
 from ..core.results import entry_from_row, frame, load_run, problem_from_row, row_from_entry
-from ..machine import backends, devices
-from ..machine.threads import CPU_THREAD_ENV
+from ..machine import backends, devices, threads
 from ..measure import runner, timing
 from . import confirm
 from .advice import (
@@ -221,7 +219,7 @@ def tune_advice(model, example_input, *, algos: str = "all",
     run on the input (`confirm.step_mode`). `cold`: each repetition of the per-layer
     measurements on the CPU is timed from cold caches (`timing.cold_caches`), as a layer finds
     them in a model. `precision`: the one to measure and plan in (`PRECISIONS`); None: the
-    setting the call is made in (`user_precision`: an active autocast's dtype, else the input's,
+    setting the call is made in (`nn.live_precision`: an active autocast's dtype, else the input's,
     fp32 as tf32 where torch runs convolutions in TF32), as the plan must hold where it trains.
 
     Measurements the plan store holds for this environment are reused; the rest are made by the
@@ -327,18 +325,17 @@ def _confirmed(model, example_input, plan: Plan, step: str, step_budget_s: float
 
 def _warn_threads(made: list[dict], store: PlanStore) -> None:
     """One warning where NumPy passes were measured here in a process started without
-    `CPU_THREAD_ENV`: NumPy's and torch's idle threads then spin, each pool slowing the
+    `threads.CPU_THREAD_ENV`: NumPy's and torch's idle threads then spin, each pool slowing the
     other's next call, so the times measured, torch's among them, are not the ones a process
     with the settings gets (design §5: one thread policy for every algorithm)."""
-    unset = {k: v for k, v in CPU_THREAD_ENV.items() if k not in os.environ}
+    unset = threads.unset_settings()
     ours = any(r["backend"] == "numpy" and r["algo"] not in TORCH_ALGOS
                and r["status"] != "unsupported" for r in made)
     if ours and unset:
         warnings.warn("NumPy passes were measured with idle threads spinning beside torch's, so "
-                      "their times and torch's are off: start Python with "
-                      + " ".join(f"{k}={v}" for k, v in unset.items())
-                      + f" and tune into a fresh plan store (these times are kept in "
-                      f"{store.folder})", stacklevel=_caller_level())
+                      f"their times and torch's are off: start Python with {unset} and tune "
+                      f"into a fresh plan store (these times are kept in {store.folder})",
+                      stacklevel=_caller_level())
 
 
 def _caller_level() -> int:
